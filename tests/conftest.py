@@ -1,0 +1,139 @@
+"""Shared fixtures: a cluster CA, node credentials, and a recording transport handler."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections import defaultdict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack
+
+import pytest
+
+from velomux_quic.ids import InstanceId, new_instance_id
+from velomux_quic.security.certs import (
+    CertificateAuthority,
+    NodeCredentials,
+    issue_node_certificate,
+)
+from velomux_quic.transport.config import TransportConfig
+from velomux_quic.transport.endpoint import QuicTransport, TransportHandler
+from velomux_quic.transport.errors import TransportError
+
+try:
+    import uvloop
+except ImportError:  # pragma: no cover - non-Linux
+    uvloop = None
+
+
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:
+    """Run every async test on uvloop (what our entry points use) and on plain asyncio.
+
+    ``VELOMUX_TEST_LOOPS=uvloop`` (or ``asyncio``) narrows it to one loop.
+    """
+    factories: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
+        "asyncio": asyncio.new_event_loop
+    }
+    if uvloop is not None:
+        factories["uvloop"] = uvloop.new_event_loop
+    wanted = os.environ.get("VELOMUX_TEST_LOOPS")
+    if wanted:
+        factories = {k: v for k, v in factories.items() if k in wanted.split(",")} or factories
+    return factories
+
+
+@pytest.fixture(scope="session")
+def ca() -> CertificateAuthority:
+    return CertificateAuthority.create("test cluster CA")
+
+
+@pytest.fixture(scope="session")
+def other_ca() -> CertificateAuthority:
+    return CertificateAuthority.create("a foreign CA")
+
+
+@pytest.fixture
+def make_credentials(ca: CertificateAuthority) -> Callable[..., NodeCredentials]:
+    def make(name: str = "node", instance: InstanceId | None = None) -> NodeCredentials:
+        return issue_node_certificate(ca, instance or new_instance_id(), name=name)
+
+    return make
+
+
+class Recorder(TransportHandler):
+    """Records every frame per (peer, lane); tests wait on it with an event, never a sleep."""
+
+    def __init__(self) -> None:
+        self.frames: dict[tuple[InstanceId, int], list[bytes]] = defaultdict(list)
+        self.resets: list[tuple[InstanceId, int]] = []
+        self.failures: list[tuple[InstanceId, int, TransportError]] = []
+        self.connected: list[tuple[InstanceId, bool]] = []
+        self.disconnected: list[tuple[InstanceId, bool]] = []
+        self._changed = asyncio.Event()
+
+    def frame_received(self, peer: InstanceId, lane: int, body: bytes) -> None:
+        self.frames[(peer, lane)].append(body)
+        self._changed.set()
+
+    def lane_reset(self, peer: InstanceId, lane: int) -> None:
+        self.resets.append((peer, lane))
+        self._changed.set()
+
+    def send_failed(self, peer: InstanceId, lane: int, error: TransportError) -> None:
+        self.failures.append((peer, lane, error))
+        self._changed.set()
+
+    def peer_connected(self, peer: InstanceId, outbound: bool) -> None:
+        self.connected.append((peer, outbound))
+        self._changed.set()
+
+    def peer_disconnected(self, peer: InstanceId, outbound: bool) -> None:
+        self.disconnected.append((peer, outbound))
+        self._changed.set()
+
+    def count(self, peer: InstanceId | None = None) -> int:
+        return sum(len(v) for (p, _), v in self.frames.items() if peer is None or p == peer)
+
+    async def wait_until(self, predicate: Callable[[], bool], timeout: float = 20.0) -> None:
+        async with asyncio.timeout(timeout):
+            while not predicate():
+                self._changed.clear()
+                await self._changed.wait()
+
+
+NodeFactory = Callable[..., Awaitable[tuple[QuicTransport, Recorder]]]
+
+
+@pytest.fixture
+async def start_node(
+    make_credentials: Callable[..., NodeCredentials],
+) -> AsyncIterator[NodeFactory]:
+    """Start transports that are closed (and asserted closed) when the test ends."""
+    async with AsyncExitStack() as stack:
+
+        async def start(
+            name: str = "node",
+            *,
+            credentials: NodeCredentials | None = None,
+            config: TransportConfig | None = None,
+        ) -> tuple[QuicTransport, Recorder]:
+            recorder = Recorder()
+            transport = await QuicTransport.start(
+                credentials or make_credentials(name), config=config, handler=recorder
+            )
+            stack.push_async_callback(transport.close)
+            return transport, recorder
+
+        yield start
+
+
+async def wait_admitted(outcomes: list[object], timeout: float = 20.0) -> None:
+    """Await every pending admission among ``outcomes``."""
+    from velomux_quic.transport.admission import SendAdmission
+
+    async with asyncio.timeout(timeout):
+        for outcome in outcomes:
+            if isinstance(outcome, SendAdmission):
+                await outcome

@@ -1,0 +1,261 @@
+"""``velomux certs ...``: make a cluster CA, node certificates, or a throwaway dev cluster.
+
+Every subcommand parser sets ``handler``, a ``Callable[[argparse.Namespace], int]``
+returning the exit status, so the top-level ``velomux`` entry point dispatches all its
+command groups the same way. Existing private keys are never replaced without
+``--force``: overwriting a CA key by a slip of the shell history strands a cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import ipaddress
+import re
+import sys
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+
+from velomux_quic.ids import InstanceId, new_instance_id
+from velomux_quic.security._files import CredentialsError
+from velomux_quic.security.certs import (
+    CA_CERT_FILE,
+    CA_KEY_FILE,
+    NODE_CERT_FILE,
+    NODE_KEY_FILE,
+    NODE_META_FILE,
+    TRUST_ROOTS_FILE,
+    AnyIPAddress,
+    CertificateAuthority,
+    NodeCredentials,
+    ensure_dev_cluster,
+    issue_node_certificate,
+    load_trust_roots,
+    recorded_instance_id,
+)
+from velomux_quic.security.identity import DEFAULT_TRUST_DOMAIN, validate_trust_domain
+
+__all__ = ["add_certs_commands"]
+
+Handler = Callable[[argparse.Namespace], int]
+
+_DNS_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_DNS_NAME = re.compile(rf"{_DNS_LABEL}(?:\.{_DNS_LABEL})*")
+
+
+def _san(text: str) -> str | AnyIPAddress:
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        pass
+    if len(text) > 253 or _DNS_NAME.fullmatch(text) is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither an IP address nor a DNS name")
+    return text.lower()
+
+
+def _positive_days(text: str) -> int:
+    try:
+        days = int(text)
+    except ValueError:
+        days = 0
+    if days <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of days, got {text!r}")
+    return days
+
+
+def _trust_domain(text: str) -> str:
+    try:
+        return validate_trust_domain(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _instance(text: str) -> InstanceId:
+    try:
+        return InstanceId.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a UUID") from exc
+
+
+def _names(text: str) -> list[str]:
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("expected comma-separated node names, such as a,b")
+    return names
+
+
+class _Refused(Exception):
+    """A command declined to act; the message says why and how to proceed."""
+
+
+def _reporting(command: str) -> Callable[[Handler], Handler]:
+    """Turn expected failures into one line on stderr and exit status 1, not a traceback."""
+
+    def wrap(handler: Handler) -> Handler:
+        @functools.wraps(handler)
+        def run(args: argparse.Namespace) -> int:
+            try:
+                return handler(args)
+            except (_Refused, CredentialsError, FileExistsError, ValueError) as exc:
+                print(f"velomux certs {command}: error: {exc}", file=sys.stderr)
+                return 1
+
+        return run
+
+    return wrap
+
+
+def _refuse_existing_key(path: Path, force: bool) -> None:
+    if path.exists() and not force:
+        raise _Refused(f"{path} already exists; pass --force to replace it")
+
+
+@_reporting("init-ca")
+def _init_ca(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    _refuse_existing_key(out / CA_KEY_FILE, args.force)
+    ca = CertificateAuthority.create(
+        name=args.name,
+        trust_domain=args.trust_domain,
+        valid_for=_days(args.days),
+    )
+    ca.save(out, overwrite=args.force)
+    print(f"wrote CA certificate {out / CA_CERT_FILE}")
+    print(f"wrote CA private key {out / CA_KEY_FILE} (mode 0600; keep it off the nodes)")
+    print(f"trust domain {ca.trust_domain}, valid until {ca.not_valid_after:%Y-%m-%d}")
+    return 0
+
+
+@_reporting("issue")
+def _issue(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    _refuse_existing_key(out / NODE_KEY_FILE, args.force)
+    ca = CertificateAuthority.load(args.ca)
+    kept = None if args.instance is not None else recorded_instance_id(out)
+    instance: InstanceId = args.instance or kept or new_instance_id()
+    sans: list[str | AnyIPAddress] = args.san or []
+    creds = issue_node_certificate(
+        ca,
+        instance,
+        name=args.name,
+        dns_names=[san for san in sans if isinstance(san, str)],
+        ip_addresses=[san for san in sans if not isinstance(san, str)],
+        valid_for=_days(args.days),
+    )
+    extra = [root for root in load_trust_roots(args.also_trust) if root not in creds.trust_roots]
+    creds = dataclasses.replace(creds, trust_roots=[*creds.trust_roots, *extra])
+    creds.save(out, overwrite=args.force)
+    for label, filename in (
+        ("node certificate", NODE_CERT_FILE),
+        ("node private key", NODE_KEY_FILE),
+        ("trust roots", TRUST_ROOTS_FILE),
+        ("node metadata", NODE_META_FILE),
+    ):
+        print(f"wrote {label} {out / filename}")
+    origin = " (kept from the existing node.json)" if kept is not None else ""
+    print(f"instance id {creds.instance_id}{origin}")
+    print(
+        f"identity {creds.spiffe_id}, valid until {creds.certificate.not_valid_after_utc:%Y-%m-%d}"
+    )
+    return 0
+
+
+@_reporting("dev")
+def _dev(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    nodes = ensure_dev_cluster(out, args.names, force=args.force)
+    print(f"CA {out / 'ca' / CA_CERT_FILE}")
+    for name, directory in nodes.items():
+        creds = NodeCredentials.load(directory)
+        print(f"node {name} {directory} instance id {creds.instance_id}")
+    return 0
+
+
+def _days(days: int) -> timedelta:
+    return timedelta(days=days)
+
+
+def add_certs_commands(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> argparse.ArgumentParser:
+    """Add the ``certs`` command group (``init-ca``, ``issue``, ``dev``) to a CLI."""
+    certs = subparsers.add_parser(
+        "certs",
+        help="make a cluster CA and node certificates",
+        description="Make the certificates nodes use to authenticate each other.",
+    )
+    commands = certs.add_subparsers(dest="certs_command", metavar="COMMAND", required=True)
+
+    init_ca = commands.add_parser(
+        "init-ca",
+        help="create a cluster CA",
+        description="Create a cluster CA: ca.pem (share it) and ca.key (guard it).",
+    )
+    init_ca.add_argument("--out", required=True, metavar="DIR", help="directory to write")
+    init_ca.add_argument(
+        "--trust-domain",
+        type=_trust_domain,
+        default=DEFAULT_TRUST_DOMAIN,
+        metavar="TD",
+        help=f"SPIFFE trust domain of the cluster (default {DEFAULT_TRUST_DOMAIN})",
+    )
+    init_ca.add_argument("--name", default="velomux cluster CA", help="the CA's common name")
+    init_ca.add_argument(
+        "--days", type=_positive_days, default=3650, metavar="N", help="validity (3650)"
+    )
+    init_ca.add_argument("--force", action="store_true", help="replace an existing CA key")
+    init_ca.set_defaults(handler=_init_ca)
+
+    issue = commands.add_parser(
+        "issue",
+        help="issue a node certificate",
+        description="Issue a certificate naming one node, usable to dial and to accept.",
+    )
+    issue.add_argument("--ca", required=True, metavar="DIR", help="CA directory (init-ca)")
+    issue.add_argument("--name", required=True, help="the node's name (certificate CN)")
+    issue.add_argument(
+        "--instance",
+        type=_instance,
+        metavar="UUID",
+        help="the node's InstanceId (default: the one in --out, else a new random one)",
+    )
+    issue.add_argument(
+        "--san",
+        type=_san,
+        action="extend",
+        nargs="+",
+        metavar="DNS_OR_IP",
+        help="DNS names and IP addresses (default: localhost 127.0.0.1 ::1)",
+    )
+    issue.add_argument(
+        "--also-trust",
+        action="append",
+        default=[],
+        metavar="PEM",
+        help="extra CA certificates for the node's trust roots (CA rotation)",
+    )
+    issue.add_argument(
+        "--days", type=_positive_days, default=365, metavar="N", help="validity (365)"
+    )
+    issue.add_argument("--out", required=True, metavar="DIR", help="node directory to write")
+    issue.add_argument("--force", action="store_true", help="replace an existing node key")
+    issue.set_defaults(handler=_issue)
+
+    dev = commands.add_parser(
+        "dev",
+        help="create or refresh a local dev cluster",
+        description="Create <out>/ca and one directory per node, reusing valid material.",
+    )
+    dev.add_argument("--out", required=True, metavar="DIR", help="dev cluster directory")
+    dev.add_argument(
+        "--names",
+        type=_names,
+        default=["node-a", "node-b"],
+        metavar="A,B",
+        help="comma-separated node names (default node-a,node-b)",
+    )
+    dev.add_argument("--force", action="store_true", help="remake every key and certificate")
+    dev.set_defaults(handler=_dev)
+    return certs

@@ -1,0 +1,184 @@
+"""Mutual TLS on aioquic: the hook that makes both sides prove who they are.
+
+aioquic 1.7 does not authenticate clients on its own: a server asks for a client
+certificate only through a private, test-only switch, continues when the client sends an
+empty Certificate message, and never checks a client's chain against any CA. On the client
+side it checks the server's name with service_identity, which cannot express "this must be
+node <uuid>". So we run our own :class:`~velomux_quic.security.verify.PeerVerifier` on both
+sides, *inside* the handshake:
+
+* accepting side: request a certificate, refuse an empty one (``certificate_required``),
+  and verify chain, validity, key usage and the SPIFFE identity right after aioquic has
+  checked the CertificateVerify signature (so the client proved it holds the key);
+* dialing side: after the server's CertificateVerify signature check, verify the chain and
+  that the identity is exactly the InstanceId we meant to reach.
+
+A failure raises a TLS alert, so the handshake never completes: the peer's 1-RTT keys are
+never installed and not one application byte of that connection can be decrypted, let alone
+reach a handler. Session tickets are never issued or accepted (no PSK, no 0-RTT), so every
+connection runs the certificate path.
+
+The hook overrides three private methods of ``aioquic.tls.Context`` (see
+:class:`VerifyingContext`); the aioquic version range is pinned in ``pyproject.toml`` and
+``tests/unit/test_aioquic_assumptions.py`` fails if those methods move.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from aioquic import tls
+from aioquic.buffer import Buffer
+from aioquic.quic.configuration import QuicConfiguration
+
+from ..ids import InstanceId
+from .certs import NodeCredentials
+from .verify import PeerVerificationError, PeerVerifier
+
+__all__ = [
+    "ALPN_PROTOCOL",
+    "VerifyingContext",
+    "install_peer_verification",
+    "make_quic_configuration",
+    "parse_refusal_reason",
+]
+
+ALPN_PROTOCOL = "velomux/1"
+"""Our ALPN id: a QUIC client for another protocol (HTTP/3, ...) is refused in the handshake."""
+
+Role = Literal["client", "server"]
+
+_ALERTS: dict[str, tls.AlertDescription] = {
+    "no_certificate": tls.AlertDescription.certificate_required,
+    "expired": tls.AlertDescription.certificate_expired,
+    "not_yet_valid": tls.AlertDescription.certificate_expired,
+    "untrusted_chain": tls.AlertDescription.unknown_ca,
+    "bad_key_usage": tls.AlertDescription.unsupported_certificate,
+    "bad_identity": tls.AlertDescription.bad_certificate,
+    "identity_mismatch": tls.AlertDescription.bad_certificate,
+}
+
+
+class PeerRefusedAlert(tls.Alert):
+    """A TLS alert carrying our verification reason as the first word of its text."""
+
+    def __init__(self, error: PeerVerificationError) -> None:
+        super().__init__(f"{error.reason}: {error}")
+        self.description = _ALERTS.get(error.reason, tls.AlertDescription.bad_certificate)
+        self.reason = error.reason
+
+
+def parse_refusal_reason(reason_phrase: str) -> str | None:
+    """The verification reason code at the start of a CONNECTION_CLOSE reason phrase."""
+    head, sep, _ = reason_phrase.partition(":")
+    return head if sep and head in _ALERTS else None
+
+
+class VerifyingContext(tls.Context):
+    """aioquic's TLS context with peer verification, made by :func:`install_peer_verification`.
+
+    The attributes below are set on an existing context whose class is switched to this
+    subclass: aioquic builds the context inside ``QuicConnection._initialize`` and offers no
+    factory hook, and re-implementing ``_initialize`` would copy far more private code.
+    """
+
+    velomux_verifier: PeerVerifier
+    velomux_role: Role
+    velomux_expected: InstanceId | None
+    velomux_peer: InstanceId | None
+    velomux_error: PeerVerificationError | None
+
+    def _velomux_check(self) -> None:
+        try:
+            self.velomux_peer = self.velomux_verifier.verify(
+                self._peer_certificate,
+                self._peer_certificate_chain,
+                role=self.velomux_role,
+                expected=self.velomux_expected,
+            )
+        except PeerVerificationError as exc:
+            self.velomux_error = exc
+            raise PeerRefusedAlert(exc) from exc
+
+    # accepting side --------------------------------------------------------------------
+
+    def _server_handle_certificate(self, input_buf: Buffer) -> None:
+        super()._server_handle_certificate(input_buf)
+        if self._peer_certificate is None:
+            # RFC 8446 lets a server continue without client authentication; we never do.
+            error = PeerVerificationError(
+                "no_certificate", "the client presented no certificate; mutual TLS is required"
+            )
+            self.velomux_error = error
+            raise PeerRefusedAlert(error)
+
+    def _server_handle_certificate_verify(self, input_buf: Buffer) -> None:
+        super()._server_handle_certificate_verify(input_buf)  # signature: key possession
+        self._velomux_check()
+
+    # dialing side ----------------------------------------------------------------------
+
+    def _client_handle_certificate_verify(self, input_buf: Buffer) -> None:
+        super()._client_handle_certificate_verify(input_buf)  # signature only (CERT_NONE)
+        self._velomux_check()
+
+
+def install_peer_verification(
+    context: tls.Context,
+    verifier: PeerVerifier,
+    *,
+    role: Role,
+    expected: InstanceId | None = None,
+) -> VerifyingContext:
+    """Turn a fresh aioquic TLS context into one that verifies its peer.
+
+    ``role`` is the role of the *peer*: a server verifies a ``"client"``, a client a
+    ``"server"``. Must run before the first handshake message is handled.
+    """
+    if context.state not in (
+        tls.State.CLIENT_HANDSHAKE_START,
+        tls.State.SERVER_EXPECT_CLIENT_HELLO,
+    ):
+        raise RuntimeError("peer verification must be installed before the handshake starts")
+    context.__class__ = VerifyingContext
+    assert isinstance(context, VerifyingContext)
+    context.velomux_verifier = verifier
+    context.velomux_role = role
+    context.velomux_expected = expected
+    context.velomux_peer = None
+    context.velomux_error = None
+    if role == "client":
+        context._request_client_certificate = True
+    return context
+
+
+def make_quic_configuration(
+    credentials: NodeCredentials,
+    *,
+    is_client: bool,
+    max_datagram_size: int,
+    idle_timeout: float,
+    max_stream_data: int,
+    max_data: int,
+) -> QuicConfiguration:
+    """The aioquic configuration of one side of a node-to-node connection.
+
+    aioquic's own certificate checks are turned off (``verify_mode=CERT_NONE``) because
+    :class:`VerifyingContext` performs stronger ones on both sides; no CA is loaded into
+    aioquic, so nothing can accidentally fall back to certifi's public roots.
+    """
+    import ssl
+
+    configuration = QuicConfiguration(
+        alpn_protocols=[ALPN_PROTOCOL],
+        is_client=is_client,
+        max_datagram_size=max_datagram_size,
+        idle_timeout=idle_timeout,
+        max_stream_data=max_stream_data,
+        max_data=max_data,
+        verify_mode=ssl.CERT_NONE,
+    )
+    configuration.certificate = credentials.certificate
+    configuration.certificate_chain = list(credentials.chain)
+    configuration.private_key = credentials.private_key
+    return configuration

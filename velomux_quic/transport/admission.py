@@ -1,0 +1,221 @@
+"""The ordered admission gate: per (peer, lane) backpressure that a sender learns at the send site.
+
+``send`` never blocks and never drops. It returns :data:`ADMITTED` when the frame went
+straight onto the lane's QUIC stream, or a :class:`SendAdmission` when the lane is full:
+the frame waits *in the gate* (not in the awaitable), and the gate admits waiting frames
+strictly in the order ``send`` returned them, whoever awaits. A batcher parks itself on the
+admission instead of a runtime worker, which is how the mux learns that a peer is congested.
+
+This module is sans-IO: the gate is told how much room its lane has through a callable
+and writes through another, so it is tested without sockets or an event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections import deque
+from collections.abc import Callable, Generator
+from typing import Any, Final, final
+
+from .errors import AdmissionCancelled, AdmissionError
+
+__all__ = [
+    "ADMITTED",
+    "AdmissionState",
+    "Admitted",
+    "LaneGate",
+    "SendAdmission",
+    "SendOutcome",
+]
+
+
+@final
+class Admitted:
+    """The frame is on the lane's stream. A singleton: the fast path allocates nothing."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "ADMITTED"
+
+
+ADMITTED: Final = Admitted()
+
+
+class AdmissionState(enum.Enum):
+    PENDING = "pending"
+    ADMITTED = "admitted"
+    FAILED = "failed"
+
+
+ResolvedHook = Callable[["SendAdmission"], None]
+
+
+class SendAdmission:
+    """A frame waiting in a :class:`LaneGate`; await it to learn when it was admitted.
+
+    Awaiting raises the :class:`AdmissionError` that refused it. Dropping the object does
+    not cancel the send (the frame stays queued in the gate); cancelling is explicit via
+    :meth:`cancel`. ``on_resolved`` observes the outcome without polling or a task.
+    """
+
+    __slots__ = ("_error", "_frame", "_future", "_hooks", "_state")
+
+    def __init__(self, frame: bytes) -> None:
+        self._frame: bytes | None = frame
+        self._state = AdmissionState.PENDING
+        self._error: AdmissionError | None = None
+        self._future: asyncio.Future[None] | None = None
+        self._hooks: list[ResolvedHook] | None = None
+
+    @property
+    def state(self) -> AdmissionState:
+        return self._state
+
+    @property
+    def error(self) -> AdmissionError | None:
+        return self._error
+
+    def done(self) -> bool:
+        return self._state is not AdmissionState.PENDING
+
+    def cancel(self) -> bool:
+        """Withdraw the frame if it is still waiting; True when it was withdrawn."""
+        if self._state is not AdmissionState.PENDING:
+            return False
+        self._fail(AdmissionCancelled("admission cancelled by the sender"))
+        return True
+
+    def on_resolved(self, hook: ResolvedHook) -> None:
+        """Call ``hook(self)`` once the admission resolves (at once if it already has)."""
+        if self._state is not AdmissionState.PENDING:
+            hook(self)
+            return
+        if self._hooks is None:
+            self._hooks = []
+        self._hooks.append(hook)
+
+    def __await__(self) -> Generator[Any, None, None]:
+        if self._state is AdmissionState.PENDING:
+            if self._future is None:
+                self._future = asyncio.get_running_loop().create_future()
+            yield from self._future.__await__()
+        if self._error is not None:
+            raise self._error
+
+    # -- driven by the gate -------------------------------------------------------------
+
+    def _admit(self) -> None:
+        self._state = AdmissionState.ADMITTED
+        self._frame = None
+        if self._future is not None and not self._future.done():
+            self._future.set_result(None)
+        self._run_hooks()
+
+    def _fail(self, error: AdmissionError) -> None:
+        self._state = AdmissionState.FAILED
+        self._error = error
+        self._frame = None
+        if self._future is not None and not self._future.done():
+            # The exception is raised from __await__, not from the future, so an
+            # admission nobody awaits never logs "exception was never retrieved".
+            self._future.set_result(None)
+        self._run_hooks()
+
+    def _run_hooks(self) -> None:
+        hooks, self._hooks = self._hooks, None
+        if hooks:
+            for hook in hooks:
+                hook(self)
+
+    def __repr__(self) -> str:
+        return f"<SendAdmission {self._state.value}>"
+
+
+SendOutcome = Admitted | SendAdmission
+
+
+class LaneGate:
+    """FIFO admission for one (peer, lane).
+
+    ``room()`` returns how many more bytes the lane may take now: the peer-granted
+    flow-control window plus a bounded local send buffer, less what is already queued on
+    the stream. A frame larger than any possible room would never fit, so a frame is also
+    admitted whenever the lane's stream has nothing queued beyond the window
+    (``idle()``); memory per lane is therefore bounded by window + send buffer + one
+    ``max_message_size`` frame.
+    """
+
+    __slots__ = ("_closed_error", "_idle", "_pending", "_room", "_write")
+
+    def __init__(
+        self,
+        room: Callable[[], int],
+        idle: Callable[[], bool],
+        write: Callable[[bytes], None],
+    ) -> None:
+        self._room = room
+        self._idle = idle
+        self._write = write
+        self._pending: deque[SendAdmission] = deque()
+        self._closed_error: AdmissionError | None = None
+
+    @property
+    def pending_count(self) -> int:
+        return len(self._pending)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed_error is not None
+
+    def _fits(self, size: int) -> bool:
+        return size <= self._room() or self._idle()
+
+    def send(self, frame: bytes) -> SendOutcome:
+        """Admit ``frame`` now, or queue it behind the frames already waiting."""
+        if self._closed_error is not None:
+            admission = SendAdmission(frame)
+            admission._fail(self._closed_error)
+            return admission
+        if not self._pending and self._fits(len(frame)):
+            self._write(frame)
+            return ADMITTED
+        admission = SendAdmission(frame)
+        self._pending.append(admission)
+        return admission
+
+    def poll(self) -> int:
+        """Admit waiting frames that fit now, in order; returns how many were admitted.
+
+        Called after the connection processed datagrams (acknowledgements and
+        MAX_STREAM_DATA are what open room) and after a connection becomes usable.
+        """
+        admitted = 0
+        pending = self._pending
+        while pending:
+            head = pending[0]
+            if head._state is not AdmissionState.PENDING:
+                pending.popleft()  # cancelled while waiting
+                continue
+            frame = head._frame
+            assert frame is not None
+            if not self._fits(len(frame)):
+                break
+            pending.popleft()
+            self._write(frame)
+            head._admit()
+            admitted += 1
+        return admitted
+
+    def close(self, error: AdmissionError) -> int:
+        """Refuse every waiting frame with ``error`` and any later send; returns the count."""
+        if self._closed_error is None:
+            self._closed_error = error
+        refused = 0
+        while self._pending:
+            admission = self._pending.popleft()
+            if admission._state is AdmissionState.PENDING:
+                admission._fail(error)
+                refused += 1
+        return refused

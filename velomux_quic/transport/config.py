@@ -1,0 +1,76 @@
+"""Transport settings, with the defaults the design chapter and its reference name."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["MAX_LANES", "TransportConfig"]
+
+MAX_LANES = 16
+"""Lanes per peer at most: the mux names lanes in the low four bits of a batch's flags."""
+
+KiB = 1024
+MiB = 1024 * KiB
+
+
+@dataclass(frozen=True, slots=True)
+class TransportConfig:
+    """How one node's QUIC endpoint behaves. Every field has a safe default.
+
+    ``max_datagram_size`` is the largest QUIC packet (UDP payload) we send. 1452 fits a
+    1500-byte Ethernet path under IPv6 + UDP headers with room to spare and is the default;
+    on loopback (MTU 65536) a larger value such as 16 KiB cuts per-packet CPU for bulk
+    transfers, but never use it across a real network: an oversized datagram is dropped,
+    not fragmented, and QUIC sees it as loss.
+    """
+
+    lanes: int = 1
+    """Ordered lanes to each peer (1 to 16); lane k is the k-th unidirectional stream."""
+
+    max_message_size: int = 16 * MiB
+    """Largest frame body accepted or sent; larger inbound lengths close the connection."""
+
+    max_datagram_size: int = 1452
+    idle_timeout: float = 15.0
+    """A silent peer is declared dead after this long (QUIC idle timeout)."""
+
+    keep_alive_interval: float = 5.0
+    """PING an idle connection this often, so the idle timeout only fires on a dead peer."""
+
+    handshake_timeout: float = 5.0
+    """A dial that has not completed its mutual-TLS handshake by then fails."""
+
+    lane_window: int = 1 * MiB
+    """Receive window per lane: how far a sender runs ahead of a receiver that stopped reading."""
+
+    send_buffer: int = 1 * MiB
+    """Bytes a lane may queue locally beyond the peer's window before ``send`` returns Pending."""
+
+    connection_window: int = 16 * MiB
+    """Initial connection-wide receive window (aioquic grows it as data arrives)."""
+
+    max_concurrent_streams: int = 4096
+    """Streams of each kind a peer may have open at once (aioquic's own default is 128)."""
+
+    udp_receive_buffer: int = 8 * MiB
+    udp_send_buffer: int = 4 * MiB
+
+    close_timeout: float = 1.0
+    """On close, how long to wait for admitted data to be acknowledged before closing."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.lanes <= MAX_LANES:
+            raise ValueError(f"lanes must be 1 to {MAX_LANES}, got {self.lanes}")
+        if self.max_message_size < 1 or self.max_message_size > (1 << 32) - 1:
+            raise ValueError("max_message_size must fit the u32 frame length")
+        if not 1200 <= self.max_datagram_size <= 65000:
+            raise ValueError("max_datagram_size must be 1200 to 65000 bytes")
+        for name in ("idle_timeout", "keep_alive_interval", "handshake_timeout"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+        if self.keep_alive_interval >= self.idle_timeout:
+            raise ValueError("keep_alive_interval must be shorter than idle_timeout")
+        if self.lane_window < 4 * KiB or self.send_buffer < 0:
+            raise ValueError("lane_window must be at least 4 KiB and send_buffer >= 0")
+        if self.max_concurrent_streams < MAX_LANES:
+            raise ValueError(f"max_concurrent_streams must be at least {MAX_LANES}")

@@ -1,0 +1,548 @@
+"""One QUIC connection to or from a peer: events in, lanes, gates and timers.
+
+A node *sends* only on connections it dialed (client role: outbound lanes with admission
+gates) and *receives* only on connections it accepted (server role: inbound lanes with
+frame decoders), as ARCHITECTURE.md decides. Both roles share this class because the
+asyncio plumbing (timers, transmit, close) is the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from collections import deque
+from typing import TYPE_CHECKING
+
+from aioquic.quic import events as quic_events
+from aioquic.quic.packet import QuicErrorCode
+
+from ..ids import InstanceId
+from ..security.tls import parse_refusal_reason
+from .admission import ADMITTED, SendOutcome
+from .config import MAX_LANES
+from .errors import ChannelClosed, ConnectionReplaced, DialError
+from .framing import FrameTooLarge
+from .lanes import InboundLane, OutboundLane, lane_of_stream, stream_of_lane
+
+if TYPE_CHECKING:
+    from .endpoint import QuicTransport
+    from .engine import EngineConnection
+
+__all__ = ["CloseCode", "ConnectionState", "PeerConnection"]
+
+logger = logging.getLogger(__name__)
+
+_CRYPTO_ERROR_FIRST = int(QuicErrorCode.CRYPTO_ERROR)
+_CRYPTO_ERROR_LAST = _CRYPTO_ERROR_FIRST + 0xFF
+
+
+class CloseCode(enum.IntEnum):
+    """Application error codes we put in CONNECTION_CLOSE."""
+
+    NO_ERROR = 0
+    SHUTDOWN = 0x101
+    FRAME_TOO_LARGE = 0x102
+    UNVERIFIED_PEER = 0x103
+    REPLACED = 0x104
+    HANDSHAKE_TIMEOUT = 0x105
+    KILLED = 0x106
+    """Closed abruptly on request (tests and operators cutting a connection)."""
+
+
+class ConnectionState(enum.Enum):
+    HANDSHAKING = "handshaking"
+    ESTABLISHED = "established"
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
+class PeerConnection:
+    """Glue between one :class:`EngineConnection` and the node's UDP endpoint."""
+
+    def __init__(
+        self,
+        transport: QuicTransport,
+        quic: EngineConnection,
+        *,
+        is_client: bool,
+        peer: InstanceId | None,
+    ) -> None:
+        self.transport = transport
+        self.quic = quic
+        self.is_client = is_client
+        self.peer = peer  # expected peer when dialing; verified peer once accepted
+        self.state = ConnectionState.HANDSHAKING
+        self.established_once = False
+        self.send_buffer = transport.config.send_buffer
+        self.closed = asyncio.Event()
+        self._loop = transport.loop
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
+        self._transmit_handle: asyncio.Handle | None = None
+        self._keepalive: asyncio.TimerHandle | None = None
+        self._handshake_deadline: asyncio.TimerHandle | None = None
+        self._handshake_waiter: asyncio.Future[None] = self._loop.create_future()
+        self._outbound: list[OutboundLane | None] = [None] * MAX_LANES
+        self._blocked_lanes: set[int] = set()
+        self._inbound: dict[int, InboundLane] = {}
+        self._ping_waiters: dict[int, asyncio.Future[None]] = {}
+        self._next_ping = 1
+        self._close_error: ChannelClosed | ConnectionReplaced | None = None
+        self._refusal_counted = False
+        self._drained = asyncio.Event()
+
+    @property
+    def established(self) -> bool:
+        return self.state is ConnectionState.ESTABLISHED
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def start_handshake_deadline(self) -> None:
+        timeout = self.transport.config.handshake_timeout
+        self._handshake_deadline = self._loop.call_later(timeout, self._handshake_timed_out)
+
+    async def wait_established(self) -> None:
+        """Resolve when the handshake completed and the peer was verified; raise DialError."""
+        await asyncio.shield(self._handshake_waiter)
+
+    def _handshake_timed_out(self) -> None:
+        self._handshake_deadline = None
+        if self.state is ConnectionState.HANDSHAKING:
+            self._fail_handshake(
+                DialError(
+                    f"no handshake with {self._peer_name()} within "
+                    f"{self.transport.config.handshake_timeout:g} s",
+                    reason="handshake_timeout",
+                )
+            )
+            self.close(CloseCode.HANDSHAKE_TIMEOUT, "handshake timeout")
+
+    def _fail_handshake(self, error: DialError) -> None:
+        if not self._handshake_waiter.done():
+            self._handshake_waiter.set_exception(error)
+            self._handshake_waiter.exception()  # retrieved: a dial nobody awaits must not warn
+
+    def close(self, code: CloseCode = CloseCode.SHUTDOWN, reason: str = "") -> None:
+        """Close now: waiting admissions are refused; unacknowledged data may be lost."""
+        if self.state in (ConnectionState.CLOSING, ConnectionState.CLOSED):
+            return
+        self._refuse_pending(
+            ConnectionReplaced(f"connection to {self._peer_name()} was replaced")
+            if code is CloseCode.REPLACED
+            else ChannelClosed(f"connection to {self._peer_name()} closed: {reason or code.name}")
+        )
+        self.state = ConnectionState.CLOSING
+        self.quic.close(error_code=int(code), reason_phrase=reason or code.name.lower())
+        self.transmit()
+
+    async def aclose(self, timeout: float) -> None:
+        """Close gracefully: give admitted data up to ``timeout`` to be acknowledged first."""
+        if self.state is ConnectionState.ESTABLISHED and self.is_client:
+            self._refuse_pending(ChannelClosed(f"connection to {self._peer_name()} is closing"))
+            if self._unacked_total() > 0:
+                self._drained.clear()
+                try:
+                    await asyncio.wait_for(self._drained.wait(), timeout)
+                except TimeoutError:
+                    logger.info(
+                        "closing connection to %s with %d bytes unacknowledged",
+                        self._peer_name(),
+                        self._unacked_total(),
+                    )
+        self.close(CloseCode.SHUTDOWN, "shutdown")
+        try:
+            await asyncio.wait_for(self.closed.wait(), timeout + 1.0)
+        except TimeoutError:
+            self._terminated(
+                quic_events.ConnectionTerminated(
+                    error_code=int(CloseCode.SHUTDOWN), frame_type=None, reason_phrase="shutdown"
+                )
+            )
+
+    def _refuse_pending(self, error: ChannelClosed | ConnectionReplaced) -> None:
+        self._close_error = error
+        for lane in self._outbound:
+            if lane is not None:
+                lane.gate.close(error)
+        self._blocked_lanes.clear()
+
+    def _unacked_total(self) -> int:
+        return sum(
+            self.quic.stream_unacked(lane.stream_id) for lane in self._outbound if lane is not None
+        )
+
+    def _peer_name(self) -> str:
+        return str(self.peer) if self.peer is not None else "an unverified peer"
+
+    # -- sending -------------------------------------------------------------------------
+
+    def send(self, lane: int, body: bytes) -> SendOutcome:
+        outbound = self._outbound[lane]
+        if outbound is None:
+            outbound = self._outbound[lane] = OutboundLane(self, lane)
+        outcome = outbound.gate.send(body)
+        if outcome is not ADMITTED:
+            self._blocked_lanes.add(lane)
+            self.transport.stats.send_backpressure += 1
+        return outcome
+
+    def _poll_gates(self) -> None:
+        if not self._blocked_lanes or self.state is not ConnectionState.ESTABLISHED:
+            return
+        for lane in list(self._blocked_lanes):
+            outbound = self._outbound[lane]
+            assert outbound is not None
+            outbound.gate.poll()
+            if outbound.gate.pending_count == 0:
+                self._blocked_lanes.discard(lane)
+
+    async def ping(self, timeout: float) -> None:
+        uid = self._next_ping
+        self._next_ping += 1
+        waiter: asyncio.Future[None] = self._loop.create_future()
+        self._ping_waiters[uid] = waiter
+        self.quic.send_ping(uid)
+        self.transmit()
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter), timeout)
+        finally:
+            self._ping_waiters.pop(uid, None)
+
+    def reset_lane(self, lane: int) -> None:
+        """Abort one outbound lane's stream (RESET_STREAM); the peer sees the lane cut."""
+        outbound = self._outbound[lane]
+        if outbound is None:
+            return
+        self._outbound[lane] = None
+        self._blocked_lanes.discard(lane)
+        outbound.gate.close(ChannelClosed(f"lane {lane} to {self._peer_name()} was reset"))
+        self.quic.reset_stream(outbound.stream_id, int(CloseCode.KILLED))
+        self.transmit()
+
+    # -- receiving -----------------------------------------------------------------------
+
+    def pause_reading(self, lane: int) -> None:
+        state = self._inbound.get(stream_of_lane(lane))
+        if state is not None:
+            state.paused = True
+
+    def resume_reading(self, lane: int) -> None:
+        state = self._inbound.get(stream_of_lane(lane))
+        if state is None or not state.paused:
+            return
+        state.paused = False
+        self._drain_inbound(state)
+        self.transmit_soon()  # the consumed bytes open the peer's window
+
+    def _inbound_lane(self, stream_id: int, lane: int) -> InboundLane:
+        state = self._inbound.get(stream_id)
+        if state is None:
+            assert self.peer is not None
+            paused = self.transport.is_reading_paused(self.peer, lane)
+            state = InboundLane(lane, stream_id, self.transport.config.max_message_size, paused)
+            self._inbound[stream_id] = state
+            self.quic.manage_receive_window(
+                stream_id, state.consumed_bytes, self.transport.config.lane_window
+            )
+        return state
+
+    def _lane_data(self, state: InboundLane, data: bytes) -> None:
+        if state.paused or state.held or state.backlog:
+            state.backlog.append(data)
+            return
+        self._feed(state, data)
+
+    def _feed(self, state: InboundLane, data: bytes) -> None:
+        state.consumed += len(data)
+        try:
+            bodies = state.decoder.feed(data)
+        except FrameTooLarge as exc:
+            if exc.frames:
+                self._deliver(state, exc.frames)
+            self.transport.stats.rejections["oversized_frame"] += 1
+            logger.warning(
+                "closing connection from %s: lane %d: %s", self._peer_name(), state.lane, exc
+            )
+            self.close(CloseCode.FRAME_TOO_LARGE, str(exc))
+            return
+        if not bodies:
+            return
+        stats = self.transport.stats
+        stats.frames_in += len(bodies)
+        stats.bytes_in += len(data)
+        self._deliver(state, bodies)
+
+    def _deliver(self, state: InboundLane, bodies: list[bytes] | deque[bytes]) -> None:
+        handler = self.transport.handler.frame_received
+        peer = self.peer
+        assert peer is not None
+        lane = state.lane
+        for index, body in enumerate(bodies):
+            try:
+                handler(peer, lane, body)
+            except Exception:
+                self.transport.stats.rejections["handler_error"] += 1
+                logger.exception("frame handler failed for a frame from %s lane %d", peer, lane)
+            if state.paused:
+                state.held.extend(list(bodies)[index + 1 :])
+                return
+
+    def _drain_inbound(self, state: InboundLane) -> None:
+        if state.held:
+            held = list(state.held)
+            state.held.clear()
+            self._deliver(state, held)
+        while state.backlog and not state.paused and not state.held:
+            self._feed(state, state.backlog.popleft())
+            if self.state is not ConnectionState.ESTABLISHED:
+                return
+
+    # -- events from aioquic -------------------------------------------------------------
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        self.quic.receive_datagram(data, addr, now=self._loop.time())
+        self._process_events()
+        if self.state is ConnectionState.HANDSHAKING:
+            self._note_refusal()
+            self._confirm_if_ready()
+        self._poll_gates()
+        self.transmit()
+
+    def _process_events(self) -> None:
+        quic = self.quic
+        event = quic.next_event()
+        while event is not None:
+            kind = type(event)
+            if kind is quic_events.StreamDataReceived:
+                self._stream_data(event)  # type: ignore[arg-type]
+            elif kind is quic_events.ConnectionIdIssued:
+                self.transport.register_cid(event.connection_id, self)  # type: ignore[attr-defined]
+            elif kind is quic_events.ConnectionIdRetired:
+                self.transport.unregister_cid(event.connection_id)  # type: ignore[attr-defined]
+            elif kind is quic_events.HandshakeCompleted:
+                self._handshake_completed()
+            elif kind is quic_events.PingAcknowledged:
+                waiter = self._ping_waiters.pop(event.uid, None)  # type: ignore[attr-defined]
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(None)
+            elif kind is quic_events.StreamReset:
+                self._stream_reset(event.stream_id)  # type: ignore[attr-defined]
+            elif kind is quic_events.ConnectionTerminated:
+                self._terminated(event)  # type: ignore[arg-type]
+                return
+            event = quic.next_event()
+        if self._unacked_pending_drain():
+            self._drained.set()
+
+    def _unacked_pending_drain(self) -> bool:
+        return not self._drained.is_set() and self._unacked_total() == 0
+
+    def _handshake_completed(self) -> None:
+        verified = self.quic.verified_peer
+        if verified is None or (self.is_client and verified != self.peer):
+            # Unreachable while the TLS hook is installed; refuse rather than trust.
+            self.transport.stats.rejections["unverified_peer"] += 1
+            self._fail_handshake(
+                DialError("peer completed the handshake unverified", reason="unverified_peer")
+            )
+            self.close(CloseCode.UNVERIFIED_PEER, "peer not verified")
+            return
+        self.peer = verified
+        if not self.is_client:
+            self._established()
+        # A dialer waits for HANDSHAKE_DONE: the server may still refuse our certificate,
+        # and nothing may be admitted onto a connection that is about to be refused.
+
+    def _note_refusal(self) -> None:
+        """Count our refusal of the peer the moment it happens, not when draining ends."""
+        error = self.quic.verification_error
+        if error is not None and not self._refusal_counted:
+            self._refusal_counted = True
+            self.transport.stats.peer_refusals[error.reason] += 1
+
+    def _confirm_if_ready(self) -> None:
+        if (
+            self.is_client
+            and self.state is ConnectionState.HANDSHAKING
+            and self.quic.verified_peer is not None
+            and self.quic.handshake_confirmed
+        ):
+            self._established()
+
+    def _established(self) -> None:
+        self.state = ConnectionState.ESTABLISHED
+        self.established_once = True
+        if self._handshake_deadline is not None:
+            self._handshake_deadline.cancel()
+            self._handshake_deadline = None
+        if not self._handshake_waiter.done():
+            self._handshake_waiter.set_result(None)
+        self._schedule_keepalive()
+        self.transport.connection_established(self)
+        self._poll_gates()
+
+    def _stream_data(self, event: quic_events.StreamDataReceived) -> None:
+        if self.state is not ConnectionState.ESTABLISHED or self.peer is None:
+            # Defence in depth: the handshake cannot complete unverified, but never let
+            # bytes from an unverified connection near a handler.
+            self.transport.stats.rejections["unverified_data"] += 1
+            self.close(CloseCode.UNVERIFIED_PEER, "data before verification")
+            return
+        stream_id = event.stream_id
+        lane = lane_of_stream(stream_id)
+        if lane is None or self.is_client:
+            # Not a lane (or a stream opened toward the dialer): the layers above may
+            # claim such streams later; until then, refuse them without harming the
+            # connection.
+            if not self.transport.handler.stream_received(self, event):
+                self.transport.stats.rejections["unexpected_stream"] += 1
+                self._refuse_stream(stream_id)
+            return
+        state = self._inbound_lane(stream_id, lane)
+        if event.data:
+            self._lane_data(state, event.data)
+        if event.end_stream:
+            self._lane_finished(state)
+
+    def _refuse_stream(self, stream_id: int) -> None:
+        try:
+            self.quic.stop_stream(stream_id, int(CloseCode.SHUTDOWN))
+        except Exception:  # stream already finished or not receivable: nothing to stop
+            logger.debug("could not stop stream %d", stream_id, exc_info=True)
+
+    def _lane_finished(self, state: InboundLane) -> None:
+        if state.decoder.buffered_bytes:
+            self.transport.stats.rejections["truncated_frame"] += 1
+        self._forget_inbound(state)
+
+    def _stream_reset(self, stream_id: int) -> None:
+        state = self._inbound.get(stream_id)
+        if state is None or self.peer is None:
+            return
+        self._forget_inbound(state)
+        self.transport.handler.lane_reset(self.peer, state.lane)
+
+    def _forget_inbound(self, state: InboundLane) -> None:
+        self._inbound.pop(state.stream_id, None)
+        self.quic.forget_stream(state.stream_id)
+
+    def _terminated(self, event: quic_events.ConnectionTerminated) -> None:
+        if self.state is ConnectionState.CLOSED:
+            return
+        was_established = self.state is not ConnectionState.HANDSHAKING
+        self.state = ConnectionState.CLOSED
+        for handle in (
+            self._timer,
+            self._transmit_handle,
+            self._keepalive,
+            self._handshake_deadline,
+        ):
+            if handle is not None:
+                handle.cancel()
+        self._timer = self._transmit_handle = self._keepalive = self._handshake_deadline = None
+        reason = event.reason_phrase or f"error {event.error_code:#x}"
+        error = self._close_error or ChannelClosed(
+            f"connection to {self._peer_name()} closed: {reason}"
+        )
+        if self.is_client and was_established:
+            self._report_unacked(error)
+        self._refuse_pending(error)
+        if not was_established:
+            self._fail_handshake(self._dial_error(event))
+        for waiter in self._ping_waiters.values():
+            if not waiter.done():
+                waiter.set_exception(ChannelClosed(f"connection closed: {reason}"))
+        self._ping_waiters.clear()
+        self._drained.set()
+        self.transport.connection_closed(self)
+        self.closed.set()
+
+    def _report_unacked(self, error: ChannelClosed | ConnectionReplaced) -> None:
+        """Admitted data the peer never acknowledged: report it to the node's error handler."""
+        assert self.peer is not None
+        for lane in self._outbound:
+            if lane is None:
+                continue
+            lost = self.quic.stream_unacked(lane.stream_id)
+            if lost:
+                self.transport.stats.send_failures_after_admission += 1
+                self.transport.handler.send_failed(
+                    self.peer,
+                    lane.lane,
+                    ChannelClosed(
+                        f"{error}; {lost} admitted bytes on lane {lane.lane} unacknowledged"
+                    ),
+                )
+
+    def _dial_error(self, event: quic_events.ConnectionTerminated) -> DialError:
+        ours = self.quic.verification_error
+        if ours is not None:
+            self._note_refusal()
+            return DialError(f"refused {self._peer_name()}: {ours}", reason=ours.reason)
+        if _CRYPTO_ERROR_FIRST <= event.error_code <= _CRYPTO_ERROR_LAST:
+            theirs = parse_refusal_reason(event.reason_phrase)
+            return DialError(
+                f"{self._peer_name()} refused the handshake: {event.reason_phrase}",
+                reason=f"refused_by_peer:{theirs}" if theirs else "handshake_failed",
+            )
+        if event.error_code == CloseCode.HANDSHAKE_TIMEOUT:
+            return DialError(
+                f"no handshake with {self._peer_name()} in time", reason="handshake_timeout"
+            )
+        return DialError(
+            f"connection to {self._peer_name()} failed before the handshake: "
+            f"{event.reason_phrase or event.error_code}",
+            reason="unreachable",
+        )
+
+    def verification_failed_on_accept(self) -> str | None:
+        """The reason we refused an inbound peer, for metrics (None if we did not)."""
+        error = self.quic.verification_error
+        return error.reason if error is not None else None
+
+    # -- timers and transmit -------------------------------------------------------------
+
+    def transmit_soon(self) -> None:
+        """Coalesce: many sends in one loop iteration leave in one transmit."""
+        if self._transmit_handle is None and self.state is not ConnectionState.CLOSED:
+            self._transmit_handle = self._loop.call_soon(self.transmit)
+
+    def transmit(self) -> None:
+        self._transmit_handle = None
+        if self.state is ConnectionState.CLOSED:
+            return
+        sendto = self.transport.sendto
+        sent = 0
+        for data, addr in self.quic.datagrams_to_send(now=self._loop.time()):
+            sendto(data, addr)
+            sent += 1
+        self.transport.stats.datagrams_out += sent
+        timer_at = self.quic.get_timer()
+        if self._timer is not None and self._timer_at != timer_at:
+            self._timer.cancel()
+            self._timer = None
+        if self._timer is None and timer_at is not None:
+            self._timer = self._loop.call_at(timer_at, self._handle_timer)
+        self._timer_at = timer_at
+
+    def _handle_timer(self) -> None:
+        now = max(self._timer_at or 0.0, self._loop.time())
+        self._timer = None
+        self._timer_at = None
+        self.quic.handle_timer(now=now)
+        self._process_events()
+        self._poll_gates()
+        self.transmit()
+
+    def _schedule_keepalive(self) -> None:
+        interval = self.transport.config.keep_alive_interval
+        self._keepalive = self._loop.call_later(interval, self._send_keepalive)
+
+    def _send_keepalive(self) -> None:
+        self._keepalive = None
+        if self.state is not ConnectionState.ESTABLISHED:
+            return
+        self.quic.send_ping(0)
+        self.transmit()
+        self._schedule_keepalive()

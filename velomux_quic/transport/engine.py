@@ -1,0 +1,176 @@
+"""Our aioquic ``QuicConnection``: the only place that reaches into aioquic's internals.
+
+Three things aioquic does not offer through its public API, and we need:
+
+* **Receive-side backpressure.** aioquic doubles a stream's receive window whenever the
+  peer has sent half of it, whether or not anybody consumed the data, so a receiver can
+  never push back. For streams we *manage* (every lane stream), the window is instead
+  ``consumed + window``, where ``consumed`` counts the bytes the layer above actually took.
+  A receiver that stops reading a lane therefore stops granting credit, the sender's
+  :class:`~velomux_quic.transport.admission.LaneGate` sees no room, and its ``send``
+  returns ``Pending``.
+* **Send-side occupancy.** The gate needs to know how much is queued on a stream beyond
+  the peer's window; aioquic keeps it in ``QuicStreamSender._buffer_stop``.
+* **More concurrent streams.** aioquic lets a peer open at most 128 streams of each kind
+  and has no setting for it; the per-stream path needs thousands, so the initial limits
+  are raised here (they are re-granted by aioquic as streams finish).
+
+Peer verification is installed on the TLS context in :meth:`_initialize` (see
+``velomux_quic.security.tls``). The private names used are checked by
+``tests/unit/test_aioquic_assumptions.py`` against the pinned aioquic range.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from aioquic.quic.connection import (
+    MAX_STREAM_DATA_FRAME_CAPACITY,
+    Limit,
+    QuicConnection,
+)
+from aioquic.quic.packet import QuicFrameType
+from aioquic.quic.packet_builder import QuicPacketBuilder
+from aioquic.quic.stream import QuicStream
+
+from ..ids import InstanceId
+from ..security.tls import Role, VerifyingContext, install_peer_verification
+from ..security.verify import PeerVerificationError, PeerVerifier
+
+__all__ = ["EngineConnection"]
+
+Consumed = Callable[[], int]
+
+
+class EngineConnection(QuicConnection):
+    """A ``QuicConnection`` with verified peers, managed receive windows and more streams."""
+
+    def __init__(
+        self,
+        *args: Any,
+        verifier: PeerVerifier,
+        peer_role: Role,
+        expected_peer: InstanceId | None,
+        max_concurrent_streams: int,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self._velomux_verifier = verifier
+        self._velomux_peer_role: Role = peer_role
+        self._velomux_expected = expected_peer
+        self._managed_windows: dict[int, tuple[Consumed, int]] = {}
+        # Replace (not mutate) the limits: their initial value is also what the
+        # transport parameters advertise, serialized later in _initialize.
+        self._local_max_streams_bidi = Limit(
+            frame_type=QuicFrameType.MAX_STREAMS_BIDI,
+            name="max_streams_bidi",
+            value=max_concurrent_streams,
+        )
+        self._local_max_streams_uni = Limit(
+            frame_type=QuicFrameType.MAX_STREAMS_UNI,
+            name="max_streams_uni",
+            value=max_concurrent_streams,
+        )
+
+    # -- identity ------------------------------------------------------------------------
+
+    def _initialize(self, peer_cid: bytes) -> None:
+        super()._initialize(peer_cid)
+        install_peer_verification(
+            self.tls,
+            self._velomux_verifier,
+            role=self._velomux_peer_role,
+            expected=self._velomux_expected,
+        )
+
+    @property
+    def verified_peer(self) -> InstanceId | None:
+        """The peer's InstanceId once its certificate passed verification, else None."""
+        context = getattr(self, "tls", None)
+        return context.velomux_peer if isinstance(context, VerifyingContext) else None
+
+    @property
+    def handshake_confirmed(self) -> bool:
+        """For a client: the server sent HANDSHAKE_DONE, so it accepted our certificate.
+
+        A TLS 1.3 client finishes its side of the handshake before the server has seen
+        its certificate, so "handshake completed" does not mean "accepted" on the dialing
+        side; only confirmation does (RFC 9001, section 4.1.2).
+        """
+        return bool(self._handshake_confirmed)
+
+    @property
+    def verification_error(self) -> PeerVerificationError | None:
+        """Why *we* refused the peer, when we did."""
+        context = getattr(self, "tls", None)
+        return context.velomux_error if isinstance(context, VerifyingContext) else None
+
+    # -- send side -----------------------------------------------------------------------
+
+    def open_send_stream(self, stream_id: int) -> None:
+        """Create a locally initiated stream, and every lower one of its kind first.
+
+        aioquic numbers local streams in creation order: creating stream 6 before stream 2
+        makes it treat 2 as opened-and-finished, and sending on it then fails. Lanes are
+        opened on first use, in any order, so the lower ids are created (empty) first.
+        """
+        for lower in range(stream_id & 0x3, stream_id + 1, 4):
+            if lower not in self._streams and not self._stream_is_discarded(lower):
+                self._get_or_create_stream_for_send(lower)
+
+    def stream_room(self, stream_id: int, send_buffer: int) -> int:
+        """Bytes the stream may take now: peer window + ``send_buffer`` - bytes written."""
+        stream = self._streams.get(stream_id)
+        if stream is None:
+            # Not created yet: the peer's initial window for unidirectional streams.
+            return int(self._remote_max_stream_data_uni) + send_buffer
+        return int(stream.max_stream_data_remote) + send_buffer - int(stream.sender._buffer_stop)
+
+    def stream_idle(self, stream_id: int) -> bool:
+        """Nothing written on the stream is still waiting for the peer's window."""
+        stream = self._streams.get(stream_id)
+        if stream is None:
+            return True
+        return int(stream.sender._buffer_stop) <= int(stream.max_stream_data_remote)
+
+    def stream_unacked(self, stream_id: int) -> int:
+        """Bytes written on the stream that the peer has not acknowledged yet."""
+        stream = self._streams.get(stream_id)
+        if stream is None:
+            return 0
+        return int(stream.sender._buffer_stop) - int(stream.sender._buffer_start)
+
+    # -- receive side --------------------------------------------------------------------
+
+    def manage_receive_window(self, stream_id: int, consumed: Consumed, window: int) -> None:
+        """Grant the peer ``consumed() + window`` on this stream instead of aioquic's doubling."""
+        self._managed_windows[stream_id] = (consumed, window)
+
+    def forget_stream(self, stream_id: int) -> None:
+        self._managed_windows.pop(stream_id, None)
+
+    def _write_stream_limits(
+        self, builder: QuicPacketBuilder, space: Any, stream: QuicStream
+    ) -> None:
+        managed = self._managed_windows.get(stream.stream_id)  # type: ignore[arg-type]
+        if managed is None or not stream.max_stream_data_local:
+            super()._write_stream_limits(builder, space, stream)
+            return
+        consumed, window = managed
+        target = consumed() + window
+        # Raise in steps of a quarter window, so a steady reader sends one
+        # MAX_STREAM_DATA per quarter window, not one per packet.
+        if target - stream.max_stream_data_local >= window // 4:
+            stream.max_stream_data_local = target
+        if stream.max_stream_data_local_sent != stream.max_stream_data_local:
+            buf = builder.start_frame(
+                QuicFrameType.MAX_STREAM_DATA,
+                capacity=MAX_STREAM_DATA_FRAME_CAPACITY,
+                handler=self._on_max_stream_data_delivery,
+                handler_args=(stream,),
+            )
+            assert stream.stream_id is not None
+            buf.push_uint_var(stream.stream_id)
+            buf.push_uint_var(stream.max_stream_data_local)
+            stream.max_stream_data_local_sent = stream.max_stream_data_local

@@ -1,0 +1,138 @@
+"""Transport metrics: plain integer counters on the hot path, exported at scrape time.
+
+Incrementing a prometheus-client Counter takes a lock and a label lookup; doing that per
+frame would cost more than framing the frame. The transport bumps attributes of a
+``__slots__`` object instead, and :class:`TransportCollector` turns them into the
+``velo_transport_*`` series when Prometheus scrapes the node's registry.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector, CollectorRegistry
+
+__all__ = ["TRANSPORT_KEY", "TransportCollector", "TransportStats"]
+
+TRANSPORT_KEY = "quic"
+"""Value of the ``transport`` label on every series this transport exports."""
+
+
+class TransportStats:
+    """Counters the transport updates inline; read by the collector and by tests."""
+
+    __slots__ = (
+        "active_connections",
+        "bytes_in",
+        "bytes_out",
+        "datagrams_in",
+        "datagrams_out",
+        "dials",
+        "frames_in",
+        "frames_out",
+        "peer_refusals",
+        "registered_peers",
+        "rejections",
+        "send_backpressure",
+        "send_failures_after_admission",
+    )
+
+    def __init__(self) -> None:
+        self.frames_in = 0
+        self.frames_out = 0
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.datagrams_in = 0
+        self.datagrams_out = 0
+        self.send_backpressure = 0
+        self.send_failures_after_admission = 0
+        self.dials = 0
+        self.active_connections = 0
+        self.registered_peers = 0
+        self.rejections: Counter[str] = Counter()
+        """Refused inbound input by reason (``oversized_frame``, ``unverified_data``, ...)."""
+        self.peer_refusals: Counter[str] = Counter()
+        """Handshakes refused by peer verification, by reason (``no_certificate``, ...)."""
+
+
+class TransportCollector(Collector):
+    """Exports a :class:`TransportStats` as the ``velo_transport_*`` series."""
+
+    def __init__(self, stats: TransportStats, connections: Callable[[], int]) -> None:
+        self._stats = stats
+        self._connections = connections
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        s = self._stats
+        labels = ["transport", "direction", "message_type", "outcome"]
+        frames = CounterMetricFamily(
+            "velo_transport_frames", "Frames seen by the transport", labels=labels
+        )
+        frames.add_metric([TRANSPORT_KEY, "inbound", "message", "accepted"], s.frames_in)
+        frames.add_metric([TRANSPORT_KEY, "outbound", "message", "accepted"], s.frames_out)
+        yield frames
+        frame_bytes = CounterMetricFamily(
+            "velo_transport_frame_bytes",
+            "Frame bytes seen by the transport",
+            labels=["transport", "direction", "message_type"],
+        )
+        frame_bytes.add_metric([TRANSPORT_KEY, "inbound", "message"], s.bytes_in)
+        frame_bytes.add_metric([TRANSPORT_KEY, "outbound", "message"], s.bytes_out)
+        yield frame_bytes
+        datagrams = CounterMetricFamily(
+            "velo_transport_datagrams",
+            "UDP datagrams moved by the node's endpoint",
+            labels=["transport", "direction"],
+        )
+        datagrams.add_metric([TRANSPORT_KEY, "inbound"], s.datagrams_in)
+        datagrams.add_metric([TRANSPORT_KEY, "outbound"], s.datagrams_out)
+        yield datagrams
+        backpressure = CounterMetricFamily(
+            "velo_transport_send_backpressure",
+            "Sends that returned Pending (the lane was full)",
+            labels=["transport"],
+        )
+        backpressure.add_metric([TRANSPORT_KEY], s.send_backpressure)
+        yield backpressure
+        rejections = CounterMetricFamily(
+            "velo_transport_rejections",
+            "Inbound input dropped or refused, by reason",
+            labels=["transport", "reason"],
+        )
+        for reason, count in sorted(s.rejections.items()):
+            rejections.add_metric([TRANSPORT_KEY, reason], count)
+        rejections.add_metric([TRANSPORT_KEY, "send_error"], s.send_failures_after_admission)
+        yield rejections
+        refusals = CounterMetricFamily(
+            "velo_transport_peer_refusals",
+            "Handshakes refused because the peer's certificate failed verification",
+            labels=["transport", "reason"],
+        )
+        for reason, count in sorted(s.peer_refusals.items()):
+            refusals.add_metric([TRANSPORT_KEY, reason], count)
+        yield refusals
+        dials = CounterMetricFamily(
+            "velo_transport_dials", "Outbound connections started", labels=["transport"]
+        )
+        dials.add_metric([TRANSPORT_KEY], s.dials)
+        yield dials
+        active = GaugeMetricFamily(
+            "velo_transport_active_connections", "Open QUIC connections", labels=["transport"]
+        )
+        active.add_metric([TRANSPORT_KEY], self._connections())
+        yield active
+        peers = GaugeMetricFamily(
+            "velo_transport_registered_peers", "Peers with a known address", labels=["transport"]
+        )
+        peers.add_metric([TRANSPORT_KEY], s.registered_peers)
+        yield peers
+
+    @classmethod
+    def register(
+        cls, registry: CollectorRegistry, stats: TransportStats, connections: Callable[[], int]
+    ) -> TransportCollector:
+        collector = cls(stats, connections)
+        registry.register(collector)
+        return collector
