@@ -8,7 +8,7 @@ import os
 import pytest
 from prometheus_client import generate_latest
 
-from tests.conftest import NodeFactory, wait_admitted
+from tests.conftest import NodeFactory, Recorder, wait_admitted
 from velomux_quic.ids import new_instance_id
 from velomux_quic.transport.admission import ADMITTED, AdmissionState, SendAdmission
 from velomux_quic.transport.config import TransportConfig
@@ -218,3 +218,60 @@ async def test_closed_transports_leave_no_task_timer_or_socket(
     for transport in (a, b):
         for connection in transport._all_connections():  # nothing left to hold timers
             pytest.fail(f"connection left open: {connection}")
+
+
+class Server(Recorder):
+    """Answers request streams with the request reversed, or waits on a gate first."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate: asyncio.Event | None = None
+        self.served = 0
+
+    async def serve_request(self, peer: object, request: bytes) -> bytes:
+        if self.gate is not None:
+            await self.gate.wait()
+        if request == b"refuse":
+            raise ValueError("no")
+        self.served += 1
+        return request[::-1] * (1 if not request.startswith(b"big") else 100_000)
+
+
+async def test_request_stream_pulls_from_the_dialer_without_touching_lanes(
+    start_node: NodeFactory, make_credentials: object
+) -> None:
+    from velomux_quic.transport.endpoint import QuicTransport
+    from velomux_quic.transport.errors import RequestRefused, ResponseTooLarge
+
+    b, b_seen = await start_node("b")
+    server = Server()
+    a = await QuicTransport.start(make_credentials("a"), handler=server)  # type: ignore[operator]
+    try:
+        a.register_peer(b.instance_id, b.address)
+        with pytest.raises(ChannelClosed):  # a has not dialed b yet: nothing to ask on
+            await b.request(a.instance_id, b"x", max_response=10, timeout=5)
+        await wait_admitted([a.send(b.instance_id, 0, b"hello")])
+        await b_seen.wait_until(lambda: b_seen.count() == 1)
+
+        assert await b.request(a.instance_id, b"abc", max_response=10, timeout=5) == b"cba"
+        big = await b.request(a.instance_id, b"big!", max_response=1 << 20, timeout=10)
+        assert len(big) == 400_000
+        with pytest.raises(ResponseTooLarge):
+            await b.request(a.instance_id, b"big!", max_response=1000, timeout=10)
+        with pytest.raises(RequestRefused):
+            await b.request(a.instance_id, b"refuse", max_response=10, timeout=5)
+
+        # a slow answer does not hold the lane: frames keep arriving meanwhile
+        server.gate = asyncio.Event()
+        slow = asyncio.ensure_future(b.request(a.instance_id, b"slow", max_response=10, timeout=10))
+        await wait_admitted([a.send(b.instance_id, 0, b"during")])
+        await b_seen.wait_until(lambda: b_seen.count() == 2)
+        assert not slow.done()
+        server.gate.set()
+        assert await slow == b"wols"
+        with pytest.raises(TimeoutError):
+            server.gate = asyncio.Event()
+            await b.request(a.instance_id, b"never", max_response=10, timeout=0.2)
+        server.gate.set()
+    finally:
+        await a.close()

@@ -16,6 +16,8 @@ from .errors import (
     LaneError,
     MessageTooLarge,
     PeerNotRegistered,
+    RequestRefused,
+    ResponseTooLarge,
     TransportClosed,
     TransportError,
 )
@@ -35,6 +37,8 @@ __all__ = [
     "MessageTooLarge",
     "PeerNotRegistered",
     "QuicTransport",
+    "RequestRefused",
+    "ResponseTooLarge",
     "SendAdmission",
     "SendOutcome",
     "TransportClosed",

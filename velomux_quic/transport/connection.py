@@ -24,6 +24,7 @@ from .config import MAX_LANES
 from .errors import ChannelClosed, ConnectionReplaced, DialError
 from .framing import FrameTooLarge
 from .lanes import InboundLane, OutboundLane, lane_of_stream, stream_of_lane
+from .requests import IncomingRequests, OutgoingRequests
 
 if TYPE_CHECKING:
     from .endpoint import QuicTransport
@@ -74,6 +75,7 @@ class PeerConnection:
         self.peer = peer  # expected peer when dialing; verified peer once accepted
         self.state = ConnectionState.HANDSHAKING
         self.established_once = False
+        self.remote_address: tuple[str, int] | None = None
         self.send_buffer = transport.config.send_buffer
         self.closed = asyncio.Event()
         self._loop = transport.loop
@@ -90,6 +92,10 @@ class PeerConnection:
         self._next_ping = 1
         self._close_error: ChannelClosed | ConnectionReplaced | None = None
         self._refusal_counted = False
+        self.requests_out = OutgoingRequests(quic, self.transmit_soon)
+        self.requests_in = IncomingRequests(
+            quic, self.transmit_soon, transport.handler.serve_request, lambda: self.peer
+        )
         self._drained = asyncio.Event()
 
     @property
@@ -301,6 +307,7 @@ class PeerConnection:
     # -- events from aioquic -------------------------------------------------------------
 
     def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        self.remote_address = addr
         self.quic.receive_datagram(data, addr, now=self._loop.time())
         self._process_events()
         if self.state is ConnectionState.HANDSHAKING:
@@ -327,7 +334,9 @@ class PeerConnection:
                 if waiter is not None and not waiter.done():
                     waiter.set_result(None)
             elif kind is quic_events.StreamReset:
-                self._stream_reset(event.stream_id)  # type: ignore[attr-defined]
+                self._stream_reset(event.stream_id, event.error_code)  # type: ignore[attr-defined]
+            elif kind is quic_events.StopSendingReceived:
+                self.requests_in.stopped(event.stream_id)  # type: ignore[attr-defined]
             elif kind is quic_events.ConnectionTerminated:
                 self._terminated(event)  # type: ignore[arg-type]
                 return
@@ -390,12 +399,20 @@ class PeerConnection:
             self.close(CloseCode.UNVERIFIED_PEER, "data before verification")
             return
         stream_id = event.stream_id
+        if self.is_client:
+            if stream_id & 0x3 == 0x1:  # the accepting side asks us for something
+                self.requests_in.data(stream_id, event.data, event.end_stream)
+            else:
+                self.transport.stats.rejections["unexpected_stream"] += 1
+                self._refuse_stream(stream_id)
+            return
         lane = lane_of_stream(stream_id)
-        if lane is None or self.is_client:
-            # Not a lane (or a stream opened toward the dialer): the layers above may
-            # claim such streams later; until then, refuse them without harming the
-            # connection.
-            if not self.transport.handler.stream_received(self, event):
+        if lane is None:
+            if self.requests_out.owns(stream_id):
+                self.requests_out.data(stream_id, event.data, event.end_stream)
+            elif not self.transport.handler.stream_received(self, event):
+                # Not a lane: the layers above may claim such streams (the per-stream
+                # path); until one does, refuse the stream without harming the connection.
                 self.transport.stats.rejections["unexpected_stream"] += 1
                 self._refuse_stream(stream_id)
             return
@@ -416,7 +433,10 @@ class PeerConnection:
             self.transport.stats.rejections["truncated_frame"] += 1
         self._forget_inbound(state)
 
-    def _stream_reset(self, stream_id: int) -> None:
+    def _stream_reset(self, stream_id: int, error_code: int) -> None:
+        if self.requests_out.owns(stream_id):
+            self.requests_out.reset(stream_id, error_code)
+            return
         state = self._inbound.get(stream_id)
         if state is None or self.peer is None:
             return
@@ -448,6 +468,8 @@ class PeerConnection:
         if self.is_client and was_established:
             self._report_unacked(error)
         self._refuse_pending(error)
+        self.requests_out.close(ChannelClosed(f"connection closed: {reason}"))
+        self.requests_in.close()
         if not was_established:
             self._fail_handshake(self._dial_error(event))
         for waiter in self._ping_waiters.values():

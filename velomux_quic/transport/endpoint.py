@@ -33,9 +33,11 @@ from .config import MAX_LANES, TransportConfig
 from .connection import CloseCode, ConnectionState, PeerConnection
 from .engine import EngineConnection
 from .errors import (
+    ChannelClosed,
     LaneError,
     MessageTooLarge,
     PeerNotRegistered,
+    RequestRefused,
     TransportClosed,
     TransportError,
 )
@@ -79,6 +81,13 @@ class TransportHandler:
     def stream_received(self, connection: PeerConnection, event: StreamDataReceived) -> bool:
         """Data on a stream that is not a lane; return True to claim it (default: refuse)."""
         return False
+
+    async def serve_request(self, peer: InstanceId, request: bytes) -> bytes:
+        """Answer a request stream the accepting side opened toward us (see :meth:`request`).
+
+        Raise to refuse: the requester gets :class:`RequestRefused`.
+        """
+        raise RequestRefused("this node serves no requests")
 
 
 class QuicTransport(asyncio.DatagramProtocol):
@@ -221,6 +230,23 @@ class QuicTransport(asyncio.DatagramProtocol):
         async with asyncio.timeout(timeout):
             await connection.wait_established()
             await connection.ping(timeout)
+
+    async def request(
+        self, peer: InstanceId, request: bytes, *, max_response: int, timeout: float
+    ) -> bytes:
+        """Ask ``peer`` for bytes over a new stream of a connection it dialed to us.
+
+        Used to pull what a peer staged for us (rendezvous) without touching any lane.
+        Raises ChannelClosed when ``peer`` has no live connection to us, RequestRefused
+        when it refuses, ResponseTooLarge past ``max_response`` bytes, and TimeoutError.
+        The stream is abandoned (STOP_SENDING) on timeout or cancellation.
+        """
+        connections = [c for c in self._inbound.get(peer, ()) if c.established]
+        if not connections:
+            raise ChannelClosed(f"peer {peer} has no live connection to this node")
+        connection = connections[-1]
+        future = connection.requests_out.start(request, max_response)
+        return await asyncio.wait_for(future, timeout)
 
     def outbound_connection(self, peer: InstanceId) -> PeerConnection | None:
         return self._outbound.get(peer)
@@ -368,6 +394,12 @@ class QuicTransport(asyncio.DatagramProtocol):
         if not connection.is_client:
             self._handshaking_inbound -= 1
             self._inbound.setdefault(connection.peer, set()).add(connection)
+            if connection.peer not in self._addresses and connection.remote_address is not None:
+                # The return route: one UDP socket per node both dials and listens, so the
+                # verified peer's source address is where it listens. Registered addresses
+                # (discovery, config) always win over a learned one.
+                self._addresses[connection.peer] = connection.remote_address
+                self.stats.registered_peers = len(self._addresses)
             for peer, lane in self._paused:
                 if peer == connection.peer:
                     connection.pause_reading(lane)

@@ -16,6 +16,8 @@ __all__ = [
     "LaneError",
     "MessageTooLarge",
     "PeerNotRegistered",
+    "RequestRefused",
+    "ResponseTooLarge",
     "TransportClosed",
     "TransportError",
 ]
@@ -72,3 +74,11 @@ class MessageTooLarge(TransportError, ValueError):
         super().__init__(f"frame of {length} bytes exceeds max_message_size {limit}")
         self.length = length
         self.limit = limit
+
+
+class RequestRefused(TransportError):
+    """The peer refused (reset) a request stream, or has nothing to serve it."""
+
+
+class ResponseTooLarge(TransportError):
+    """A request stream's response grew past the size the requester allowed."""

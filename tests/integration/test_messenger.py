@@ -1,0 +1,317 @@
+"""The messenger between real nodes over loopback QUIC with mutual TLS."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack
+
+import pytest
+from prometheus_client import generate_latest
+
+from velomux_quic.ids import InstanceId
+from velomux_quic.messenger import (
+    Context,
+    HandlerExists,
+    HandlerFailed,
+    Messenger,
+    MessengerConfig,
+    PeerGone,
+    RemoteRefused,
+    StagedRefusal,
+    UnaryTimeout,
+    UnknownHandler,
+)
+from velomux_quic.messenger.envelope import Kind, StagedDescriptor, encode_envelope
+from velomux_quic.security.certs import NodeCredentials
+from velomux_quic.transport import SendAdmission, TransportConfig
+
+MiB = 1024 * 1024
+Start = Callable[..., Awaitable[Messenger]]
+
+
+@pytest.fixture
+async def start(make_credentials: Callable[..., NodeCredentials]) -> AsyncIterator[Start]:
+    async with AsyncExitStack() as stack:
+
+        async def start_messenger(
+            name: str = "node",
+            *,
+            config: MessengerConfig | None = None,
+            transport_config: TransportConfig | None = None,
+            cls: type[Messenger] = Messenger,
+        ) -> Messenger:
+            messenger = await cls.start(
+                make_credentials(name), config=config, transport_config=transport_config
+            )
+            stack.push_async_callback(messenger.close)
+            return messenger
+
+        yield start_messenger
+
+
+class Waiter:
+    """Collects values and wakes a test when a condition holds: an event, never a sleep."""
+
+    def __init__(self) -> None:
+        self.items: list[object] = []
+        self._event = asyncio.Event()
+
+    def add(self, item: object) -> None:
+        self.items.append(item)
+        self._event.set()
+
+    async def until(self, predicate: Callable[[list[object]], bool], timeout: float = 20) -> None:
+        async with asyncio.timeout(timeout):
+            while not predicate(self.items):
+                self._event.clear()
+                await self._event.wait()
+
+
+def value(ctx: Context) -> int:
+    return int.from_bytes(bytes(ctx.payload[:4]), "big")
+
+
+async def test_every_kind_of_call_works_and_replies_find_their_way_back(start: Start) -> None:
+    b = await start("b", transport_config=TransportConfig(lanes=4))
+    a = await start("a", transport_config=TransportConfig(lanes=4))
+    a.add_peer(b.instance_id, b.address)  # b never learns a's address explicitly
+    fired = Waiter()
+
+    def record(ctx: Context) -> None:
+        fired.add((ctx.sender, ctx.lane, bytes(ctx.payload)))
+
+    async def echo(ctx: Context) -> bytes:
+        return bytes(ctx.payload)[::-1] + b"@%d" % ctx.lane
+
+    b.register("record", record)
+    b.register("echo", echo)
+    await a.am_send(b.instance_id, "record", b"fire", lane=2)
+    await fired.until(lambda items: len(items) == 1)
+    assert fired.items == [(a.instance_id, 2, b"fire")]  # sender from the certificate
+    await a.am_sync(b.instance_id, "record", b"sync", timeout=10)
+    assert fired.items[-1] == (a.instance_id, 0, b"sync")  # handled before the ack
+    assert await a.unary(b.instance_id, "echo", b"abc", lane=3, timeout=10) == b"cba@3"
+    assert (await a.hello(b.instance_id))["version"] == 1
+    await a.check_health(b.instance_id)
+    assert {"echo", "record", "_stream_batch.15"} <= set(await a.list_handlers(b.instance_id))
+
+
+async def test_ordered_handler_keeps_order_and_a_slow_lane_holds_up_nobody_else(
+    start: Start,
+) -> None:
+    b = await start("b", transport_config=TransportConfig(lanes=2))
+    a = await start("a", transport_config=TransportConfig(lanes=2))
+    c = await start("c")
+    for sender in (a, c):
+        sender.add_peer(b.instance_id, b.address)
+    seen: dict[tuple[InstanceId, int], list[int]] = {}
+    progress = Waiter()
+    release = asyncio.Event()
+
+    async def ordered(ctx: Context) -> None:
+        number = value(ctx)
+        if ctx.sender == a.instance_id and ctx.lane == 0 and number == 0:
+            await release.wait()  # the deliberately slow message at the head of (a, 0)
+        seen.setdefault((ctx.sender, ctx.lane), []).append(number)
+        progress.add(None)
+
+    b.register("ordered", ordered)
+    total = 10_000
+    outcomes = [
+        a.send_message_on_lane(b.instance_id, 0, "ordered", i.to_bytes(4, "big"))
+        for i in range(total)
+    ]
+    others = [
+        a.send_message_on_lane(b.instance_id, 1, "ordered", i.to_bytes(4, "big"))
+        for i in range(100)
+    ]
+    others += [
+        c.send_message_on_lane(b.instance_id, 0, "ordered", i.to_bytes(4, "big"))
+        for i in range(100)
+    ]
+    for outcome in others:
+        if isinstance(outcome, SendAdmission):
+            await outcome
+    await progress.until(
+        lambda _: (
+            len(seen.get((a.instance_id, 1), [])) == 100
+            and len(seen.get((c.instance_id, 0), [])) == 100
+        )
+    )
+    assert (a.instance_id, 0) not in seen  # still held by its slow head
+    release.set()
+    for outcome in outcomes:
+        if isinstance(outcome, SendAdmission):
+            await outcome
+    await progress.until(lambda _: len(seen.get((a.instance_id, 0), [])) == total, timeout=60)
+    assert seen[(a.instance_id, 0)] == list(range(total))
+    assert seen[(a.instance_id, 1)] == list(range(100))
+    assert seen[(c.instance_id, 0)] == list(range(100))
+    text = generate_latest(b.registry).decode()
+    assert 'velo_messenger_ordered_lane_wait_seconds_count{handler="ordered"} 10200.0' in text
+
+
+async def test_a_full_ordered_backlog_pushes_back_on_the_sender_instead_of_growing(
+    start: Start,
+) -> None:
+    b = await start(
+        "b",
+        config=MessengerConfig(max_ordered_backlog=50),
+        transport_config=TransportConfig(lane_window=16 * 1024, send_buffer=16 * 1024),
+    )
+    a = await start("a")
+    a.add_peer(b.instance_id, b.address)
+    release = asyncio.Event()
+    seen: list[int] = []
+    done = Waiter()
+
+    async def slow(ctx: Context) -> None:
+        await release.wait()
+        seen.append(value(ctx))
+        done.add(None)
+
+    b.register("slow", slow)
+    outcomes = []
+    pending: SendAdmission | None = None
+    for i in range(20_000):  # bounded; the backlog, window and buffer hold far fewer
+        outcome = a.send_message_on_lane(
+            b.instance_id, 0, "slow", i.to_bytes(4, "big") + bytes(200)
+        )
+        outcomes.append(outcome)
+        if isinstance(outcome, SendAdmission):
+            pending = outcome
+            break
+        if i % 100 == 99:
+            await asyncio.sleep(0)  # let the network move between bursts
+    # Without backpressure the loop would have sent all 20,000 without a Pending.
+    assert pending is not None, "the receiver's backlog never pushed back"
+    release.set()
+    await pending
+    await done.until(lambda items: len(items) == len(outcomes), timeout=60)
+    assert seen == list(range(len(outcomes)))
+
+
+async def test_unary_failures_are_typed_and_arrive_within_the_timeout(start: Start) -> None:
+    b = await start("b")
+    a = await start("a", transport_config=TransportConfig(handshake_timeout=1.0))
+    a.add_peer(b.instance_id, b.address)
+
+    def broken(ctx: Context) -> bytes:
+        raise RuntimeError("the handler broke")
+
+    async def never(ctx: Context) -> bytes:
+        await asyncio.Event().wait()
+        return b""
+
+    b.register("broken", broken)
+    b.register("never", never, dispatch="spawn")
+    with pytest.raises(UnknownHandler):
+        await a.unary(b.instance_id, "nope", b"", timeout=10)
+    with pytest.raises(HandlerFailed) as failed:
+        await a.unary(b.instance_id, "broken", b"", timeout=10)
+    assert "the handler broke" in failed.value.remote_message
+    with pytest.raises(UnaryTimeout):
+        await a.unary(b.instance_id, "never", b"", timeout=0.3)
+    with pytest.raises(HandlerExists):
+        b.register("broken", broken)
+
+    await b.close()  # the peer goes away
+    async with asyncio.timeout(8):
+        with pytest.raises(PeerGone):
+            await a.unary(b.instance_id, "broken", b"", timeout=5)
+
+
+async def test_a_large_payload_does_not_delay_the_small_messages_behind_it(start: Start) -> None:
+    pull_gate = asyncio.Event()
+
+    class SlowPulls(Messenger):
+        async def serve_request(self, peer: InstanceId, request: bytes) -> bytes:
+            await pull_gate.wait()
+            return await super().serve_request(peer, request)
+
+    b = await start("b")
+    a = await start("a", cls=SlowPulls)
+    a.add_peer(b.instance_id, b.address)
+    arrivals = Waiter()
+    b.register("sink", lambda ctx: arrivals.add(bytes(ctx.payload)))
+    big = bytes(range(256)) * (16 * MiB // 256)
+    for i in range(50):
+        await a.am_send(b.instance_id, "sink", b"small %d" % i)
+    await a.am_send(b.instance_id, "sink", big)
+    for i in range(50, 100):
+        await a.am_send(b.instance_id, "sink", b"small %d" % i)
+    await arrivals.until(lambda items: len(items) == 100)
+    assert arrivals.items == [b"small %d" % i for i in range(100)]  # none waited for the pull
+    assert a.staged_bytes == len(big)
+    pull_gate.set()
+    await arrivals.until(lambda items: len(items) == 101, timeout=60)
+    assert hashlib.sha256(arrivals.items[-1]).digest() == hashlib.sha256(big).digest()  # type: ignore[arg-type]
+    assert a.staged_bytes == 0
+
+
+async def test_staged_payload_over_the_limit_is_refused_unread_and_released(start: Start) -> None:
+    b = await start("b", config=MessengerConfig(staged_payload_max=1 * MiB))
+    a = await start("a")
+    a.add_peer(b.instance_id, b.address)
+    refusals: list[StagedRefusal] = []
+    b.add_staged_refusal_hook(refusals.append)
+    released = Waiter()
+    a.add_staging_listener(lambda reason, size: released.add((reason, size)))
+    handled = Waiter()
+    b.register("sink", lambda ctx: handled.add(len(ctx.payload)))
+
+    await a.am_send(b.instance_id, "sink", bytes(4 * MiB), headers={"_mux_slot": "7:513:42"})
+    await released.until(lambda items: ("refused", 4 * MiB) in items)
+    assert a.staged_bytes == 0
+    assert len(refusals) == 1
+    assert (refusals[0].size, refusals[0].limit) == (4 * MiB, 1 * MiB)
+    assert refusals[0].headers == {"_mux_slot": "7:513:42"}
+    with pytest.raises(RemoteRefused) as refused:
+        await a.unary(b.instance_id, "sink", bytes(2 * MiB), timeout=10)
+    assert str(2 * MiB) in str(refused.value) and str(1 * MiB) in str(refused.value)
+    await a.am_send(b.instance_id, "sink", bytes(512 * 1024))  # under the limit: pulled
+    await handled.until(lambda items: items == [512 * 1024])
+    await released.until(lambda items: a.staged_bytes == 0 and len(items) == 3)
+    assert (
+        'velo_rendezvous_refusals_total{reason="too_large"} 2.0'
+        in generate_latest(b.registry).decode()
+    )
+
+
+async def test_bad_input_costs_only_that_message(start: Start) -> None:
+    b = await start("b")
+    a = await start("a")
+    a.add_peer(b.instance_id, b.address)
+    got = Waiter()
+    b.register("sink", lambda ctx: got.add(bytes(ctx.payload)))
+    truncated_descriptor = encode_envelope(
+        Kind.MESSAGE, handler="sink", payload=StagedDescriptor(1, 100).encode()[:10]
+    )
+    flags_at = 2
+    truncated_descriptor = (
+        truncated_descriptor[:flags_at]
+        + bytes([truncated_descriptor[flags_at] | 0x02])
+        + truncated_descriptor[flags_at + 1 :]
+    )
+    bad_frames = [
+        b"\x07not an envelope",  # wrong version
+        b"\x01",  # shorter than a header
+        truncated_descriptor,
+    ]
+    await a.am_send(b.instance_id, "sink", b"before")
+    for frame in bad_frames:
+        a.transport.send(b.instance_id, 0, frame)
+    await a.am_send(b.instance_id, "nobody-home", b"lost")  # unknown fire-and-forget handler
+    await a.am_send(b.instance_id, "sink", b"after")
+    await got.until(lambda items: items == [b"before", b"after"])
+    text = generate_latest(b.registry).decode()
+    assert (
+        'velo_messenger_dispatch_failures_total{reason="active_message",stage="decode"} 3.0' in text
+    )
+    assert (
+        'velo_messenger_dispatch_failures_total{reason="unknown_handler",stage="dispatch"} 1.0'
+        in text
+    )
+    assert await a.unary(b.instance_id, "_health", timeout=10) == b"ok"
