@@ -315,3 +315,26 @@ async def test_bad_input_costs_only_that_message(start: Start) -> None:
         in text
     )
     assert await a.unary(b.instance_id, "_health", timeout=10) == b"ok"
+
+
+async def test_nodes_find_each_other_through_a_peer_directory(
+    make_credentials: Callable[..., NodeCredentials], tmp_path: object
+) -> None:
+    from pathlib import Path
+
+    from velomux_quic.messenger import DirectoryPeers
+
+    directory = Path(str(tmp_path)) / "peers"
+    async with (
+        await Messenger.start(
+            make_credentials("b"), discovery=DirectoryPeers(directory), name="b"
+        ) as b,
+        await Messenger.start(
+            make_credentials("a"), discovery=DirectoryPeers(directory), name="a"
+        ) as a,
+    ):
+        b.register("who", lambda ctx: str(ctx.sender).encode())
+        # a started after b: b's record was in the directory; nothing registered by hand
+        assert await a.unary(b.instance_id, "who", timeout=10) == str(a.instance_id).encode()
+        assert (directory / f"{a.instance_id}.json").exists()
+    assert not (directory / f"{a.instance_id}.json").exists()  # withdrawn on close

@@ -55,7 +55,7 @@ from .errors import (
     UnknownHandler,
 )
 from .metrics import MessengerMetrics
-from .peers import PeerRecord, PeerRegistry
+from .peers import PeerDiscovery, PeerRecord, PeerRegistry, WorkerIdCollision, sync_registry
 from .registry import (
     BATCH_HANDLER_NAMES,
     Context,
@@ -140,6 +140,7 @@ class Messenger(TransportHandler):
         self._error_handler: ErrorHandler | None = None
         self._background: set[asyncio.Task[Any]] = set()
         self._closed = False
+        self._discovery: PeerDiscovery | None = None
         self.metrics.bind_gauges(
             pending=lambda: len(self._calls),
             lanes=lambda: self._dispatcher.queues(),
@@ -161,8 +162,14 @@ class Messenger(TransportHandler):
         transport_config: TransportConfig | None = None,
         registry: CollectorRegistry | None = None,
         peers: PeerRegistry | None = None,
+        discovery: PeerDiscovery | None = None,
+        name: str = "",
     ) -> Messenger:
-        """Start the node's transport with this messenger as its handler."""
+        """Start the node's transport with this messenger as its handler.
+
+        With ``discovery``, the node publishes its own record there, loads every record
+        it finds, and looks up a peer it does not know the first time it calls it.
+        """
         registry = registry or CollectorRegistry()
         messenger = cls(config or MessengerConfig(), registry, peers or PeerRegistry())
         messenger._transport = await QuicTransport.start(
@@ -175,7 +182,31 @@ class Messenger(TransportHandler):
         )
         for record in messenger.peers:
             messenger._transport.register_peer(record.instance_id, record.address)
+        if discovery is not None:
+            messenger._discovery = discovery
+            try:
+                await discovery.publish(messenger.own_record(name))
+                await sync_registry(messenger.peers, discovery)
+            except BaseException:
+                await messenger.close()
+                raise
         return messenger
+
+    async def resolve(self, peer: InstanceId) -> bool:
+        """Make sure the transport knows where ``peer`` is, asking discovery if needed."""
+        if self.transport.peer_address(peer) is not None:
+            return True
+        if self._discovery is None:
+            return False
+        record = await self._discovery.lookup(peer)
+        if record is None:
+            return False
+        try:
+            self.peers.add(record)
+        except WorkerIdCollision:
+            logger.warning("discovery returned %s, whose WorkerId another peer holds", peer)
+            return False
+        return True
 
     async def __aenter__(self) -> Messenger:
         return self
@@ -360,6 +391,8 @@ class Messenger(TransportHandler):
         if self._closed:
             raise MessengerClosed("the messenger is closed")
         timeout = self.config.default_timeout if timeout is None else timeout
+        if self._discovery is not None and self.transport.peer_address(peer) is None:
+            await self.resolve(peer)
         message_id, future = self._calls.start(peer, handler, timeout)
         started = time.monotonic()
         outcome_label = "error"
@@ -740,5 +773,10 @@ class Messenger(TransportHandler):
             await asyncio.gather(*self._background, return_exceptions=True)
         await self._dispatcher.close()
         self._staging.close()
+        if self._discovery is not None:
+            try:
+                await self._discovery.close()  # withdraws our record
+            except Exception:
+                logger.warning("discovery close failed", exc_info=True)
         if self._transport is not None:
             await self._transport.close()
