@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgpack
+from aioquic.quic.events import StreamDataReceived
 from prometheus_client.registry import CollectorRegistry
 
 from ..ids import InstanceId
@@ -31,6 +32,7 @@ from ..transport import (
     TransportError,
     TransportHandler,
 )
+from ..transport.connection import PeerConnection
 from .calls import PendingCalls
 from .config import MessengerConfig
 from .dispatch import OrderedDispatcher
@@ -141,6 +143,7 @@ class Messenger(TransportHandler):
         self._background: set[asyncio.Task[Any]] = set()
         self._closed = False
         self._discovery: PeerDiscovery | None = None
+        self._stream_acceptor: TransportHandler | None = None
         self.metrics.bind_gauges(
             pending=lambda: len(self._calls),
             lanes=lambda: self._dispatcher.queues(),
@@ -259,6 +262,16 @@ class Messenger(TransportHandler):
         """Register ``handler`` under ``name``: a plain function runs inline, a coroutine
         function through an ordered per-(sender, lane) queue (or ``dispatch="spawn"``)."""
         self.handlers.register(name, handler, dispatch=dispatch)
+
+    def register_system(
+        self, name: str, handler: Handler, *, dispatch: Dispatch | None = None
+    ) -> None:
+        """Register a reserved (``_``-prefixed) handler: for the layers built on the messenger."""
+        self.handlers.register(name, handler, dispatch=dispatch, system=True)
+
+    def set_stream_acceptor(self, acceptor: TransportHandler) -> None:
+        """Hand non-lane QUIC streams (the per-stream path) to ``acceptor``."""
+        self._stream_acceptor = acceptor
 
     def install_batch_handler(self, lane: int, handler: Callable[[Context], None]) -> None:
         """Install the mux's inline batch handler for one lane (names are reserved at build)."""
@@ -727,6 +740,22 @@ class Messenger(TransportHandler):
         return self._staging.bytes_held
 
     # -- transport events ----------------------------------------------------------------
+
+    def stream_received(self, connection: PeerConnection, event: StreamDataReceived) -> bool:
+        acceptor = self._stream_acceptor
+        return acceptor is not None and acceptor.stream_received(connection, event)
+
+    def stream_reset(self, connection: PeerConnection, stream_id: int, error_code: int) -> None:
+        if self._stream_acceptor is not None:
+            self._stream_acceptor.stream_reset(connection, stream_id, error_code)
+
+    def stream_stopped(self, connection: PeerConnection, stream_id: int) -> None:
+        if self._stream_acceptor is not None:
+            self._stream_acceptor.stream_stopped(connection, stream_id)
+
+    def connection_lost(self, connection: PeerConnection) -> None:
+        if self._stream_acceptor is not None:
+            self._stream_acceptor.connection_lost(connection)
 
     def peer_disconnected(self, peer: InstanceId, outbound: bool) -> None:
         self._calls.fail_peer(

@@ -19,11 +19,17 @@ from aioquic.quic.packet import QuicErrorCode
 
 from ..ids import InstanceId
 from ..security.tls import parse_refusal_reason
-from .admission import ADMITTED, SendOutcome
+from .admission import SendOutcome
 from .config import MAX_LANES
 from .errors import ChannelClosed, ConnectionReplaced, DialError
 from .framing import FrameTooLarge
-from .lanes import InboundLane, OutboundLane, lane_of_stream, stream_of_lane
+from .lanes import (
+    FIRST_EXTRA_STREAM,
+    InboundLane,
+    OutboundStream,
+    lane_of_stream,
+    stream_of_lane,
+)
 from .requests import IncomingRequests, OutgoingRequests
 
 if TYPE_CHECKING:
@@ -85,8 +91,10 @@ class PeerConnection:
         self._keepalive: asyncio.TimerHandle | None = None
         self._handshake_deadline: asyncio.TimerHandle | None = None
         self._handshake_waiter: asyncio.Future[None] = self._loop.create_future()
-        self._outbound: list[OutboundLane | None] = [None] * MAX_LANES
-        self._blocked_lanes: set[int] = set()
+        self._outbound: list[OutboundStream | None] = [None] * MAX_LANES
+        self._extra: dict[int, OutboundStream] = {}
+        self._next_extra = FIRST_EXTRA_STREAM
+        self._blocked: set[OutboundStream] = set()
         self._inbound: dict[int, InboundLane] = {}
         self._ping_waiters: dict[int, asyncio.Future[None]] = {}
         self._next_ping = 1
@@ -171,7 +179,9 @@ class PeerConnection:
         for lane in self._outbound:
             if lane is not None:
                 lane.gate.close(error)
-        self._blocked_lanes.clear()
+        for stream in self._extra.values():
+            stream.gate.close(error)
+        self._blocked.clear()
 
     def _unacked_total(self) -> int:
         return sum(
@@ -186,22 +196,35 @@ class PeerConnection:
     def send(self, lane: int, body: bytes) -> SendOutcome:
         outbound = self._outbound[lane]
         if outbound is None:
-            outbound = self._outbound[lane] = OutboundLane(self, lane)
-        outcome = outbound.gate.send(body)
-        if outcome is not ADMITTED:
-            self._blocked_lanes.add(lane)
-            self.transport.stats.send_backpressure += 1
-        return outcome
+            outbound = self._outbound[lane] = OutboundStream(
+                self, stream_of_lane(lane), self.send_buffer, lane
+            )
+        return outbound.send(body)
+
+    def open_stream(self, send_buffer: int) -> OutboundStream:
+        """A new unidirectional stream of its own (the per-stream path), opened on first write."""
+        stream = OutboundStream(self, self._next_extra, send_buffer)
+        self._next_extra += 4
+        self._extra[stream.stream_id] = stream
+        if self._close_error is not None:
+            stream.gate.close(self._close_error)
+        return stream
+
+    def stream_blocked(self, stream: OutboundStream) -> None:
+        self._blocked.add(stream)
+        self.transport.stats.send_backpressure += 1
+
+    def stream_done(self, stream: OutboundStream) -> None:
+        self._blocked.discard(stream)
+        self._extra.pop(stream.stream_id, None)
 
     def _poll_gates(self) -> None:
-        if not self._blocked_lanes or self.state is not ConnectionState.ESTABLISHED:
+        if not self._blocked or self.state is not ConnectionState.ESTABLISHED:
             return
-        for lane in list(self._blocked_lanes):
-            outbound = self._outbound[lane]
-            assert outbound is not None
-            outbound.gate.poll()
-            if outbound.gate.pending_count == 0:
-                self._blocked_lanes.discard(lane)
+        for stream in list(self._blocked):
+            stream.gate.poll()
+            if stream.gate.pending_count == 0:
+                self._blocked.discard(stream)
 
     async def ping(self, timeout: float) -> None:
         uid = self._next_ping
@@ -221,7 +244,7 @@ class PeerConnection:
         if outbound is None:
             return
         self._outbound[lane] = None
-        self._blocked_lanes.discard(lane)
+        self._blocked.discard(outbound)
         outbound.gate.close(ChannelClosed(f"lane {lane} to {self._peer_name()} was reset"))
         self.quic.reset_stream(outbound.stream_id, int(CloseCode.KILLED))
         self.transmit()
@@ -336,7 +359,7 @@ class PeerConnection:
             elif kind is quic_events.StreamReset:
                 self._stream_reset(event.stream_id, event.error_code)  # type: ignore[attr-defined]
             elif kind is quic_events.StopSendingReceived:
-                self.requests_in.stopped(event.stream_id)  # type: ignore[attr-defined]
+                self._stop_sending(event.stream_id)  # type: ignore[attr-defined]
             elif kind is quic_events.ConnectionTerminated:
                 self._terminated(event)  # type: ignore[arg-type]
                 return
@@ -422,9 +445,9 @@ class PeerConnection:
         if event.end_stream:
             self._lane_finished(state)
 
-    def _refuse_stream(self, stream_id: int) -> None:
+    def _refuse_stream(self, stream_id: int, code: CloseCode = CloseCode.SHUTDOWN) -> None:
         try:
-            self.quic.stop_stream(stream_id, int(CloseCode.SHUTDOWN))
+            self.quic.stop_stream(stream_id, int(code))
         except Exception:  # stream already finished or not receivable: nothing to stop
             logger.debug("could not stop stream %d", stream_id, exc_info=True)
 
@@ -433,9 +456,35 @@ class PeerConnection:
             self.transport.stats.rejections["truncated_frame"] += 1
         self._forget_inbound(state)
 
+    def _stop_sending(self, stream_id: int) -> None:
+        """The receiver no longer wants a stream we write (a cancelled per-stream stream)."""
+        stream = self._extra.pop(stream_id, None)
+        if stream is None:
+            self.requests_in.stopped(stream_id)
+            return
+        self._blocked.discard(stream)
+        stream.finished = True
+        stream.gate.close(ChannelClosed("the receiver stopped the stream"))
+        try:
+            self.quic.reset_stream(stream_id, int(CloseCode.SHUTDOWN))
+        except Exception:  # already finished: nothing to reset
+            logger.debug("could not reset stream %d", stream_id, exc_info=True)
+        self.transmit_soon()
+        self.transport.handler.stream_stopped(self, stream_id)
+
+    def stop_receiving(self, stream_id: int, code: CloseCode = CloseCode.SHUTDOWN) -> None:
+        """Ask the peer to stop a stream it writes to us (STOP_SENDING), and forget it."""
+        self.quic.forget_stream(stream_id)
+        self._refuse_stream(stream_id, code)
+        self.transmit_soon()
+
     def _stream_reset(self, stream_id: int, error_code: int) -> None:
         if self.requests_out.owns(stream_id):
             self.requests_out.reset(stream_id, error_code)
+            return
+        if lane_of_stream(stream_id) is None and not self.is_client:
+            if self.peer is not None:
+                self.transport.handler.stream_reset(self, stream_id, error_code)
             return
         state = self._inbound.get(stream_id)
         if state is None or self.peer is None:

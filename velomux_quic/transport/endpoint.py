@@ -41,6 +41,7 @@ from .errors import (
     TransportClosed,
     TransportError,
 )
+from .lanes import OutboundStream
 from .metrics import TransportCollector, TransportStats
 from .udp import BufferSizes, open_udp_socket
 
@@ -81,6 +82,15 @@ class TransportHandler:
     def stream_received(self, connection: PeerConnection, event: StreamDataReceived) -> bool:
         """Data on a stream that is not a lane; return True to claim it (default: refuse)."""
         return False
+
+    def stream_reset(self, connection: PeerConnection, stream_id: int, error_code: int) -> None:
+        """The peer aborted a non-lane stream it was writing to us."""
+
+    def stream_stopped(self, connection: PeerConnection, stream_id: int) -> None:
+        """The peer asked us to stop writing a stream we opened (see ``open_stream``)."""
+
+    def connection_lost(self, connection: PeerConnection) -> None:
+        """An established connection ended (before ``peer_disconnected`` is called)."""
 
     async def serve_request(self, peer: InstanceId, request: bytes) -> bytes:
         """Answer a request stream the accepting side opened toward us (see :meth:`request`).
@@ -247,6 +257,20 @@ class QuicTransport(asyncio.DatagramProtocol):
         connection = connections[-1]
         future = connection.requests_out.start(request, max_response)
         return await asyncio.wait_for(future, timeout)
+
+    def open_stream(self, peer: InstanceId, *, send_buffer: int = 64 * 1024) -> OutboundStream:
+        """A unidirectional stream of its own to ``peer`` (dialing if needed).
+
+        Frames on it are ordered and flow-controlled apart from every lane; its gate
+        admits like a lane's, with ``send_buffer`` bytes beyond the peer's window.
+        """
+        if self._closing:
+            raise TransportClosed("the transport is closed")
+        return self._outbound_connection(peer).open_stream(send_buffer)
+
+    def known_peers(self) -> set[InstanceId]:
+        """Peers with an address or a live verified connection, either direction."""
+        return set(self._addresses) | set(self._inbound) | set(self._outbound)
 
     def outbound_connection(self, peer: InstanceId) -> PeerConnection | None:
         return self._outbound.get(peer)
@@ -424,6 +448,7 @@ class QuicTransport(asyncio.DatagramProtocol):
             self._handshaking_inbound -= 1
         if connection.established_once:
             assert peer is not None
+            self.handler.connection_lost(connection)
             self.handler.peer_disconnected(peer, connection.is_client)
 
     # -- shutdown ------------------------------------------------------------------------

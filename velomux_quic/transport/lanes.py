@@ -7,17 +7,25 @@ what the receive window is granted from).
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 from typing import TYPE_CHECKING
 
-from .admission import LaneGate
+from .admission import ADMITTED, LaneGate, SendOutcome
 from .config import MAX_LANES
+from .errors import ChannelClosed
 from .framing import FRAME_HEADER_SIZE, FrameDecoder, frame_header
 
 if TYPE_CHECKING:
     from .connection import PeerConnection
 
-__all__ = ["InboundLane", "OutboundLane", "lane_of_stream", "stream_of_lane"]
+__all__ = [
+    "FIRST_EXTRA_STREAM",
+    "InboundLane",
+    "OutboundStream",
+    "lane_of_stream",
+    "stream_of_lane",
+]
 
 _SMALL_FRAME = 64 * 1024
 """Below this a frame's header and body are joined into one write; above, written apart."""
@@ -28,6 +36,10 @@ def stream_of_lane(lane: int) -> int:
     return 4 * lane + 2
 
 
+FIRST_EXTRA_STREAM = 4 * MAX_LANES + 2
+"""The first client unidirectional stream id that is not a lane (the per-stream path's)."""
+
+
 def lane_of_stream(stream_id: int) -> int | None:
     """The lane a stream carries, or None for any stream that is not a lane."""
     if stream_id & 0x3 != 0x2:
@@ -36,34 +48,99 @@ def lane_of_stream(stream_id: int) -> int | None:
     return lane if lane < MAX_LANES else None
 
 
-class OutboundLane:
-    """The write side of one lane: what the lane's gate asks of the QUIC stream."""
+class OutboundStream:
+    """The write side of one unidirectional stream: what its admission gate asks of QUIC.
 
-    __slots__ = ("_conn", "_opened", "_quic", "gate", "lane", "stream_id")
+    Lanes are such streams (ids ``4k + 2``, k < 16); so is every stream of the per-stream
+    path (ids from ``4 * 16 + 2`` up), each with its own gate and ``send_buffer``.
+    """
 
-    def __init__(self, conn: PeerConnection, lane: int) -> None:
+    __slots__ = (
+        "_conn",
+        "_opened",
+        "_quic",
+        "finished",
+        "gate",
+        "lane",
+        "send_buffer",
+        "stream_id",
+    )
+
+    def __init__(
+        self, conn: PeerConnection, stream_id: int, send_buffer: int, lane: int = -1
+    ) -> None:
         self._conn = conn
         self._quic = conn.quic
         self._opened = False
         self.lane = lane
-        self.stream_id = stream_of_lane(lane)
+        self.stream_id = stream_id
+        self.send_buffer = send_buffer
+        self.finished = False
         self.gate = LaneGate(self.room, self.idle, self.write)
+
+    @property
+    def connection(self) -> PeerConnection:
+        return self._conn
+
+    def send(self, body: bytes) -> SendOutcome:
+        """Queue one frame; ``ADMITTED`` or a pending admission (see LaneGate)."""
+        outcome = self.gate.send(body)
+        if outcome is not ADMITTED:
+            self._conn.stream_blocked(self)
+        return outcome
+
+    def can_send_now(self, size: int) -> bool:
+        """Whether a frame of ``size`` would be admitted at once (heartbeats use this)."""
+        return (
+            self.gate.pending_count == 0
+            and not self.gate.closed
+            and (size <= self.room() or self.idle())
+        )
+
+    def finish(self) -> None:
+        """End the stream (FIN) after everything admitted; later sends are refused."""
+        if self.finished:
+            return
+        self.finished = True
+        self.gate.close(ChannelClosed("the stream was finished"))
+        if self._opened or self._conn.established:
+            self._ensure_open()
+            with contextlib.suppress(Exception):  # reset by the peer meanwhile: nothing to finish
+                self._quic.send_stream_data(self.stream_id, b"", end_stream=True)
+            self._conn.transmit_soon()
+        self._conn.stream_done(self)
+
+    def abort(self) -> None:
+        """Reset the stream (RESET_STREAM): queued and unacknowledged data are dropped."""
+        if self.finished:
+            return
+        self.finished = True
+        self.gate.close(ChannelClosed("the stream was aborted"))
+        if self._opened:
+            with contextlib.suppress(Exception):  # already reset or finished by the peer
+                self._quic.reset_stream(self.stream_id, 0x101)
+            self._conn.transmit_soon()
+        self._conn.stream_done(self)
 
     def room(self) -> int:
         if not self._conn.established:
             return -1
-        return self._quic.stream_room(self.stream_id, self._conn.send_buffer)
+        return self._quic.stream_room(self.stream_id, self.send_buffer)
 
     def idle(self) -> bool:
         if not self._conn.established:
             return False
         return self._quic.stream_idle(self.stream_id)
 
+    def _ensure_open(self) -> None:
+        if not self._opened:  # only ever once the connection is established
+            self._quic.open_send_stream(self.stream_id)
+            self._opened = True
+
     def write(self, body: bytes) -> None:
         quic = self._quic
-        if not self._opened:  # first write happens only once the connection is established
-            quic.open_send_stream(self.stream_id)
-            self._opened = True
+        if not self._opened:
+            self._ensure_open()
         size = len(body)
         if size <= _SMALL_FRAME:
             quic.send_stream_data(self.stream_id, frame_header(size) + body)

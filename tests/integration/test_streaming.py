@@ -1,0 +1,299 @@
+"""Streaming over two real nodes on the per-stream QUIC path (``quic-stream-v1``)."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+import pytest
+
+from velomux_quic.node import Node
+from velomux_quic.security.certs import NodeCredentials
+from velomux_quic.streaming.anchor import MpscEvent, MpscItem
+from velomux_quic.streaming.control import MESSENGER_MUX_KEY, PER_STREAM_KEY
+from velomux_quic.streaming.errors import (
+    AlreadyAttached,
+    AnchorNotFound,
+    AttachRefused,
+    ChannelClosed,
+    SenderDropped,
+    SenderError,
+    StreamCancelled,
+    WrongHandleKind,
+)
+from velomux_quic.streaming.manager import StreamingConfig
+from velomux_quic.streaming.sender import Retired
+
+StartNode = Callable[..., Awaitable[Node]]
+
+
+@pytest.fixture
+async def start_node(make_credentials: Callable[..., NodeCredentials]) -> AsyncIterator[StartNode]:
+    async with AsyncExitStack() as stack:
+
+        async def start(name: str = "node", **options: object) -> Node:
+            node = await Node.start(make_credentials(name), **options)  # type: ignore[arg-type]
+            stack.push_async_callback(node.close)
+            return node
+
+        yield start
+
+
+async def pair(start_node: StartNode, **options: object) -> tuple[Node, Node]:
+    """(producer a, consumer b), a knowing where b is."""
+    b = await start_node("b", **options)
+    a = await start_node("a", **options)
+    a.add_peer(b.instance_id, b.address)
+    return a, b
+
+
+async def collect(anchor: object, timeout: float = 20) -> list[object]:
+    async with asyncio.timeout(timeout):
+        return [item async for item in anchor]  # type: ignore[attr-defined]
+
+
+async def test_items_then_finalize_arrive_in_order_and_end_the_iteration(
+    start_node: StartNode,
+) -> None:
+    a, b = await pair(start_node)
+    anchor = b.create_anchor()
+    sender = await a.attach_anchor(anchor.handle)
+    assert sender.negotiated_transport() == PER_STREAM_KEY
+    for i in range(10):
+        await sender.send({"i": i})
+    retired = sender.finalize()
+    assert await collect(anchor) == [{"i": i} for i in range(10)]
+    assert await asyncio.wait_for(retired, 10) is Retired.SENT
+    assert anchor.finished
+    with pytest.raises(ChannelClosed):
+        await sender.send("after the end")
+
+
+async def test_sender_error_is_raised_and_the_stream_goes_on(start_node: StartNode) -> None:
+    a, b = await pair(start_node)
+    anchor = b.create_anchor()
+    sender = await a.attach_anchor(anchor.handle)
+    await sender.send(1)
+    await sender.send_err("could not serialise item 2")
+    await sender.send(3)
+    sender.finalize()
+    assert await anchor.next() == 1
+    with pytest.raises(SenderError, match="item 2"):
+        await anchor.next()
+    assert await collect(anchor) == [3]
+
+
+async def test_a_killed_producer_process_ends_the_stream_within_the_watchdog_bound(
+    start_node: StartNode, make_credentials: Callable[..., NodeCredentials], tmp_path: Path
+) -> None:
+    window = 0.5
+    b = await start_node("b", streaming=StreamingConfig(heartbeat_interval=window))
+    credentials = make_credentials("producer")
+    credentials.save(tmp_path / "producer")
+    anchor = b.create_anchor()
+    hi, lo = anchor.handle.to_wire()["hi"], anchor.handle.to_wire()["lo"]
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tests.procs.producer",
+        "--credentials",
+        str(tmp_path / "producer"),
+        "--peer",
+        f"{b.instance_id}@{b.address[0]}:{b.address[1]}",
+        "--handle",
+        f"{hi}:{lo}",
+        stdout=asyncio.subprocess.PIPE,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    try:
+        assert process.stdout is not None
+        line = await asyncio.wait_for(process.stdout.readline(), 30)
+        assert line.strip() == b"attached"
+        received = 0
+        async with asyncio.timeout(20):
+            while received < 20:
+                await anchor.next()
+                received += 1
+        process.send_signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        with pytest.raises(SenderDropped):
+            async with asyncio.timeout(20):
+                while True:
+                    await anchor.next()
+        elapsed = time.monotonic() - killed_at
+    finally:
+        if process.returncode is None:
+            process.kill()
+        await process.wait()
+    # Detection lands 3 to 4 windows after the last arrival, which was at most one
+    # window (a heartbeat) before the kill.
+    assert 2 * window <= elapsed <= 4 * window + 1.0, elapsed
+    assert "velo_streaming_heartbeat_watchdog_firings_total 1.0" in b.metrics_text()
+
+
+async def test_detach_then_another_sender_continues_the_stream(start_node: StartNode) -> None:
+    a, b = await pair(start_node)
+    c = await start_node("c")
+    c.add_peer(b.instance_id, b.address)
+    anchor = b.create_anchor()
+    first = await a.attach_anchor(anchor.handle)
+    for i in range(5):
+        await first.send(i)
+    handle = first.detach()
+    second = await c.attach_anchor(handle)  # may attach before the consumer read anything
+    for i in range(5, 10):
+        await second.send(i)
+    second.finalize()
+    assert await collect(anchor) == list(range(10))
+
+
+async def test_a_second_attach_while_one_is_live_is_refused(start_node: StartNode) -> None:
+    a, b = await pair(start_node)
+    anchor = b.create_anchor()
+    live = await a.attach_anchor(anchor.handle)
+    with pytest.raises(AlreadyAttached):
+        await a.attach_anchor(anchor.handle)
+    with pytest.raises(AlreadyAttached):
+        await b.attach_anchor(anchor.handle)  # same-worker attempt too
+    live.finalize()
+    assert await collect(anchor) == []
+    with pytest.raises(AnchorNotFound):
+        await a.attach_anchor(anchor.handle)
+    mpsc = b.create_mpsc_anchor()
+    with pytest.raises(WrongHandleKind):
+        await a.attach_anchor(mpsc.handle)
+
+
+async def test_cancel_from_the_consumer_reaches_an_idle_producer(start_node: StartNode) -> None:
+    a, b = await pair(start_node)
+    anchor = b.create_anchor()
+    sender = await a.attach_anchor(anchor.handle)
+    await sender.send("one")
+    assert await anchor.next() == "one"
+    anchor.cancel()
+    await asyncio.wait_for(sender.cancelled.wait(), 10)  # idle: it sent nothing since
+    assert sender.stop_requested.is_set()
+    with pytest.raises(ChannelClosed):
+        await sender.send("two")
+    assert await asyncio.wait_for(sender.retired(), 10) is Retired.DISCARDED
+    with pytest.raises(StreamCancelled):
+        await anchor.next()
+
+
+async def test_stop_request_lets_the_producer_finish_gracefully(start_node: StartNode) -> None:
+    a, b = await pair(start_node)
+    anchor = b.create_anchor()
+    sender = await a.attach_anchor(anchor.handle)
+    anchor.request_stop()
+    await asyncio.wait_for(sender.stop_requested.wait(), 10)
+    assert not sender.cancelled.is_set()
+    await sender.send("last words")
+    sender.finalize()
+    assert await collect(anchor) == ["last words"]
+
+
+async def test_mpsc_eight_senders_on_two_nodes_each_in_order_exactly_once(
+    start_node: StartNode,
+) -> None:
+    a, b = await pair(start_node)
+    anchor = b.create_mpsc_anchor()
+    senders = [await (a if i % 2 else b).attach_mpsc_anchor(anchor.handle) for i in range(8)]
+    assert len({s.sender_id for s in senders}) == 8
+    per_sender = 300
+
+    async def produce(index: int) -> None:
+        for n in range(per_sender):
+            await senders[index].send([index, n])
+        senders[index].finalize()
+
+    producers = asyncio.gather(*(produce(i) for i in range(8)))
+    seen: dict[int, list[int]] = {}
+    departed = 0
+    async with asyncio.timeout(30):
+        async for event in anchor:
+            if isinstance(event, MpscItem):
+                index, n = event.value
+                seen.setdefault(index, []).append(n)
+            else:
+                assert isinstance(event, MpscEvent) and event.kind == "detached"
+                departed += 1
+                if departed == 8:
+                    break
+    await producers
+    assert {i: seen[i] for i in range(8)} == {i: list(range(per_sender)) for i in range(8)}
+    anchor.cancel()
+
+
+async def test_negotiation_matrix(start_node: StartNode) -> None:
+    a, b = await pair(start_node)
+    # An old sender advertising nothing gets the per-stream default.
+    anchor = b.create_anchor()
+    old = await a.anchors.attach_anchor(anchor.handle, offer=[])
+    assert old.negotiated_transport() == PER_STREAM_KEY
+    old.finalize()
+    assert await collect(anchor) == []
+    # A new sender offering the mux to a receiver without it falls back to per-stream.
+    anchor = b.create_anchor()
+    new = await a.anchors.attach_anchor(anchor.handle, offer=[MESSENGER_MUX_KEY, PER_STREAM_KEY])
+    assert new.negotiated_transport() == PER_STREAM_KEY
+    new.finalize()
+    assert await collect(anchor) == []
+    # Only an unknown key: refused with the reason, and the anchor stays attachable.
+    anchor = b.create_anchor()
+    with pytest.raises(AttachRefused, match="no_common_transport"):
+        await a.anchors.attach_anchor(anchor.handle, offer=["carrier-pigeon-v1"])
+    sender = await a.attach_anchor(anchor.handle)
+    sender.finalize()
+    assert await collect(anchor) == []
+
+
+async def test_same_worker_attach_uses_no_transport_and_waits_when_full(
+    start_node: StartNode,
+) -> None:
+    b = await start_node("b")
+    anchor = b.create_anchor()
+    sender = await b.attach_anchor(anchor.handle)
+    assert sender.negotiated_transport() is None
+    for i in range(256):  # the anchor's channel holds 256
+        await asyncio.wait_for(sender.send(i), 5)
+    blocked = asyncio.ensure_future(sender.send(256))
+    with pytest.raises(TimeoutError):  # full: the send waits (a negative check, never flaky)
+        await asyncio.wait_for(asyncio.shield(blocked), 0.05)
+    assert await anchor.next() == 0
+    await asyncio.wait_for(blocked, 5)
+    sender.finalize()
+    assert await collect(anchor) == list(range(1, 257))
+
+
+async def test_a_dropped_sender_still_ends_the_stream(start_node: StartNode) -> None:
+    a, b = await pair(start_node)
+    anchor = b.create_anchor()
+    sender = await a.attach_anchor(anchor.handle)
+    await sender.send("only")
+    del sender
+    gc.collect()
+    assert await anchor.next() == "only"
+    with pytest.raises(SenderDropped):
+        await asyncio.wait_for(anchor.next(), 10)
+
+
+async def test_one_thousand_and_twenty_four_concurrent_per_stream_streams(
+    start_node: StartNode,
+) -> None:
+    a, b = await pair(start_node)
+    streams = 1024
+    anchors = [b.create_anchor() for _ in range(streams)]
+    senders = await asyncio.gather(*(a.attach_anchor(anchor.handle) for anchor in anchors))
+    for round_ in range(3):
+        for index, sender in enumerate(senders):
+            await sender.send([index, round_])
+    for sender in senders:
+        sender.finalize()
+    results = await asyncio.gather(*(collect(anchor, 60) for anchor in anchors))
+    assert all(r == [[i, 0], [i, 1], [i, 2]] for i, r in enumerate(results))

@@ -1,0 +1,131 @@
+"""Node: the one object an application holds (the design chapter's ``Velo``).
+
+It owns the node's QUIC transport, messenger and anchor manager, and one Prometheus
+registry for all of their metrics::
+
+    async with await Node.start("certs/dev/node-b") as b, \\
+               await Node.start("certs/dev/node-a") as a:
+        a.add_peer(b.instance_id, b.address)
+        anchor = b.create_anchor()
+        sender = await a.attach_anchor(anchor.handle)
+        await sender.send({"token": 1})
+        await sender.finalize()
+        async for item in anchor:
+            ...
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import generate_latest
+from prometheus_client.registry import CollectorRegistry
+
+from .ids import InstanceId, StreamAnchorHandle, WorkerId
+from .messenger import Messenger, MessengerConfig, PeerDiscovery, PeerRegistry
+from .security.certs import NodeCredentials
+from .streaming.anchor import MpscAnchor, StreamAnchor
+from .streaming.manager import AnchorManager, StreamingConfig
+from .streaming.sender import StreamSender
+from .transport import TransportConfig
+
+__all__ = ["Node"]
+
+
+class Node:
+    """A running node. Create with :meth:`start`; close with :meth:`close` or ``async with``."""
+
+    def __init__(self, messenger: Messenger, anchors: AnchorManager) -> None:
+        self.messenger = messenger
+        self.anchors = anchors
+
+    @classmethod
+    async def start(
+        cls,
+        credentials: NodeCredentials | str | Path,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        transport: TransportConfig | None = None,
+        messenger: MessengerConfig | None = None,
+        streaming: StreamingConfig | None = None,
+        registry: CollectorRegistry | None = None,
+        peers: PeerRegistry | None = None,
+        discovery: PeerDiscovery | None = None,
+        name: str = "",
+    ) -> Node:
+        """Start a node from its credentials (or the directory holding them)."""
+        if not isinstance(credentials, NodeCredentials):
+            credentials = NodeCredentials.load(credentials)
+        node_messenger = await Messenger.start(
+            credentials,
+            host=host,
+            port=port,
+            config=messenger,
+            transport_config=transport,
+            registry=registry,
+            peers=peers,
+            discovery=discovery,
+            name=name or credentials.name,
+        )
+        try:
+            anchors = AnchorManager(node_messenger, streaming)
+        except BaseException:
+            await node_messenger.close()
+            raise
+        return cls(node_messenger, anchors)
+
+    async def __aenter__(self) -> Node:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- identity ------------------------------------------------------------------------
+
+    @property
+    def instance_id(self) -> InstanceId:
+        return self.messenger.instance_id
+
+    @property
+    def worker_id(self) -> WorkerId:
+        return self.anchors.worker_id
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self.messenger.address
+
+    @property
+    def registry(self) -> CollectorRegistry:
+        return self.messenger.registry
+
+    def add_peer(self, instance_id: InstanceId, address: tuple[str, int], name: str = "") -> None:
+        self.messenger.add_peer(instance_id, address, name)
+
+    # -- streams -------------------------------------------------------------------------
+
+    def create_anchor(self, *, unattached_timeout: float | None = None) -> StreamAnchor:
+        return self.anchors.create_anchor(unattached_timeout=unattached_timeout)
+
+    def create_mpsc_anchor(self, **options: Any) -> MpscAnchor:
+        return self.anchors.create_mpsc_anchor(**options)
+
+    async def attach_anchor(self, handle: StreamAnchorHandle) -> StreamSender:
+        return await self.anchors.attach_anchor(handle)
+
+    async def attach_mpsc_anchor(self, handle: StreamAnchorHandle) -> StreamSender:
+        return await self.anchors.attach_mpsc_anchor(handle)
+
+    def flush_batch(self) -> None:
+        """Kick every batcher to write what is staged. Never blocks, never fails; with no
+        mux installed (as today) it does nothing."""
+
+    def metrics_text(self) -> str:
+        """The node's metrics in the Prometheus text format."""
+        return generate_latest(self.registry).decode()
+
+    async def close(self) -> None:
+        """Cancel the node's streams, then close its messenger and transport."""
+        await self.anchors.close()
+        await self.messenger.close()

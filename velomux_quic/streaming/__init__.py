@@ -1,0 +1,1 @@
+"""Streaming records between nodes: frames, attach control messages, anchors and senders."""

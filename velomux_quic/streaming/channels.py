@@ -1,0 +1,86 @@
+"""What a StreamSender writes into: the producer's end of one stream's channel.
+
+Two kinds exist today: :class:`InboxChannel` for a sender on the anchor's own node (records
+go straight into the anchor's inbox: no transport, no heartbeats), and
+:class:`~velomux_quic.streaming.perstream.PerStreamChannel` for the per-stream QUIC path.
+The mux adds a third. A sender only needs the small interface below.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+
+from .inbox import Inbox
+
+__all__ = ["InboxChannel", "ProducerChannel"]
+
+
+class ProducerChannel(Protocol):
+    def try_send(self, body: bytes) -> bool:
+        """Send without waiting; False when the channel is full (heartbeats are dropped then)."""
+
+    async def send(self, body: bytes) -> None:
+        """Send, waiting while the channel is full; raises ChannelClosed when it closed."""
+
+    def send_terminal(self, body: bytes, done: asyncio.Future[bool]) -> None:
+        """Hand over the stream's last record without blocking; resolve ``done`` with True
+        once it was handed on (admitted), False if it was discarded. Closes the channel."""
+
+    @property
+    def closed(self) -> bool: ...
+
+    def abort(self) -> None:
+        """Close at once without a terminal (the consumer cancelled)."""
+
+
+class InboxChannel:
+    """A same-worker sender: writes straight into the anchor's inbox."""
+
+    __slots__ = ("_closed", "_inbox", "_sender_id", "_tasks")
+
+    def __init__(self, inbox: Inbox, sender_id: int = 0) -> None:
+        self._inbox = inbox
+        self._sender_id = sender_id
+        self._closed = False
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed or self._inbox.closed
+
+    def try_send(self, body: bytes) -> bool:
+        return not self.closed and self._inbox.try_put(body, self._sender_id)
+
+    async def send(self, body: bytes) -> None:
+        from .errors import ChannelClosed
+
+        if self.closed:
+            raise ChannelClosed("the anchor is gone")
+        await self._inbox.put(body, self._sender_id)
+
+    def send_terminal(self, body: bytes, done: asyncio.Future[bool]) -> None:
+        self._closed = True
+        if self._inbox.closed:
+            done.set_result(False)
+            return
+        if self._inbox.try_put(body, self._sender_id):
+            done.set_result(True)
+            return
+        # Full: a task (holding the inbox) waits for space, so the caller never blocks.
+        task = asyncio.get_running_loop().create_task(self._put_later(body, done))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _put_later(self, body: bytes, done: asyncio.Future[bool]) -> None:
+        try:
+            await self._inbox.put(body, self._sender_id)
+        except Exception:
+            if not done.done():
+                done.set_result(False)
+            return
+        if not done.done():
+            done.set_result(True)
+
+    def abort(self) -> None:
+        self._closed = True

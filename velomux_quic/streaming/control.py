@@ -1,0 +1,567 @@
+"""Attach control messages and the zero-RTT open ticket, in positional MessagePack (sans-IO).
+
+A message is the MessagePack array of its fields in declaration order, the
+layout ``rmp_serde`` gives a struct, so these are the same bytes as a Rust
+peer's. Handles are u128s, which MessagePack cannot hold, so a handle is the
+map ``{"hi": u64, "lo": u64}`` (see :class:`StreamAnchorHandle`); the stream
+cancel handle uses the same map. Attach responses are externally tagged enums:
+``{"Ok": [fields...]}`` or ``{"Err": [reason]}``.
+
+Positional arrays evolve only at the end, so every message follows one rule:
+a new field is appended, has a default that means "the behaviour from before
+the field existed", and is left out when it holds that default. Only trailing
+fields can be left out (dropping a middle one would shift the rest), so
+:meth:`encode` strips defaults from the end and stops at the first field that
+must be sent. That keeps a lane-0 response or ticket byte-identical to one
+from before lanes. Decoding is the mirror image, and deliberately asymmetric:
+
+* a missing trailing field takes its default: the peer predates it;
+* a missing required field is :class:`ControlDecodeError`: the message is
+  corrupt, not old (a ticket's first five values are required for this
+  reason; defaulting a missing heartbeat would quietly give a short-heartbeat
+  anchor's watchdog the wrong window);
+* an extra trailing field is :class:`ControlDecodeError`: it carries a meaning
+  this version cannot honour. A ticket naming a non-zero lane therefore fails
+  on a worker from before lanes, which is why workers upgrade before the nodes
+  that mint tickets.
+
+Only the array form is read, not ``rmp_serde``'s alternative map-of-names
+struct form: one spelling per message leaves no second parser to get wrong.
+
+Every value is range-checked (u64, u32, and a lane below :data:`MAX_LANES`)
+when a message is built, so no message can be encoded that a peer must refuse,
+and again when one is decoded. Control messages arrive from peers, so decoding
+reports every defect as :class:`ControlDecodeError` and nothing else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Final, NamedTuple, Self
+
+import msgpack
+
+from ..ids import StreamAnchorHandle
+
+__all__ = [
+    "DEFAULT_HEARTBEAT_INTERVAL_MS",
+    "MAX_LANES",
+    "MESSENGER_MUX_KEY",
+    "PER_STREAM_KEY",
+    "AnchorAttachErr",
+    "AnchorAttachOk",
+    "AnchorAttachRequest",
+    "AnchorAttachResponse",
+    "AnchorRef",
+    "ControlDecodeError",
+    "MpscAnchorAttachErr",
+    "MpscAnchorAttachOk",
+    "MpscAnchorAttachRequest",
+    "MpscAnchorAttachResponse",
+    "MpscSenderRef",
+    "StreamControl",
+    "StreamOpenTicket",
+]
+
+MESSENGER_MUX_KEY: Final = "messenger-mux-v2"
+"""The transport key of the batched mux; an attach selects it only when both sides name it."""
+
+PER_STREAM_KEY: Final = "quic-stream-v1"
+"""The transport key of the one-QUIC-stream-per-stream path, the fallback every node serves."""
+
+DEFAULT_HEARTBEAT_INTERVAL_MS: Final = 5000
+"""What an attach response without ``heartbeat_interval_ms`` means: the cadence before the field."""
+
+MAX_LANES: Final = 16
+"""Lanes per peer; the lane rides in four bits of the batch flags, so a lane is below 16."""
+
+_U16_MAX: Final = (1 << 16) - 1
+_U32_MAX: Final = (1 << 32) - 1
+_U64_MAX: Final = (1 << 64) - 1
+
+
+class ControlDecodeError(ValueError):
+    """A control message or ticket that is not well-formed; the handler refuses it."""
+
+
+# -- field codecs ----------------------------------------------------------------
+#
+# ``check`` validates and normalises a value when a message is built (raising
+# ValueError or TypeError); ``to_wire`` and ``from_wire`` convert between that
+# value and what MessagePack holds. ``from_wire`` checks only the wire type:
+# the range checks run once, in the constructor, for both directions.
+
+
+def _int(name: str, value: object, maximum: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if not 0 <= value <= maximum:
+        raise ValueError(f"{name} must be in [0, {maximum}], got {value}")
+    return int(value)
+
+
+def _u64(name: str, value: object) -> int:
+    return _int(name, value, _U64_MAX)
+
+
+def _u32(name: str, value: object) -> int:
+    return _int(name, value, _U32_MAX)
+
+
+def _lane(name: str, value: object) -> int:
+    # The wire type is u16; the four-bit lane field is the tighter bound.
+    lane = _int(name, value, _U16_MAX)
+    if lane >= MAX_LANES:
+        raise ValueError(f"{name} must be below {MAX_LANES}, got {lane}")
+    return lane
+
+
+def _opt_u64(name: str, value: object) -> int | None:
+    return None if value is None else _u64(name, value)
+
+
+def _str(name: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, got {type(value).__name__}")
+    try:
+        value.encode()
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{name} has no UTF-8 form: {exc}") from exc
+    return str(value)
+
+
+def _str_seq(name: str, value: object) -> tuple[str, ...]:
+    # A str is itself a Sequence[str]; taking one here would advertise its characters.
+    if isinstance(value, str) or not isinstance(value, Sequence):
+        raise TypeError(f"{name} must be a sequence of str, got {type(value).__name__}")
+    return tuple(_str(f"{name}[{i}]", key) for i, key in enumerate(value))
+
+
+def _handle(name: str, value: object) -> StreamAnchorHandle:
+    if not isinstance(value, StreamAnchorHandle):
+        raise TypeError(f"{name} must be a StreamAnchorHandle, got {type(value).__name__}")
+    return value
+
+
+def _cancel_handle(name: str, value: object) -> tuple[int, int]:
+    if not isinstance(value, tuple) or len(value) != 2:
+        raise TypeError(f"{name} must be a (hi, lo) tuple, got {value!r}")
+    return _u64(f"{name}.hi", value[0]), _u64(f"{name}.lo", value[1])
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def _wire_int(value: object) -> object:
+    if type(value) is not int:
+        raise TypeError(f"expected an integer, got {type(value).__name__}")
+    return value
+
+
+def _wire_opt_int(value: object) -> object:
+    return None if value is None else _wire_int(value)
+
+
+def _wire_str(value: object) -> object:
+    if type(value) is not str:
+        raise TypeError(f"expected a string, got {type(value).__name__}")
+    return value
+
+
+def _wire_str_list(value: object) -> tuple[object, ...]:
+    if type(value) is not list:
+        raise TypeError(f"expected an array of strings, got {type(value).__name__}")
+    return tuple(_wire_str(key) for key in value)
+
+
+def _wire_cancel_handle(value: object) -> tuple[int, int]:
+    # Same {hi, lo} shape and checks as an anchor handle; only the meaning differs.
+    hi, lo = StreamAnchorHandle.from_wire(value).unpack()
+    return int(hi), lo
+
+
+def _cancel_handle_to_wire(value: tuple[int, int]) -> dict[str, int]:
+    return {"hi": value[0], "lo": value[1]}
+
+
+class _Field(NamedTuple):
+    name: str
+    check: Callable[[str, object], object]
+    to_wire: Callable[[Any], object]
+    from_wire: Callable[[object], object]
+    required: bool = True
+    default: object = None
+
+
+def _required(name: str, kind: str) -> _Field:
+    check, to_wire, from_wire = _KINDS[kind]
+    return _Field(name, check, to_wire, from_wire)
+
+
+def _optional(name: str, kind: str, default: object) -> _Field:
+    check, to_wire, from_wire = _KINDS[kind]
+    return _Field(name, check, to_wire, from_wire, required=False, default=default)
+
+
+_KINDS: Final[
+    Mapping[
+        str,
+        tuple[Callable[[str, object], object], Callable[[Any], object], Callable[[object], object]],
+    ]
+] = {
+    "u64": (_u64, _same, _wire_int),
+    "u32": (_u32, _same, _wire_int),
+    "lane": (_lane, _same, _wire_int),
+    "opt_u64": (_opt_u64, _same, _wire_opt_int),
+    "str": (_str, _same, _wire_str),
+    "str_list": (_str_seq, list, _wire_str_list),
+    "handle": (_handle, StreamAnchorHandle.to_wire, StreamAnchorHandle.from_wire),
+    "cancel_handle": (_cancel_handle, _cancel_handle_to_wire, _wire_cancel_handle),
+}
+
+
+def _strict_map(pairs: list[tuple[object, object]]) -> dict[object, object]:
+    # A dict keeps the last of two equal keys; a map that names a field twice is malformed.
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        raise ValueError("a map names the same key twice")
+    return result
+
+
+def _unpack(data: bytes | memoryview, what: str) -> object:
+    try:
+        return msgpack.unpackb(data, object_pairs_hook=_strict_map)
+    except Exception as exc:
+        # msgpack raises a family of types that differs between its C and Python
+        # builds; the input is the peer's, so every failure is the peer's defect.
+        raise ControlDecodeError(f"{what}: not one MessagePack value ({exc})") from exc
+
+
+# -- the positional message base ------------------------------------------------------
+
+
+class _Message:
+    """Positional encoding shared by every message; subclasses list ``_FIELDS`` in order."""
+
+    __slots__ = ()
+    _FIELDS: ClassVar[tuple[_Field, ...]] = ()
+    _REQUIRED: ClassVar[int] = 0
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        required = sum(1 for field in cls._FIELDS if field.required)
+        # Only a trailing field can be left out, so nothing required may follow a default.
+        if any(field.required for field in cls._FIELDS[required:]):
+            raise TypeError(f"{cls.__name__}: a required field follows an optional one")
+        cls._REQUIRED = required
+
+    def __post_init__(self) -> None:
+        for field in self._FIELDS:
+            value = getattr(self, field.name)
+            checked = field.check(field.name, value)
+            if checked is not value:
+                object.__setattr__(self, field.name, checked)
+        self._validate()
+
+    def _validate(self) -> None:
+        """Rules across fields or beyond a field's type; raises ``ValueError``."""
+
+    def _wire_fields(self) -> list[object]:
+        values = [getattr(self, field.name) for field in self._FIELDS]
+        count = len(values)
+        while count > self._REQUIRED and values[count - 1] == self._FIELDS[count - 1].default:
+            count -= 1
+        fields = self._FIELDS[:count]
+        return [field.to_wire(value) for field, value in zip(fields, values[:count], strict=True)]
+
+    @classmethod
+    def _from_fields(cls, fields: object, what: str) -> Self:
+        if type(fields) is not list:
+            raise ControlDecodeError(f"{what}: not an array of fields but {type(fields).__name__}")
+        known = len(cls._FIELDS)
+        if len(fields) < cls._REQUIRED:
+            missing = cls._FIELDS[len(fields)].name
+            raise ControlDecodeError(f"{what}: corrupt, {len(fields)} fields, no {missing!r}")
+        if len(fields) > known:
+            raise ControlDecodeError(
+                f"{what}: {len(fields)} fields, this version knows {known}; "
+                "the extra ones come from a newer peer and cannot be ignored"
+            )
+        kwargs: dict[str, Any] = {}
+        try:
+            # Shorter is fine (trailing defaults); longer was refused above.
+            for field, raw in zip(cls._FIELDS, fields, strict=False):
+                kwargs[field.name] = field.from_wire(raw)
+            return cls(**kwargs)
+        except (TypeError, ValueError) as exc:
+            raise ControlDecodeError(f"{what}: {exc}") from exc
+
+    def encode(self) -> bytes:
+        """The MessagePack array of the fields, trailing defaults left out."""
+        packed: bytes = msgpack.packb(self._wire_fields())
+        return packed
+
+    @classmethod
+    def decode(cls, data: bytes | memoryview) -> Self:
+        """Read a message; :class:`ControlDecodeError`, and only that, if it is malformed."""
+        return cls._from_fields(_unpack(data, cls.__name__), cls.__name__)
+
+
+class _Response(_Message):
+    """An externally tagged enum: ``{"Ok": [...]}`` or ``{"Err": [...]}``.
+
+    ``Family.decode`` returns whichever variant arrived; ``Variant.decode``
+    also refuses the other one, for a caller that can only use one.
+    """
+
+    __slots__ = ()
+    _TAG: ClassVar[str] = ""
+    _VARIANTS: ClassVar[Mapping[str, type[_Response]]] = {}
+
+    def encode(self) -> bytes:
+        packed: bytes = msgpack.packb({self._TAG: self._wire_fields()})
+        return packed
+
+    @classmethod
+    def encode_response(cls, response: _Response) -> bytes:
+        """``response.encode()``, refusing a variant of the other family (``TypeError``)."""
+        if not isinstance(response, cls):
+            raise TypeError(f"{type(response).__name__} is not a {cls.__name__}")
+        return response.encode()
+
+    @classmethod
+    def err(cls, reason: str) -> bytes:
+        """The encoded refusal ``{"Err": [reason]}``, for a handler answering in bytes.
+
+        Characters with no UTF-8 form are replaced: a reason often quotes the
+        peer's malformed input, and the refusal must still go out.
+        """
+        text = reason.encode(errors="replace").decode()
+        return cls.encode_response(AnchorAttachErr(text))
+
+    @classmethod
+    def decode(cls, data: bytes | memoryview) -> Self:
+        what = cls.__name__
+        outer = _unpack(data, what)
+        if type(outer) is not dict or len(outer) != 1:
+            raise ControlDecodeError(f"{what}: not a one-entry map {{variant: fields}}")
+        ((tag, fields),) = outer.items()
+        variant = cls._VARIANTS.get(tag) if type(tag) is str else None
+        if variant is None:
+            raise ControlDecodeError(f"{what}: unknown variant {str(tag)[:64]!r}")
+        message = variant._from_fields(fields, variant.__name__)
+        if not isinstance(message, cls):
+            raise ControlDecodeError(f"{what}: expected {cls._TAG or 'a response'}, got {tag}")
+        return message
+
+
+# -- attach ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _AttachRequest(_Message):
+    """The fields an SPSC and an MPSC attach request share."""
+
+    handle: StreamAnchorHandle
+    session_id: int
+    """Opaque, chosen by the sender; the receiver allocates its own routing session id."""
+    stream_cancel_handle: tuple[int, int]
+    """(sender WorkerId, sender_stream_id): where the consumer sends ``_stream_cancel``."""
+    supported_transport_keys: Sequence[str] = ()
+    """Every key the sender can connect on, sorted; empty means a sender from before
+    negotiation, which gets the receiver's per-stream default."""
+    lane_key: int | None = None
+    """Placement hint: streams with one key share a lane. ``None`` lets the receiver choose."""
+
+    _FIELDS: ClassVar[tuple[_Field, ...]] = (
+        _required("handle", "handle"),
+        _required("session_id", "u64"),
+        _required("stream_cancel_handle", "cancel_handle"),
+        _optional("supported_transport_keys", "str_list", ()),
+        _optional("lane_key", "opt_u64", None),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class AnchorAttachRequest(_AttachRequest):
+    """``_anchor_attach``: a sender asks to attach to an SPSC anchor and names its transports."""
+
+
+@dataclass(frozen=True, slots=True)
+class MpscAnchorAttachRequest(_AttachRequest):
+    """``_mpsc_anchor_attach``: the MPSC form, same fields; the answer adds a sender id."""
+
+
+class AnchorAttachResponse(_Response):
+    """The answer to ``_anchor_attach``: :class:`AnchorAttachOk` or :class:`AnchorAttachErr`."""
+
+    __slots__ = ()
+
+
+@dataclass(frozen=True, slots=True)
+class AnchorAttachOk(AnchorAttachResponse):
+    """The attach succeeded; the sender connects on ``streaming_transport_key``.
+
+    Every field after the key was added later, so each defaults to what a
+    receiver that did not send it meant. The two zeros differ:
+    ``initial_credit = 0`` means *not offering the mux* (a mux key with zero
+    credit is refused by the sender), ``slot_byte_budget = 0`` means *use the
+    default budget*.
+    """
+
+    streaming_transport_key: str
+    heartbeat_interval_ms: int = DEFAULT_HEARTBEAT_INTERVAL_MS
+    routing_session_id: int = 0
+    initial_credit: int = 0
+    slot_byte_budget: int = 0
+    lane: int = 0
+
+    _TAG: ClassVar[str] = "Ok"
+    _FIELDS: ClassVar[tuple[_Field, ...]] = (
+        _required("streaming_transport_key", "str"),
+        _optional("heartbeat_interval_ms", "u64", DEFAULT_HEARTBEAT_INTERVAL_MS),
+        _optional("routing_session_id", "u64", 0),
+        _optional("initial_credit", "u32", 0),
+        _optional("slot_byte_budget", "u32", 0),
+        _optional("lane", "lane", 0),
+    )
+
+
+class MpscAnchorAttachResponse(_Response):
+    """The answer to ``_mpsc_anchor_attach``: :class:`MpscAnchorAttachOk` or ``...Err``."""
+
+    __slots__ = ()
+
+
+@dataclass(frozen=True, slots=True)
+class MpscAnchorAttachOk(MpscAnchorAttachResponse):
+    """The MPSC attach succeeded; ``sender_id`` names this sender inside the anchor.
+
+    ``sender_id`` is third on the wire, after the heartbeat: the MPSC answer
+    has always carried the key, the heartbeat and the sender id, and the fields
+    that came later (session, credit, budget, lane) follow them. A required
+    field cannot follow one that may be left out, so here, unlike in
+    :class:`AnchorAttachOk`, the heartbeat is required; only the four later
+    fields default. This is the layout ``rmp_serde`` peers use.
+    """
+
+    streaming_transport_key: str
+    heartbeat_interval_ms: int
+    sender_id: int
+    routing_session_id: int = 0
+    initial_credit: int = 0
+    slot_byte_budget: int = 0
+    lane: int = 0
+
+    _TAG: ClassVar[str] = "Ok"
+    _FIELDS: ClassVar[tuple[_Field, ...]] = (
+        _required("streaming_transport_key", "str"),
+        _required("heartbeat_interval_ms", "u64"),
+        _required("sender_id", "u64"),
+        _optional("routing_session_id", "u64", 0),
+        _optional("initial_credit", "u32", 0),
+        _optional("slot_byte_budget", "u32", 0),
+        _optional("lane", "lane", 0),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class AnchorAttachErr(AnchorAttachResponse, MpscAnchorAttachResponse):
+    """The attach was refused; ``reason`` is for the sender's error and its logs.
+
+    One class answers both attach kinds: the refusal is ``{"Err": [reason]}``
+    either way, and a caller that attached either kind tests for it with one
+    ``isinstance``. :data:`MpscAnchorAttachErr` is the same class.
+    """
+
+    reason: str
+
+    _TAG: ClassVar[str] = "Err"
+    _FIELDS: ClassVar[tuple[_Field, ...]] = (_required("reason", "str"),)
+
+
+MpscAnchorAttachErr = AnchorAttachErr
+AnchorAttachResponse._VARIANTS = {"Ok": AnchorAttachOk, "Err": AnchorAttachErr}
+MpscAnchorAttachResponse._VARIANTS = {"Ok": MpscAnchorAttachOk, "Err": AnchorAttachErr}
+
+
+# -- zero-RTT ticket ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StreamOpenTicket(_Message):
+    """What a pre-bound anchor hands the application to carry to the producing worker.
+
+    The six values of an attach answer, for a slot the receiver bound before
+    any sender asked, so the worker opens the stream with no ``_anchor_attach``
+    round trip. Unlike :class:`AnchorAttachOk`, no peer predates the first five
+    values, so a missing one is a corrupt envelope, not an old peer, and is
+    refused rather than defaulted. ``initial_credit`` and ``slot_byte_budget``
+    carry the resolved window the receiver sized its buffer for, never the
+    "no mux" or "use the default" zero. ``lane`` is left out when 0, so a
+    lane-0 ticket is the same bytes as a pre-lane one; any other lane adds a
+    sixth value, which a pre-lane worker refuses.
+    """
+
+    streaming_transport_key: str
+    heartbeat_interval_ms: int
+    routing_session_id: int
+    initial_credit: int
+    slot_byte_budget: int
+    lane: int = 0
+
+    _FIELDS: ClassVar[tuple[_Field, ...]] = (
+        _required("streaming_transport_key", "str"),
+        _required("heartbeat_interval_ms", "u64"),
+        _required("routing_session_id", "u64"),
+        _required("initial_credit", "u32"),
+        _required("slot_byte_budget", "u32"),
+        _optional("lane", "lane", 0),
+    )
+
+    def _validate(self) -> None:
+        if self.initial_credit == 0:
+            raise ValueError("a ticket's initial_credit is the resolved window, never 0")
+        if self.slot_byte_budget == 0:
+            raise ValueError("a ticket's slot_byte_budget is the resolved budget, never 0")
+
+
+# -- anchor and stream operations ---------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AnchorRef(_Message):
+    """``{handle}``: the body of ``_anchor_detach``, ``_anchor_finalize``, ``_anchor_cancel``
+    and ``_mpsc_anchor_cancel``, which need nothing but the anchor."""
+
+    handle: StreamAnchorHandle
+
+    _FIELDS: ClassVar[tuple[_Field, ...]] = (_required("handle", "handle"),)
+
+
+@dataclass(frozen=True, slots=True)
+class MpscSenderRef(_Message):
+    """``{handle, sender_id}``: the body of ``_mpsc_anchor_detach``, which detaches one sender."""
+
+    handle: StreamAnchorHandle
+    sender_id: int
+
+    _FIELDS: ClassVar[tuple[_Field, ...]] = (
+        _required("handle", "handle"),
+        _required("sender_id", "u64"),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class StreamControl(_Message):
+    """``{sender_stream_id}``: the body of ``_stream_cancel`` and ``_stream_stop``.
+
+    Sent by the consumer to the producer's worker, which finds the sender by
+    the low half of the stream cancel handle it received at attach.
+    """
+
+    sender_stream_id: int
+
+    _FIELDS: ClassVar[tuple[_Field, ...]] = (_required("sender_stream_id", "u64"),)

@@ -1,0 +1,678 @@
+"""AnchorManager: a node's anchors and senders, the attach protocol, heartbeats, watchdogs.
+
+Consumer side: it creates anchors, answers ``_anchor_attach`` / ``_mpsc_anchor_attach``
+(negotiating the transport), binds the per-stream QUIC streams that arrive to their anchors,
+and runs one watchdog timer per remote sender. Producer side: it attaches to anchors
+(locally with no transport at all, remotely over the negotiated transport), sends every
+remote sender's heartbeats from one task, and applies the consumer's cancel and stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+from aioquic.quic.events import StreamDataReceived
+
+from ..ids import InstanceId, StreamAnchorHandle, WorkerId, worker_id_of
+from ..messenger import CallError, Context, Messenger
+from ..transport import TransportHandler
+from ..transport.connection import PeerConnection
+from ..transport.lanes import lane_of_stream
+from .anchor import AnchorEntry, MpscAnchor, RemoteSender, StreamAnchor
+from .channels import InboxChannel
+from .control import (
+    MESSENGER_MUX_KEY,
+    PER_STREAM_KEY,
+    AnchorAttachErr,
+    AnchorAttachOk,
+    AnchorAttachRequest,
+    AnchorAttachResponse,
+    ControlDecodeError,
+    MpscAnchorAttachErr,
+    MpscAnchorAttachOk,
+    MpscAnchorAttachRequest,
+    MpscAnchorAttachResponse,
+    StreamControl,
+)
+from .errors import (
+    AlreadyAttached,
+    AnchorNotFound,
+    AttachError,
+    AttachRefused,
+    MaxSendersReached,
+    WrongHandleKind,
+)
+from .frames import DETACHED, DROPPED, HEARTBEAT
+from .inbox import Inbox
+from .metrics import StreamingMetrics
+from .perstream import PerStreamChannel, PerStreamReceiver
+from .sender import SenderState, StreamSender
+
+__all__ = ["DETECTION_MULTIPLIER", "AnchorManager", "StreamingConfig"]
+
+logger = logging.getLogger(__name__)
+
+DETECTION_MULTIPLIER = 3
+"""Dead heartbeat windows before a watchdog ends a stream (a protocol constant)."""
+
+MPSC_BIT = 1 << 63
+_ERRORS: dict[str, type[AttachError]] = {
+    "anchor_not_found": AnchorNotFound,
+    "already_attached": AlreadyAttached,
+    "max_senders_reached": MaxSendersReached,
+    "wrong_handle_kind": WrongHandleKind,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class StreamingConfig:
+    heartbeat_interval: float = 5.0
+    """The consumer's heartbeat window, sent to producers in the attach response."""
+    attach_timeout: float = 10.0
+    per_stream_window: int = 64 * 1024
+    """Receive window of one per-stream QUIC stream: how far its producer runs ahead."""
+    per_stream_send_buffer: int = 64 * 1024
+    anchor_capacity: int = 256
+    """Records an anchor's own channel holds (same-worker senders write there)."""
+
+    def __post_init__(self) -> None:
+        if self.heartbeat_interval <= 0 or self.attach_timeout <= 0:
+            raise ValueError("heartbeat_interval and attach_timeout must be positive")
+        if self.per_stream_window < 4096 or self.anchor_capacity < 1:
+            raise ValueError("per_stream_window >= 4 KiB and anchor_capacity >= 1")
+
+
+class AnchorManager(TransportHandler):
+    """One per node. See the module docstring."""
+
+    def __init__(self, messenger: Messenger, config: StreamingConfig | None = None) -> None:
+        self.messenger = messenger
+        self.config = config or StreamingConfig()
+        self.worker_id: WorkerId = worker_id_of(messenger.instance_id)
+        self.metrics = StreamingMetrics(messenger.registry, lambda: len(self._anchors))
+        self._loop = asyncio.get_running_loop()
+        self._anchors: dict[int, AnchorEntry] = {}
+        self._binds: dict[tuple[InstanceId, int, int], tuple[AnchorEntry, RemoteSender]] = {}
+        self._receivers: dict[
+            tuple[PeerConnection, int], tuple[PerStreamReceiver, AnchorEntry | None]
+        ] = {}
+        self._senders: dict[int, SenderState] = {}
+        self._next_sender_stream = 1
+        self._next_session = int.from_bytes(os.urandom(4), "big") << 16 | 1
+        self._heartbeat_task: asyncio.Task[None] | None = None
+        self._heartbeat_wake = asyncio.Event()
+        self._background: set[asyncio.Task[None]] = set()
+        self._closed = False
+        messenger.register_system("_anchor_attach", self._attach_handler)
+        messenger.register_system("_mpsc_anchor_attach", self._mpsc_attach_handler)
+        messenger.register_system("_stream_cancel", self._cancel_handler)
+        messenger.register_system("_stream_stop", self._stop_handler)
+        messenger.set_stream_acceptor(self)
+
+    # -- transports ----------------------------------------------------------------------
+
+    @property
+    def transport_keys(self) -> list[str]:
+        """Keys this node can connect and bind on, sorted (what an attach advertises)."""
+        return [PER_STREAM_KEY]
+
+    def _negotiate(self, offered: list[str]) -> str | None:
+        if not offered:
+            return PER_STREAM_KEY  # an older sender advertising nothing: the legacy default
+        if MESSENGER_MUX_KEY in offered and MESSENGER_MUX_KEY in self.transport_keys:
+            return MESSENGER_MUX_KEY
+        if PER_STREAM_KEY in offered:
+            return PER_STREAM_KEY
+        return None
+
+    # -- consumer: anchors ---------------------------------------------------------------
+
+    def create_anchor(self, *, unattached_timeout: float | None = None) -> StreamAnchor:
+        entry = self._new_entry(mpsc=False, unattached_timeout=unattached_timeout)
+        return StreamAnchor(self, entry)
+
+    def create_mpsc_anchor(
+        self,
+        *,
+        max_senders: int | None = None,
+        unattached_timeout: float | None = None,
+        channel_capacity: int | None = None,
+    ) -> MpscAnchor:
+        entry = self._new_entry(
+            mpsc=True,
+            unattached_timeout=unattached_timeout,
+            max_senders=max_senders,
+            capacity=channel_capacity,
+        )
+        return MpscAnchor(self, entry)
+
+    def _new_entry(
+        self,
+        *,
+        mpsc: bool,
+        unattached_timeout: float | None,
+        max_senders: int | None = None,
+        capacity: int | None = None,
+    ) -> AnchorEntry:
+        if self._closed:
+            raise RuntimeError("the anchor manager is closed")
+        while True:
+            local_id = int.from_bytes(os.urandom(8), "big") & (MPSC_BIT - 1)
+            if mpsc:
+                local_id |= MPSC_BIT
+            if local_id & (MPSC_BIT - 1) and local_id not in self._anchors:
+                break
+        entry = AnchorEntry(
+            local_id=local_id,
+            handle=StreamAnchorHandle.pack(self.worker_id, local_id),
+            mpsc=mpsc,
+            inbox=Inbox(capacity or self.config.anchor_capacity, ordered=not mpsc),
+            heartbeat_interval=self.config.heartbeat_interval,
+            max_senders=max_senders,
+            unattached_timeout=unattached_timeout,
+        )
+        self._anchors[local_id] = entry
+        self._arm_unattached(entry)
+        return entry
+
+    def _arm_unattached(self, entry: AnchorEntry) -> None:
+        if entry.unattached_timeout is not None and entry.unattached_timer is None:
+            entry.unattached_timer = self._loop.call_later(
+                entry.unattached_timeout, self._unattached_expired, entry.local_id
+            )
+
+    def _unattached_expired(self, local_id: int) -> None:
+        entry = self._anchors.get(local_id)
+        if entry is not None and entry.sender_count == 0:
+            entry.unattached_timer = None
+            self.finish_anchor(local_id)
+
+    def finish_anchor(self, local_id: int) -> None:
+        """The stream is over (terminal read, or removed): forget it, stop its watchdogs."""
+        entry = self._anchors.pop(local_id, None)
+        if entry is None:
+            return
+        entry.finished = True
+        if entry.unattached_timer is not None:
+            entry.unattached_timer.cancel()
+        for sender in entry.senders.values():
+            if sender.watchdog is not None:
+                sender.watchdog.cancel()
+            self._binds.pop((sender.node, local_id, sender.session_id), None)
+        entry.inbox.close()
+
+    def cancel_anchor(self, local_id: int) -> None:
+        entry = self._anchors.get(local_id)
+        if entry is None:
+            return
+        entry.cancelled = True
+        remote = list(entry.senders.values())
+        local = list(entry.local_senders)
+        self.finish_anchor(local_id)
+        for sender in remote:
+            self._notify(sender.node, "_stream_cancel", sender.sender_stream_id)
+        for state in list(self._senders.values()):
+            if (
+                state.target is None
+                and state.handle.local_id == local_id
+                and state.sender_id in local
+            ):
+                state.cancel()
+        self.metrics.anchor_operations.labels("cancel", "success", "local").inc()
+
+    def request_stop(self, local_id: int) -> None:
+        entry = self._anchors.get(local_id)
+        if entry is None:
+            return
+        for sender in entry.senders.values():
+            self._notify(sender.node, "_stream_stop", sender.sender_stream_id)
+        for state in self._senders.values():
+            if state.target is None and state.handle.local_id == local_id:
+                state.stop_requested.set()
+
+    def anchor_dropped(self, local_id: int) -> None:
+        """An anchor object was garbage-collected: cancel it (possibly from another thread)."""
+        if self._closed or self._loop.is_closed():
+            return
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            self._loop.call_soon_threadsafe(self.cancel_anchor, local_id)
+
+    def sender_detached(self, local_id: int, sender_id: int) -> None:
+        """The consumer read a sender's Detached (or an MPSC sender's terminal)."""
+        entry = self._anchors.get(local_id)
+        if entry is None:
+            return
+        remote = entry.senders.pop(sender_id, None)
+        if remote is not None and remote.watchdog is not None:
+            remote.watchdog.cancel()
+        entry.local_senders.discard(sender_id)
+        entry.inbox.withdraw_feed(sender_id)
+        if not entry.mpsc and not entry.senders and not entry.local_senders:
+            entry.attached = False
+        if entry.sender_count == 0:
+            self._arm_unattached(entry)
+
+    def feed_exhausted(self, entry: AnchorEntry, sender_id: int | None) -> bool:
+        """A feed ran dry for good without a terminal: its producer is gone, say Dropped."""
+        injected = False
+        for feed_id, feed in entry.inbox.feeds():
+            if feed.exhausted:
+                entry.inbox.withdraw_feed(feed_id)
+                entry.inbox.inject(DROPPED, feed_id)
+                injected = True
+        return injected
+
+    # -- consumer: the attach handlers ---------------------------------------------------
+
+    def _attach_handler(self, ctx: Context) -> bytes:
+        started = time.monotonic()
+        try:
+            request = AnchorAttachRequest.decode(ctx.payload)
+        except ControlDecodeError as exc:
+            return AnchorAttachErr(f"malformed: {exc}").encode()
+        answer = self._attach(ctx.sender, request, mpsc=False)
+        self._count_attach(answer, started)
+        return (AnchorAttachErr(answer) if isinstance(answer, str) else answer).encode()
+
+    def _mpsc_attach_handler(self, ctx: Context) -> bytes:
+        started = time.monotonic()
+        try:
+            request = MpscAnchorAttachRequest.decode(ctx.payload)
+        except ControlDecodeError as exc:
+            return MpscAnchorAttachErr(f"malformed: {exc}").encode()
+        answer = self._attach(ctx.sender, request, mpsc=True)
+        self._count_attach(answer, started)
+        return (MpscAnchorAttachErr(answer) if isinstance(answer, str) else answer).encode()
+
+    def _count_attach(self, answer: object, started: float) -> None:
+        ok = not isinstance(answer, str)
+        scheme = getattr(answer, "streaming_transport_key", "none")
+        outcome = "success" if ok else "error"
+        self.metrics.anchor_operations.labels("attach", outcome, scheme).inc()
+        self.metrics.anchor_operation_duration.labels("attach", outcome, scheme).observe(
+            time.monotonic() - started
+        )
+
+    def _attach(
+        self,
+        peer: InstanceId,
+        request: AnchorAttachRequest | MpscAnchorAttachRequest,
+        *,
+        mpsc: bool,
+    ) -> AnchorAttachOk | MpscAnchorAttachOk | str:
+        """The Ok answer, or the refusal reason (``code: words``)."""
+        handle = request.handle
+        entry = self._anchors.get(handle.local_id) if handle.worker_id == self.worker_id else None
+        if entry is None or entry.finished:
+            return f"anchor_not_found: no anchor {handle} on this node"
+        if entry.mpsc != mpsc:
+            return f"wrong_handle_kind: {handle} is {'MPSC' if entry.mpsc else 'SPSC'}"
+        if not mpsc and entry.attached:
+            return f"already_attached: {handle} has a live sender"
+        if mpsc and entry.max_senders is not None and entry.sender_count >= entry.max_senders:
+            return f"max_senders_reached: {handle} allows {entry.max_senders}"
+        key = self._negotiate(list(request.supported_transport_keys))
+        if key is None:
+            return (
+                f"no_common_transport: offered {list(request.supported_transport_keys)}, "
+                f"this node binds {self.transport_keys}"
+            )
+        session_id = self._next_session
+        self._next_session += 1
+        sender_id = entry.next_sender_id
+        entry.next_sender_id += 1
+        remote = RemoteSender(
+            node=peer,
+            sender_stream_id=request.stream_cancel_handle[1],
+            session_id=session_id,
+            transport_key=key,
+            sender_id=sender_id,
+            last_arrival=self._loop.time(),
+        )
+        entry.senders[sender_id] = remote
+        entry.attached = True
+        if entry.unattached_timer is not None:
+            entry.unattached_timer.cancel()
+            entry.unattached_timer = None
+        self._binds[(peer, entry.local_id, session_id)] = (entry, remote)
+        self._arm_watchdog(entry, remote, entry.heartbeat_interval)
+        interval_ms = int(entry.heartbeat_interval * 1000)
+        if mpsc:
+            return MpscAnchorAttachOk(
+                streaming_transport_key=key,
+                heartbeat_interval_ms=interval_ms,
+                sender_id=sender_id,
+                routing_session_id=session_id,
+            )
+        return AnchorAttachOk(
+            streaming_transport_key=key,
+            heartbeat_interval_ms=interval_ms,
+            routing_session_id=session_id,
+        )
+
+    # -- consumer: per-stream QUIC streams arriving (the messenger forwards them) ---------
+
+    def stream_received(self, connection: PeerConnection, event: StreamDataReceived) -> bool:
+        stream_id = event.stream_id
+        key = (connection, stream_id)
+        known = self._receivers.get(key)
+        if known is None:
+            if (
+                connection.is_client
+                or stream_id & 0x3 != 0x2
+                or lane_of_stream(stream_id) is not None
+            ):
+                return False
+            receiver = PerStreamReceiver(
+                connection,
+                stream_id,
+                self.config.per_stream_window,
+                self.messenger.transport.config.max_message_size,
+                self.metrics,
+            )
+            known = (receiver, None)
+            self._receivers[key] = known
+        receiver, entry = known
+        readable = receiver.data(event.data, event.end_stream)
+        if entry is None and receiver.opening is not None:
+            entry = self._bind_stream(receiver)
+            if entry is None:
+                del self._receivers[key]
+                return True
+            self._receivers[key] = (receiver, entry)
+        if entry is not None:
+            if receiver.terminal == DETACHED and not entry.mpsc:
+                # The Detached is in the buffer the anchor reads: a new sender may attach now
+                # (it is read after this one, see Inbox's ordered mode).
+                entry.attached = False
+            if readable:
+                entry.inbox.wake()
+        if receiver.ended:
+            self._receivers.pop(key, None)
+        return True
+
+    def _bind_stream(self, receiver: PerStreamReceiver) -> AnchorEntry | None:
+        assert receiver.opening is not None and receiver.peer is not None
+        local_id, session_id = receiver.opening
+        bound = self._binds.pop((receiver.peer, local_id, session_id), None)
+        if bound is None or bound[0].finished:
+            self.metrics.refused_streams += 1
+            logger.debug(
+                "refusing a per-stream stream from %s: no bind %x/%d",
+                receiver.peer,
+                local_id,
+                session_id,
+            )
+            receiver.withdraw()
+            return None
+        entry, remote = bound
+        remote.last_arrival = receiver.last_arrival
+        entry.inbox.install_feed(receiver, remote.sender_id)
+        remote.receiver = receiver
+        return entry
+
+    def stream_reset(self, connection: PeerConnection, stream_id: int, error_code: int) -> None:
+        known = self._receivers.pop((connection, stream_id), None)
+        if known is not None:
+            receiver, entry = known
+            receiver.lost()
+            if entry is not None:
+                entry.inbox.wake()
+
+    def connection_lost(self, connection: PeerConnection) -> None:
+        for key in [k for k in self._receivers if k[0] is connection]:
+            receiver, entry = self._receivers.pop(key)
+            receiver.lost()
+            if entry is not None:
+                entry.inbox.wake()
+
+    # -- consumer: watchdogs -------------------------------------------------------------
+
+    def _arm_watchdog(self, entry: AnchorEntry, remote: RemoteSender, at: float) -> None:
+        remote.watchdog = self._loop.call_later(at, self._watchdog, entry.local_id, remote)
+
+    def _watchdog(self, local_id: int, remote: RemoteSender) -> None:
+        entry = self._anchors.get(local_id)
+        if entry is None or entry.senders.get(remote.sender_id) is not remote:
+            return
+        window = entry.heartbeat_interval
+        receiver: PerStreamReceiver | None = remote.receiver
+        last = max(remote.last_arrival, receiver.last_arrival if receiver else 0.0)
+        now = self._loop.time()
+        if now - last < window:
+            remote.misses = 0
+            remote.last_arrival = last
+            self._arm_watchdog(entry, remote, last + window - now)
+            return
+        remote.misses += 1
+        if remote.misses < DETECTION_MULTIPLIER:
+            self._arm_watchdog(entry, remote, window)
+            return
+        remote.watchdog = None
+        if not entry.mpsc:
+            self.metrics.heartbeat_watchdog_firings += 1
+            logger.info(
+                "stream_watchdog: no frame from %s for %d windows of %.3f s; local_id=%x",
+                remote.node,
+                DETECTION_MULTIPLIER,
+                window,
+                local_id,
+            )
+        entry.senders.pop(remote.sender_id, None)
+        entry.inbox.withdraw_feed(remote.sender_id)
+        entry.inbox.inject(DROPPED, remote.sender_id)
+        self._binds.pop((remote.node, local_id, remote.session_id), None)
+        self._notify(remote.node, "_stream_cancel", remote.sender_stream_id)
+
+    # -- producer: attach ----------------------------------------------------------------
+
+    async def attach_anchor(
+        self, handle: StreamAnchorHandle, *, offer: list[str] | None = None
+    ) -> StreamSender:
+        """Attach a producer to a single-sender anchor, on this node or another.
+
+        ``offer`` overrides the transport keys advertised (compatibility testing only).
+        """
+        return await self._attach_sender(handle, mpsc=False, offer=offer)
+
+    async def attach_mpsc_anchor(
+        self, handle: StreamAnchorHandle, *, offer: list[str] | None = None
+    ) -> StreamSender:
+        return await self._attach_sender(handle, mpsc=True, offer=offer)
+
+    async def _attach_sender(
+        self, handle: StreamAnchorHandle, *, mpsc: bool, offer: list[str] | None
+    ) -> StreamSender:
+        if handle.is_mpsc != mpsc:
+            raise WrongHandleKind(
+                f"{handle} is {'an MPSC' if handle.is_mpsc else 'a single-sender'} handle", handle
+            )
+        if handle.worker_id == self.worker_id:
+            return self._attach_local(handle, mpsc)
+        peer = self._peer_of(handle.worker_id)
+        if peer is None:
+            raise AttachRefused(f"no known node has WorkerId {handle.worker_id:#x}", handle)
+        sender_stream_id = self._next_sender_stream
+        self._next_sender_stream += 1
+        request_type = MpscAnchorAttachRequest if mpsc else AnchorAttachRequest
+        request = request_type(
+            handle=handle,
+            session_id=int.from_bytes(os.urandom(8), "big"),
+            stream_cancel_handle=(self.worker_id, sender_stream_id),
+            supported_transport_keys=sorted(self.transport_keys if offer is None else offer),
+        )
+        started = time.monotonic()
+        try:
+            raw = await self.messenger.unary(
+                peer,
+                "_mpsc_anchor_attach" if mpsc else "_anchor_attach",
+                request.encode(),
+                timeout=self.config.attach_timeout,
+            )
+            response = (MpscAnchorAttachResponse if mpsc else AnchorAttachResponse).decode(raw)
+        except (CallError, ControlDecodeError) as exc:
+            self.metrics.attach_rtt.labels("error", "none").observe(time.monotonic() - started)
+            raise AttachRefused(f"attach to {handle} failed: {exc}", handle) from exc
+        if not isinstance(response, (AnchorAttachOk, MpscAnchorAttachOk)):
+            self.metrics.attach_rtt.labels("error", "none").observe(time.monotonic() - started)
+            reason = getattr(response, "reason", "unexpected answer")
+            code = reason.partition(":")[0]
+            raise _ERRORS.get(code, AttachRefused)(reason, handle)
+        key = response.streaming_transport_key
+        self.metrics.attach_rtt.labels("success", key).observe(time.monotonic() - started)
+        if key != PER_STREAM_KEY:
+            raise AttachRefused(f"the receiver chose {key!r}, which this node cannot connect on")
+        stream = self.messenger.transport.open_stream(
+            peer, send_buffer=self.config.per_stream_send_buffer
+        )
+        channel = PerStreamChannel(
+            stream, handle.local_id, response.routing_session_id, self.metrics
+        )
+        state = SenderState(
+            self,
+            handle,
+            channel,
+            sender_stream_id=sender_stream_id,
+            transport_key=key,
+            target=peer,
+            heartbeat_interval=response.heartbeat_interval_ms / 1000.0,
+            sender_id=response.sender_id if isinstance(response, MpscAnchorAttachOk) else 0,
+        )
+        self._senders[sender_stream_id] = state
+        self._start_heartbeats()
+        return StreamSender(state)
+
+    def _attach_local(self, handle: StreamAnchorHandle, mpsc: bool) -> StreamSender:
+        entry = self._anchors.get(handle.local_id)
+        if entry is None or entry.finished:
+            raise AnchorNotFound(f"no anchor {handle} on this node", handle)
+        if not mpsc and entry.attached:
+            raise AlreadyAttached(f"{handle} has a live sender", handle)
+        if mpsc and entry.max_senders is not None and entry.sender_count >= entry.max_senders:
+            raise MaxSendersReached(f"{handle} allows {entry.max_senders} senders", handle)
+        sender_id = entry.next_sender_id
+        entry.next_sender_id += 1
+        entry.local_senders.add(sender_id)
+        entry.attached = True
+        if entry.unattached_timer is not None:
+            entry.unattached_timer.cancel()
+            entry.unattached_timer = None
+        sender_stream_id = self._next_sender_stream
+        self._next_sender_stream += 1
+        state = SenderState(
+            self,
+            handle,
+            InboxChannel(entry.inbox, sender_id),
+            sender_stream_id=sender_stream_id,
+            transport_key=None,
+            target=None,
+            heartbeat_interval=None,
+            sender_id=sender_id if mpsc else 0,
+        )
+        self._senders[sender_stream_id] = state
+        return StreamSender(state)
+
+    def _peer_of(self, worker_id: WorkerId) -> InstanceId | None:
+        known = self.messenger.peers.by_worker(worker_id)
+        if known is not None:
+            return known
+        for peer in self.messenger.transport.known_peers():
+            if worker_id_of(peer) == worker_id:
+                return peer
+        return None
+
+    def sender_finished(self, state: SenderState) -> None:
+        """A sender handed over its terminal (or was cancelled): no more heartbeats."""
+        self._senders.pop(state.sender_stream_id, None)
+        if state.target is None:
+            entry = self._anchors.get(state.handle.local_id)
+            if entry is not None and not entry.mpsc:
+                # Same-worker: the sentinel is in the channel now; a re-attach may follow.
+                entry.attached = False
+
+    # -- producer: control from the consumer ---------------------------------------------
+
+    def _cancel_handler(self, ctx: Context) -> None:
+        state = self._own_sender(ctx)
+        if state is not None:
+            state.cancel()
+
+    def _stop_handler(self, ctx: Context) -> None:
+        state = self._own_sender(ctx)
+        if state is not None:
+            state.stop_requested.set()
+
+    def _own_sender(self, ctx: Context) -> SenderState | None:
+        try:
+            control = StreamControl.decode(ctx.payload)
+        except ControlDecodeError:
+            return None
+        state = self._senders.get(control.sender_stream_id)
+        # Only the node the sender is attached to may stop or cancel it.
+        if state is None or state.target != ctx.sender:
+            return None
+        return state
+
+    def _notify(self, node: InstanceId, handler: str, sender_stream_id: int) -> None:
+        async def send() -> None:
+            try:
+                await self.messenger.am_send(
+                    node, handler, StreamControl(sender_stream_id).encode()
+                )
+            except Exception as exc:  # the producer's node may be gone: nothing to tell
+                logger.debug("could not send %s to %s: %r", handler, node, exc)
+
+        if not self._closed:
+            task = self._loop.create_task(send())
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    # -- producer: heartbeats (one task for every remote sender) -------------------------
+
+    def _start_heartbeats(self) -> None:
+        self._heartbeat_wake.set()
+        if self._heartbeat_task is None or self._heartbeat_task.done():
+            self._heartbeat_task = self._loop.create_task(self._heartbeats())
+
+    async def _heartbeats(self) -> None:
+        while not self._closed:
+            self._heartbeat_wake.clear()
+            now = self._loop.time()
+            next_due: float | None = None
+            for state in list(self._senders.values()):
+                interval = state.heartbeat_interval
+                if interval is None or state.terminal_sent:
+                    continue
+                if state.next_heartbeat <= now:
+                    if state.channel.try_send(HEARTBEAT):
+                        self.metrics.heartbeats_sent += 1
+                    else:  # a full channel drops the heartbeat: saturation shows as silence
+                        self.metrics.heartbeats_dropped += 1
+                    state.next_heartbeat = now + interval
+                if next_due is None or state.next_heartbeat < next_due:
+                    next_due = state.next_heartbeat
+            if next_due is None:
+                return  # nobody to heartbeat: the task ends, the next attach restarts it
+            with contextlib.suppress(TimeoutError):  # the next heartbeat is due
+                await asyncio.wait_for(self._heartbeat_wake.wait(), max(0.001, next_due - now))
+
+    # -- shutdown ------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        self._closed = True
+        for state in list(self._senders.values()):
+            state.cancel()
+        for local_id in list(self._anchors):
+            self.finish_anchor(local_id)
+        tasks = list(self._background)
+        if self._heartbeat_task is not None:
+            tasks.append(self._heartbeat_task)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
