@@ -97,7 +97,7 @@ async def _demo(args: argparse.Namespace) -> int:
             handles = [StreamAnchorHandle.pack(hi, lo) for hi, lo in hello["handles"]]
             senders = await asyncio.gather(*(engine.attach_anchor(h) for h in handles))
             attach_ms = 1e3 * (time.perf_counter() - started)
-            keys = {s.negotiated_transport() for s in senders}
+            keys = {str(s.negotiated_transport()) for s in senders}
             print(
                 f"attached {len(senders)} streams in {attach_ms:.0f} ms, transport {sorted(keys)}"
             )

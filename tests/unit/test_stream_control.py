@@ -71,7 +71,11 @@ MUX = s(MESSENGER_MUX_KEY)
 WINDOW = b"\xcd\x13\x88" + b"\x0c" + b"\x40" + b"\xce\x00\x10\x00\x00"  # 5000, 12, 64, 1 MiB
 
 GOLDEN: list[tuple[str, Any, bytes]] = [
-    ("request, nothing offered", AnchorAttachRequest(HANDLE, 42, (5, 6)), b"\x93" + HANDLE_WIRE + b"\x2a" + CANCEL_WIRE),
+    (
+        "request, nothing offered",
+        AnchorAttachRequest(HANDLE, 42, (5, 6)),
+        b"\x93" + HANDLE_WIRE + b"\x2a" + CANCEL_WIRE,
+    ),
     (
         "request, u64 handle",
         AnchorAttachRequest(BIG_HANDLE, U64_MAX, (5, 6)),
@@ -228,9 +232,7 @@ def test_missing_trailing_fields_take_their_defaults() -> None:
     assert ok == AnchorAttachOk(MESSENGER_MUX_KEY, 250, 7, 0, 0, 0)
     mpsc = MpscAnchorAttachResponse.decode(msgpack.packb({"Ok": [PER_STREAM_KEY, 100, 4]}))
     assert mpsc == MpscAnchorAttachOk(PER_STREAM_KEY, 100, 4, 0, 0, 0, 0)
-    request = AnchorAttachRequest.decode(
-        msgpack.packb([{"hi": 7, "lo": 9}, 1, {"hi": 5, "lo": 6}])
-    )
+    request = AnchorAttachRequest.decode(msgpack.packb([{"hi": 7, "lo": 9}, 1, {"hi": 5, "lo": 6}]))
     assert request.supported_transport_keys == ()
     assert request.lane_key is None
     request = AnchorAttachRequest.decode(
@@ -359,7 +361,9 @@ def test_out_of_range_values_cannot_be_built(
 def test_values_are_normalised() -> None:
     request = AnchorAttachRequest(HANDLE, 1, (1, 2), [PER_STREAM_KEY, MESSENGER_MUX_KEY])
     assert request.supported_transport_keys == (PER_STREAM_KEY, MESSENGER_MUX_KEY)
-    assert hash(request) == hash(AnchorAttachRequest(HANDLE, 1, (1, 2), (PER_STREAM_KEY, MESSENGER_MUX_KEY)))
+    assert hash(request) == hash(
+        AnchorAttachRequest(HANDLE, 1, (1, 2), (PER_STREAM_KEY, MESSENGER_MUX_KEY))
+    )
     assert AnchorAttachOk("k", lane=MAX_LANES - 1).lane == 15
     with pytest.raises(dataclasses.FrozenInstanceError):
         request.session_id = 2  # type: ignore[misc]
@@ -409,13 +413,19 @@ WIRE_DEFECTS: list[tuple[str, type[Any], Any]] = [
     ("request keys nil", AnchorAttachRequest, [{"hi": 7, "lo": 9}, 1, {"hi": 5, "lo": 6}, None]),
     ("request keys a str", AnchorAttachRequest, [{"hi": 7, "lo": 9}, 1, {"hi": 5, "lo": 6}, "k"]),
     ("request key int", AnchorAttachRequest, [{"hi": 7, "lo": 9}, 1, {"hi": 5, "lo": 6}, [1]]),
-    ("request lane key negative", AnchorAttachRequest, [{"hi": 7, "lo": 9}, 1, {"hi": 5, "lo": 6}, [], -1]),
+    (
+        "request lane key negative",
+        AnchorAttachRequest,
+        [{"hi": 7, "lo": 9}, 1, {"hi": 5, "lo": 6}, [], -1],
+    ),
     ("stream control str", StreamControl, ["5"]),
     ("stream control negative", StreamControl, [-5]),
 ]
 
 
-@pytest.mark.parametrize(("cls", "value"), [w[1:] for w in WIRE_DEFECTS], ids=[w[0] for w in WIRE_DEFECTS])
+@pytest.mark.parametrize(
+    ("cls", "value"), [w[1:] for w in WIRE_DEFECTS], ids=[w[0] for w in WIRE_DEFECTS]
+)
 def test_defective_values_on_the_wire_are_refused(cls: type[Any], value: Any) -> None:
     with pytest.raises(ControlDecodeError) as info:
         cls.decode(msgpack.packb(value))
@@ -438,7 +448,9 @@ RAW_DEFECTS: list[tuple[str, type[Any], bytes]] = [
 ]
 
 
-@pytest.mark.parametrize(("cls", "data"), [r[1:] for r in RAW_DEFECTS], ids=[r[0] for r in RAW_DEFECTS])
+@pytest.mark.parametrize(
+    ("cls", "data"), [r[1:] for r in RAW_DEFECTS], ids=[r[0] for r in RAW_DEFECTS]
+)
 def test_malformed_bytes_are_refused(cls: type[Any], data: bytes) -> None:
     with pytest.raises(ControlDecodeError):
         cls.decode(data)
@@ -527,11 +539,13 @@ def test_only_trailing_defaults_are_left_out(message: Any) -> None:
     sent = msgpack.unpackb(message.encode())
     if isinstance(message, AnchorAttachResponse | MpscAnchorAttachResponse):
         sent = sent[message._TAG]
-    expected = len(fields)
-    while expected > message._REQUIRED and values[expected - 1] == fields[expected - 1].default:
-        expected -= 1
-    assert len(sent) == expected
-    assert all(value != field.default for field, value in zip(fields[len(sent) :], values[len(sent) :], strict=True)) is False or len(sent) == len(fields)
+    # Everything left out holds its default, and the last value sent is either
+    # required or not its default: nothing more could have been left out.
+    omitted = zip(fields[len(sent) :], values[len(sent) :], strict=True)
+    assert all(field.default == value for field, value in omitted)
+    assert len(sent) >= message._REQUIRED
+    if len(sent) > message._REQUIRED:
+        assert values[len(sent) - 1] != fields[len(sent) - 1].default
 
 
 # -- fuzz -------------------------------------------------------------------------------
@@ -544,8 +558,12 @@ msgpack_values = st.recursive(
     | st.text(max_size=20)
     | st.binary(max_size=8)
     | st.sampled_from(["Ok", "Err", "hi", "lo", MESSENGER_MUX_KEY]),
-    lambda inner: st.lists(inner, max_size=8)
-    | st.dictionaries(st.sampled_from(["Ok", "Err", "hi", "lo"]) | st.text(max_size=4), inner, max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=8)
+        | st.dictionaries(
+            st.sampled_from(["Ok", "Err", "hi", "lo"]) | st.text(max_size=4), inner, max_size=3
+        )
+    ),
     max_leaves=20,
 )
 
