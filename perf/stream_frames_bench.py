@@ -8,7 +8,7 @@ of ``--repeat`` runs over ``--records`` calls, loop overhead included.
 
     python perf/stream_frames_bench.py                    # 48-byte token frame
     python perf/stream_frames_bench.py --item small       # {"token": 123, "text": "hello"}
-    python perf/stream_frames_bench.py --records 200000 --repeat 3
+    python perf/stream_frames_bench.py --records 1000000 --repeat 3
 """
 
 from __future__ import annotations
@@ -67,8 +67,8 @@ def per_call(name: str, func: Callable[[Any], object], arg: object, n: int, r: i
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--item", choices=sorted(ITEMS), default="token48")
-    parser.add_argument("--records", type=int, default=1_000_000, help="calls per timed run")
-    parser.add_argument("--repeat", type=int, default=5, help="timed runs; the best is shown")
+    parser.add_argument("--records", type=int, default=200_000, help="calls per timed run")
+    parser.add_argument("--repeat", type=int, default=9, help="timed runs; the best is shown")
     args = parser.parse_args(argv)
     n, r = args.records, args.repeat
 

@@ -297,3 +297,36 @@ async def test_one_thousand_and_twenty_four_concurrent_per_stream_streams(
         sender.finalize()
     results = await asyncio.gather(*(collect(anchor, 60) for anchor in anchors))
     assert all(r == [[i, 0], [i, 1], [i, 2]] for i, r in enumerate(results))
+
+
+async def test_a_consumer_that_stops_reading_holds_only_its_own_producer(
+    start_node: StartNode,
+) -> None:
+    a, b = await pair(start_node)
+    stalled, flowing = b.create_anchor(), b.create_anchor()
+    stuck = await a.attach_anchor(stalled.handle)
+    free = await a.attach_anchor(flowing.handle)
+    blocked: asyncio.Future[None] | None = None
+    sent = 0
+    for _ in range(10_000):  # bounded: window + send buffer hold ~130 such records
+        before = a.anchors.metrics.producer_send_backpressure
+        task = asyncio.ensure_future(stuck.send(bytes(1000)))
+        await asyncio.sleep(0)  # let the send run up to its first await
+        if a.anchors.metrics.producer_send_backpressure > before:
+            blocked = task  # it is waiting on the stream's admission gate
+            break
+        await task
+        sent += 1
+    assert blocked is not None and sent < 1000
+    for n in range(500):
+        await free.send(n)
+    free.finalize()
+    assert await collect(flowing) == list(range(500))  # the other stream never waited
+    assert not blocked.done()
+    assert "velo_streaming_reader_pump_backpressure_total 1.0" in b.metrics_text()
+    assert await stalled.next() == bytes(1000)  # reading again releases the producer
+    async with asyncio.timeout(20):
+        while not blocked.done():
+            await stalled.next()
+    await blocked
+    stalled.cancel()

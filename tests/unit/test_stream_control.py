@@ -285,7 +285,8 @@ def test_an_extra_trailing_field_is_refused(message: Any, wire: bytes) -> None:
     cls = type(message)
     fields = list(cls._FIELDS)
     full = [field.to_wire(getattr(message, field.name)) for field in fields]
-    for extra in (0, None, "x", []):
+    extras: list[object] = [0, None, "x", []]
+    for extra in extras:
         body: Any = [*full, extra]
         if isinstance(message, AnchorAttachResponse | MpscAnchorAttachResponse):
             body = {message._TAG: body}

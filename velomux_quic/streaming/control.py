@@ -430,7 +430,7 @@ class AnchorAttachOk(AnchorAttachResponse):
 
 
 class MpscAnchorAttachResponse(_Response):
-    """The answer to ``_mpsc_anchor_attach``: :class:`MpscAnchorAttachOk` or ``...Err``."""
+    """The answer to ``_mpsc_anchor_attach``: :class:`MpscAnchorAttachOk` or an Err."""
 
     __slots__ = ()
 

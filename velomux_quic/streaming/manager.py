@@ -14,17 +14,13 @@ import contextlib
 import logging
 import os
 import time
-from dataclasses import dataclass
-
-from aioquic.quic.events import StreamDataReceived
 
 from ..ids import InstanceId, StreamAnchorHandle, WorkerId, worker_id_of
 from ..messenger import CallError, Context, Messenger
 from ..transport import TransportHandler
-from ..transport.connection import PeerConnection
-from ..transport.lanes import lane_of_stream
 from .anchor import AnchorEntry, MpscAnchor, RemoteSender, StreamAnchor
 from .channels import InboxChannel
+from .config import StreamingConfig
 from .control import (
     MESSENGER_MUX_KEY,
     PER_STREAM_KEY,
@@ -47,11 +43,12 @@ from .errors import (
     MaxSendersReached,
     WrongHandleKind,
 )
-from .frames import DETACHED, DROPPED, HEARTBEAT
+from .frames import DROPPED, HEARTBEAT
 from .inbox import Inbox
 from .metrics import StreamingMetrics
-from .perstream import PerStreamChannel, PerStreamReceiver
+from .perstream import PerStreamTransport
 from .sender import SenderState, StreamSender
+from .transports import AttachTerms, TransportRegistry
 
 __all__ = ["DETECTION_MULTIPLIER", "AnchorManager", "StreamingConfig"]
 
@@ -69,24 +66,6 @@ _ERRORS: dict[str, type[AttachError]] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class StreamingConfig:
-    heartbeat_interval: float = 5.0
-    """The consumer's heartbeat window, sent to producers in the attach response."""
-    attach_timeout: float = 10.0
-    per_stream_window: int = 64 * 1024
-    """Receive window of one per-stream QUIC stream: how far its producer runs ahead."""
-    per_stream_send_buffer: int = 64 * 1024
-    anchor_capacity: int = 256
-    """Records an anchor's own channel holds (same-worker senders write there)."""
-
-    def __post_init__(self) -> None:
-        if self.heartbeat_interval <= 0 or self.attach_timeout <= 0:
-            raise ValueError("heartbeat_interval and attach_timeout must be positive")
-        if self.per_stream_window < 4096 or self.anchor_capacity < 1:
-            raise ValueError("per_stream_window >= 4 KiB and anchor_capacity >= 1")
-
-
 class AnchorManager(TransportHandler):
     """One per node. See the module docstring."""
 
@@ -97,10 +76,6 @@ class AnchorManager(TransportHandler):
         self.metrics = StreamingMetrics(messenger.registry, lambda: len(self._anchors))
         self._loop = asyncio.get_running_loop()
         self._anchors: dict[int, AnchorEntry] = {}
-        self._binds: dict[tuple[InstanceId, int, int], tuple[AnchorEntry, RemoteSender]] = {}
-        self._receivers: dict[
-            tuple[PeerConnection, int], tuple[PerStreamReceiver, AnchorEntry | None]
-        ] = {}
         self._senders: dict[int, SenderState] = {}
         self._next_sender_stream = 1
         self._next_session = int.from_bytes(os.urandom(4), "big") << 16 | 1
@@ -112,22 +87,30 @@ class AnchorManager(TransportHandler):
         messenger.register_system("_mpsc_anchor_attach", self._mpsc_attach_handler)
         messenger.register_system("_stream_cancel", self._cancel_handler)
         messenger.register_system("_stream_stop", self._stop_handler)
-        messenger.set_stream_acceptor(self)
+        self.transports = TransportRegistry(default_key=PER_STREAM_KEY)
+        per_stream = PerStreamTransport(messenger, self.config, self.metrics)
+        self.transports.install(per_stream)
+        messenger.set_stream_acceptor(per_stream)
 
     # -- transports ----------------------------------------------------------------------
 
     @property
     def transport_keys(self) -> list[str]:
         """Keys this node can connect and bind on, sorted (what an attach advertises)."""
-        return [PER_STREAM_KEY]
+        return self.transports.keys()
 
     def _negotiate(self, offered: list[str]) -> str | None:
+        """The chapter's rule: the mux only when both sides name it, else the per-stream
+        default if offered; an empty offer (a sender from before negotiation) gets the
+        default; nothing in common is refused."""
+        default = self.transports.default_key
+        installed = self.transports.keys()
         if not offered:
-            return PER_STREAM_KEY  # an older sender advertising nothing: the legacy default
-        if MESSENGER_MUX_KEY in offered and MESSENGER_MUX_KEY in self.transport_keys:
+            return default if default in installed else None
+        if MESSENGER_MUX_KEY in offered and MESSENGER_MUX_KEY in installed:
             return MESSENGER_MUX_KEY
-        if PER_STREAM_KEY in offered:
-            return PER_STREAM_KEY
+        if default in offered and default in installed:
+            return default
         return None
 
     # -- consumer: anchors ---------------------------------------------------------------
@@ -201,9 +184,7 @@ class AnchorManager(TransportHandler):
         if entry.unattached_timer is not None:
             entry.unattached_timer.cancel()
         for sender in entry.senders.values():
-            if sender.watchdog is not None:
-                sender.watchdog.cancel()
-            self._binds.pop((sender.node, local_id, sender.session_id), None)
+            self._forget_sender(entry, sender)
         entry.inbox.close()
 
     def cancel_anchor(self, local_id: int) -> None:
@@ -248,14 +229,22 @@ class AnchorManager(TransportHandler):
         if entry is None:
             return
         remote = entry.senders.pop(sender_id, None)
-        if remote is not None and remote.watchdog is not None:
-            remote.watchdog.cancel()
+        if remote is not None:
+            self._forget_sender(entry, remote)
         entry.local_senders.discard(sender_id)
         entry.inbox.withdraw_feed(sender_id)
         if not entry.mpsc and not entry.senders and not entry.local_senders:
             entry.attached = False
         if entry.sender_count == 0:
             self._arm_unattached(entry)
+
+    def _forget_sender(self, entry: AnchorEntry, remote: RemoteSender) -> None:
+        if remote.watchdog is not None:
+            remote.watchdog.cancel()
+            remote.watchdog = None
+        transport = self.transports.get(remote.transport_key)
+        if transport is not None:
+            transport.unbind(entry, remote)
 
     def feed_exhausted(self, entry: AnchorEntry, sender_id: int | None) -> bool:
         """A feed ran dry for good without a terminal: its producer is gone, say Dropped."""
@@ -339,7 +328,9 @@ class AnchorManager(TransportHandler):
         if entry.unattached_timer is not None:
             entry.unattached_timer.cancel()
             entry.unattached_timer = None
-        self._binds[(peer, entry.local_id, session_id)] = (entry, remote)
+        transport = self.transports.get(key)
+        assert transport is not None
+        terms = transport.bind(entry, remote)
         self._arm_watchdog(entry, remote, entry.heartbeat_interval)
         interval_ms = int(entry.heartbeat_interval * 1000)
         if mpsc:
@@ -348,88 +339,18 @@ class AnchorManager(TransportHandler):
                 heartbeat_interval_ms=interval_ms,
                 sender_id=sender_id,
                 routing_session_id=session_id,
+                initial_credit=terms.initial_credit,
+                slot_byte_budget=terms.slot_byte_budget,
+                lane=terms.lane,
             )
         return AnchorAttachOk(
             streaming_transport_key=key,
             heartbeat_interval_ms=interval_ms,
             routing_session_id=session_id,
+            initial_credit=terms.initial_credit,
+            slot_byte_budget=terms.slot_byte_budget,
+            lane=terms.lane,
         )
-
-    # -- consumer: per-stream QUIC streams arriving (the messenger forwards them) ---------
-
-    def stream_received(self, connection: PeerConnection, event: StreamDataReceived) -> bool:
-        stream_id = event.stream_id
-        key = (connection, stream_id)
-        known = self._receivers.get(key)
-        if known is None:
-            if (
-                connection.is_client
-                or stream_id & 0x3 != 0x2
-                or lane_of_stream(stream_id) is not None
-            ):
-                return False
-            receiver = PerStreamReceiver(
-                connection,
-                stream_id,
-                self.config.per_stream_window,
-                self.messenger.transport.config.max_message_size,
-                self.metrics,
-            )
-            known = (receiver, None)
-            self._receivers[key] = known
-        receiver, entry = known
-        readable = receiver.data(event.data, event.end_stream)
-        if entry is None and receiver.opening is not None:
-            entry = self._bind_stream(receiver)
-            if entry is None:
-                del self._receivers[key]
-                return True
-            self._receivers[key] = (receiver, entry)
-        if entry is not None:
-            if receiver.terminal == DETACHED and not entry.mpsc:
-                # The Detached is in the buffer the anchor reads: a new sender may attach now
-                # (it is read after this one, see Inbox's ordered mode).
-                entry.attached = False
-            if readable:
-                entry.inbox.wake()
-        if receiver.ended:
-            self._receivers.pop(key, None)
-        return True
-
-    def _bind_stream(self, receiver: PerStreamReceiver) -> AnchorEntry | None:
-        assert receiver.opening is not None and receiver.peer is not None
-        local_id, session_id = receiver.opening
-        bound = self._binds.pop((receiver.peer, local_id, session_id), None)
-        if bound is None or bound[0].finished:
-            self.metrics.refused_streams += 1
-            logger.debug(
-                "refusing a per-stream stream from %s: no bind %x/%d",
-                receiver.peer,
-                local_id,
-                session_id,
-            )
-            receiver.withdraw()
-            return None
-        entry, remote = bound
-        remote.last_arrival = receiver.last_arrival
-        entry.inbox.install_feed(receiver, remote.sender_id)
-        remote.receiver = receiver
-        return entry
-
-    def stream_reset(self, connection: PeerConnection, stream_id: int, error_code: int) -> None:
-        known = self._receivers.pop((connection, stream_id), None)
-        if known is not None:
-            receiver, entry = known
-            receiver.lost()
-            if entry is not None:
-                entry.inbox.wake()
-
-    def connection_lost(self, connection: PeerConnection) -> None:
-        for key in [k for k in self._receivers if k[0] is connection]:
-            receiver, entry = self._receivers.pop(key)
-            receiver.lost()
-            if entry is not None:
-                entry.inbox.wake()
 
     # -- consumer: watchdogs -------------------------------------------------------------
 
@@ -441,12 +362,10 @@ class AnchorManager(TransportHandler):
         if entry is None or entry.senders.get(remote.sender_id) is not remote:
             return
         window = entry.heartbeat_interval
-        receiver: PerStreamReceiver | None = remote.receiver
-        last = max(remote.last_arrival, receiver.last_arrival if receiver else 0.0)
+        last = remote.last_arrival  # the transport stamps every arrival
         now = self._loop.time()
         if now - last < window:
             remote.misses = 0
-            remote.last_arrival = last
             self._arm_watchdog(entry, remote, last + window - now)
             return
         remote.misses += 1
@@ -464,9 +383,9 @@ class AnchorManager(TransportHandler):
                 local_id,
             )
         entry.senders.pop(remote.sender_id, None)
+        self._forget_sender(entry, remote)
         entry.inbox.withdraw_feed(remote.sender_id)
         entry.inbox.inject(DROPPED, remote.sender_id)
-        self._binds.pop((remote.node, local_id, remote.session_id), None)
         self._notify(remote.node, "_stream_cancel", remote.sender_stream_id)
 
     # -- producer: attach ----------------------------------------------------------------
@@ -525,14 +444,20 @@ class AnchorManager(TransportHandler):
             raise _ERRORS.get(code, AttachRefused)(reason, handle)
         key = response.streaming_transport_key
         self.metrics.attach_rtt.labels("success", key).observe(time.monotonic() - started)
-        if key != PER_STREAM_KEY:
+        transport = self.transports.get(key)
+        if transport is None:
             raise AttachRefused(f"the receiver chose {key!r}, which this node cannot connect on")
-        stream = self.messenger.transport.open_stream(
-            peer, send_buffer=self.config.per_stream_send_buffer
+        terms = AttachTerms(
+            peer=peer,
+            handle=handle,
+            routing_session_id=response.routing_session_id,
+            heartbeat_interval=response.heartbeat_interval_ms / 1000.0,
+            sender_id=response.sender_id if isinstance(response, MpscAnchorAttachOk) else 0,
+            initial_credit=response.initial_credit,
+            slot_byte_budget=response.slot_byte_budget,
+            lane=response.lane,
         )
-        channel = PerStreamChannel(
-            stream, handle.local_id, response.routing_session_id, self.metrics
-        )
+        channel = await transport.connect(terms)
         state = SenderState(
             self,
             handle,
@@ -540,8 +465,8 @@ class AnchorManager(TransportHandler):
             sender_stream_id=sender_stream_id,
             transport_key=key,
             target=peer,
-            heartbeat_interval=response.heartbeat_interval_ms / 1000.0,
-            sender_id=response.sender_id if isinstance(response, MpscAnchorAttachOk) else 0,
+            heartbeat_interval=terms.heartbeat_interval,
+            sender_id=terms.sender_id,
         )
         self._senders[sender_stream_id] = state
         self._start_heartbeats()
@@ -676,3 +601,5 @@ class AnchorManager(TransportHandler):
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+        for transport in self.transports:
+            await transport.close()

@@ -19,18 +19,25 @@ import struct
 from collections import deque
 from typing import TYPE_CHECKING
 
+from aioquic.quic.events import StreamDataReceived
+
 from ..ids import InstanceId
-from ..transport import AdmissionError, SendAdmission
+from ..transport import AdmissionError, SendAdmission, TransportHandler
 from ..transport.connection import CloseCode, PeerConnection
 from ..transport.framing import FrameDecoder, FrameTooLarge
-from ..transport.lanes import OutboundStream
+from ..transport.lanes import OutboundStream, lane_of_stream
+from .config import StreamingConfig
+from .control import PER_STREAM_KEY
 from .errors import ChannelClosed
-from .frames import encode_transport_error, is_terminal_sentinel
+from .frames import DETACHED, encode_transport_error, is_terminal_sentinel
+from .transports import AttachTerms, BindTerms
 
 if TYPE_CHECKING:
+    from ..messenger import Messenger
+    from .anchor import AnchorEntry, RemoteSender
     from .metrics import StreamingMetrics
 
-__all__ = ["OPENING", "PerStreamChannel", "PerStreamReceiver"]
+__all__ = ["OPENING", "PerStreamChannel", "PerStreamReceiver", "PerStreamTransport"]
 
 logger = logging.getLogger(__name__)
 
@@ -113,11 +120,14 @@ class PerStreamReceiver:
         "_frames",
         "_loop",
         "_metrics",
+        "_saturated",
         "_window",
+        "buffered",
         "consumed",
         "ended",
         "last_arrival",
         "opening",
+        "remote",
         "stream_id",
         "terminal",
         "withdrawn",
@@ -139,7 +149,10 @@ class PerStreamReceiver:
         self._metrics = metrics
         self._loop = asyncio.get_running_loop()
         self.consumed = 0
+        self.buffered = 0
+        self._saturated = False
         self.opening: tuple[int, int] | None = None
+        self.remote: RemoteSender | None = None
         self.terminal: bytes | None = None
         self.ended = False
         self.withdrawn = False
@@ -155,7 +168,9 @@ class PerStreamReceiver:
 
     def data(self, data: bytes, end_stream: bool) -> bool:
         """New stream data; returns True when frames became readable."""
-        self.last_arrival = self._loop.time()
+        now = self.last_arrival = self._loop.time()
+        if self.remote is not None:
+            self.remote.last_arrival = now  # what the consumer's watchdog reads
         if self.withdrawn:
             return False
         readable = False
@@ -182,6 +197,12 @@ class PerStreamReceiver:
                     self.terminal = last
                 self._frames.extend(bodies)
                 self._metrics.frames_received += len(bodies)
+                self.buffered += len(data)
+                if not self._saturated and self.buffered >= self._window - (self._window >> 3):
+                    # The anchor is not keeping up: the window is (nearly) all used and the
+                    # producer is about to wait. Counted once per episode.
+                    self._saturated = True
+                    self._metrics.reader_pump_backpressure += 1
                 readable = True
         if end_stream:
             self.ended = True
@@ -200,7 +221,11 @@ class PerStreamReceiver:
             return None
         body = frames.popleft()
         before = self.consumed
-        self.consumed = before + len(body) + 4
+        size = len(body) + 4
+        self.consumed = before + size
+        self.buffered -= size
+        if self._saturated and self.buffered < self._window >> 1:
+            self._saturated = False
         # Let QUIC grant the next quarter window promptly, without a transmit per record.
         quarter = self._window >> 2
         if before // quarter != self.consumed // quarter:
@@ -222,3 +247,122 @@ class PerStreamReceiver:
                 self._connection.stop_receiving(self.stream_id)
             except Exception:  # connection already gone
                 logger.debug("could not stop stream %d", self.stream_id, exc_info=True)
+
+
+class PerStreamTransport(TransportHandler):
+    """``quic-stream-v1``: binds on the consumer, QUIC streams of their own on the producer.
+
+    It is also the messenger's stream acceptor: the QUIC streams that are not lanes arrive
+    here, are matched to a bind by their opening frame, and become their anchor's feed.
+    """
+
+    key = PER_STREAM_KEY
+
+    def __init__(
+        self, messenger: Messenger, config: StreamingConfig, metrics: StreamingMetrics
+    ) -> None:
+        self._messenger = messenger
+        self._config = config
+        self._metrics = metrics
+        self._binds: dict[tuple[InstanceId, int, int], tuple[AnchorEntry, RemoteSender]] = {}
+        self._receivers: dict[
+            tuple[PeerConnection, int], tuple[PerStreamReceiver, AnchorEntry | None]
+        ] = {}
+
+    # -- StreamTransport -----------------------------------------------------------------
+
+    def bind(self, entry: AnchorEntry, remote: RemoteSender) -> BindTerms:
+        self._binds[(remote.node, entry.local_id, remote.session_id)] = (entry, remote)
+        return BindTerms()
+
+    def unbind(self, entry: AnchorEntry, remote: RemoteSender) -> None:
+        self._binds.pop((remote.node, entry.local_id, remote.session_id), None)
+
+    async def connect(self, terms: AttachTerms) -> PerStreamChannel:
+        stream = self._messenger.transport.open_stream(
+            terms.peer, send_buffer=self._config.per_stream_send_buffer
+        )
+        return PerStreamChannel(
+            stream, terms.handle.local_id, terms.routing_session_id, self._metrics
+        )
+
+    async def close(self) -> None:
+        self._binds.clear()
+        self._receivers.clear()
+
+    # -- QUIC streams arriving (forwarded by the messenger) ------------------------------
+
+    def stream_received(self, connection: PeerConnection, event: StreamDataReceived) -> bool:
+        stream_id = event.stream_id
+        key = (connection, stream_id)
+        known = self._receivers.get(key)
+        if known is None:
+            if (
+                connection.is_client
+                or stream_id & 0x3 != 0x2
+                or lane_of_stream(stream_id) is not None
+            ):
+                return False
+            receiver = PerStreamReceiver(
+                connection,
+                stream_id,
+                self._config.per_stream_window,
+                self._messenger.transport.config.max_message_size,
+                self._metrics,
+            )
+            known = (receiver, None)
+            self._receivers[key] = known
+        receiver, entry = known
+        readable = receiver.data(event.data, event.end_stream)
+        if entry is None and receiver.opening is not None:
+            entry = self._bind_stream(receiver)
+            if entry is None:
+                del self._receivers[key]
+                return True
+            self._receivers[key] = (receiver, entry)
+        if entry is not None:
+            if receiver.terminal == DETACHED and not entry.mpsc:
+                # The Detached is in the buffer the anchor reads: a new sender may attach
+                # now; the inbox reads it only after this one (ordered feeds).
+                entry.attached = False
+            if readable:
+                entry.inbox.wake()
+        if receiver.ended:
+            self._receivers.pop(key, None)
+        return True
+
+    def _bind_stream(self, receiver: PerStreamReceiver) -> AnchorEntry | None:
+        assert receiver.opening is not None and receiver.peer is not None
+        local_id, session_id = receiver.opening
+        bound = self._binds.pop((receiver.peer, local_id, session_id), None)
+        if bound is None or bound[0].finished:
+            self._metrics.refused_streams += 1
+            logger.debug(
+                "refusing a per-stream stream from %s: no bind %x/%d",
+                receiver.peer,
+                local_id,
+                session_id,
+            )
+            receiver.withdraw()
+            return None
+        entry, remote = bound
+        remote.last_arrival = receiver.last_arrival
+        receiver.remote = remote
+        remote.receiver = receiver
+        entry.inbox.install_feed(receiver, remote.sender_id)
+        return entry
+
+    def stream_reset(self, connection: PeerConnection, stream_id: int, error_code: int) -> None:
+        known = self._receivers.pop((connection, stream_id), None)
+        if known is not None:
+            receiver, entry = known
+            receiver.lost()
+            if entry is not None:
+                entry.inbox.wake()
+
+    def connection_lost(self, connection: PeerConnection) -> None:
+        for key in [k for k in self._receivers if k[0] is connection]:
+            receiver, entry = self._receivers.pop(key)
+            receiver.lost()
+            if entry is not None:
+                entry.inbox.wake()

@@ -43,6 +43,14 @@ class TransportConfig:
     lane_window: int = 1 * MiB
     """Receive window per lane: how far a sender runs ahead of a receiver that stopped reading."""
 
+    stream_window: int = 64 * KiB
+    """Initial receive window of every stream a peer opens (QUIC's initial_max_stream_data).
+
+    Lanes are raised to ``lane_window`` as soon as they open; a per-stream stream keeps
+    this (its receiver manages it from there). Small on purpose: it is what each of a
+    thousand concurrent per-stream producers may have in flight before its reader takes
+    anything."""
+
     send_buffer: int = 1 * MiB
     """Bytes a lane may queue locally beyond the peer's window before ``send`` returns Pending."""
 
@@ -70,7 +78,7 @@ class TransportConfig:
                 raise ValueError(f"{name} must be positive")
         if self.keep_alive_interval >= self.idle_timeout:
             raise ValueError("keep_alive_interval must be shorter than idle_timeout")
-        if self.lane_window < 4 * KiB or self.send_buffer < 0:
-            raise ValueError("lane_window must be at least 4 KiB and send_buffer >= 0")
+        if self.lane_window < 4 * KiB or self.stream_window < 4 * KiB or self.send_buffer < 0:
+            raise ValueError("lane_window and stream_window >= 4 KiB, send_buffer >= 0")
         if self.max_concurrent_streams < MAX_LANES:
             raise ValueError(f"max_concurrent_streams must be at least {MAX_LANES}")

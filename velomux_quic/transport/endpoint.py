@@ -128,7 +128,7 @@ class QuicTransport(asyncio.DatagramProtocol):
                 is_client=is_client,
                 max_datagram_size=config.max_datagram_size,
                 idle_timeout=config.idle_timeout,
-                max_stream_data=config.lane_window,
+                max_stream_data=config.stream_window,
                 max_data=config.connection_window,
             )
             for is_client in (True, False)

@@ -1,0 +1,796 @@
+"""The per-stream QUIC path (``quic-stream-v1``) in the decode-engine shape, two processes.
+
+The baseline a mux benchmark is measured against, measured the same way. A frontend
+(the consumer node) creates ``--streams`` anchors and hands their handles, its instance id
+and its address to an engine (the producer node) in another process, through a JSON file.
+The engine attaches a sender to each (concurrently), then runs ``--passes`` forward passes:
+each pass sends one 48-byte token to every stream, awaiting each send (that await is the
+backpressure), and the engine finalizes every stream after the last pass. The two nodes
+verify each other over mutual TLS with certificates made on demand in a temporary
+directory. Every run uses fresh processes.
+
+    python perf/perstream_bench.py                       # 1,024 streams x 100 passes, 3 runs
+    python perf/perstream_bench.py --short               # 256 x 30, 1 run
+    python perf/perstream_bench.py --consumer single-task --json perstream.json
+    python perf/perstream_bench.py --short --profile consumer   # cProfile's top functions
+
+Both children run on ``velomux_quic.runtime.run`` (uvloop when installed; set
+``VELOMUX_NO_UVLOOP=1`` to measure plain asyncio).
+
+What a run reports:
+
+* tokens delivered, which must equal streams x passes: the consumer checks that every
+  stream received exactly its own tokens, in order, and ended with ``Finalized``; any
+  difference fails the run (and the benchmark) with a non-zero exit;
+* windows on ``time.perf_counter`` (CLOCK_MONOTONIC on Linux: one clock for every process
+  on the host): *send*, the producer's first send to its last pass; *retire*, its first
+  send to every stream's terminal being admitted; *read*, the consumer's first token to its
+  last; *e2e*, the producer's first send to the consumer's last token. Tokens/s is over
+  e2e. Attaching (every sender concurrently) is timed apart and is in no window;
+* CPU seconds (user + sys, ``getrusage(RUSAGE_SELF)`` deltas) on each side, and per token.
+  The producer's CPU window runs from its first send until the consumer has confirmed every
+  token, so it includes handling the consumer's acknowledgements; the consumer's from just
+  before the first send until its last stream ended. Waiting costs no CPU;
+* each node's own counters over the same windows: frames written
+  (``velo_streaming_frames_written_total``, heartbeats and terminals included), UDP
+  datagrams out and in (``velo_transport_datagrams_total``), and sends that had to wait.
+
+The consumer shapes (``--consumer``): ``task-per-stream`` runs ``async for item in anchor``
+in one task per anchor, as a frontend with a task per request does. ``single-task`` has
+one task await ``anchor.take_ready()`` on each live anchor in turn. ``take_ready`` always
+waits for at least one item and no call waits on several anchors at once, so this shape
+works here only because every stream receives one token per pass: the task blocks on
+the next anchor in the rotation whatever the others hold.
+
+With ``--pass-delay-ms 0`` the engine still yields to the event loop once per pass
+(``asyncio.sleep(0)``), as a real engine does while a forward pass runs: a send the
+transport admits does not suspend, so without that yield nothing would be transmitted
+before the last pass. ``Node.flush_batch()`` is called after every pass, as an engine does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import importlib.metadata
+import json
+import os
+import platform
+import pstats
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import msgpack
+
+from velomux_quic.ids import InstanceId, StreamAnchorHandle
+from velomux_quic.node import Node
+from velomux_quic.runtime import run
+from velomux_quic.security.certs import NodeCredentials, ensure_dev_cluster
+from velomux_quic.streaming.anchor import StreamAnchor
+from velomux_quic.streaming.control import PER_STREAM_KEY
+from velomux_quic.streaming.sender import Retired, StreamSender
+
+T = TypeVar("T")
+
+TOKEN_BYTES = 48
+"""Size of one token item, MessagePack-encoded (the frame adds the ``Item`` tag)."""
+
+SHORT = {"streams": 256, "passes": 30, "runs": 1}
+
+COUNTERS: dict[str, tuple[str, dict[str, str]]] = {
+    "frames_written": ("velo_streaming_frames_written_total", {}),
+    "frames_received": ("velo_streaming_frames_received_total", {}),
+    "send_waits": ("velo_streaming_producer_send_backpressure_total", {}),
+    "heartbeats_sent": ("velo_streaming_heartbeats_sent_total", {}),
+    "datagrams_out": (
+        "velo_transport_datagrams_total",
+        {"transport": "quic", "direction": "outbound"},
+    ),
+    "datagrams_in": (
+        "velo_transport_datagrams_total",
+        {"transport": "quic", "direction": "inbound"},
+    ),
+}
+
+
+class BenchFailure(Exception):
+    """The run is invalid (lost, duplicated or reordered tokens, a hang, a dead child)."""
+
+
+# -- the token ---------------------------------------------------------------------------
+
+_UINT_LIMITS = (1 << 7, 1 << 8, 1 << 16, 1 << 32)
+"""Where MessagePack's unsigned encodings change size (1, 2, 3 and 5 bytes)."""
+
+
+def _padding_for(token: int) -> str:
+    for length in range(TOKEN_BYTES, -1, -1):
+        padding = "x" * length
+        if len(msgpack.packb({"t": token, "x": padding})) == TOKEN_BYTES:
+            return padding
+    raise ValueError(f"no padding makes token {token} {TOKEN_BYTES} bytes")
+
+
+_PADDINGS = tuple(_padding_for(limit - 1) for limit in _UINT_LIMITS)
+
+
+def token_item(token: int) -> dict[str, Any]:
+    """``{"t": token, "x": padding}``, 48 bytes of MessagePack for any u32 ``token``."""
+    if token < 128:
+        padding = _PADDINGS[0]
+    elif token < 256:
+        padding = _PADDINGS[1]
+    elif token < 65536:
+        padding = _PADDINGS[2]
+    else:
+        padding = _PADDINGS[3]
+    return {"t": token, "x": padding}
+
+
+# Stream ``i`` carries tokens ``i, i + streams, i + 2 * streams, ...``: one per pass.
+
+
+# -- measuring inside a child ------------------------------------------------------------
+
+
+def _counters(node: Node) -> dict[str, float]:
+    samples = {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in node.registry.collect()
+        for sample in family.samples
+    }
+    found: dict[str, float] = {}
+    for key, (name, labels) in COUNTERS.items():
+        value = samples.get((name, frozenset(labels.items())))
+        if value is None:
+            raise BenchFailure(f"the node exports no {name} {labels}")
+        found[key] = value
+    return found
+
+
+@dataclass
+class Window:
+    """CPU and counters at the start of a measured window; ``close`` gives the deltas."""
+
+    counters: dict[str, float]
+    user: float
+    system: float
+    at: float
+
+    @classmethod
+    def open(cls, node: Node) -> Window:
+        counters = _counters(node)
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return cls(counters, usage.ru_utime, usage.ru_stime, time.perf_counter())
+
+    def close(self, node: Node) -> dict[str, Any]:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        counters = _counters(node)
+        return {
+            "cpu_user_s": usage.ru_utime - self.user,
+            "cpu_sys_s": usage.ru_stime - self.system,
+            "counters": {key: counters[key] - self.counters[key] for key in counters},
+        }
+
+
+def _say(word: str, payload: dict[str, Any] | None = None) -> None:
+    line = word if payload is None else f"{word} {json.dumps(payload)}"
+    print(line, flush=True)
+
+
+async def _stdin() -> asyncio.StreamReader:
+    reader = asyncio.StreamReader()
+    loop = asyncio.get_running_loop()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    return reader
+
+
+async def _expect_line(reader: asyncio.StreamReader, word: str) -> None:
+    line = (await reader.readline()).decode().strip()
+    if line != word:
+        raise BenchFailure(f"expected {word!r} from the benchmark, got {line!r}")
+
+
+def _profile_report(profiler: cProfile.Profile | None, role: str) -> None:
+    if profiler is None:
+        return
+    print(f"--- cProfile, {role}, measured window, by own time ---", file=sys.stderr)
+    stats = pstats.Stats(profiler, stream=sys.stderr)
+    stats.sort_stats("tottime").print_stats(25)
+    print(f"--- cProfile, {role}, measured window, by cumulative time ---", file=sys.stderr)
+    stats.sort_stats("cumulative").print_stats(20)
+
+
+def _environment() -> dict[str, Any]:
+    loop = asyncio.get_running_loop()
+    return {
+        "loop": f"{type(loop).__module__}.{type(loop).__qualname__}",
+        "clock": time.get_clock_info("perf_counter").implementation,
+    }
+
+
+# -- the consumer (frontend) -------------------------------------------------------------
+
+
+class Progress:
+    """Per-stream counts and first/last token times, shared by the consumer's tasks."""
+
+    __slots__ = ("counts", "ended", "first", "last")
+
+    def __init__(self, streams: int) -> None:
+        self.counts = [0] * streams
+        self.first = [0.0] * streams
+        self.last = [0.0] * streams
+        self.ended = 0
+
+
+def _wrong_token(index: int, position: int, item: Any, expected: int) -> BenchFailure:
+    return BenchFailure(
+        f"stream {index}: token #{position} is {item!r}, expected t={expected} "
+        "(lost, duplicated, reordered or misrouted)"
+    )
+
+
+async def read_stream(
+    anchor: StreamAnchor, index: int, streams: int, passes: int, progress: Progress
+) -> None:
+    """One task per anchor: ``async for``, checking every token."""
+    clock = time.perf_counter
+    expected = index
+    count = 0
+    try:
+        async for item in anchor:
+            if item["t"] != expected:
+                raise _wrong_token(index, count, item, expected)
+            count += 1
+            if count == 1:
+                progress.first[index] = clock()
+            if count == passes:
+                progress.last[index] = clock()
+            expected += streams
+    finally:
+        progress.counts[index] = count
+    if count != passes:
+        raise BenchFailure(f"stream {index} ended after {count} of {passes} tokens")
+    progress.ended += 1
+
+
+async def read_round_robin(
+    anchors: Sequence[StreamAnchor], streams: int, passes: int, progress: Progress
+) -> None:
+    """One task for every anchor: ``take_ready()`` on each live anchor in turn."""
+    clock = time.perf_counter
+    counts = progress.counts
+    live = list(range(len(anchors)))
+    while live:
+        still: list[int] = []
+        for index in live:
+            try:
+                items = await anchors[index].take_ready()
+            except StopAsyncIteration:
+                if counts[index] != passes:
+                    raise BenchFailure(
+                        f"stream {index} ended after {counts[index]} of {passes} tokens"
+                    ) from None
+                progress.ended += 1
+                continue
+            count = counts[index]
+            expected = index + count * streams
+            for position, item in enumerate(items, count):
+                if item["t"] != expected:
+                    raise _wrong_token(index, position, item, expected)
+                expected += streams
+            if count == 0:
+                progress.first[index] = clock()
+            count += len(items)
+            counts[index] = count
+            if count == passes:
+                progress.last[index] = clock()
+            elif count > passes:
+                raise BenchFailure(f"stream {index} received {count} of {passes} tokens")
+            still.append(index)
+        live = still
+
+
+def _stall_report(progress: Progress, passes: int, timeout: float) -> str:
+    counts = progress.counts
+    short = [(index, count) for index, count in enumerate(counts) if count != passes]
+    sample = ", ".join(f"#{index}: {count}" for index, count in short[:8])
+    return (
+        f"no end after {timeout:g} s: {sum(counts)} of {len(counts) * passes} tokens, "
+        f"{progress.ended} of {len(counts)} streams ended; {len(short)} streams short "
+        f"of {passes} tokens ({sample}{', ...' if len(short) > 8 else ''})"
+    )
+
+
+async def consumer_main(args: argparse.Namespace) -> int:
+    stdin = await _stdin()
+    credentials = NodeCredentials.load(args.credentials)
+    streams, passes = args.streams, args.passes
+    async with await Node.start(credentials) as node:
+        anchors = [node.create_anchor() for _ in range(streams)]
+        progress = Progress(streams)
+        if args.consumer == "task-per-stream":
+            readers = [
+                asyncio.create_task(read_stream(anchor, index, streams, passes, progress))
+                for index, anchor in enumerate(anchors)
+            ]
+        else:
+            readers = [asyncio.create_task(read_round_robin(anchors, streams, passes, progress))]
+        handoff = {
+            "instance_id": str(node.instance_id),
+            "address": list(node.address),
+            "handles": [anchor.handle.to_wire() for anchor in anchors],
+        }
+        staging = Path(args.handoff).with_suffix(".partial")
+        staging.write_text(json.dumps(handoff))
+        staging.replace(args.handoff)
+        _say("ready")
+
+        await _expect_line(stdin, "go")
+        window = Window.open(node)
+        profiler = cProfile.Profile() if args.profile == args.role else None
+        _say("armed", {"at": window.at})
+        if profiler is not None:
+            profiler.enable()
+        try:
+            async with asyncio.timeout(args.timeout):
+                await asyncio.gather(*readers)
+        except TimeoutError:
+            raise BenchFailure(_stall_report(progress, passes, args.timeout)) from None
+        finally:
+            for reader in readers:
+                reader.cancel()
+            await asyncio.gather(*readers, return_exceptions=True)
+        ended_at = time.perf_counter()
+        if profiler is not None:
+            profiler.disable()
+        deltas = window.close(node)
+        _profile_report(profiler, "consumer")
+        _say(
+            "result",
+            {
+                "tokens": sum(progress.counts),
+                "streams_ended": progress.ended,
+                "armed_at": window.at,
+                "first_token_at": min(progress.first),
+                "last_token_at": max(progress.last),
+                "ended_at": ended_at,
+                **deltas,
+                **_environment(),
+            },
+        )
+        await _expect_line(stdin, "exit")
+    return 0
+
+
+# -- the producer (engine) ---------------------------------------------------------------
+
+
+async def producer_main(args: argparse.Namespace) -> int:
+    stdin = await _stdin()
+    credentials = NodeCredentials.load(args.credentials)
+    handoff = json.loads(Path(args.handoff).read_text())
+    streams, passes = args.streams, args.passes
+    delay = args.pass_delay_ms / 1000.0
+    async with await Node.start(credentials) as node:
+        host, port = handoff["address"]
+        node.add_peer(InstanceId.parse(handoff["instance_id"]), (host, int(port)))
+        handles = [StreamAnchorHandle.from_wire(wire) for wire in handoff["handles"]]
+        if len(handles) != streams:
+            raise BenchFailure(f"the consumer handed over {len(handles)} handles, not {streams}")
+        started = time.perf_counter()
+        senders: list[StreamSender] = await asyncio.gather(
+            *(node.attach_anchor(handle) for handle in handles)
+        )
+        attach_s = time.perf_counter() - started
+        transports = sorted({str(sender.negotiated_transport()) for sender in senders})
+        if transports != [PER_STREAM_KEY]:
+            raise BenchFailure(f"attached over {transports}, not only {PER_STREAM_KEY}")
+        _say("attached", {"attach_s": attach_s, "transports": transports})
+
+        await _expect_line(stdin, "go")
+        window = Window.open(node)
+        profiler = cProfile.Profile() if args.profile == args.role else None
+        if profiler is not None:
+            profiler.enable()
+        step = (0, 0)
+        try:
+            async with asyncio.timeout(args.timeout):
+                for pass_ in range(passes):
+                    base = pass_ * streams
+                    for index, sender in enumerate(senders):
+                        step = (pass_, index)
+                        await sender.send(token_item(base + index))
+                    node.flush_batch()
+                    await asyncio.sleep(delay)
+                passes_done_at = time.perf_counter()
+                retired = await asyncio.gather(*(sender.finalize() for sender in senders))
+                retired_at = time.perf_counter()
+        except TimeoutError:
+            raise BenchFailure(
+                f"the producer made no progress for {args.timeout:g} s: pass {step[0]}, "
+                f"stream {step[1]} (or, after the last pass, waiting for retirements)"
+            ) from None
+        outcomes = sorted({outcome.value for outcome in retired})
+        if outcomes != [Retired.SENT.value]:
+            raise BenchFailure(f"streams retired as {outcomes}, expected only 'sent'")
+        await _expect_line(stdin, "done")  # the consumer has every token
+        if profiler is not None:
+            profiler.disable()
+        deltas = window.close(node)
+        _profile_report(profiler, "producer")
+        _say(
+            "result",
+            {
+                "attach_s": attach_s,
+                "first_send_at": window.at,
+                "passes_done_at": passes_done_at,
+                "retired_at": retired_at,
+                **deltas,
+                **_environment(),
+            },
+        )
+        await _expect_line(stdin, "exit")
+    return 0
+
+
+# -- the orchestrator --------------------------------------------------------------------
+
+
+class Child:
+    """A consumer or producer process: a line protocol on its stdin and stdout."""
+
+    def __init__(self, name: str, process: asyncio.subprocess.Process) -> None:
+        self.name = name
+        self.process = process
+
+    @classmethod
+    async def spawn(cls, name: str, arguments: list[str]) -> Child:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            str(Path(__file__).resolve()),
+            *arguments,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        return cls(name, process)
+
+    def send(self, word: str) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(word.encode() + b"\n")
+
+    async def expect(self, word: str) -> dict[str, Any]:
+        assert self.process.stdout is not None
+        line = (await self.process.stdout.readline()).decode().strip()
+        if not line:
+            code = await self.process.wait()
+            raise BenchFailure(
+                f"the {self.name} exited with code {code} before {word!r} (its stderr is above)"
+            )
+        said, _, payload = line.partition(" ")
+        if said != word:
+            raise BenchFailure(f"the {self.name} said {line[:200]!r}, expected {word!r}")
+        result: dict[str, Any] = json.loads(payload) if payload else {}
+        return result
+
+    async def finish(self, timeout: float) -> int:
+        """Wait for a clean exit; kill it if it does not come."""
+        try:
+            return await asyncio.wait_for(self.process.wait(), timeout)
+        except TimeoutError:
+            self.kill()
+            await self.process.wait()
+            raise BenchFailure(f"the {self.name} did not exit within {timeout:g} s") from None
+
+    def kill(self) -> None:
+        if self.process.returncode is None:
+            self.process.kill()
+
+
+async def _watched(
+    awaitable: Awaitable[T], others: Sequence[Child], what: str, timeout: float
+) -> T:
+    """Await ``awaitable``; fail if it takes ``timeout`` or another child dies meanwhile."""
+    main = asyncio.ensure_future(awaitable)
+    deaths = {asyncio.ensure_future(child.process.wait()): child for child in others}
+    try:
+        done, _ = await asyncio.wait(
+            {main, *deaths}, timeout=timeout, return_when="FIRST_COMPLETED"
+        )
+        if main in done:
+            return main.result()
+        if not done:
+            raise BenchFailure(f"{what}: nothing after {timeout:g} s")
+        child = deaths[next(iter(done))]
+        raise BenchFailure(
+            f"{what}: the {child.name} exited with code {child.process.returncode} meanwhile "
+            "(its stderr is above)"
+        )
+    finally:
+        for task in (main, *deaths):
+            task.cancel()
+        await asyncio.gather(main, *deaths, return_exceptions=True)
+
+
+def _child_arguments(
+    args: argparse.Namespace, role: str, credentials: Path, handoff: Path
+) -> list[str]:
+    arguments = [
+        "--role", role,
+        "--credentials", str(credentials),
+        "--handoff", str(handoff),
+        "--streams", str(args.streams),
+        "--passes", str(args.passes),
+        "--consumer", args.consumer,
+        "--pass-delay-ms", str(args.pass_delay_ms),
+        "--timeout", str(args.timeout),
+    ]  # fmt: skip
+    if args.profile == role:
+        arguments += ["--profile", role]
+    return arguments
+
+
+async def one_run(
+    args: argparse.Namespace, nodes: dict[str, Path], workdir: Path, number: int
+) -> dict[str, Any]:
+    handoff = workdir / f"handoff-{number}.json"
+    timeout = args.timeout
+    children: list[Child] = []
+    try:
+        consumer = await Child.spawn(
+            "consumer", _child_arguments(args, "consumer", nodes["frontend"], handoff)
+        )
+        children.append(consumer)
+        await _watched(consumer.expect("ready"), [], "starting the consumer", timeout)
+        producer = await Child.spawn(
+            "producer", _child_arguments(args, "producer", nodes["engine"], handoff)
+        )
+        children.append(producer)
+        attached = await _watched(producer.expect("attached"), [consumer], "attaching", timeout)
+        consumer.send("go")
+        await _watched(consumer.expect("armed"), [producer], "arming the consumer", timeout)
+        producer.send("go")
+        # Generous: each child enforces ``timeout`` itself and explains what is stuck.
+        received = await _watched(consumer.expect("result"), [producer], "streaming", 2 * timeout)
+        producer.send("done")
+        sent = await _watched(producer.expect("result"), [consumer], "producer report", timeout)
+        for child in (producer, consumer):
+            child.send("exit")
+            code = await child.finish(timeout)
+            if code != 0:
+                raise BenchFailure(f"the {child.name} exited with code {code} after its report")
+    finally:
+        for child in children:
+            child.kill()
+        for child in children:
+            await child.process.wait()
+        handoff.unlink(missing_ok=True)
+    return _summarise(args, attached, sent, received)
+
+
+def _summarise(
+    args: argparse.Namespace,
+    attached: dict[str, Any],
+    sent: dict[str, Any],
+    received: dict[str, Any],
+) -> dict[str, Any]:
+    expected = args.streams * args.passes
+    tokens = int(received["tokens"])
+    if tokens != expected or received["streams_ended"] != args.streams:
+        raise BenchFailure(f"{tokens} tokens delivered, expected {expected}")
+    shared_clock = "CLOCK_MONOTONIC" in sent["clock"] and "CLOCK_MONOTONIC" in received["clock"]
+    start = sent["first_send_at"] if shared_clock else received["armed_at"]
+    e2e = received["last_token_at"] - start
+    produced, consumed = sent["counters"], received["counters"]
+    cpu_p = sent["cpu_user_s"] + sent["cpu_sys_s"]
+    cpu_c = received["cpu_user_s"] + received["cpu_sys_s"]
+    return {
+        "tokens": tokens,
+        "attach_s": attached["attach_s"],
+        "send_s": sent["passes_done_at"] - sent["first_send_at"],
+        "retire_s": sent["retired_at"] - sent["first_send_at"],
+        "read_s": received["last_token_at"] - received["first_token_at"],
+        "e2e_s": e2e,
+        "e2e_shared_clock": shared_clock,
+        "tokens_per_s": tokens / e2e,
+        "producer_cpu_s": cpu_p,
+        "producer_cpu_user_s": sent["cpu_user_s"],
+        "producer_cpu_sys_s": sent["cpu_sys_s"],
+        "producer_cpu_us_per_token": 1e6 * cpu_p / tokens,
+        "consumer_cpu_s": cpu_c,
+        "consumer_cpu_user_s": received["cpu_user_s"],
+        "consumer_cpu_sys_s": received["cpu_sys_s"],
+        "consumer_cpu_us_per_token": 1e6 * cpu_c / tokens,
+        "producer_frames_written": produced["frames_written"],
+        "producer_frames_per_token": produced["frames_written"] / tokens,
+        "producer_heartbeats_sent": produced["heartbeats_sent"],
+        "producer_send_waits": produced["send_waits"],
+        "producer_datagrams_out": produced["datagrams_out"],
+        "producer_datagrams_in": produced["datagrams_in"],
+        "producer_datagrams_out_per_token": produced["datagrams_out"] / tokens,
+        "producer_datagrams_in_per_token": produced["datagrams_in"] / tokens,
+        "consumer_frames_received": consumed["frames_received"],
+        "consumer_datagrams_in": consumed["datagrams_in"],
+        "consumer_datagrams_out": consumed["datagrams_out"],
+        "producer_loop": sent["loop"],
+        "consumer_loop": received["loop"],
+    }
+
+
+COLUMNS: list[tuple[str, str, Callable[[float], str]]] = [
+    ("attach_s", "attach s", "{:.2f}".format),
+    ("send_s", "send s", "{:.2f}".format),
+    ("retire_s", "retire s", "{:.2f}".format),
+    ("read_s", "read s", "{:.2f}".format),
+    ("e2e_s", "e2e s", "{:.2f}".format),
+    ("tokens_per_s", "tokens/s", "{:,.0f}".format),
+    ("producer_cpu_s", "prod CPU s", "{:.2f}".format),
+    ("producer_cpu_us_per_token", "prod µs/tok", "{:.1f}".format),
+    ("consumer_cpu_s", "cons CPU s", "{:.2f}".format),
+    ("consumer_cpu_us_per_token", "cons µs/tok", "{:.1f}".format),
+    ("producer_datagrams_out_per_token", "prod dgram out/tok", "{:.3f}".format),
+    ("producer_datagrams_in_per_token", "prod dgram in/tok", "{:.3f}".format),
+    ("producer_frames_per_token", "frames/tok", "{:.3f}".format),
+]
+
+
+def _median(runs: list[dict[str, Any]]) -> dict[str, float]:
+    return {
+        key: statistics.median(float(run[key]) for run in runs)
+        for key, value in runs[0].items()
+        if isinstance(value, (int, float)) and not isinstance(value, bool)
+    }
+
+
+def _table(runs: list[dict[str, Any]], median: dict[str, float]) -> str:
+    header = ["run", "tokens", *(title for _, title, _ in COLUMNS)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---:|" * len(header)]
+    rows: list[tuple[str, dict[str, Any]]] = [(str(i + 1), run) for i, run in enumerate(runs)]
+    if len(runs) > 1:
+        rows.append(("median", median))
+    for label, row in rows:
+        cells = [label, f"{int(row['tokens']):,}", *(fmt(row[key]) for key, _, fmt in COLUMNS)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _package_version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+async def orchestrate(args: argparse.Namespace) -> int:
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="perstream-bench-") as tmp:
+        workdir = Path(tmp)
+        nodes = ensure_dev_cluster(workdir, ("engine", "frontend"))
+        for number in range(args.runs):
+            result = await one_run(args, nodes, workdir, number)
+            runs.append(result)
+            print(
+                f"run {number + 1}/{args.runs}: {result['tokens']:,} tokens, "
+                f"{result['tokens_per_s']:,.0f} tokens/s",
+                file=sys.stderr,
+                flush=True,
+            )
+    median = _median(runs)
+    config = {
+        "streams": args.streams,
+        "passes": args.passes,
+        "consumer": args.consumer,
+        "pass_delay_ms": args.pass_delay_ms,
+        "runs": args.runs,
+        "token_bytes": TOKEN_BYTES,
+        "transport": PER_STREAM_KEY,
+        "profiled": args.profile,
+    }
+    environment = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "loop": runs[0]["producer_loop"],
+        "aioquic": _package_version("aioquic"),
+        "velomux_quic": _package_version("velomux_quic"),
+    }
+    print(
+        f"per-stream QUIC ({PER_STREAM_KEY}), {args.streams:,} streams x {args.passes} passes "
+        f"of one {TOKEN_BYTES}-byte token, consumer {args.consumer}, pass delay "
+        f"{args.pass_delay_ms:g} ms, {environment['loop']}, {environment['cpus']} CPUs, "
+        f"Python {environment['python']}"
+        + (f"; {args.profile} under cProfile" if args.profile else "")
+    )
+    print()
+    print(_table(runs, median))
+    if not all(run["e2e_shared_clock"] for run in runs):
+        print("\ne2e measured from the consumer's arming: perf_counter is not shared here")
+    if args.json is not None:
+        document = {
+            "benchmark": "perstream",
+            "config": config,
+            "environment": environment,
+            "runs": runs,
+            "median": median,
+        }
+        args.json.write_text(json.dumps(document, indent=2) + "\n")
+    return 0
+
+
+def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
+    doc = __doc__ or ""
+    parser = argparse.ArgumentParser(
+        description=doc.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--streams", type=int, default=1024, help="anchors (default 1,024)")
+    parser.add_argument("--passes", type=int, default=100, help="forward passes (default 100)")
+    parser.add_argument(
+        "--consumer",
+        choices=("task-per-stream", "single-task"),
+        default="task-per-stream",
+        help="how the frontend reads its anchors (default task-per-stream)",
+    )
+    parser.add_argument(
+        "--pass-delay-ms",
+        type=float,
+        default=0.0,
+        help="pause between passes; 0 (default) runs at full rate, yielding once per pass",
+    )
+    parser.add_argument("--runs", type=int, default=3, help="runs in fresh processes (default 3)")
+    parser.add_argument(
+        "--short",
+        action="store_true",
+        help=f"{SHORT['streams']} streams, {SHORT['passes']} passes, {SHORT['runs']} run",
+    )
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument(
+        "--timeout", type=float, default=120.0, help="longest wait for any one step (s)"
+    )
+    parser.add_argument(
+        "--profile",
+        choices=("producer", "consumer"),
+        help="run that side's measured window under cProfile, top functions on stderr",
+    )
+    # The children's own arguments (the benchmark starts them with these).
+    parser.add_argument("--role", choices=("consumer", "producer"), help=argparse.SUPPRESS)
+    parser.add_argument("--credentials", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--handoff", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.role is not None:
+        return args
+    if args.short:
+        args.streams, args.passes, args.runs = SHORT["streams"], SHORT["passes"], SHORT["runs"]
+    if args.streams < 1 or args.passes < 1 or args.runs < 1:
+        parser.error("--streams, --passes and --runs must be at least 1")
+    if args.streams * args.passes > _UINT_LIMITS[-1]:
+        parser.error("streams x passes must fit a u32 token id")
+    if args.pass_delay_ms < 0 or args.timeout <= 0:
+        parser.error("--pass-delay-ms must be >= 0 and --timeout > 0")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_arguments(argv)
+    try:
+        if args.role == "consumer":
+            return run(consumer_main(args))
+        if args.role == "producer":
+            return run(producer_main(args))
+        return asyncio.run(orchestrate(args))
+    except BenchFailure as exc:
+        who = f"{args.role}: " if args.role else ""
+        print(f"perstream_bench FAILED: {who}{exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
