@@ -1,0 +1,116 @@
+"""MuxConfig and the flush policies, with the defaults the design chapter sets.
+
+``AutoFlush`` is a struct rather than more policy variants because its conditions compose:
+a batcher can write at the end of every wake (``on_admission``), and/or after a linger
+window (``max_linger``) ended early when every live slot already has a record in the batch
+(``on_complete``) or when the batch reached about a segment (``at_bytes``). ``Manual``
+writes only when the application calls ``flush_batch()`` (and a pending credit reply after
+``reply_linger``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+__all__ = [
+    "DISABLE_ENV",
+    "AutoFlush",
+    "FlushPolicy",
+    "Manual",
+    "MuxConfig",
+    "mux_disabled_by_env",
+]
+
+KiB = 1024
+MiB = 1024 * KiB
+
+DISABLE_ENV = "VELO_MESSENGER_MUX_DISABLE"
+_TRUE = frozenset({"1", "true", "yes", "on"})
+
+
+def mux_disabled_by_env(environ: dict[str, str] | None = None) -> bool:
+    """``VELO_MESSENGER_MUX_DISABLE`` is read once at node build; only 1/true/yes/on
+    (any case) disable the mux, so a stray value never silently turns it off."""
+    value = (environ if environ is not None else os.environ).get(DISABLE_ENV, "")
+    return value.strip().lower() in _TRUE
+
+
+@dataclass(frozen=True, slots=True)
+class AutoFlush:
+    on_admission: bool = True
+    """Write at the end of every wake, once the transport admitted the previous batch."""
+    max_linger: float | None = None
+    """Hold a batch up to this long after its oldest record (seconds)."""
+    on_complete: bool = False
+    """End the linger when every live slot on the lane already has a data record in it."""
+    at_bytes: int | None = None
+    """End the linger when the batch reaches this many bytes."""
+
+    def __post_init__(self) -> None:
+        if self.max_linger is not None and self.max_linger < 0:
+            raise ValueError("max_linger must be >= 0")
+        if self.at_bytes is not None and self.at_bytes < 1:
+            raise ValueError("at_bytes must be positive")
+        if not self.on_admission and self.max_linger is None:
+            raise ValueError("AutoFlush(on_admission=False) needs a max_linger window")
+
+
+@dataclass(frozen=True, slots=True)
+class Manual:
+    """Only ``flush_batch()`` writes application records (plus every liveness record)."""
+
+
+FlushPolicy = AutoFlush | Manual
+
+
+@dataclass(frozen=True, slots=True)
+class MuxConfig:
+    enabled: bool = True
+    """Install and advertise the mux; False (or the env var) is the rollback."""
+    mux_only: bool = False
+    """Install no per-stream transport: refuse peers that need one."""
+    max_batch_bytes: int = 60 * KiB
+    initial_credit: int = 32
+    """C: data records a slot may have outstanding; its buffer holds C + 1 (terminal reserve)."""
+    slot_byte_budget: int = 1 * MiB
+    peer_byte_budget: int = 8 * MiB
+    credit_sweep_interval: float = 0.2
+    drain_visit_floor: float = 0.002
+    batcher_idle_ttl: float = 60.0
+    reply_linger: float = 0.001
+    async_open_ack: bool = False
+    max_slots_per_table: int = 65_536
+    reject_lane_cap: int = 8_192
+    health_check_interval: float = 5.0
+    health_check_timeout: float = 5.0
+    flush_policy: FlushPolicy = field(default_factory=AutoFlush)
+
+    def __post_init__(self) -> None:
+        if self.initial_credit <= 0:
+            raise ValueError("initial_credit must be positive (0 on the wire means: no mux)")
+        if self.credit_sweep_interval <= 0:
+            raise ValueError("credit_sweep_interval must be positive")
+        if not 0 <= self.drain_visit_floor <= 3600:
+            raise ValueError("drain_visit_floor must be 0 to 3600 s")
+        if self.max_batch_bytes < 29:
+            raise ValueError("max_batch_bytes must hold a header and one empty record (29 B)")
+        if self.slot_byte_budget <= 0 or self.peer_byte_budget <= 0:
+            raise ValueError("byte budgets must be positive")
+        if self.reply_linger < 0 or self.batcher_idle_ttl <= 0:
+            raise ValueError("reply_linger >= 0 and batcher_idle_ttl > 0")
+        if not 1 <= self.max_slots_per_table <= 1 << 24:
+            raise ValueError("max_slots_per_table must be 1 to 2**24 (the u24 slot index)")
+        if self.initial_credit >= 1 << 32 or self.slot_byte_budget >= 1 << 32:
+            raise ValueError("initial_credit and slot_byte_budget travel as u32")
+
+    def effective_enabled(self, environ: dict[str, str] | None = None) -> bool:
+        """Enabled in code and not disabled by the environment. A mux-only node cannot be
+        rolled back this way: it would have no transport at all, so that is an error."""
+        enabled = self.enabled and not mux_disabled_by_env(environ)
+        if not enabled and self.mux_only:
+            raise ValueError(
+                "the mux is disabled (MuxConfig.enabled=False or "
+                f"{DISABLE_ENV}) on a mux-only node; remove mux_only to roll back"
+            )
+        return enabled

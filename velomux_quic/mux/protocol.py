@@ -1,0 +1,694 @@
+"""Wire codec of the messenger mux (sans-IO).
+
+A batch is the payload of one ``_stream_batch`` active message (``_stream_batch.k``
+on lane k). The messenger frames the message, so a batch carries only its own
+header and records::
+
+    batch:   [16 B batch header][record_count x record]
+    header:  [u8 mux_version = 2][u8 flags][u16 record_count][u64 peer_epoch][u32 batch_seq]
+    record:  [u8 record_type][u32 slot][u32 frame_seq][u32 len][len bytes body]
+
+Every multi-byte field is big-endian. The low four bits of ``flags`` carry the
+lane; the high four are written as zero and ignored on receipt, so a later
+sender may use them without breaking this receiver. A lane-0 batch therefore
+writes ``flags = 0``, the byte senders wrote before lanes existed.
+
+Decoding is strict, and all of its refusals are one exception family rooted at
+:class:`ProtocolError`. A batch arrives from a peer, so every length in it is
+hostile until checked: the caller must be able to drop and count a bad batch
+with a single ``except`` and never confuse it with a bug of its own.
+
+Decoding checks everything the wire alone can tell: the version, the record
+count against the bytes present, every record length, the record type, and
+each control body's length and enum value. A batch that decodes is therefore
+well formed throughout, and ingress never meets a half-applied batch. The cost
+of that choice is that one bad record drops the whole batch, including good
+records of other slots in it. That is deliberate: an unknown record type or a
+malformed control body means the sender does not speak this version, and the
+slot ids and sequence numbers beside it are not worth trusting either. The
+batch is dropped and counted by the caller; the slots it touched see a
+``frame_seq`` gap and end through their watchdogs, while every stream in other
+batches continues. Data bodies are opaque here: they are checked where they
+are deserialized.
+
+The hot path (one record per token) follows two rules. Decoding slices record
+bodies out of a single ``memoryview`` of the batch, so a body is never copied
+until the consumer deserializes it. Encoding packs every record into one
+preallocated ``bytearray`` (:class:`BatchBuilder`), so a batch of a thousand
+records costs one final copy instead of a thousand small allocations. Records
+are plain tuples, not objects, for the same reason.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import ClassVar, Final, NoReturn
+
+__all__ = [
+    "BATCH_HANDLER",
+    "BATCH_HEADER",
+    "BATCH_HEADER_SIZE",
+    "COALESCE_THRESHOLD",
+    "MAX_LANES",
+    "MAX_RECORDS",
+    "MESSENGER_MUX_KEY",
+    "MIN_BATCH_CAP",
+    "MUX_VERSION",
+    "RECORD_HEADER",
+    "RECORD_HEADER_SIZE",
+    "BadRecordBody",
+    "BadVersion",
+    "BatchBuilder",
+    "BatchHeader",
+    "BytesLike",
+    "CloseReason",
+    "EncodableRecord",
+    "LifecycleAction",
+    "ProtocolError",
+    "Record",
+    "RecordCountMismatch",
+    "RecordOverrun",
+    "RecordType",
+    "TruncatedBatch",
+    "UnknownRecordType",
+    "batch_cap",
+    "batch_handler",
+    "close_slot_body",
+    "credit_body",
+    "decode_batch",
+    "decode_close_slot",
+    "decode_credit",
+    "decode_header",
+    "decode_lifecycle",
+    "decode_open_slot",
+    "encode_batch",
+    "lifecycle_body",
+    "open_slot_body",
+    "seq_after",
+    "seq_distance",
+    "slot_generation",
+    "slot_id",
+    "slot_index",
+]
+
+# -- constants ------------------------------------------------------------------
+
+MUX_VERSION: Final = 2
+"""The ``mux_version`` byte of every batch; anything else is refused."""
+
+MESSENGER_MUX_KEY: Final = "messenger-mux-v2"
+"""The streaming transport key both sides name when an attach selects the mux."""
+
+BATCH_HEADER: Final = struct.Struct(">BBHQI")
+"""mux_version, flags, record_count, peer_epoch, batch_seq."""
+
+RECORD_HEADER: Final = struct.Struct(">BIII")
+"""record_type, slot, frame_seq, len."""
+
+BATCH_HEADER_SIZE: Final = BATCH_HEADER.size  # 16
+RECORD_HEADER_SIZE: Final = RECORD_HEADER.size  # 13
+
+MAX_RECORDS: Final = 0xFFFF
+"""``record_count`` is a u16, so a batch holds at most this many records."""
+
+MIN_BATCH_CAP: Final = BATCH_HEADER_SIZE + RECORD_HEADER_SIZE  # 29
+"""A batch header plus one empty record. No cap may go below it, so a control
+record (close, credit, heartbeat) always fits an eager batch of its own."""
+
+COALESCE_THRESHOLD: Final = 64 * 1024
+"""The largest frame the coalescing writer packs into one buffered write; a
+bigger batch is written in segments and gives back the syscall saving."""
+
+MAX_LANES: Final = 16
+"""The lane lives in four bits of ``flags``."""
+
+BATCH_HANDLER: Final = "_stream_batch"
+"""The batch handler of lane 0; lane k (1..15) uses ``_stream_batch.k``."""
+
+_LANE_MASK: Final = MAX_LANES - 1
+_U32: Final = 0xFFFF_FFFF
+_U64: Final = 0xFFFF_FFFF_FFFF_FFFF
+_SERIAL_HALF: Final = 1 << 31
+_SERIAL_SPAN: Final = 1 << 32
+
+_pack_header_into: Final = BATCH_HEADER.pack_into
+_unpack_header_from: Final = BATCH_HEADER.unpack_from
+_pack_record_into: Final = RECORD_HEADER.pack_into
+_pack_record: Final = RECORD_HEADER.pack
+_unpack_record_from: Final = RECORD_HEADER.unpack_from
+
+BytesLike = bytes | bytearray | memoryview
+"""What the encoders accept as a body and the decoder as a batch."""
+
+Record = tuple[int, int, int, memoryview]
+"""A decoded record: ``(record_type, slot, frame_seq, body)``.
+
+A tuple rather than an object because a 60 KiB batch holds about a thousand of
+them. ``record_type`` is a plain ``int`` (compare it with :class:`RecordType`
+members); ``body`` is a zero-copy slice of the decoded batch, so it keeps the
+batch's buffer alive and must not outlive a buffer the caller means to reuse.
+"""
+
+EncodableRecord = tuple[int, int, int, BytesLike]
+"""A record to encode: as :data:`Record`, with any bytes-like body."""
+
+
+def batch_handler(lane: int) -> str:
+    """The active-message handler name that carries batches of ``lane``.
+
+    Lane 0 keeps the name from before lanes, so an older peer still reaches it.
+    """
+    if not 0 <= lane < MAX_LANES:
+        raise ValueError(f"lane must be in 0..{MAX_LANES - 1}, got {lane}")
+    return BATCH_HANDLER if lane == 0 else f"{BATCH_HANDLER}.{lane}"
+
+
+def batch_cap(max_batch_bytes: int, eager_budget: int) -> int:
+    """The byte cap of a batch: the smallest of the three clamps, at least :data:`MIN_BATCH_CAP`.
+
+    ``eager_budget`` is the largest payload the messenger carries inline to the
+    peer. A batch above it would become a rendezvous transfer and pay a round
+    trip; one above :data:`COALESCE_THRESHOLD` would lose the coalesced write.
+    The floor keeps control records inline even under a tiny configured cap.
+    """
+    return max(MIN_BATCH_CAP, min(max_batch_bytes, eager_budget, COALESCE_THRESHOLD))
+
+
+# -- enums ----------------------------------------------------------------------
+
+
+class RecordType(IntEnum):
+    """The ``record_type`` byte."""
+
+    DATA = 0
+    OPEN_SLOT = 1
+    CLOSE_SLOT = 2
+    CREDIT_UPDATE = 3
+    SLOT_HEARTBEAT = 4
+    LIFECYCLE_SLOT = 5
+
+
+class CloseReason(IntEnum):
+    """The body of a CloseSlot.
+
+    CloseSlot has no direction bit; the reason carries it. TERMINAL_SENT and
+    PEER_GONE go from the slot owner to the receiver, UNKNOWN_SLOT and
+    PROTOCOL_ERROR the other way, so both sides can hold a slot at the same
+    index and still tell whose slot a close is about.
+    """
+
+    TERMINAL_SENT = 0
+    PEER_GONE = 1
+    UNKNOWN_SLOT = 2
+    PROTOCOL_ERROR = 3
+
+
+class LifecycleAction(IntEnum):
+    """The action byte of a LifecycleSlot: stop leaves the slot open for the
+    remaining output; cancel takes precedence for the same session."""
+
+    STOP = 0
+    CANCEL = 1
+
+
+_DATA: Final = int(RecordType.DATA)
+_CLOSE_SLOT: Final = int(RecordType.CLOSE_SLOT)
+_LIFECYCLE_SLOT: Final = int(RecordType.LIFECYCLE_SLOT)
+
+_CONTROL_BODY_SIZES: Final[dict[int, int]] = {
+    int(RecordType.OPEN_SLOT): 16,
+    int(RecordType.CLOSE_SLOT): 1,
+    int(RecordType.CREDIT_UPDATE): 4,
+    int(RecordType.SLOT_HEARTBEAT): 0,
+    int(RecordType.LIFECYCLE_SLOT): 9,
+}
+"""Body length of every non-Data record type; Data bodies have any length."""
+
+_CLOSE_REASONS: Final = tuple(CloseReason)
+_LIFECYCLE_ACTIONS: Final = tuple(LifecycleAction)
+_MAX_CLOSE_REASON: Final = len(_CLOSE_REASONS) - 1
+_MAX_LIFECYCLE_ACTION: Final = len(_LIFECYCLE_ACTIONS) - 1
+
+
+# -- errors ---------------------------------------------------------------------
+
+
+class ProtocolError(ValueError):
+    """A batch is malformed; drop it whole and count it.
+
+    Every refusal of :func:`decode_batch` and the body decoders is a subclass,
+    and nothing else escapes them for any input bytes. ``header`` is the batch
+    header when it parsed before the fault was found (None otherwise), so the
+    caller can count the dropped records against the right lane and peer epoch.
+    """
+
+    header: BatchHeader | None = None
+
+
+class BadVersion(ProtocolError):
+    """``mux_version`` is not :data:`MUX_VERSION`."""
+
+
+class TruncatedBatch(ProtocolError):
+    """The batch ends inside its header or inside a record header."""
+
+
+class RecordCountMismatch(ProtocolError):
+    """``record_count`` disagrees with the bytes: the batch ends cleanly before
+    that many records, or bytes follow the last counted record."""
+
+
+class RecordOverrun(ProtocolError):
+    """A record's ``len`` runs past the end of the batch."""
+
+
+class UnknownRecordType(ProtocolError):
+    """A record type this version does not define."""
+
+
+class BadRecordBody(ProtocolError):
+    """A control record's body has the wrong length or an unknown enum value."""
+
+
+def _fail(cls: type[ProtocolError], message: str, header: BatchHeader | None) -> NoReturn:
+    exc = cls(message)
+    exc.header = header
+    raise exc
+
+
+# -- slot ids and sequence numbers -----------------------------------------------
+
+
+def slot_id(index: int, generation: int) -> int:
+    """Pack a slot's dense index (u24) and generation (u8) into its u32 wire id.
+
+    The index is in the high bits so raw ids sort by index; the generation makes
+    a stale record for a reused index miss instead of landing in a new stream.
+    """
+    if not 0 <= index <= 0xFF_FFFF:
+        raise ValueError(f"slot index must be a u24, got {index}")
+    if not 0 <= generation <= 0xFF:
+        raise ValueError(f"slot generation must be a u8, got {generation}")
+    return index << 8 | generation
+
+
+def slot_index(slot: int) -> int:
+    """The dense index (bits 31..8) of a u32 slot id."""
+    if not 0 <= slot <= _U32:
+        raise ValueError(f"slot id must be a u32, got {slot}")
+    return slot >> 8
+
+
+def slot_generation(slot: int) -> int:
+    """The generation (bits 7..0) of a u32 slot id."""
+    if not 0 <= slot <= _U32:
+        raise ValueError(f"slot id must be a u32, got {slot}")
+    return slot & 0xFF
+
+
+def _check_serial(value: int) -> None:
+    if not 0 <= value <= _U32:
+        raise ValueError(f"batch_seq must be a u32, got {value}")
+
+
+def seq_distance(a: int, b: int) -> int:
+    """How far ``a`` is ahead of ``b`` in u32 serial arithmetic, in ``[-2**31, 2**31)``.
+
+    ``batch_seq`` wraps, so plain subtraction is wrong across the wrap: the
+    distance from ``2**32 - 1`` to ``0`` is 1, not ``-(2**32 - 1)``. Positive
+    means ``a`` is newer; ``seq_distance(a, b) - 1`` batches were missed when
+    ``a`` follows a high-water mark ``b``.
+    """
+    _check_serial(a)
+    _check_serial(b)
+    return (a - b + _SERIAL_HALF) % _SERIAL_SPAN - _SERIAL_HALF
+
+
+def seq_after(a: int, b: int) -> bool:
+    """True when ``a`` comes after ``b`` under RFC 1982 serial comparison (mod ``2**32``).
+
+    For two values exactly ``2**31`` apart RFC 1982 leaves the order undefined;
+    here neither is after the other, so a gap metered against a high-water mark
+    is never counted for such a pair.
+    """
+    return seq_distance(a, b) > 0
+
+
+# -- record bodies ----------------------------------------------------------------
+
+_OPEN_SLOT: Final = struct.Struct(">QQ")
+_CLOSE: Final = struct.Struct(">B")
+_CREDIT: Final = struct.Struct(">I")
+_LIFECYCLE: Final = struct.Struct(">QB")
+_CLOSE_BODIES: Final[dict[int, bytes]] = {int(r): bytes((r,)) for r in CloseReason}
+
+
+def open_slot_body(anchor_id: int, session_id: int) -> bytes:
+    """``[u64 anchor_id][u64 session_id]``: the attach pair, moved into a record.
+
+    The anchor id is random, so a peer cannot guess a pair it was not given.
+    """
+    try:
+        return _OPEN_SLOT.pack(anchor_id, session_id)
+    except struct.error as exc:
+        raise ValueError(f"anchor_id and session_id must be u64: {exc}") from None
+
+
+def close_slot_body(reason: int) -> bytes:
+    """``[u8 reason]``; ``reason`` must be a :class:`CloseReason` value."""
+    try:
+        return _CLOSE_BODIES[reason]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown close reason {reason!r}") from None
+
+
+def credit_body(delta: int) -> bytes:
+    """``[u32 delta]``: credit returned from the receiver to the sender."""
+    try:
+        return _CREDIT.pack(delta)
+    except struct.error as exc:
+        raise ValueError(f"credit delta must be a u32: {exc}") from None
+
+
+def lifecycle_body(session: int, action: int) -> bytes:
+    """``[u64 session][u8 action]``: stop or cancel, naming the session.
+
+    The session, not the slot id, names the stream, so a delayed signal cannot
+    reach a later stream that reuses the slot after its generation wrapped.
+    """
+    if action not in _LIFECYCLE_ACTIONS:
+        raise ValueError(f"unknown lifecycle action {action!r}")
+    try:
+        return _LIFECYCLE.pack(session, action)
+    except struct.error as exc:
+        raise ValueError(f"session must be a u64 and action an int: {exc}") from None
+
+
+def decode_open_slot(body: BytesLike) -> tuple[int, int]:
+    """``(anchor_id, session_id)`` of an OpenSlot body."""
+    try:
+        anchor_id, session_id = _OPEN_SLOT.unpack(body)
+    except struct.error:
+        _fail(BadRecordBody, f"OpenSlot body of {_nbytes(body)} bytes, expected 16", None)
+    return anchor_id, session_id
+
+
+def decode_close_slot(body: BytesLike) -> CloseReason:
+    """The reason of a CloseSlot body."""
+    try:
+        (value,) = _CLOSE.unpack(body)
+    except struct.error:
+        _fail(BadRecordBody, f"CloseSlot body of {_nbytes(body)} bytes, expected 1", None)
+    if value > _MAX_CLOSE_REASON:
+        _fail(BadRecordBody, f"unknown close reason {value}", None)
+    return _CLOSE_REASONS[int(value)]
+
+
+def decode_credit(body: BytesLike) -> int:
+    """The delta of a CreditUpdate body."""
+    try:
+        (delta,) = _CREDIT.unpack(body)
+    except struct.error:
+        _fail(BadRecordBody, f"CreditUpdate body of {_nbytes(body)} bytes, expected 4", None)
+    return int(delta)
+
+
+def decode_lifecycle(body: BytesLike) -> tuple[int, LifecycleAction]:
+    """``(session, action)`` of a LifecycleSlot body."""
+    try:
+        session, value = _LIFECYCLE.unpack(body)
+    except struct.error:
+        _fail(BadRecordBody, f"LifecycleSlot body of {_nbytes(body)} bytes, expected 9", None)
+    if value > _MAX_LIFECYCLE_ACTION:
+        _fail(BadRecordBody, f"unknown lifecycle action {value}", None)
+    return session, _LIFECYCLE_ACTIONS[value]
+
+
+def _nbytes(body: BytesLike) -> int:
+    # len() of a cast memoryview counts items, not bytes; the wire counts bytes.
+    return body.nbytes if type(body) is memoryview else len(body)
+
+
+def _control_body_error(record_type: int, body: BytesLike) -> str | None:
+    """Why a record of ``record_type`` cannot carry ``body``, or None if it can.
+
+    Shared by both directions so the encoder never writes a batch the decoder
+    would refuse. ``body`` is bytes or a byte-format memoryview.
+    """
+    expected = _CONTROL_BODY_SIZES.get(record_type)
+    if expected is None:
+        return f"unknown record type {record_type}"
+    if len(body) != expected:
+        name = RecordType(record_type).name
+        return f"{name} body of {len(body)} bytes, expected {expected}"
+    if record_type == _CLOSE_SLOT and body[0] > _MAX_CLOSE_REASON:
+        return f"unknown close reason {body[0]}"
+    if record_type == _LIFECYCLE_SLOT and body[8] > _MAX_LIFECYCLE_ACTION:
+        return f"unknown lifecycle action {body[8]}"
+    return None
+
+
+# -- batches ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class BatchHeader:
+    """The fields of a batch header that vary; the version byte is :attr:`version`.
+
+    ``peer_epoch`` changes each time the sender re-establishes its view of the
+    peer, so ingress can discard an old epoch's batches by header alone;
+    ``batch_seq`` advances within an epoch (modulo ``2**32``) to meter gaps.
+    On encode, the written record count is the number of records given, not
+    ``record_count``.
+    """
+
+    version: ClassVar[int] = MUX_VERSION
+
+    lane: int
+    record_count: int
+    peer_epoch: int
+    batch_seq: int
+
+
+def _as_bytes_view(data: BytesLike) -> memoryview:
+    view = memoryview(data)
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    return view
+
+
+def _parse_header(view: memoryview) -> BatchHeader:
+    if len(view) < BATCH_HEADER_SIZE:
+        _fail(
+            TruncatedBatch, f"batch of {len(view)} bytes is shorter than its 16-byte header", None
+        )
+    version, flags, count, epoch, batch_seq = _unpack_header_from(view, 0)
+    if version != MUX_VERSION:
+        _fail(BadVersion, f"mux_version {version}, expected {MUX_VERSION}", None)
+    # The high four bits of flags are reserved: written zero, ignored here.
+    return BatchHeader(flags & _LANE_MASK, count, epoch, batch_seq)
+
+
+def decode_header(data: BytesLike) -> BatchHeader:
+    """The header of a batch, without walking its records.
+
+    Lets ingress refuse a batch for its lane or a stale epoch, and count its
+    records, before paying for the records. Raises :class:`TruncatedBatch` or
+    :class:`BadVersion`.
+    """
+    return _parse_header(_as_bytes_view(data))
+
+
+def decode_batch(data: BytesLike) -> tuple[BatchHeader, list[Record]]:
+    """Parse a whole batch: its header and every record, checked throughout.
+
+    Raises a :class:`ProtocolError` subclass for any malformed input, and
+    nothing else: version, truncation, a count that disagrees with the bytes
+    (too few records or trailing bytes), a length past the end, an unknown
+    record type, or a malformed control body. Bodies are zero-copy slices of
+    ``data``.
+    """
+    view = _as_bytes_view(data)
+    header = _parse_header(view)
+    end = len(view)
+    pos = BATCH_HEADER_SIZE
+    records: list[Record] = []
+    append = records.append
+    unpack_record = _unpack_record_from
+    control_sizes = _CONTROL_BODY_SIZES
+    for _ in range(header.record_count):
+        if pos + RECORD_HEADER_SIZE > end:
+            if pos == end:
+                _fail(
+                    RecordCountMismatch,
+                    f"header counts {header.record_count} records, batch holds {len(records)}",
+                    header,
+                )
+            _fail(TruncatedBatch, f"batch ends inside the header of record {len(records)}", header)
+        record_type, slot, frame_seq, length = unpack_record(view, pos)
+        pos += RECORD_HEADER_SIZE
+        stop = pos + length
+        if stop > end:
+            _fail(
+                RecordOverrun,
+                f"record {len(records)} states {length} body bytes, {end - pos} remain",
+                header,
+            )
+        body = view[pos:stop]
+        if record_type != _DATA:
+            reason = _control_body_error(record_type, body)
+            if reason is not None:
+                cls = UnknownRecordType if record_type not in control_sizes else BadRecordBody
+                _fail(cls, f"record {len(records)}: {reason}", header)
+        append((record_type, slot, frame_seq, body))
+        pos = stop
+    if pos != end:
+        _fail(
+            RecordCountMismatch,
+            f"{end - pos} bytes follow the {header.record_count} counted records",
+            header,
+        )
+    return header, records
+
+
+def _check_lane(lane: int) -> None:
+    if not 0 <= lane < MAX_LANES:
+        raise ValueError(f"lane must be in 0..{MAX_LANES - 1}, got {lane}")
+
+
+def _check_record(record_type: int, body: BytesLike) -> int:
+    """Validate a record to encode and return its body length in bytes."""
+    if type(body) is memoryview and (body.format != "B" or body.ndim != 1):
+        body = body.cast("B")
+    if record_type != _DATA:
+        reason = _control_body_error(record_type, body)
+        if reason is not None:
+            raise ValueError(reason)
+    length = len(body)
+    if length > _U32:
+        raise ValueError(f"record body of {length} bytes exceeds a u32 length")
+    return length
+
+
+def encode_batch(header: BatchHeader, records: Sequence[EncodableRecord]) -> bytes:
+    """Encode a batch in one call; the reference for :class:`BatchBuilder`.
+
+    The record count written is ``len(records)``. Raises ``ValueError`` for more
+    than :data:`MAX_RECORDS` records, an out-of-range field, an unknown record
+    type, or a control body the decoder would refuse.
+    """
+    count = len(records)
+    if count > MAX_RECORDS:
+        raise ValueError(f"{count} records exceed the {MAX_RECORDS} a batch can count")
+    _check_lane(header.lane)
+    try:
+        parts: list[BytesLike] = [
+            BATCH_HEADER.pack(MUX_VERSION, header.lane, count, header.peer_epoch, header.batch_seq)
+        ]
+        append = parts.append
+        for record_type, slot, frame_seq, body in records:
+            append(_pack_record(record_type, slot, frame_seq, _check_record(record_type, body)))
+            append(body)
+    except struct.error as exc:
+        raise ValueError(f"field out of range: {exc}") from None
+    return b"".join(parts)
+
+
+class BatchBuilder:
+    """Packs records into one reusable buffer: the egress hot path.
+
+    The batch header's space is reserved up front, each :meth:`add` packs a
+    record header with ``struct.pack_into`` and copies the body straight after
+    it, and :meth:`finish` writes the header and returns the batch with a single
+    copy. :meth:`reset` empties the builder and keeps the buffer, so a batcher
+    allocates it once.
+
+    ``cap`` is the batch byte cap (see :func:`batch_cap`). :meth:`fits` is the
+    batcher's question "does one more record go in this batch?", answered against
+    ``cap`` and :data:`MAX_RECORDS`. :meth:`add` itself enforces only the record
+    count: a single record larger than the cap is legal, alone in its own batch
+    (it travels by rendezvous), so the buffer grows for it and shrinks back on
+    :meth:`reset`.
+    """
+
+    __slots__ = ("_buf", "_cap", "_count", "_size")
+
+    def __init__(self, cap: int) -> None:
+        if cap < MIN_BATCH_CAP:
+            raise ValueError(f"batch cap {cap} is below the minimum of {MIN_BATCH_CAP} bytes")
+        self._cap = cap
+        self._buf = bytearray(cap)
+        self._size = BATCH_HEADER_SIZE
+        self._count = 0
+
+    @property
+    def cap(self) -> int:
+        """The byte cap :meth:`fits` checks against, header included."""
+        return self._cap
+
+    @property
+    def size(self) -> int:
+        """Bytes the batch holds so far, its 16-byte header included."""
+        return self._size
+
+    @property
+    def count(self) -> int:
+        """Records added since the last :meth:`reset`."""
+        return self._count
+
+    def fits(self, body_len: int) -> bool:
+        """Whether a record with a body of ``body_len`` bytes keeps the batch within its caps."""
+        return self._size + RECORD_HEADER_SIZE + body_len <= self._cap and self._count < MAX_RECORDS
+
+    def add(self, record_type: int, slot: int, frame_seq: int, body: BytesLike) -> None:
+        """Append one record.
+
+        Raises ``ValueError`` when the batch already holds :data:`MAX_RECORDS`
+        records, for an out-of-range field or unknown record type, or for a
+        control body the decoder would refuse; the batch is then unchanged.
+        """
+        if self._count >= MAX_RECORDS:
+            raise ValueError(f"a batch holds at most {MAX_RECORDS} records")
+        if record_type != _DATA or type(body) is memoryview:
+            length = _check_record(record_type, body)
+        else:
+            length = len(body)
+        start = self._size
+        body_start = start + RECORD_HEADER_SIZE
+        stop = body_start + length
+        buf = self._buf
+        if stop > len(buf):
+            buf.extend(bytes(max(stop, 2 * len(buf)) - len(buf)))
+        try:
+            _pack_record_into(buf, start, record_type, slot, frame_seq, length)
+        except struct.error as exc:
+            raise ValueError(f"field out of range: {exc}") from None
+        buf[body_start:stop] = body
+        self._size = stop
+        self._count += 1
+
+    def finish(self, lane: int, peer_epoch: int, batch_seq: int) -> bytes:
+        """Write the header and return the batch as ``bytes``.
+
+        The builder keeps its records until :meth:`reset`, so ``size`` and
+        ``count`` stay readable for metrics after the batch is handed off.
+        """
+        _check_lane(lane)
+        buf = self._buf
+        try:
+            _pack_header_into(buf, 0, MUX_VERSION, lane, self._count, peer_epoch, batch_seq)
+        except struct.error as exc:
+            raise ValueError(f"field out of range: {exc}") from None
+        with memoryview(buf) as view:
+            return view[: self._size].tobytes()
+
+    def reset(self) -> None:
+        """Empty the builder for the next batch, keeping (and trimming) its buffer."""
+        self._size = BATCH_HEADER_SIZE
+        self._count = 0
+        if len(self._buf) > self._cap:
+            # A rendezvous singleton grew the buffer; do not keep it at that size.
+            del self._buf[self._cap :]
