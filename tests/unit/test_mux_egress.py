@@ -23,7 +23,7 @@ def batcher(**config: object) -> EgressBatcher:
 
 
 def records(batch: OutgoingBatch) -> list[tuple[int, int, int, bytes]]:
-    header, recs = decode_batch(batch.payload)
+    _, recs = decode_batch(batch.payload)
     return [(t, s, q, bytes(b)) for t, s, q, b in recs]
 
 
@@ -44,7 +44,7 @@ def test_open_slot_goes_in_a_flush_of_its_own_before_any_data() -> None:
     b.offer(slot, TOKEN, now=0.0)
     out = b.poll(0.0)
     assert [types(x) for x in out] == [[RecordType.OPEN_SLOT], [RecordType.DATA]]
-    ((kind, sid, seq, body),) = records(out[0])
+    ((_, sid, seq, body),) = records(out[0])
     assert (sid, seq) == (slot.slot_id, 0) and body == (7).to_bytes(8, "big") + (9).to_bytes(
         8, "big"
     )
@@ -152,9 +152,7 @@ def test_linger_window_holds_until_the_oldest_record_is_w_old() -> None:
     assert types(batch) == [RecordType.DATA]
 
 
-def test_on_complete_writes_when_every_live_slot_has_a_record_but_not_before_a_window_after_data() -> (
-    None
-):
+def test_on_complete_writes_a_complete_batch_but_not_within_a_window_of_the_last_data() -> None:
     policy = AutoFlush(on_admission=False, max_linger=0.010, on_complete=True)
     b = batcher(flush_policy=policy)
     a, c = opened(b, 2)

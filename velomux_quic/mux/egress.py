@@ -70,9 +70,9 @@ class EgressStats:
         "control_refused",
         "credit_exhausted",
         "epoch_deaths",
-        "records_sent",
-        "records_per_batch",
         "record_types",
+        "records_per_batch",
+        "records_sent",
     )
 
     def __init__(self) -> None:
@@ -348,9 +348,13 @@ class EgressBatcher:
         if self._reply_since is not None:
             deadlines.append(self._reply_since + self.config.reply_linger)
         policy = self.policy
-        if isinstance(policy, AutoFlush) and policy.max_linger is not None and self._ready:
-            if self._staged_since is not None:
-                deadlines.append(self._staged_since + policy.max_linger)
+        if (
+            isinstance(policy, AutoFlush)
+            and policy.max_linger is not None
+            and self._ready
+            and self._staged_since is not None
+        ):
+            deadlines.append(self._staged_since + policy.max_linger)
         return min(deadlines) if deadlines else None
 
     def _should_write(self, now: float) -> bool:
