@@ -33,10 +33,11 @@ are deserialized.
 
 The hot path (one record per token) follows two rules. Decoding slices record
 bodies out of a single ``memoryview`` of the batch, so a body is never copied
-until the consumer deserializes it. Encoding packs every record into one
-preallocated ``bytearray`` (:class:`BatchBuilder`), so a batch of a thousand
-records costs one final copy instead of a thousand small allocations. Records
-are plain tuples, not objects, for the same reason.
+until the consumer deserializes it. Encoding appends every record to one
+reusable ``bytearray`` (:class:`BatchBuilder`) and writes the header in place
+at the end, so a batch of a thousand records keeps no per-record objects alive
+and leaves the builder as one copy. Records are plain tuples, not objects, for
+the same reason.
 """
 
 from __future__ import annotations
@@ -130,13 +131,11 @@ BATCH_HANDLER: Final = "_stream_batch"
 
 _LANE_MASK: Final = MAX_LANES - 1
 _U32: Final = 0xFFFF_FFFF
-_U64: Final = 0xFFFF_FFFF_FFFF_FFFF
 _SERIAL_HALF: Final = 1 << 31
 _SERIAL_SPAN: Final = 1 << 32
 
 _pack_header_into: Final = BATCH_HEADER.pack_into
 _unpack_header_from: Final = BATCH_HEADER.unpack_from
-_pack_record_into: Final = RECORD_HEADER.pack_into
 _pack_record: Final = RECORD_HEADER.pack
 _unpack_record_from: Final = RECORD_HEADER.unpack_from
 
@@ -598,30 +597,33 @@ def encode_batch(header: BatchHeader, records: Sequence[EncodableRecord]) -> byt
 
 
 class BatchBuilder:
-    """Packs records into one reusable buffer: the egress hot path.
+    """Packs records into one reusable ``bytearray``: the egress hot path.
 
-    The batch header's space is reserved up front, each :meth:`add` packs a
-    record header with ``struct.pack_into`` and copies the body straight after
-    it, and :meth:`finish` writes the header and returns the batch with a single
-    copy. :meth:`reset` empties the builder and keeps the buffer, so a batcher
-    allocates it once.
+    The batch header's 16 bytes are reserved up front, each :meth:`add` appends
+    a record header and its body, and :meth:`finish` writes the header in place
+    with ``struct.pack_into`` and returns the batch with a single copy.
+    :meth:`reset` empties the builder for the next batch; a batcher keeps one
+    builder for its whole life.
 
-    ``cap`` is the batch byte cap (see :func:`batch_cap`). :meth:`fits` is the
-    batcher's question "does one more record go in this batch?", answered against
-    ``cap`` and :data:`MAX_RECORDS`. :meth:`add` itself enforces only the record
-    count: a single record larger than the cap is legal, alone in its own batch
-    (it travels by rendezvous), so the buffer grows for it and shrinks back on
-    :meth:`reset`.
+    Records are appended rather than packed at an offset into a buffer sized
+    to the cap: in CPython, copying a body to an offset of an existing buffer
+    goes through generic slice assignment and costs about twice as much per
+    record as appending it (see ``perf/mux_codec_bench.py``).
+
+    ``cap`` is the batch byte cap, header included (see :func:`batch_cap`).
+    :meth:`fits` is the batcher's question "does one more record go in this
+    batch?", answered against ``cap`` and :data:`MAX_RECORDS`. :meth:`add`
+    itself enforces only the record count: a single record larger than the cap
+    is legal alone in its own batch (it travels by rendezvous).
     """
 
-    __slots__ = ("_buf", "_cap", "_count", "_size")
+    __slots__ = ("_buf", "_cap", "_count")
 
     def __init__(self, cap: int) -> None:
         if cap < MIN_BATCH_CAP:
             raise ValueError(f"batch cap {cap} is below the minimum of {MIN_BATCH_CAP} bytes")
         self._cap = cap
-        self._buf = bytearray(cap)
-        self._size = BATCH_HEADER_SIZE
+        self._buf = bytearray(BATCH_HEADER_SIZE)
         self._count = 0
 
     @property
@@ -632,7 +634,7 @@ class BatchBuilder:
     @property
     def size(self) -> int:
         """Bytes the batch holds so far, its 16-byte header included."""
-        return self._size
+        return len(self._buf)
 
     @property
     def count(self) -> int:
@@ -641,14 +643,17 @@ class BatchBuilder:
 
     def fits(self, body_len: int) -> bool:
         """Whether a record with a body of ``body_len`` bytes keeps the batch within its caps."""
-        return self._size + RECORD_HEADER_SIZE + body_len <= self._cap and self._count < MAX_RECORDS
+        return len(self._buf) + RECORD_HEADER_SIZE + body_len <= self._cap and (
+            self._count < MAX_RECORDS
+        )
 
     def add(self, record_type: int, slot: int, frame_seq: int, body: BytesLike) -> None:
         """Append one record.
 
         Raises ``ValueError`` when the batch already holds :data:`MAX_RECORDS`
         records, for an out-of-range field or unknown record type, or for a
-        control body the decoder would refuse; the batch is then unchanged.
+        control body the decoder would refuse. A failed add leaves the batch
+        as it was.
         """
         if self._count >= MAX_RECORDS:
             raise ValueError(f"a batch holds at most {MAX_RECORDS} records")
@@ -656,18 +661,18 @@ class BatchBuilder:
             length = _check_record(record_type, body)
         else:
             length = len(body)
-        start = self._size
-        body_start = start + RECORD_HEADER_SIZE
-        stop = body_start + length
-        buf = self._buf
-        if stop > len(buf):
-            buf.extend(bytes(max(stop, 2 * len(buf)) - len(buf)))
         try:
-            _pack_record_into(buf, start, record_type, slot, frame_seq, length)
+            record_header = _pack_record(record_type, slot, frame_seq, length)
         except struct.error as exc:
             raise ValueError(f"field out of range: {exc}") from None
-        buf[body_start:stop] = body
-        self._size = stop
+        buf = self._buf
+        start = len(buf)
+        try:
+            buf += record_header
+            buf += body
+        except BaseException:
+            del buf[start:]
+            raise
         self._count += 1
 
     def finish(self, lane: int, peer_epoch: int, batch_seq: int) -> bytes:
@@ -682,13 +687,9 @@ class BatchBuilder:
             _pack_header_into(buf, 0, MUX_VERSION, lane, self._count, peer_epoch, batch_seq)
         except struct.error as exc:
             raise ValueError(f"field out of range: {exc}") from None
-        with memoryview(buf) as view:
-            return view[: self._size].tobytes()
+        return bytes(buf)
 
     def reset(self) -> None:
-        """Empty the builder for the next batch, keeping (and trimming) its buffer."""
-        self._size = BATCH_HEADER_SIZE
+        """Empty the builder for the next batch."""
+        del self._buf[BATCH_HEADER_SIZE:]
         self._count = 0
-        if len(self._buf) > self._cap:
-            # A rendezvous singleton grew the buffer; do not keep it at that size.
-            del self._buf[self._cap :]

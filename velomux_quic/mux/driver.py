@@ -1,0 +1,197 @@
+"""The asyncio glue around one EgressBatcher: wake-ups, timers, admission, retirement.
+
+A batcher is woken, never fed: producers and replies change its state synchronously and
+schedule one wake per loop iteration (``call_soon``); the wake polls the batcher and hands
+every batch to the messenger in order. A batch the transport does not admit at once parks
+the batcher until the admission resolves; a refused admission is epoch death. A terminal's
+retirement guard resolves ``Sent`` when the batch carrying it is admitted and ``Discarded``
+if that batch is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from ..ids import InstanceId
+from ..messenger import Messenger, batch_handler_name
+from ..streaming.errors import ChannelClosed
+from ..transport import SendAdmission, TransportError
+from .egress import EgressBatcher, EgressSlot, OutgoingBatch
+from .protocol import CloseReason
+
+__all__ = ["BatcherDriver", "MuxChannel"]
+
+logger = logging.getLogger(__name__)
+
+
+class BatcherDriver:
+    """Drives one (peer, lane) batcher on the event loop."""
+
+    def __init__(self, messenger: Messenger, peer: InstanceId, batcher: EgressBatcher) -> None:
+        self.messenger = messenger
+        self.peer = peer
+        self.batcher = batcher
+        self.handler = batch_handler_name(batcher.lane)
+        self._loop = asyncio.get_running_loop()
+        self._wake: asyncio.Handle | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
+        self._space: dict[int, asyncio.Future[None]] = {}
+        self._pending = 0
+        self.closed = False
+        self.last_activity = self._loop.time()
+
+    def now(self) -> float:
+        return self._loop.time()
+
+    def wake(self) -> None:
+        if self._wake is None and not self.closed:
+            self._wake = self._loop.call_soon(self._run)
+
+    def _run(self) -> None:
+        self._wake = None
+        batcher = self.batcher
+        for batch in batcher.poll(self._loop.time()):
+            self._write(batch)
+        self._release_space()
+        self._arm_timer()
+
+    def _write(self, batch: OutgoingBatch) -> None:
+        self.last_activity = self._loop.time()
+        try:
+            outcome = self.messenger.send_message_on_lane(
+                self.peer, self.batcher.lane, self.handler, batch.payload
+            )
+        except (TransportError, Exception) as exc:
+            logger.warning(
+                "mux batch to %s lane %d not sent: %r", self.peer, self.batcher.lane, exc
+            )
+            self._refused(batch)
+            return
+        if isinstance(outcome, SendAdmission):
+            # Parked until every batch handed over has been admitted: a parked batcher
+            # stops draining its slots, so the producers wait on their byte budgets.
+            self._pending += 1
+            self.batcher.parked = True
+            outcome.on_resolved(lambda admission: self._resolved(admission, batch))
+        else:
+            self._admitted(batch)
+
+    def _resolved(self, admission: SendAdmission, batch: OutgoingBatch) -> None:
+        self._pending -= 1
+        if admission.error is not None:
+            self._refused(batch)
+        else:
+            self._admitted(batch)
+        self.batcher.parked = self._pending > 0
+        self.wake()
+
+    def _admitted(self, batch: OutgoingBatch) -> None:
+        for guard in batch.guards:
+            if isinstance(guard, asyncio.Future) and not guard.done():
+                guard.set_result(True)
+
+    def _refused(self, batch: OutgoingBatch) -> None:
+        """Any failed admission is epoch death: the batch never reached the wire and left a
+        frame_seq gap in every slot it carried, and the mux does not retransmit."""
+        for guard in batch.guards:
+            if isinstance(guard, asyncio.Future) and not guard.done():
+                guard.set_result(False)
+        self.batcher.epoch_death()
+        self._release_space()
+
+    def _arm_timer(self) -> None:
+        deadline = self.batcher.next_deadline()
+        if deadline == self._timer_at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timer_at = deadline
+        if deadline is not None:
+            self._timer = self._loop.call_at(deadline, self._timer_fired)
+
+    def _timer_fired(self) -> None:
+        self._timer = None
+        self._timer_at = None
+        self._run()
+
+    # -- producers waiting on a full slot ------------------------------------------------
+
+    def wait_space(self, slot: EgressSlot) -> asyncio.Future[None]:
+        future = self._space.get(slot.index)
+        if future is None or future.done():
+            future = self._space[slot.index] = self._loop.create_future()
+        return future
+
+    def _release_space(self) -> None:
+        if not self._space:
+            return
+        for index, future in list(self._space.items()):
+            slot = self.batcher._slots[index] if index < len(self.batcher._slots) else None
+            if slot is None or not slot.live or slot.has_room():
+                del self._space[index]
+                if not future.done():
+                    future.set_result(None)
+
+    def close(self) -> None:
+        self.closed = True
+        for handle in (self._wake, self._timer):
+            if handle is not None:
+                handle.cancel()
+        for future in self._space.values():
+            if not future.done():
+                future.set_result(None)
+        self._space.clear()
+
+
+class MuxChannel:
+    """A sender's channel into its mux slot (the ProducerChannel the mux provides)."""
+
+    __slots__ = ("_driver", "_slot", "closed_reason")
+
+    def __init__(self, driver: BatcherDriver, slot: EgressSlot) -> None:
+        self._driver = driver
+        self._slot = slot
+        self.closed_reason: CloseReason | None = None
+
+    @property
+    def slot(self) -> EgressSlot:
+        return self._slot
+
+    @property
+    def closed(self) -> bool:
+        return not self._slot.live or self._slot.terminal_queued
+
+    def try_send(self, body: bytes) -> bool:
+        if self.closed:
+            return False
+        driver = self._driver
+        if not driver.batcher.offer(self._slot, body, driver.now()):
+            return False
+        driver.wake()
+        return True
+
+    async def send(self, body: bytes) -> None:
+        driver = self._driver
+        while True:
+            if self.closed:
+                raise ChannelClosed("the mux slot is closed")
+            if driver.batcher.offer(self._slot, body, driver.now()):
+                driver.wake()
+                return
+            await driver.wait_space(self._slot)  # the slot's byte budget is full
+
+    def send_terminal(self, body: bytes, done: asyncio.Future[bool]) -> None:
+        if self.closed:
+            done.set_result(False)
+            return
+        driver = self._driver
+        driver.batcher.offer_terminal(self._slot, body, driver.now(), guard=done)
+        driver.wake()
+
+    def abort(self) -> None:
+        if self._slot.live and not self._slot.terminal_queued:
+            self._driver.batcher.cancel_slot(self._slot)
+            self._driver.wake()
