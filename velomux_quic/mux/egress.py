@@ -31,6 +31,7 @@ The rules, from the design chapter:
 from __future__ import annotations
 
 import itertools
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,8 +55,12 @@ from .protocol import (
 
 __all__ = ["EgressBatcher", "EgressSlot", "EgressStats", "OutgoingBatch", "SlotsExhausted"]
 
-_EPOCHS = itertools.count(1)
-"""One process-wide epoch counter, so a re-created batcher never reuses an epoch."""
+_EPOCHS = itertools.count(time.time_ns() // 1000)
+"""One process-wide epoch counter, so a re-created batcher never reuses an epoch.
+
+Seeded from the wall clock in microseconds: a producer that restarts keeps its InstanceId
+(it is in its certificate), so its new epochs must be above every epoch its previous
+process used, or the receiver would discard its batches as stale."""
 
 
 class SlotsExhausted(RuntimeError):

@@ -1,0 +1,819 @@
+"""Ingress: one slot table per (peer, lane), applying the peer's batches (sans-IO).
+
+The messenger dispatches one peer's batches on one lane in arrival order, one at a time,
+so :meth:`IngressTable.handle_batch` needs no reorder window: it applies a batch record by
+record, never blocks, and never awaits. A handler that waited would hold the lane, and
+every stream from that peer on it would stall behind one slow consumer; so every record
+either goes into space its credit already reserved, waits in a bounded per-slot hold, or
+is dropped and counted.
+
+What a batch goes through, in order:
+
+1. **Lane.** A batch whose header names another lane belongs to another batcher: its slot
+   ids, epoch and sequence are another table's, so applying any of it could feed or
+   retire the wrong streams. It is dropped whole (``lane_mismatch``) before the epoch is
+   even looked at.
+2. **Epoch.** An older epoch than the table's is discarded by its header
+   (``stale_epoch``). The first batch of a newer epoch first retires every slot of the
+   old one (each that has not delivered a terminal gets ``Dropped``), then applies.
+3. **batch_seq.** Compared modulo 2**32 against a high-water mark, so a lost batch counts
+   once as a gap and an inverted pair is not counted twice.
+4. **Records.** ``frame_seq`` is per slot and is the authority on order: OpenSlot takes
+   the slot's first number, everything the owner sends afterwards (data, heartbeats, its
+   close) takes the next; below the expected number is a duplicate, above it waits in the
+   hold until the gap closes. Replies about this side's own slots (CreditUpdate,
+   LifecycleSlot, CloseSlot UnknownSlot/ProtocolError) carry ``frame_seq`` 0, are not
+   sequenced, and go to :class:`EgressControl`.
+5. **Replies.** The slots the batch delivered into and the slots the consumers drained
+   (the dirty set) are reconciled, and their credit goes to the :class:`ReplySink`.
+
+A slot's failure never touches another slot or the lane: a sender over its credit, a
+hold past its byte budget, or a reader stall closes that slot alone (CloseSlot
+ProtocolError to the sender; ``Dropped`` or a ``TransportError`` to the consumer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from typing import Final, Protocol
+
+from ..streaming.frames import DROPPED, ITEM_PREFIX, encode_transport_error, is_terminal_sentinel
+from .config import MuxConfig
+from .credit import DirtySet, IngressSlot, PeerBudget
+from .protocol import (
+    RECORD_HEADER_SIZE,
+    BatchHeader,
+    CloseReason,
+    LifecycleAction,
+    ProtocolError,
+    Record,
+    RecordType,
+    decode_close_slot,
+    decode_credit,
+    decode_lifecycle,
+    decode_open_slot,
+    seq_distance,
+)
+
+__all__ = [
+    "DROP_REASONS",
+    "BindRegistry",
+    "EgressControl",
+    "InMemoryBindRegistry",
+    "IngressTable",
+    "MuxIngressStats",
+    "RejectLane",
+    "ReplySink",
+]
+
+DROP_REASONS: Final = (
+    "stale_epoch",
+    "generation",
+    "unknown_slot",
+    "closed_slot",
+    "slot_collision",
+    "withheld_overflow",
+    "stale_singleton",
+    "duplicate",
+    "lane_mismatch",
+)
+"""The ``reason`` labels of ``velo_streaming_mux_records_dropped_total``. ``withheld_overflow``
+and ``stale_singleton`` are kept for dashboards; nothing in this module counts them."""
+
+_DATA: Final = int(RecordType.DATA)
+_OPEN_SLOT: Final = int(RecordType.OPEN_SLOT)
+_CLOSE_SLOT: Final = int(RecordType.CLOSE_SLOT)
+_CREDIT_UPDATE: Final = int(RecordType.CREDIT_UPDATE)
+_SLOT_HEARTBEAT: Final = int(RecordType.SLOT_HEARTBEAT)
+_LIFECYCLE_SLOT: Final = int(RecordType.LIFECYCLE_SLOT)
+_TERMINAL_SENT: Final = CloseReason.TERMINAL_SENT
+_PEER_GONE: Final = CloseReason.PEER_GONE
+_UNKNOWN_SLOT: Final = CloseReason.UNKNOWN_SLOT
+_PROTOCOL_ERROR: Final = CloseReason.PROTOCOL_ERROR
+_OWNER_CLOSE_BYTES: Final = frozenset({int(_TERMINAL_SENT), int(_PEER_GONE)})
+_EMPTY: Final = b""
+
+
+# -- metrics ------------------------------------------------------------------------------
+
+
+class MuxIngressStats:
+    """Plain integer counters of the ingress side (exported at scrape time).
+
+    One object may be shared by every table of a node; the gauges (``held_records``,
+    ``live_slots``) are then node-wide sums. Counts are added per batch where the batch
+    is dropped whole, and per record only on the rare paths (drops, failures).
+    """
+
+    __slots__ = (
+        "batch_seq_gaps",
+        "batches_received",
+        "control_refused",
+        "drain_visits",
+        "drops",
+        "generation_mismatch",
+        "held_records",
+        "hold_overflow",
+        "live_slots",
+        "malformed_records",
+        "protocol_errors",
+        "reader_stall",
+        "records_received",
+        "slot_limit",
+    )
+
+    def __init__(self) -> None:
+        self.drops: dict[str, int] = dict.fromkeys(DROP_REASONS, 0)
+        self.reader_stall = 0
+        self.generation_mismatch = 0
+        self.hold_overflow = 0
+        self.batch_seq_gaps = 0
+        self.batches_received = 0
+        self.records_received = 0
+        self.control_refused = 0
+        self.drain_visits = 0
+        self.protocol_errors = 0
+        """Slots closed with ProtocolError (over credit, hold overflow, reader stall)."""
+        self.malformed_records = 0
+        """Control records whose body did not decode (only without decode_batch in front)."""
+        self.slot_limit = 0
+        """OpenSlots refused because their index is past ``max_slots_per_table``."""
+        self.held_records = 0
+        self.live_slots = 0
+
+
+# -- the interfaces around a table --------------------------------------------------------
+
+
+class BindRegistry(Protocol):
+    """Where the consumer side left the slots that OpenSlot records claim.
+
+    The consumer's attach (or pre-bind) already created the :class:`IngressSlot`, with its
+    credit C, and installed it as the anchor's feed; ingress only claims it. ``peer`` and
+    ``lane`` are the batch's own, for a registry that checks who may claim a bind. A bind
+    is not tied to its arrival lane: a sender with fewer lanes sends lane k on lane k
+    modulo its own count, and every lane is correct for every stream.
+    """
+
+    def claim(
+        self, peer: Hashable, lane: int, anchor_id: int, session_id: int
+    ) -> IngressSlot | None:
+        """The bound slot for this pair, taken out of the registry; None if none waits."""
+        ...
+
+
+class InMemoryBindRegistry:
+    """A dictionary of binds keyed by (anchor_id, session_id): tests and simple embeddings.
+
+    A bind may name the peer it expects (an attach knows its sender); a pre-bind names
+    none and may be claimed by any peer. A claim by the wrong peer leaves the bind alone.
+    """
+
+    __slots__ = ("_binds",)
+
+    def __init__(self) -> None:
+        self._binds: dict[tuple[int, int], tuple[IngressSlot, Hashable | None]] = {}
+
+    def bind(
+        self, anchor_id: int, session_id: int, slot: IngressSlot, *, peer: Hashable | None = None
+    ) -> None:
+        key = (anchor_id, session_id)
+        if key in self._binds:
+            raise ValueError(f"a bind for {key} already waits")
+        self._binds[key] = (slot, peer)
+
+    def release(self, anchor_id: int, session_id: int) -> IngressSlot | None:
+        """Give an unclaimed bind back (detach, expiry, a dropped request)."""
+        entry = self._binds.pop((anchor_id, session_id), None)
+        return None if entry is None else entry[0]
+
+    def claim(
+        self, peer: Hashable, lane: int, anchor_id: int, session_id: int
+    ) -> IngressSlot | None:
+        key = (anchor_id, session_id)
+        entry = self._binds.get(key)
+        if entry is None:
+            return None
+        slot, expected = entry
+        if expected is not None and expected != peer:
+            return None
+        del self._binds[key]
+        return slot
+
+    def __len__(self) -> int:
+        return len(self._binds)
+
+
+class EgressControl(Protocol):
+    """The peer's control about *this* side's egress slots, as it arrives in a batch.
+
+    The egress batcher validates every key against what it allocated (refusing and
+    counting an index it never opened, dropping a retired generation silently), so
+    ingress hands these over without looking them up.
+    """
+
+    def credit(self, slot_id: int, delta: int) -> None: ...
+
+    def closed_by_peer(self, slot_id: int, reason: CloseReason) -> None: ...
+
+    def lifecycle(self, session: int, action: LifecycleAction) -> None: ...
+
+
+class ReplySink(Protocol):
+    """Replies about the peer's slots, for the egress batcher of the same (peer, lane).
+
+    ``credit`` and ``close`` are for slots this table admitted; they are never refused
+    (the batcher coalesces them per slot, a close superseding credit). ``reject`` is for
+    an OpenSlot that was never admitted and goes on a separate lane with a hard cap
+    (:class:`RejectLane`): it returns False when that lane is full, and the table counts
+    the refusal. A dropped rejection costs no credit, which is why a cap is safe there.
+    """
+
+    def credit(self, slot_id: int, delta: int) -> None: ...
+
+    def close(self, slot_id: int, reason: CloseReason) -> None: ...
+
+    def reject(self, slot_id: int, reason: CloseReason) -> bool: ...
+
+
+class RejectLane:
+    """The bounded lane of rejections of OpenSlots that ingress never admitted.
+
+    Keyed by slot id (a second rejection of one id replaces the first, in place), in
+    arrival order, at most ``cap`` entries (``MuxConfig.reject_lane_cap``, 8,192). An
+    egress batcher embeds one per (peer, lane) behind :meth:`ReplySink.reject` and
+    :meth:`drain` s it into its next batch.
+    """
+
+    __slots__ = ("_cap", "_entries")
+
+    def __init__(self, cap: int = 8_192) -> None:
+        if cap <= 0:
+            raise ValueError("the reject lane cap must be positive")
+        self._cap = cap
+        self._entries: dict[int, CloseReason] = {}
+
+    @property
+    def cap(self) -> int:
+        return self._cap
+
+    def offer(self, slot_id: int, reason: CloseReason) -> bool:
+        entries = self._entries
+        if slot_id not in entries and len(entries) >= self._cap:
+            return False
+        entries[slot_id] = reason
+        return True
+
+    def drain(self) -> list[tuple[int, CloseReason]]:
+        entries = list(self._entries.items())
+        self._entries.clear()
+        return entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+# -- per-slot ingress state ---------------------------------------------------------------
+
+
+class _Route:
+    """The sequencing state of one live slot: what ``frame_seq`` comes next, the records
+    that arrived ahead of it, and a close that arrived ahead of it.
+
+    One per stream, not per record. The hold is created on the first gap only.
+    """
+
+    __slots__ = (
+        "close_reason",
+        "close_seq",
+        "expected",
+        "held_terminal",
+        "hold",
+        "hold_bytes",
+        "index",
+        "session_id",
+        "slot",
+        "slot_id",
+        "touched",
+    )
+
+    def __init__(self, slot_id: int, slot: IngressSlot, expected: int, session_id: int) -> None:
+        self.slot_id = slot_id
+        self.index = slot_id >> 8
+        self.slot = slot
+        self.expected = expected
+        self.session_id = session_id
+        self.hold: dict[int, tuple[int, bytes]] | None = None
+        self.hold_bytes = 0
+        self.held_terminal = False
+        self.close_seq = -1
+        """The ``frame_seq`` of a close that arrived ahead of its turn (-1: none yet)."""
+        self.close_reason = _TERMINAL_SENT
+        self.touched = -1
+
+
+# -- the table ----------------------------------------------------------------------------
+
+
+class IngressTable:
+    """The slots one peer sends on one lane: one table per (peer, lane).
+
+    Each table takes the whole index range of its lane (``max_slots_per_table``), keeps
+    its own epoch and ``batch_seq`` high-water mark, and shares the peer's
+    :class:`PeerBudget` with the peer's other lanes. Slot ids are unique only within one
+    batcher, which is why nothing here is shared between lanes.
+
+    Three entry points produce replies: :meth:`handle_batch` (the arrival path),
+    :meth:`visit_dirty` (the doorbell, at most once per ``drain_visit_floor``) and
+    :meth:`sweep` (the periodic walk of every live slot).
+    """
+
+    def __init__(
+        self,
+        peer: Hashable,
+        lane: int,
+        config: MuxConfig,
+        *,
+        registry: BindRegistry,
+        replies: ReplySink,
+        control: EgressControl,
+        peer_budget: PeerBudget,
+        stats: MuxIngressStats | None = None,
+        doorbell: Callable[[], None] | None = None,
+    ) -> None:
+        self.peer = peer
+        self.lane = lane
+        self.config = config
+        self.stats = stats if stats is not None else MuxIngressStats()
+        self.dirty = DirtySet(config.max_slots_per_table, doorbell)
+        self._registry = registry
+        self._replies = replies
+        self._control = control
+        self._peer_budget = peer_budget
+        self._max_slots = config.max_slots_per_table
+        self._visit_floor = config.drain_visit_floor
+        self._routes: list[_Route | None] = []
+        self._aside: dict[int, _Route] = {}
+        self._refused: dict[int, int] = {}
+        self._live = 0
+        self._epoch: int | None = None
+        self._high_water: int | None = None
+        self._batches = 0
+        self._last_visit: float | None = None
+
+    # -- introspection -----------------------------------------------------------------------
+
+    @property
+    def epoch(self) -> int | None:
+        """The peer epoch this table follows (None before the first batch)."""
+        return self._epoch
+
+    @property
+    def live_slots(self) -> int:
+        return self._live
+
+    @property
+    def next_visit_at(self) -> float | None:
+        """The earliest time :meth:`visit_dirty` will run again (None: right away)."""
+        if self._last_visit is None or not self._visit_floor:
+            return None
+        return self._last_visit + self._visit_floor
+
+    def slot(self, slot_id: int) -> IngressSlot | None:
+        """The live slot with exactly this id, wherever it is kept."""
+        route = self._route(slot_id)
+        return None if route is None else route.slot
+
+    def _route(self, slot_id: int) -> _Route | None:
+        index = slot_id >> 8
+        routes = self._routes
+        route = routes[index] if index < len(routes) else None
+        if route is not None and route.slot_id == slot_id:
+            return route
+        return self._aside.get(slot_id)
+
+    # -- the arrival path --------------------------------------------------------------------
+
+    def handle_batch(self, header: BatchHeader, records: Sequence[Record], now: float) -> None:
+        """Apply one batch, in order, then reconcile what it touched and what was drained."""
+        stats = self.stats
+        count = len(records)
+        stats.batches_received += 1
+        stats.records_received += count
+        if header.lane != self.lane:
+            stats.drops["lane_mismatch"] += count
+            return
+        epoch = header.peer_epoch
+        if self._epoch is None or epoch > self._epoch:
+            if self._epoch is not None:
+                self.retire_all()
+            self._epoch = epoch
+            self._high_water = None
+        elif epoch < self._epoch:
+            stats.drops["stale_epoch"] += count
+            return
+        self._meter(header.batch_seq)
+        self._batches += 1
+        stamp = self._batches
+        touched: list[_Route] = []
+        routes = self._routes
+        for record_type, sid, seq, body in records:
+            if record_type != _DATA:
+                if record_type == _CLOSE_SLOT:
+                    if len(body) != 1 or body[0] not in _OWNER_CLOSE_BYTES:
+                        self._peer_close(sid, body)
+                        continue
+                elif record_type == _OPEN_SLOT:
+                    self._open(sid, seq, body, now)
+                    continue
+                elif record_type != _SLOT_HEARTBEAT:
+                    self._egress_control(record_type, sid, body)
+                    continue
+            index = sid >> 8
+            route = routes[index] if index < len(routes) else None
+            if route is None or route.slot_id != sid:
+                route = self._miss(sid, route)
+                if route is None:
+                    continue
+            expected = route.expected
+            if seq == expected:
+                if route.touched != stamp:
+                    route.touched = stamp
+                    touched.append(route)
+                if self._apply(route, record_type, body, now) and (
+                    route.hold or route.close_seq >= 0
+                ):
+                    self._release_hold(route, now)
+            elif seq < expected:
+                stats.drops["duplicate"] += 1
+            else:
+                self._hold(route, record_type, seq, body)
+        self._reconcile(touched)
+        self._reconcile_dirty()
+
+    def _meter(self, batch_seq: int) -> None:
+        """Count lost batches against a high-water mark (u32 serial arithmetic).
+
+        The first batch a table sees of an epoch sets the mark without counting: a table
+        can meet a sender mid-epoch (this node restarted while the sender kept its
+        batcher), and counting from 0 then would report thousands of phantom gaps.
+        """
+        high = self._high_water
+        if high is None:
+            self._high_water = batch_seq
+            return
+        distance = seq_distance(batch_seq, high)
+        if distance > 0:
+            self.stats.batch_seq_gaps += distance - 1
+            self._high_water = batch_seq
+
+    def _miss(self, sid: int, occupant: _Route | None) -> _Route | None:
+        """A sequenced record whose id is not the occupant of its index: an aside slot, or
+        a drop counted by why it missed."""
+        aside = self._aside.get(sid) if self._aside else None
+        if aside is not None:
+            return aside
+        drops = self.stats.drops
+        if self._refused.get(sid >> 8) == sid:
+            drops["unknown_slot"] += 1
+        elif occupant is not None:
+            drops["generation"] += 1
+            self.stats.generation_mismatch += 1
+        else:
+            # Never opened in this epoch, or already closed. The chapter counts a record
+            # that overtook its OpenSlot here too: "finds no slot ... dropped as closed_slot".
+            drops["closed_slot"] += 1
+        return None
+
+    def _apply(self, route: _Route, record_type: int, body: memoryview | bytes, now: float) -> bool:
+        """Apply the record at ``route.expected``; False when it ended the slot."""
+        slot = route.slot
+        route.expected += 1
+        if record_type == _DATA:
+            if slot.withdrawn:
+                self._consumer_gone(route)
+                return False
+            data = body if type(body) is bytes else bytes(body)
+            if slot.terminal:
+                # At most one terminal per slot, and nothing but its close after it.
+                self.stats.drops["closed_slot"] += 1
+                return True
+            slot.last_arrival = now
+            # An item frame is never a terminal; its prefix answers without a decode.
+            if not data.startswith(ITEM_PREFIX) and is_terminal_sentinel(data):
+                slot.deliver_terminal(data)
+                return True
+            if slot.data_delivered >= slot.granted:
+                self._fail(route, "the sender sent a data record beyond its credit")
+                return False
+            if not slot.deliver(data):
+                self.stats.reader_stall += 1
+                self._fail(route, "mux reader stall: the slot buffer had no reserved space")
+                return False
+            return True
+        if record_type == _SLOT_HEARTBEAT:
+            slot.last_arrival = now
+            return True
+        # An owner's close, in its turn: TerminalSent or PeerGone.
+        reason = body[0] if body else route.close_reason
+        slot.last_arrival = now
+        self._retire(route, None if reason == _TERMINAL_SENT and slot.terminal else DROPPED)
+        return False
+
+    def _hold(self, route: _Route, record_type: int, seq: int, body: memoryview) -> None:
+        """Keep a record that arrived ahead of its ``frame_seq`` until the gap closes.
+
+        A close ahead of its turn is deferred (kept on the route, not in the hold). Held
+        records are bounded three ways: by credit (a held data record spent credit like a
+        delivered one), by the slot byte budget, and by the peer's budget. Exceeding
+        credit is a protocol violation; exceeding bytes is a hold overflow. Either closes
+        this slot alone.
+        """
+        slot = route.slot
+        stats = self.stats
+        if record_type == _CLOSE_SLOT:
+            if route.close_seq >= 0:
+                stats.drops["duplicate"] += 1
+                return
+            route.close_seq = seq
+            route.close_reason = CloseReason(body[0])
+            slot.gap_waiting = True
+            return
+        hold = route.hold
+        if hold is None:
+            hold = route.hold = {}
+        elif seq in hold:
+            stats.drops["duplicate"] += 1
+            return
+        data = bytes(body)
+        terminal = record_type == _DATA and is_terminal_sentinel(data)
+        if terminal:
+            if route.held_terminal or slot.terminal:
+                self._fail(route, "the sender sent a second terminal")
+                return
+        elif record_type == _DATA and slot.data_delivered + slot.held_data >= slot.granted:
+            self._fail(route, "the sender sent a data record beyond its credit")
+            return
+        # A body-less record (a heartbeat) is charged its header so a run of them is bounded.
+        cost = len(data) or RECORD_HEADER_SIZE
+        peer = self._peer_budget
+        if route.hold_bytes + cost > slot.slot_byte_budget or peer.used + cost > peer.limit:
+            stats.hold_overflow += 1
+            self._fail(route, None)
+            return
+        hold[seq] = (record_type, data)
+        route.hold_bytes += cost
+        peer.used += cost
+        if terminal:
+            route.held_terminal = True
+        elif record_type == _DATA:
+            slot.held_data += 1
+        slot.held_records += 1
+        slot.held_bytes = route.hold_bytes
+        slot.gap_waiting = True
+        stats.held_records += 1
+
+    def _release_hold(self, route: _Route, now: float) -> None:
+        """After an in-order record: apply whatever the hold has from here on, then a close
+        that was waiting for exactly this point."""
+        hold = route.hold
+        if hold:
+            slot = route.slot
+            peer = self._peer_budget
+            stats = self.stats
+            while hold:
+                entry = hold.pop(route.expected, None)
+                if entry is None:
+                    break
+                record_type, data = entry
+                cost = len(data) or RECORD_HEADER_SIZE
+                route.hold_bytes -= cost
+                peer.used -= cost
+                slot.held_records -= 1
+                slot.held_bytes = route.hold_bytes
+                stats.held_records -= 1
+                if record_type == _DATA:
+                    if is_terminal_sentinel(data):
+                        route.held_terminal = False
+                    else:
+                        slot.held_data -= 1
+                if not self._apply(route, record_type, data, now):
+                    return
+        if route.close_seq == route.expected:
+            self._apply(route, _CLOSE_SLOT, bytes((route.close_reason,)), now)
+            return
+        route.slot.gap_waiting = bool(route.hold) or route.close_seq >= 0
+
+    # -- OpenSlot ----------------------------------------------------------------------------
+
+    def _open(self, sid: int, seq: int, body: memoryview, now: float) -> None:
+        """Claim the bind an OpenSlot names, or reject the slot on the reject lane."""
+        stats = self.stats
+        try:
+            anchor_id, session_id = decode_open_slot(body)
+        except ProtocolError:
+            stats.malformed_records += 1
+            self._reject(sid, _PROTOCOL_ERROR)
+            return
+        index = sid >> 8
+        if index >= self._max_slots:
+            stats.slot_limit += 1
+            self._reject(sid, _PROTOCOL_ERROR)
+            return
+        aside = self._aside.get(sid) if self._aside else None
+        if aside is not None:
+            # The generation wrapped onto a closed slot that still waits aside for its
+            # tail: the two streams' records are indistinguishable, so fail the old one
+            # and refuse the new one, and neither gets the other's records.
+            stats.drops["slot_collision"] += 1
+            self._reject(sid, _PROTOCOL_ERROR)
+            self._retire(aside, DROPPED)
+            return
+        routes = self._routes
+        occupant = routes[index] if index < len(routes) else None
+        if occupant is not None:
+            if occupant.close_seq < 0:
+                # The old slot's close has not arrived: the sender cannot have freed it.
+                stats.drops["slot_collision"] += 1
+                self._reject(sid, _PROTOCOL_ERROR)
+                return
+            if occupant.slot_id == sid:
+                # As above, with the old slot still at its index.
+                stats.drops["slot_collision"] += 1
+                self._reject(sid, _PROTOCOL_ERROR)
+                self._retire(occupant, DROPPED)
+                return
+            # The sender is done with the old slot (its close is here, deferred behind a
+            # gap): keep it aside by its full id and give the index to the new stream.
+            routes[index] = None
+            self._aside[occupant.slot_id] = occupant
+        slot = self._registry.claim(self.peer, self.lane, anchor_id, session_id)
+        if slot is None:
+            self._reject(sid, _UNKNOWN_SLOT)
+            return
+        self._refused.pop(index, None)
+        slot.open(sid, self.dirty, self._peer_budget, now)
+        route = _Route(sid, slot, seq + 1, session_id)
+        if index >= len(routes):
+            routes.extend([None] * (index + 1 - len(routes)))
+        routes[index] = route
+        self._live += 1
+        stats.live_slots += 1
+
+    def _reject(self, sid: int, reason: CloseReason) -> None:
+        """An OpenSlot that was never admitted: its records will be dropped as
+        ``unknown_slot``, and the sender hears why on the capped reject lane."""
+        self._refused[sid >> 8] = sid
+        if not self._replies.reject(sid, reason):
+            self.stats.control_refused += 1
+
+    # -- records about this side's egress slots ----------------------------------------------
+
+    def _peer_close(self, sid: int, body: memoryview) -> None:
+        try:
+            reason = decode_close_slot(body)
+        except ProtocolError:
+            self.stats.malformed_records += 1
+            return
+        self._control.closed_by_peer(sid, reason)
+
+    def _egress_control(self, record_type: int, sid: int, body: memoryview) -> None:
+        try:
+            if record_type == _CREDIT_UPDATE:
+                self._control.credit(sid, decode_credit(body))
+            elif record_type == _LIFECYCLE_SLOT:
+                session, action = decode_lifecycle(body)
+                self._control.lifecycle(session, action)
+            else:
+                self.stats.malformed_records += 1
+        except ProtocolError:
+            self.stats.malformed_records += 1
+
+    # -- ending slots ------------------------------------------------------------------------
+
+    def _drop_hold(self, route: _Route) -> None:
+        hold = route.hold
+        if hold:
+            held = len(hold)
+            self._peer_budget.used -= route.hold_bytes
+            self.stats.held_records -= held
+            hold.clear()
+        slot = route.slot
+        route.hold_bytes = 0
+        route.held_terminal = False
+        slot.held_records = 0
+        slot.held_bytes = 0
+        slot.held_data = 0
+
+    def _retire(self, route: _Route, inject: bytes | None) -> None:
+        """Take a slot out of the table; the consumer reads what it has, then ``inject``
+        (when no terminal was delivered) and then the end of the buffer."""
+        self._drop_hold(route)
+        route.slot.end(inject)
+        index = route.index
+        routes = self._routes
+        if index < len(routes) and routes[index] is route:
+            routes[index] = None
+        else:
+            self._aside.pop(route.slot_id, None)
+        self._live -= 1
+        self.stats.live_slots -= 1
+
+    def _fail(self, route: _Route, message: str | None) -> None:
+        """Close one slot for a protocol violation: the sender hears ProtocolError; the
+        consumer reads ``Dropped`` (hold overflow, ``message`` None) or a TransportError
+        naming the violation. Other slots and the lane continue."""
+        self.stats.protocol_errors += 1
+        self._replies.close(route.slot_id, _PROTOCOL_ERROR)
+        inject = DROPPED if message is None else encode_transport_error(message)
+        self._retire(route, inject)
+
+    def _consumer_gone(self, route: _Route) -> None:
+        """The anchor withdrew the feed: tell the sender (CloseSlot UnknownSlot) so an idle
+        producer learns of the cancel, unless the sender is already done with the slot (its
+        terminal was delivered, or its close is here), and retire the slot."""
+        if not route.slot.terminal and route.close_seq < 0:
+            self._replies.close(route.slot_id, _UNKNOWN_SLOT)
+        self._retire(route, None)
+
+    def retire_all(self) -> int:
+        """Retire every slot (a new epoch, or the table's teardown): each that has not
+        delivered a terminal reads ``Dropped``. Returns how many were retired."""
+        retired = 0
+        for route in self._routes:
+            if route is not None:
+                self._retire(route, DROPPED)
+                retired += 1
+        for route in list(self._aside.values()):
+            self._retire(route, DROPPED)
+            retired += 1
+        self._routes = []
+        self._refused.clear()
+        self.dirty.drain()
+        return retired
+
+    # -- credit return -----------------------------------------------------------------------
+
+    def _visit(self, route: _Route) -> None:
+        slot = route.slot
+        if slot.withdrawn:
+            if not slot.terminal:
+                self._consumer_gone(route)
+            return
+        grant = slot.reconcile()
+        if grant:
+            self._replies.credit(route.slot_id, grant)
+
+    def _reconcile(self, touched: list[_Route]) -> None:
+        routes = self._routes
+        for route in touched:
+            index = route.index
+            if index < len(routes) and routes[index] is route:
+                self._visit(route)
+
+    def _reconcile_dirty(self) -> int:
+        listed = self.dirty.drain()
+        routes = self._routes
+        size = len(routes)
+        for index in listed:
+            route = routes[index] if index < size else None
+            if route is not None:
+                self._visit(route)
+        return len(listed)
+
+    def visit_dirty(self, now: float) -> bool:
+        """The doorbell path: reconcile the slots the consumers drained.
+
+        At most one visit per ``drain_visit_floor`` (0 turns the limit off). Returns
+        whether it ran; when it did not, the listed slots stay listed and no new doorbell
+        comes for them, so the caller must come back at :attr:`next_visit_at`.
+        """
+        if not len(self.dirty):
+            return False
+        last = self._last_visit
+        floor = self._visit_floor
+        if floor and last is not None and now < last + floor:
+            return False
+        self._last_visit = now
+        self.stats.drain_visits += 1
+        self._reconcile_dirty()
+        return True
+
+    def sweep(self, now: float) -> int:
+        """The periodic walk: reconcile every live slot, for a slot that nothing names
+        (parked, nothing arriving, nothing taken, or credit withheld for bytes).
+
+        Skipped at once while no slot is live, so an idle table allocates nothing.
+        Returns the number of slots visited.
+        """
+        if not self._live:
+            return 0
+        self.dirty.drain()
+        visited = 0
+        routes = self._routes
+        for index in range(len(routes)):
+            route = routes[index]
+            if route is not None:
+                self._visit(route)
+                visited += 1
+        return visited
