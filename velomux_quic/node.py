@@ -24,6 +24,8 @@ from prometheus_client.registry import CollectorRegistry
 
 from .ids import InstanceId, StreamAnchorHandle, WorkerId
 from .messenger import Messenger, MessengerConfig, PeerDiscovery, PeerRegistry
+from .mux.config import MuxConfig
+from .mux.transport import MuxTransport
 from .security.certs import NodeCredentials
 from .streaming.anchor import MpscAnchor, StreamAnchor
 from .streaming.manager import AnchorManager, StreamingConfig
@@ -36,9 +38,12 @@ __all__ = ["Node"]
 class Node:
     """A running node. Create with :meth:`start`; close with :meth:`close` or ``async with``."""
 
-    def __init__(self, messenger: Messenger, anchors: AnchorManager) -> None:
+    def __init__(
+        self, messenger: Messenger, anchors: AnchorManager, mux: MuxTransport | None
+    ) -> None:
         self.messenger = messenger
         self.anchors = anchors
+        self.mux = mux
 
     @classmethod
     async def start(
@@ -50,6 +55,7 @@ class Node:
         transport: TransportConfig | None = None,
         messenger: MessengerConfig | None = None,
         streaming: StreamingConfig | None = None,
+        mux: MuxConfig | None = None,
         registry: CollectorRegistry | None = None,
         peers: PeerRegistry | None = None,
         discovery: PeerDiscovery | None = None,
@@ -69,12 +75,17 @@ class Node:
             discovery=discovery,
             name=name or credentials.name,
         )
+        mux = mux or MuxConfig()
         try:
-            anchors = AnchorManager(node_messenger, streaming)
+            enabled = mux.effective_enabled()  # a disabled mux-only node fails here
+            anchors = AnchorManager(node_messenger, streaming, per_stream=not mux.mux_only)
+            mux_transport = MuxTransport(node_messenger, mux) if enabled else None
+            if mux_transport is not None:
+                anchors.install_transport(mux_transport)
         except BaseException:
             await node_messenger.close()
             raise
-        return cls(node_messenger, anchors)
+        return cls(node_messenger, anchors, mux_transport)
 
     async def __aenter__(self) -> Node:
         return self
@@ -118,8 +129,10 @@ class Node:
         return await self.anchors.attach_mpsc_anchor(handle)
 
     def flush_batch(self) -> None:
-        """Kick every batcher to write what is staged. Never blocks, never fails; with no
-        mux installed (as today) it does nothing."""
+        """Kick every mux batcher to write what is staged (one write per peer per pass).
+        Never blocks, never fails; with no mux installed it does nothing."""
+        if self.mux is not None:
+            self.mux.flush_batch()
 
     def metrics_text(self) -> str:
         """The node's metrics in the Prometheus text format."""

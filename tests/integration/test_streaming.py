@@ -1,4 +1,6 @@
-"""Streaming over two real nodes on the per-stream QUIC path (``quic-stream-v1``)."""
+"""Streaming over two real nodes, on both transports: every test runs on the messenger mux
+(``messenger-mux-v2``, the default) and on the per-stream QUIC path (``quic-stream-v1``,
+what a node with the mux disabled negotiates)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from velomux_quic.mux.config import MuxConfig
 from velomux_quic.node import Node
 from velomux_quic.security.certs import NodeCredentials
 from velomux_quic.streaming.anchor import MpscEvent, MpscItem
@@ -33,11 +36,21 @@ from velomux_quic.streaming.sender import Retired
 StartNode = Callable[..., Awaitable[Node]]
 
 
+@pytest.fixture(params=[MESSENGER_MUX_KEY, PER_STREAM_KEY])
+def path(request: pytest.FixtureRequest) -> str:
+    """The transport every node of the test negotiates."""
+    return str(request.param)
+
+
 @pytest.fixture
-async def start_node(make_credentials: Callable[..., NodeCredentials]) -> AsyncIterator[StartNode]:
+async def start_node(
+    make_credentials: Callable[..., NodeCredentials], path: str
+) -> AsyncIterator[StartNode]:
     async with AsyncExitStack() as stack:
 
         async def start(name: str = "node", **options: object) -> Node:
+            if path == PER_STREAM_KEY:
+                options.setdefault("mux", MuxConfig(enabled=False))
             node = await Node.start(make_credentials(name), **options)  # type: ignore[arg-type]
             stack.push_async_callback(node.close)
             return node
@@ -59,12 +72,12 @@ async def collect(anchor: object, timeout: float = 20) -> list[object]:
 
 
 async def test_items_then_finalize_arrive_in_order_and_end_the_iteration(
-    start_node: StartNode,
+    start_node: StartNode, path: str
 ) -> None:
     a, b = await pair(start_node)
     anchor = b.create_anchor()
     sender = await a.attach_anchor(anchor.handle)
-    assert sender.negotiated_transport() == PER_STREAM_KEY
+    assert sender.negotiated_transport() == path
     for i in range(10):
         await sender.send({"i": i})
     retired = sender.finalize()
@@ -230,7 +243,7 @@ async def test_mpsc_eight_senders_on_two_nodes_each_in_order_exactly_once(
     anchor.cancel()
 
 
-async def test_negotiation_matrix(start_node: StartNode) -> None:
+async def test_negotiation_matrix(start_node: StartNode, path: str) -> None:
     a, b = await pair(start_node)
     # An old sender advertising nothing gets the per-stream default.
     anchor = b.create_anchor()
@@ -238,10 +251,11 @@ async def test_negotiation_matrix(start_node: StartNode) -> None:
     assert old.negotiated_transport() == PER_STREAM_KEY
     old.finalize()
     assert await collect(anchor) == []
-    # A new sender offering the mux to a receiver without it falls back to per-stream.
+    # A new sender offering both gets the mux from a receiver that has it, and the
+    # per-stream path from one whose mux is disabled (the rollback).
     anchor = b.create_anchor()
     new = await a.anchors.attach_anchor(anchor.handle, offer=[MESSENGER_MUX_KEY, PER_STREAM_KEY])
-    assert new.negotiated_transport() == PER_STREAM_KEY
+    assert new.negotiated_transport() == path
     new.finalize()
     assert await collect(anchor) == []
     # Only an unknown key: refused with the reason, and the anchor stays attachable.
@@ -300,8 +314,10 @@ async def test_one_thousand_and_twenty_four_concurrent_per_stream_streams(
 
 
 async def test_a_consumer_that_stops_reading_holds_only_its_own_producer(
-    start_node: StartNode,
+    start_node: StartNode, path: str
 ) -> None:
+    if path != PER_STREAM_KEY:
+        pytest.skip("per-stream window semantics; the mux's credit version is in test_mux.py")
     a, b = await pair(start_node)
     stalled, flowing = b.create_anchor(), b.create_anchor()
     stuck = await a.attach_anchor(stalled.handle)

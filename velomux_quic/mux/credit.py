@@ -179,6 +179,7 @@ class IngressSlot:
         "held_records",
         "index",
         "last_arrival",
+        "on_terminal",
         "opened",
         "slot_byte_budget",
         "slot_id",
@@ -220,6 +221,8 @@ class IngressSlot:
         self.closed = False
         self.withdrawn = False
         self.last_arrival = 0.0
+        self.on_terminal: Callable[[bytes], None] | None = None
+        """Told the terminal as it arrives (before the consumer reads it)."""
 
     def set_wake(self, wake: Callable[[], None] | None) -> None:
         """What a delivery calls when the buffer goes from empty to readable (the inbox)."""
@@ -279,6 +282,8 @@ class IngressSlot:
         if self.terminal or self.closed:
             return False
         self.terminal = True
+        if self.on_terminal is not None:
+            self.on_terminal(body)
         if self.withdrawn:
             return True
         self._buffer.append(body)

@@ -336,6 +336,9 @@ class EgressBatcher:
         if self._reply_since is None:
             self._reply_since = now
 
+    def pending_closes(self) -> int:
+        return len(self._reply_close)
+
     def reply_close(self, peer_slot: int, reason: CloseReason) -> None:
         self._reply_credit.pop(peer_slot, None)
         self._reply_close[peer_slot] = int(reason)
@@ -452,19 +455,24 @@ class EgressBatcher:
 
     def _write_opens(self, out: list[OutgoingBatch]) -> None:
         builder = self._builder
+        guards: list[Any] = []
         while self._opens:
             slot = self._opens.popleft()
             if not slot.live:
                 continue
             body = open_slot_body(slot.anchor_id, slot.session_id)
             if not builder.fits(len(body)):
-                out.append(self._finish([], False))
+                out.append(self._finish(guards, False))
+                guards = []
             builder.add(RecordType.OPEN_SLOT, slot.slot_id, 0, body)
             slot.open_pending = False
+            if slot.guard is not None:  # connect() waits for this OpenSlot's admission
+                guards.append(slot.guard)
+                slot.guard = None
             if slot.sendable:
                 self._ready.setdefault(slot.index, slot)
         if builder.count:
-            out.append(self._finish([], False))
+            out.append(self._finish(guards, False))
 
     def _add_replies(self, out: list[OutgoingBatch], guards: list[Any], carries_data: bool) -> None:
         builder = self._builder

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -55,7 +55,9 @@ class RemoteSender:
     misses: int = 0
     watchdog: asyncio.TimerHandle | None = None
     receiver: Any = None
-    """The per-stream receiver once its stream arrived (its arrivals feed the watchdog)."""
+    """The transport's receiving end (per-stream receiver, mux ingress slot)."""
+    probe: Callable[[], tuple[float, bool]] | None = None
+    """Transport-specific liveness: (last arrival, window exempt). None: ``last_arrival``."""
 
 
 @dataclass(slots=True)

@@ -48,7 +48,7 @@ from .inbox import Inbox
 from .metrics import StreamingMetrics
 from .perstream import PerStreamTransport
 from .sender import SenderState, StreamSender
-from .transports import AttachTerms, TransportRegistry
+from .transports import AttachTerms, StreamTransport, TransportRegistry
 
 __all__ = ["DETECTION_MULTIPLIER", "AnchorManager", "StreamingConfig"]
 
@@ -69,7 +69,13 @@ _ERRORS: dict[str, type[AttachError]] = {
 class AnchorManager(TransportHandler):
     """One per node. See the module docstring."""
 
-    def __init__(self, messenger: Messenger, config: StreamingConfig | None = None) -> None:
+    def __init__(
+        self,
+        messenger: Messenger,
+        config: StreamingConfig | None = None,
+        *,
+        per_stream: bool = True,
+    ) -> None:
         self.messenger = messenger
         self.config = config or StreamingConfig()
         self.worker_id: WorkerId = worker_id_of(messenger.instance_id)
@@ -88,11 +94,16 @@ class AnchorManager(TransportHandler):
         messenger.register_system("_stream_cancel", self._cancel_handler)
         messenger.register_system("_stream_stop", self._stop_handler)
         self.transports = TransportRegistry(default_key=PER_STREAM_KEY)
-        per_stream = PerStreamTransport(messenger, self.config, self.metrics)
-        self.transports.install(per_stream)
-        messenger.set_stream_acceptor(per_stream)
+        if per_stream:  # a mux-only node installs no per-stream listener
+            stream_path = PerStreamTransport(messenger, self.config, self.metrics)
+            self.transports.install(stream_path)
+            messenger.set_stream_acceptor(stream_path)
 
     # -- transports ----------------------------------------------------------------------
+
+    def install_transport(self, transport: StreamTransport) -> None:
+        """Add a streaming transport (the node installs the mux here when it is enabled)."""
+        self.transports.install(transport)
 
     @property
     def transport_keys(self) -> list[str]:
@@ -362,9 +373,9 @@ class AnchorManager(TransportHandler):
         if entry is None or entry.senders.get(remote.sender_id) is not remote:
             return
         window = entry.heartbeat_interval
-        last = remote.last_arrival  # the transport stamps every arrival
+        last, exempt = remote.probe() if remote.probe is not None else (remote.last_arrival, False)
         now = self._loop.time()
-        if now - last < window:
+        if exempt or now - last < window:
             remote.misses = 0
             self._arm_watchdog(entry, remote, last + window - now)
             return

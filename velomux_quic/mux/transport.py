@@ -1,0 +1,360 @@
+"""MuxTransport: the messenger mux as a streaming transport (``messenger-mux-v2``).
+
+It owns no socket and no connection: every stream to a peer is a slot in that peer's
+``_stream_batch`` messages on the messenger. Producer side, one :class:`EgressBatcher`
+(driven by a :class:`BatcherDriver`) per (peer, lane); consumer side, one
+:class:`IngressTable` per (peer, lane), whose slots are the anchors' feeds. Replies (credit,
+closes) go back through the batcher of the same (peer, lane). One sweep task per node
+returns credit nothing else names and evicts idle batchers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterator
+from functools import partial
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from ..ids import InstanceId
+from ..messenger import Context, Messenger
+from ..streaming.errors import ChannelClosed
+from ..streaming.frames import DETACHED
+from ..streaming.transports import AttachTerms, BindTerms
+from .config import MuxConfig
+from .credit import IngressSlot, PeerBudget
+from .driver import BatcherDriver, MuxChannel
+from .egress import EgressBatcher
+from .ingress import IngressTable, InMemoryBindRegistry, MuxIngressStats
+from .protocol import (
+    MAX_LANES,
+    MESSENGER_MUX_KEY,
+    CloseReason,
+    LifecycleAction,
+    ProtocolError,
+    decode_batch,
+)
+
+if TYPE_CHECKING:
+    from ..streaming.anchor import AnchorEntry, RemoteSender
+
+__all__ = ["MuxTransport"]
+
+logger = logging.getLogger(__name__)
+
+
+class _Replies:
+    """ReplySink + EgressControl of one (peer, lane): both land in its batcher."""
+
+    __slots__ = ("_driver", "_rejects")
+
+    def __init__(self, driver: BatcherDriver) -> None:
+        self._driver = driver
+        self._rejects = 0
+
+    # ReplySink: this node's ingress about the peer's slots
+    def credit(self, slot_id: int, delta: int) -> None:
+        self._driver.batcher.reply_credit(slot_id, delta, self._driver.now())
+        self._driver.wake()
+
+    def close(self, slot_id: int, reason: CloseReason) -> None:
+        self._driver.batcher.reply_close(slot_id, reason)
+        self._driver.wake()
+
+    def reject(self, slot_id: int, reason: CloseReason) -> bool:
+        """Rejections of OpenSlots ingress never admitted: the one capped control lane."""
+        batcher = self._driver.batcher
+        if batcher.pending_closes() >= batcher.config.reject_lane_cap:
+            return False
+        self.close(slot_id, reason)
+        return True
+
+    # EgressControl: the peer's control about this node's slots
+    def closed_by_peer(self, slot_id: int, reason: CloseReason) -> None:
+        self._driver.batcher.on_peer_close(slot_id, reason)
+        self._driver.wake()
+
+    def lifecycle(self, session: int, action: LifecycleAction) -> None:
+        self._driver.batcher.on_lifecycle(session, action)
+
+
+class _Control(_Replies):
+    """EgressControl's ``credit`` means the peer's grant for *our* slot (not a reply)."""
+
+    __slots__ = ()
+
+    def credit(self, slot_id: int, delta: int) -> None:
+        self._driver.batcher.on_credit(slot_id, delta, self._driver.now())
+        self._driver.wake()
+
+
+class _PeerCheckedBinds(InMemoryBindRegistry):
+    """Binds keyed by (anchor id, session); an attach names the peer that may claim it."""
+
+
+class MuxTransport(Collector):
+    """See the module docstring. Installed by the AnchorManager when the mux is enabled."""
+
+    key = MESSENGER_MUX_KEY
+
+    def __init__(self, messenger: Messenger, config: MuxConfig) -> None:
+        self._messenger = messenger
+        self.config = config
+        self._loop = asyncio.get_running_loop()
+        self._binds = _PeerCheckedBinds()
+        self._drivers: dict[tuple[InstanceId, int], BatcherDriver] = {}
+        self._tables: dict[tuple[InstanceId, int], IngressTable] = {}
+        self._budgets: dict[InstanceId, PeerBudget] = {}
+        self._visits: dict[tuple[InstanceId, int], asyncio.Handle] = {}
+        self.ingress = MuxIngressStats()
+        self._egress_retired = [0] * 4  # batches, records, control_refused, epoch_deaths
+        self._dropped_batches = 0
+        self._closed = False
+        for lane in range(MAX_LANES):
+            messenger.install_batch_handler(lane, partial(self._on_batch, lane))
+        messenger.registry.register(self)
+        self._sweeper = self._loop.create_task(self._sweep())
+
+    # -- StreamTransport: consumer -------------------------------------------------------
+
+    def bind(self, entry: AnchorEntry, remote: RemoteSender) -> BindTerms:
+        slot = IngressSlot(
+            self.config.initial_credit, self.config.slot_byte_budget, wake=entry.inbox.wake
+        )
+        self._binds.bind(entry.local_id, remote.session_id, slot, peer=remote.node)
+        entry.inbox.install_feed(slot, remote.sender_id)
+        remote.receiver = slot
+        bound_at = remote.last_arrival
+
+        def probe() -> tuple[float, bool]:
+            # A window is live when something arrived, or when the sender holds no data
+            # credit and nothing waits behind a gap: that silence is the consumer's.
+            exempt = slot.opened and not slot.sender_has_credit and not slot.gap_waiting
+            return max(bound_at, slot.last_arrival), exempt
+
+        remote.probe = probe
+        if not entry.mpsc:
+
+            def arrived(body: bytes) -> None:
+                # A Detached in the slot frees the anchor for the next sender now; the
+                # inbox reads that sender only after this one (ordered feeds).
+                if body == DETACHED:
+                    entry.attached = False
+
+            slot.on_terminal = arrived
+        return BindTerms(
+            initial_credit=self.config.initial_credit,
+            slot_byte_budget=self.config.slot_byte_budget,
+            lane=0,
+        )
+
+    def unbind(self, entry: AnchorEntry, remote: RemoteSender) -> None:
+        self._binds.release(entry.local_id, remote.session_id)
+
+    # -- StreamTransport: producer -------------------------------------------------------
+
+    async def connect(self, terms: AttachTerms) -> MuxChannel:
+        if terms.initial_credit <= 0:
+            # A mux answer with no window: a fallback would reach nothing that listens.
+            raise ChannelClosed("the receiver answered the mux key without a credit window")
+        lanes = self._messenger.transport.lanes(terms.peer)
+        driver = self._driver(terms.peer, terms.lane % lanes)
+        slot = driver.batcher.open_slot(
+            terms.handle.local_id,
+            terms.routing_session_id,
+            credit=terms.initial_credit,
+            budget=terms.slot_byte_budget or self.config.slot_byte_budget,
+        )
+        opened: asyncio.Future[bool] = self._loop.create_future()
+        slot.guard = opened  # the batch carrying the OpenSlot resolves it on admission
+        driver.wake()
+        if not self.config.async_open_ack and not await opened:
+            raise ChannelClosed(f"the OpenSlot to {terms.peer} was refused (epoch death)")
+        return MuxChannel(driver, slot)
+
+    def _driver(self, peer: InstanceId, lane: int) -> BatcherDriver:
+        key = (peer, lane)
+        driver = self._drivers.get(key)
+        if driver is None or driver.closed:
+            cap = self._messenger.eager_budget(peer)
+            batcher = EgressBatcher(lane, self.config, byte_cap=cap)
+            driver = self._drivers[key] = BatcherDriver(self._messenger, peer, batcher)
+        return driver
+
+    # -- ingress -------------------------------------------------------------------------
+
+    def _on_batch(self, lane: int, ctx: Context) -> None:
+        try:
+            header, records = decode_batch(ctx.payload)
+        except ProtocolError as exc:
+            self._dropped_batches += 1
+            logger.debug("dropping a malformed batch from %s lane %d: %s", ctx.sender, lane, exc)
+            return
+        table = self._table(ctx.sender, lane)
+        table.handle_batch(header, records, self._loop.time())
+
+    def _table(self, peer: InstanceId, lane: int) -> IngressTable:
+        key = (peer, lane)
+        table = self._tables.get(key)
+        if table is None:
+            driver = self._driver(peer, lane)
+            budget = self._budgets.get(peer)
+            if budget is None:
+                budget = self._budgets[peer] = PeerBudget(self.config.peer_byte_budget)
+            table = self._tables[key] = IngressTable(
+                peer,
+                lane,
+                self.config,
+                registry=self._binds,
+                replies=_Replies(driver),
+                control=_Control(driver),
+                peer_budget=budget,
+                stats=self.ingress,
+                doorbell=partial(self._doorbell, peer, lane),
+            )
+        return table
+
+    def _doorbell(self, peer: InstanceId, lane: int) -> None:
+        """A consumer drained a slot of this table: visit its dirty set soon (rate-limited)."""
+        key = (peer, lane)
+        if key in self._visits or self._closed:
+            return
+        table = self._tables.get(key)
+        at = table.next_visit_at if table is not None else None
+        if at is None or at <= self._loop.time():
+            self._visits[key] = self._loop.call_soon(self._visit, key)
+        else:
+            self._visits[key] = self._loop.call_at(at, self._visit, key)
+
+    def _visit(self, key: tuple[InstanceId, int]) -> None:
+        self._visits.pop(key, None)
+        table = self._tables.get(key)
+        if table is None:
+            return
+        if not table.visit_dirty(self._loop.time()) and len(table.dirty):
+            self._doorbell(*key)  # the floor held us back: come back when it allows
+
+    # -- the node-wide pieces --------------------------------------------------------------
+
+    def flush_batch(self) -> None:
+        """Kick every batcher: write what is staged now. Never blocks, never fails."""
+        for driver in self._drivers.values():
+            driver.batcher.kick()
+            driver.wake()
+
+    async def _sweep(self) -> None:
+        """The periodic backstop: credit for slots nothing names, idle batcher eviction."""
+        interval = self.config.credit_sweep_interval
+        while not self._closed:
+            await asyncio.sleep(interval)  # the sweep's own period, not synchronisation
+            now = self._loop.time()
+            for table in list(self._tables.values()):
+                if table.live_slots:
+                    table.sweep(now)
+            if self._drivers:
+                self._evict_idle(now)
+
+    def _evict_idle(self, now: float) -> None:
+        ttl = self.config.batcher_idle_ttl
+        for key, driver in list(self._drivers.items()):
+            table = self._tables.get(key)
+            idle = driver.batcher.live_slots == 0 and (table is None or table.live_slots == 0)
+            if idle and now - driver.last_activity >= ttl:
+                self._retire_stats(driver.batcher)
+                driver.close()
+                del self._drivers[key]
+                self._tables.pop(key, None)
+
+    def _retire_stats(self, batcher: EgressBatcher) -> None:
+        stats = batcher.stats
+        self._egress_retired[0] += stats.batches_sent
+        self._egress_retired[1] += stats.records_sent
+        self._egress_retired[2] += stats.control_refused
+        self._egress_retired[3] += stats.epoch_deaths
+
+    async def close(self) -> None:
+        self._closed = True
+        self._sweeper.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._sweeper
+        for handle in self._visits.values():
+            handle.cancel()
+        self._visits.clear()
+        for driver in self._drivers.values():
+            driver.batcher.epoch_death()
+            driver.close()
+        for table in self._tables.values():
+            table.retire_all()
+        with contextlib.suppress(KeyError):
+            self._messenger.registry.unregister(self)
+
+    # -- metrics (velo_streaming_mux_*) ----------------------------------------------------
+
+    def _batchers(self) -> Iterator[EgressBatcher]:
+        return (driver.batcher for driver in self._drivers.values())
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        batchers = list(self._batchers())
+        sent_batches = self._egress_retired[0] + sum(b.stats.batches_sent for b in batchers)
+        sent_records = self._egress_retired[1] + sum(b.stats.records_sent for b in batchers)
+        ing = self.ingress
+        batches = CounterMetricFamily(
+            "velo_streaming_mux_batches", "Batches packed / decoded", labels=["direction"]
+        )
+        batches.add_metric(["sent"], sent_batches)
+        batches.add_metric(["received"], ing.batches_received)
+        yield batches
+        records = CounterMetricFamily(
+            "velo_streaming_mux_records", "Records in batches", labels=["direction"]
+        )
+        records.add_metric(["sent"], sent_records)
+        records.add_metric(["received"], ing.records_received)
+        yield records
+        dropped = CounterMetricFamily(
+            "velo_streaming_mux_records_dropped", "Records discarded", labels=["reason"]
+        )
+        for reason, count in sorted(ing.drops.items()):
+            dropped.add_metric([reason], count)
+        yield dropped
+        for name, value, documentation in (
+            ("reader_stall", ing.reader_stall, "Deliveries into reserved space that failed (bug)"),
+            ("generation_mismatch", ing.generation_mismatch, "Records for another generation"),
+            ("hold_overflow", ing.hold_overflow, "Slots closed because their hold overflowed"),
+            ("batch_seq_gaps", ing.batch_seq_gaps, "Batches missing within an epoch"),
+            ("drain_visits", ing.drain_visits, "Doorbell reconciles performed"),
+            ("malformed_batches", self._dropped_batches, "Batches that did not decode"),
+            ("credit_lost", 0, "Credit that found no home (must stay 0)"),
+            (
+                "control_refused",
+                ing.control_refused
+                + self._egress_retired[2]
+                + sum(b.stats.control_refused for b in batchers),
+                "Control for a never-allocated index, or reject lane full",
+            ),
+            (
+                "epoch_deaths",
+                self._egress_retired[3] + sum(b.stats.epoch_deaths for b in batchers),
+                "Epochs that died",
+            ),
+        ):
+            family = CounterMetricFamily(f"velo_streaming_mux_{name}", documentation)
+            family.add_metric([], value)
+            yield family
+        exhausted = CounterMetricFamily(
+            "velo_streaming_slot_credit_exhausted", "Mux slots that ran out of credit"
+        )
+        exhausted.add_metric([], sum(b.stats.credit_exhausted for b in batchers))
+        yield exhausted
+        live = GaugeMetricFamily("velo_streaming_mux_live_slots", "Egress + ingress slots")
+        live.add_metric([], sum(b.live_slots for b in batchers) + ing.live_slots)
+        yield live
+        held = GaugeMetricFamily("velo_streaming_mux_held_records", "Records in holds")
+        held.add_metric([], ing.held_records)
+        yield held
+
+    def describe(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        return iter(())
