@@ -3,11 +3,12 @@
 The baseline a mux benchmark is measured against, measured the same way. A frontend
 (the consumer node) creates ``--streams`` anchors and hands their handles, its instance id
 and its address to an engine (the producer node) in another process, through a JSON file.
-The engine attaches a sender to each (concurrently), then runs ``--passes`` forward passes:
-each pass sends one 48-byte token to every stream, awaiting each send (that await is the
-backpressure), and the engine finalizes every stream after the last pass. The two nodes
-verify each other over mutual TLS with certificates made on demand in a temporary
-directory. Every run uses fresh processes.
+The engine attaches a sender to each (concurrently, offering only ``quic-stream-v1``, so
+the per-stream path is measured whatever else the nodes support), then runs ``--passes``
+forward passes: each pass sends one 48-byte token to every stream, awaiting each send
+(that await is the backpressure), and the engine finalizes every stream after the last
+pass. The two nodes verify each other over mutual TLS with certificates made on demand in
+a temporary directory. Every run uses fresh processes.
 
     python perf/perstream_bench.py                       # 1,024 streams x 100 passes, 3 runs
     python perf/perstream_bench.py --short               # 256 x 30, 1 run
@@ -33,7 +34,8 @@ What a run reports:
   before the first send until its last stream ended. Waiting costs no CPU;
 * each node's own counters over the same windows: frames written
   (``velo_streaming_frames_written_total``, heartbeats and terminals included), UDP
-  datagrams out and in (``velo_transport_datagrams_total``), and sends that had to wait.
+  datagrams out and in (``velo_transport_datagrams_total``), sends that had to wait, and
+  receivers whose reader fell behind (the last two only in the JSON).
 
 The consumer shapes (``--consumer``): ``task-per-stream`` runs ``async for item in anchor``
 in one task per anchor, as a frontend with a task per request does. ``single-task`` has
@@ -90,6 +92,8 @@ COUNTERS: dict[str, tuple[str, dict[str, str]]] = {
     "frames_received": ("velo_streaming_frames_received_total", {}),
     "send_waits": ("velo_streaming_producer_send_backpressure_total", {}),
     "heartbeats_sent": ("velo_streaming_heartbeats_sent_total", {}),
+    "reader_backpressure": ("velo_streaming_reader_pump_backpressure_total", {}),
+    "watchdog_firings": ("velo_streaming_heartbeat_watchdog_firings_total", {}),
     "datagrams_out": (
         "velo_transport_datagrams_total",
         {"transport": "quic", "direction": "outbound"},
@@ -181,6 +185,11 @@ class Window:
         }
 
 
+def _print_counters(role: str, node: Node) -> None:
+    """The node's counters since it started, on stderr (a failed run's diagnosis)."""
+    print(f"{role} counters since start: {_counters(node)}", file=sys.stderr, flush=True)
+
+
 def _say(word: str, payload: dict[str, Any] | None = None) -> None:
     line = word if payload is None else f"{word} {json.dumps(payload)}"
     print(line, flush=True)
@@ -244,18 +253,21 @@ async def read_stream(
 ) -> None:
     """One task per anchor: ``async for``, checking every token."""
     clock = time.perf_counter
+    last = progress.last
     expected = index
     count = 0
     try:
         async for item in anchor:
             if item["t"] != expected:
                 raise _wrong_token(index, count, item, expected)
+            last[index] = clock()
+            if count == 0:
+                progress.first[index] = last[index]
             count += 1
-            if count == 1:
-                progress.first[index] = clock()
-            if count == passes:
-                progress.last[index] = clock()
             expected += streams
+    except Exception as exc:
+        exc.add_note(_where(progress, index, count, passes))
+        raise
     finally:
         progress.counts[index] = count
     if count != passes:
@@ -273,31 +285,41 @@ async def read_round_robin(
     while live:
         still: list[int] = []
         for index in live:
+            count = counts[index]
             try:
                 items = await anchors[index].take_ready()
             except StopAsyncIteration:
-                if counts[index] != passes:
+                if count != passes:
                     raise BenchFailure(
-                        f"stream {index} ended after {counts[index]} of {passes} tokens"
+                        f"stream {index} ended after {count} of {passes} tokens"
                     ) from None
                 progress.ended += 1
                 continue
-            count = counts[index]
+            except Exception as exc:
+                exc.add_note(_where(progress, index, count, passes))
+                raise
             expected = index + count * streams
             for position, item in enumerate(items, count):
                 if item["t"] != expected:
                     raise _wrong_token(index, position, item, expected)
                 expected += streams
+            progress.last[index] = clock()
             if count == 0:
-                progress.first[index] = clock()
+                progress.first[index] = progress.last[index]
             count += len(items)
             counts[index] = count
-            if count == passes:
-                progress.last[index] = clock()
-            elif count > passes:
+            if count > passes:
                 raise BenchFailure(f"stream {index} received {count} of {passes} tokens")
             still.append(index)
         live = still
+
+
+def _where(progress: Progress, index: int, count: int, passes: int) -> str:
+    """Where a failing stream was, for the traceback."""
+    if count == 0:
+        return f"stream {index} failed before its first token"
+    quiet = time.perf_counter() - progress.last[index]
+    return f"stream {index} failed after {count} of {passes} tokens, {quiet:.2f} s after its last"
 
 
 def _stall_report(progress: Progress, passes: int, timeout: float) -> str:
@@ -346,6 +368,9 @@ async def consumer_main(args: argparse.Namespace) -> int:
                 await asyncio.gather(*readers)
         except TimeoutError:
             raise BenchFailure(_stall_report(progress, passes, args.timeout)) from None
+        except Exception:
+            _print_counters("consumer", node)
+            raise
         finally:
             for reader in readers:
                 reader.cancel()
@@ -388,8 +413,10 @@ async def producer_main(args: argparse.Namespace) -> int:
         if len(handles) != streams:
             raise BenchFailure(f"the consumer handed over {len(handles)} handles, not {streams}")
         started = time.perf_counter()
+        # Offer only the per-stream path, so the attach settles on it whatever else the two
+        # nodes could negotiate.
         senders: list[StreamSender] = await asyncio.gather(
-            *(node.attach_anchor(handle) for handle in handles)
+            *(node.anchors.attach_anchor(handle, offer=[PER_STREAM_KEY]) for handle in handles)
         )
         attach_s = time.perf_counter() - started
         transports = sorted({str(sender.negotiated_transport()) for sender in senders})
@@ -417,9 +444,16 @@ async def producer_main(args: argparse.Namespace) -> int:
                 retired_at = time.perf_counter()
         except TimeoutError:
             raise BenchFailure(
-                f"the producer made no progress for {args.timeout:g} s: pass {step[0]}, "
-                f"stream {step[1]} (or, after the last pass, waiting for retirements)"
+                f"the producer did not finish within {args.timeout:g} s: it was at pass "
+                f"{step[0]}, stream {step[1]} (or past the last pass, awaiting retirements)"
             ) from None
+        except Exception as exc:
+            exc.add_note(
+                f"the producer was at pass {step[0]}, stream {step[1]}, "
+                f"{time.perf_counter() - window.at:.2f} s after its first send"
+            )
+            _print_counters("producer", node)
+            raise
         outcomes = sorted({outcome.value for outcome in retired})
         if outcomes != [Retired.SENT.value]:
             raise BenchFailure(f"streams retired as {outcomes}, expected only 'sent'")
@@ -508,13 +542,13 @@ async def _watched(
         )
         if main in done:
             return main.result()
-        if not done:
-            raise BenchFailure(f"{what}: nothing after {timeout:g} s")
-        child = deaths[next(iter(done))]
-        raise BenchFailure(
-            f"{what}: the {child.name} exited with code {child.process.returncode} meanwhile "
-            "(its stderr is above)"
-        )
+        for death, child in deaths.items():
+            if death in done:
+                raise BenchFailure(
+                    f"{what}: the {child.name} exited with code {child.process.returncode} "
+                    "meanwhile (its stderr is above)"
+                )
+        raise BenchFailure(f"{what}: nothing after {timeout:g} s")
     finally:
         for task in (main, *deaths):
             task.cancel()
@@ -619,6 +653,8 @@ def _summarise(
         "producer_datagrams_out_per_token": produced["datagrams_out"] / tokens,
         "producer_datagrams_in_per_token": produced["datagrams_in"] / tokens,
         "consumer_frames_received": consumed["frames_received"],
+        "consumer_reader_backpressure": consumed["reader_backpressure"],
+        "consumer_watchdog_firings": consumed["watchdog_firings"],
         "consumer_datagrams_in": consumed["datagrams_in"],
         "consumer_datagrams_out": consumed["datagrams_out"],
         "producer_loop": sent["loop"],
@@ -646,8 +682,10 @@ COLUMNS: list[tuple[str, str, Callable[[float], str]]] = [
 def _median(runs: list[dict[str, Any]]) -> dict[str, float]:
     return {
         key: statistics.median(float(run[key]) for run in runs)
-        for key, value in runs[0].items()
-        if isinstance(value, (int, float)) and not isinstance(value, bool)
+        for key in runs[0]
+        if all(
+            isinstance(run[key], (int, float)) and not isinstance(run[key], bool) for run in runs
+        )
     }
 
 
@@ -670,20 +708,55 @@ def _package_version(name: str) -> str:
         return "unknown"
 
 
+async def _other_cpu_busy(seconds: float = 0.5) -> float | None:
+    """Share of all CPUs busy over ``seconds`` while no child runs (Linux), else None."""
+
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat") as stat:
+            fields = [int(value) for value in stat.readline().split()[1:]]
+        idle = fields[3] + fields[4]  # idle + iowait
+        return sum(fields) - idle, sum(fields)
+
+    try:
+        busy_before, total_before = sample()
+        await asyncio.sleep(seconds)
+        busy_after, total_after = sample()
+    except (OSError, ValueError, IndexError):
+        return None
+    total = total_after - total_before
+    return (busy_after - busy_before) / total if total > 0 else None
+
+
 async def orchestrate(args: argparse.Namespace) -> int:
     runs: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="perstream-bench-") as tmp:
-        workdir = Path(tmp)
-        nodes = ensure_dev_cluster(workdir, ("engine", "frontend"))
-        for number in range(args.runs):
-            result = await one_run(args, nodes, workdir, number)
-            runs.append(result)
-            print(
-                f"run {number + 1}/{args.runs}: {result['tokens']:,} tokens, "
-                f"{result['tokens_per_s']:,.0f} tokens/s",
-                file=sys.stderr,
-                flush=True,
-            )
+    try:
+        with tempfile.TemporaryDirectory(prefix="perstream-bench-") as tmp:
+            workdir = Path(tmp)
+            nodes = ensure_dev_cluster(workdir, ("engine", "frontend"))
+            for number in range(args.runs):
+                busy = await _other_cpu_busy()
+                if busy is not None and busy > 0.2:
+                    print(
+                        f"warning: {busy:.0%} of the CPUs were busy with other work just before "
+                        f"run {number + 1}; its figures are disturbed",
+                        file=sys.stderr,
+                    )
+                result = await one_run(args, nodes, workdir, number)
+                result["other_cpu_busy_before"] = busy
+                runs.append(result)
+                print(
+                    f"run {number + 1}/{args.runs}: {result['tokens']:,} tokens, "
+                    f"{result['tokens_per_s']:,.0f} tokens/s, CPU µs/token "
+                    f"{result['producer_cpu_us_per_token']:.1f} producer, "
+                    f"{result['consumer_cpu_us_per_token']:.1f} consumer",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    except BenchFailure:
+        if runs:
+            print("the runs that completed before the failure:", file=sys.stderr)
+            print(_table(runs, _median(runs)), file=sys.stderr)
+        raise
     median = _median(runs)
     config = {
         "streams": args.streams,

@@ -153,8 +153,13 @@ class EngineConnection(QuicConnection):
     def _write_stream_limits(
         self, builder: QuicPacketBuilder, space: Any, stream: QuicStream
     ) -> None:
+        # aioquic calls this for every stream on every packet it builds, so the common
+        # cases return at once: a stream we only send on (no receive window at all), and
+        # a managed window with nothing new to grant.
+        if not stream.max_stream_data_local and not stream.max_stream_data_local_sent:
+            return
         managed = self._managed_windows.get(stream.stream_id)  # type: ignore[arg-type]
-        if managed is None or not stream.max_stream_data_local:
+        if managed is None:
             super()._write_stream_limits(builder, space, stream)
             return
         consumed, window = managed

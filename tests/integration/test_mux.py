@@ -1,0 +1,216 @@
+"""The messenger mux between real nodes: scale, credit isolation, bad input, negotiation."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack
+
+import pytest
+
+from velomux_quic.mux.config import DISABLE_ENV, Manual, MuxConfig
+from velomux_quic.mux.protocol import (
+    BatchHeader,
+    RecordType,
+    credit_body,
+    encode_batch,
+    open_slot_body,
+    slot_id,
+)
+from velomux_quic.node import Node
+from velomux_quic.security.certs import NodeCredentials
+from velomux_quic.streaming.control import MESSENGER_MUX_KEY, PER_STREAM_KEY
+from velomux_quic.streaming.frames import encode_item
+
+StartNode = Callable[..., Awaitable[Node]]
+
+
+@pytest.fixture
+async def start_node(make_credentials: Callable[..., NodeCredentials]) -> AsyncIterator[StartNode]:
+    async with AsyncExitStack() as stack:
+
+        async def start(name: str = "node", **options: object) -> Node:
+            node = await Node.start(make_credentials(name), **options)  # type: ignore[arg-type]
+            stack.push_async_callback(node.close)
+            return node
+
+        yield start
+
+
+async def pair(start_node: StartNode, **options: object) -> tuple[Node, Node]:
+    b = await start_node("b", **options)
+    a = await start_node("a", **options)
+    a.add_peer(b.instance_id, b.address)
+    return a, b
+
+
+def metric(node: Node, name: str, labels: str = "") -> float:
+    pattern = re.escape(name) + (re.escape("{" + labels + "}") if labels else "") + r" (\S+)"
+    match = re.search(r"^" + pattern + "$", node.metrics_text(), re.MULTILINE)
+    assert match is not None, f"{name}{{{labels}}} not exported"
+    return float(match.group(1))
+
+
+async def drain(anchor: object, timeout: float = 60) -> list[object]:
+    async with asyncio.timeout(timeout):
+        return [item async for item in anchor]  # type: ignore[attr-defined]
+
+
+async def test_1024_streams_of_64_records_on_one_lane_exactly_once_in_order(
+    start_node: StartNode,
+) -> None:
+    a, b = await pair(start_node)
+    streams, records = 1024, 64
+    anchors = [b.create_anchor() for _ in range(streams)]
+    senders = await asyncio.gather(*(a.attach_anchor(x.handle) for x in anchors))
+    assert {s.negotiated_transport() for s in senders} == {MESSENGER_MUX_KEY}
+
+    async def produce() -> None:
+        for n in range(records):  # the forward-pass shape: one record per stream per pass
+            for index, sender in enumerate(senders):
+                await sender.send([index, n])
+        for sender in senders:
+            sender.finalize()
+
+    producer = asyncio.ensure_future(produce())
+    results = await asyncio.gather(*(drain(x, 120) for x in anchors))
+    await producer
+    assert all(r == [[i, n] for n in range(records)] for i, r in enumerate(results))
+    assert [await s.retired() for s in senders[:3]] and all(x.finished for x in anchors)
+    for node in (a, b):
+        # A slot frees when its terminal is written (producer) and when its close is
+        # handled, in the same batch as the terminal the consumer just read (consumer).
+        assert metric(node, "velo_streaming_mux_live_slots") == 0
+        assert metric(node, "velo_streaming_mux_reader_stall_total") == 0
+        assert metric(node, "velo_streaming_mux_credit_lost_total") == 0
+    sent = metric(a, "velo_streaming_mux_records_total", 'direction="sent"')
+    batches = metric(a, "velo_streaming_mux_batches_total", 'direction="sent"')
+    assert sent / batches > 10  # batched: many records per message
+
+
+async def test_a_consumer_that_stops_reading_holds_only_its_own_sender_at_its_credit_window(
+    start_node: StartNode,
+) -> None:
+    credit = 8
+    a, b = await pair(start_node, mux=MuxConfig(initial_credit=credit))
+    stalled = b.create_anchor()
+    others = [b.create_anchor() for _ in range(63)]
+    stuck = await a.attach_anchor(stalled.handle)
+    senders = await asyncio.gather(*(a.attach_anchor(x.handle) for x in others))
+    for n in range(50):  # well past the window: these queue on the producer
+        await stuck.send(n)
+
+    async def produce() -> None:
+        for n in range(40):
+            for sender in senders:
+                await sender.send(n)
+        for sender in senders:
+            sender.finalize()
+
+    producer = asyncio.ensure_future(produce())
+    results = await asyncio.gather(*(drain(x) for x in others))
+    await producer
+    assert all(r == list(range(40)) for r in results)  # the other streams never waited
+    assert metric(a, "velo_streaming_slot_credit_exhausted_total") >= 1
+    # The stalled stream's consumer holds exactly its window; the rest wait on the sender.
+    assert [await stalled.next() for _ in range(credit)] == list(range(credit))
+    stuck.finalize()
+    assert await drain(stalled) == list(range(credit, 50))
+
+
+async def test_manual_flush_writes_a_forward_pass_in_one_batch(start_node: StartNode) -> None:
+    a, b = await pair(start_node, mux=MuxConfig(flush_policy=Manual()))
+    anchors = [b.create_anchor() for _ in range(100)]
+    senders = await asyncio.gather(*(a.attach_anchor(x.handle) for x in anchors))
+    before = metric(a, "velo_streaming_mux_batches_total", 'direction="sent"')
+    for index, sender in enumerate(senders):
+        await sender.send(index)
+    a.flush_batch()
+    firsts = await asyncio.gather(*(x.next() for x in anchors))
+    assert firsts == list(range(100))
+    after = metric(a, "velo_streaming_mux_batches_total", 'direction="sent"')
+    assert after - before == 1  # one write for the whole pass
+    for sender in senders:
+        sender.finalize()
+    await asyncio.gather(*(drain(x) for x in anchors))
+
+
+async def test_bad_batches_from_a_peer_cost_only_what_the_chapter_says(
+    start_node: StartNode,
+) -> None:
+    a, b = await pair(start_node)
+    anchor = b.create_anchor()
+    sender = await a.attach_anchor(anchor.handle)
+    await sender.send("before")
+    assert await anchor.next() == "before"
+
+    def batch(*records: tuple[int, int, int, bytes], lane: int = 0, epoch: int = 1) -> bytes:
+        return encode_batch(BatchHeader(lane, len(records), epoch, 0), list(records))
+
+    good = batch((RecordType.DATA, slot_id(500, 0), 1, encode_item("x")))
+    bad_frames = [
+        bytes([7]) + good[1:],  # wrong version
+        good[:2] + (5).to_bytes(2, "big") + good[4:],  # record_count disagrees with the bytes
+        good[:-3],  # a len past the end
+        good[:16] + bytes([9]) + good[17:],  # unknown record type
+    ]
+    for frame in bad_frames:
+        a.messenger.send_message_on_lane(b.instance_id, 0, "_stream_batch", frame)
+    # Well-formed but wrong: an OpenSlot nobody bound, data for an unopened slot and for a
+    # refused one, a stale epoch (lower than the live one), credit for an index never
+    # allocated, a batch whose header lane is not its handler's.
+    live = {"lane": 1, "epoch": 1 << 62}
+    for frame in (
+        batch((RecordType.OPEN_SLOT, slot_id(600, 0), 0, open_slot_body(1, 2)), **live),
+        batch((RecordType.DATA, slot_id(601, 0), 1, encode_item("x")), **live),
+        batch((RecordType.DATA, slot_id(600, 3), 1, encode_item("x")), **live),
+        batch((RecordType.DATA, slot_id(600, 0), 1, encode_item("x")), lane=1, epoch=5),
+        batch((RecordType.CREDIT_UPDATE, slot_id(9000, 0), 0, credit_body(4)), **live),
+        batch((RecordType.DATA, slot_id(600, 0), 1, encode_item("x")), lane=2, epoch=1 << 62),
+    ):
+        a.messenger.send_message_on_lane(b.instance_id, 0, "_stream_batch.1", frame)
+    # A wrong generation for the real stream's live slot (index 0), in the producer's live
+    # epoch, on the real lane: dropped and counted, the stream itself untouched.
+    assert a.mux is not None
+    real_epoch = a.mux._drivers[(b.instance_id, 0)].batcher.epoch
+    wrong_generation = batch(
+        (RecordType.DATA, slot_id(0, 1), 2, encode_item("x")), epoch=real_epoch
+    )
+    a.messenger.send_message_on_lane(b.instance_id, 0, "_stream_batch", wrong_generation)
+    await sender.send("after")
+    sender.finalize()
+    assert await drain(anchor) == ["after"]  # the real stream went on untouched
+    # Every bad batch rode the same ordered QUIC stream ahead of "after": all were handled.
+    assert metric(b, "velo_streaming_mux_malformed_batches_total") == 4
+    for reason in ("stale_epoch", "closed_slot", "lane_mismatch", "generation"):
+        labels = f'reason="{reason}"'
+        assert metric(b, "velo_streaming_mux_records_dropped_total", labels) >= 1, reason
+    assert metric(b, "velo_streaming_mux_control_refused_total") >= 1
+
+
+async def test_the_mux_is_advertised_beside_the_per_stream_path_and_rolls_back(
+    start_node: StartNode, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b = await pair(start_node)
+    assert b.anchors.transport_keys == sorted([MESSENGER_MUX_KEY, PER_STREAM_KEY])
+    disabled = await start_node("disabled", mux=MuxConfig(enabled=False))
+    assert disabled.anchors.transport_keys == [PER_STREAM_KEY]
+    monkeypatch.setenv(DISABLE_ENV, "yes")
+    by_env = await start_node("by-env")
+    assert by_env.anchors.transport_keys == [PER_STREAM_KEY]
+    with pytest.raises(ValueError, match="mux-only"):
+        await start_node("broken", mux=MuxConfig(mux_only=True))
+    monkeypatch.delenv(DISABLE_ENV)
+    only = await start_node("only", mux=MuxConfig(mux_only=True))
+    assert only.anchors.transport_keys == [MESSENGER_MUX_KEY]
+    # An old sender (no keys) cannot reach a mux-only node: there is no per-stream listener.
+    a.add_peer(only.instance_id, only.address)
+    from velomux_quic.streaming.errors import AttachRefused
+
+    unreachable = only.create_anchor()
+    with pytest.raises(AttachRefused, match="no_common_transport"):
+        await a.anchors.attach_anchor(unreachable.handle, offer=[])
+    for bad in ({"initial_credit": 0}, {"credit_sweep_interval": 0}):
+        with pytest.raises(ValueError):
+            MuxConfig(**bad)  # type: ignore[arg-type]
