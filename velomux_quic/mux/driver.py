@@ -39,6 +39,8 @@ class BatcherDriver:
         self._timer_at: float | None = None
         self._space: dict[int, asyncio.Future[None]] = {}
         self._pending = 0
+        self.wakes = [0, 0]
+        """Real wakes by source: [wake (records, control, kick), linger/reply timer]."""
         self.closed = False
         self.last_activity = self._loop.time()
 
@@ -49,8 +51,9 @@ class BatcherDriver:
         if self._wake is None and not self.closed:
             self._wake = self._loop.call_soon(self._run)
 
-    def _run(self) -> None:
+    def _run(self, source: int = 0) -> None:
         self._wake = None
+        self.wakes[source] += 1
         batcher = self.batcher
         for batch in batcher.poll(self._loop.time()):
             self._write(batch)
@@ -115,7 +118,7 @@ class BatcherDriver:
     def _timer_fired(self) -> None:
         self._timer = None
         self._timer_at = None
-        self._run()
+        self._run(1)
 
     # -- producers waiting on a full slot ------------------------------------------------
 

@@ -67,16 +67,20 @@ class SlotsExhausted(RuntimeError):
     """Every slot index of this (peer, lane) table is live."""
 
 
+RECORDS_PER_BATCH_BUCKETS = tuple(2**i for i in range(12))
+"""Upper bounds of the records-per-batch histogram: 1 doubling to 2048 (12 buckets)."""
+
+
 class EgressStats:
     """Plain counters (exported at scrape time by the driver)."""
 
     __slots__ = (
+        "batch_size_buckets",
         "batches_sent",
         "control_refused",
         "credit_exhausted",
         "epoch_deaths",
         "record_types",
-        "records_per_batch",
         "records_sent",
     )
 
@@ -86,8 +90,10 @@ class EgressStats:
         self.control_refused = 0
         self.credit_exhausted = 0
         self.epoch_deaths = 0
-        self.records_per_batch: list[int] = []
+        self.batch_size_buckets = [0] * len(RECORDS_PER_BATCH_BUCKETS)
+        """Cumulative-ready counts per bucket of records per batch (1, 2, 4, ... 2048)."""
         self.record_types = [0] * 6
+        """Records sent by RecordType, counted per batch, never per record."""
 
 
 class EgressSlot:
@@ -185,6 +191,8 @@ class EgressBatcher:
         self._kick = False
         self._urgent = False
         self._builder = BatchBuilder(self.byte_cap)
+        # Record types of the batch being built, added to the stats once per batch.
+        self._count_data = self._count_open = self._count_close = self._count_credit = 0
 
     # -- slots ---------------------------------------------------------------------------
 
@@ -336,6 +344,20 @@ class EgressBatcher:
         if self._reply_since is None:
             self._reply_since = now
 
+    def queued_records(self) -> tuple[int, int]:
+        """(staged, withheld): records waiting with credit, and records waiting for it.
+        O(live slots): for metrics at scrape time, never on the hot path."""
+        staged = withheld = 0
+        for slot in self._slots:
+            if slot is None or not slot.queue:
+                continue
+            if slot.credit > 0 or slot.queue[0][1]:
+                staged += min(len(slot.queue), max(slot.credit, 1))
+                withheld += max(0, len(slot.queue) - max(slot.credit, 1))
+            else:
+                withheld += len(slot.queue)
+        return staged, withheld
+
     def pending_closes(self) -> int:
         return len(self._reply_close)
 
@@ -427,8 +449,10 @@ class EgressBatcher:
                 builder.add(RecordType.DATA, slot.slot_id, slot.next_seq, body)
                 slot.next_seq += 1
                 carries_data = True
+                self._count_data += 1
                 if terminal:
                     slot.reserve = 0
+                    self._count_close += 1
                     builder.add(
                         RecordType.CLOSE_SLOT,
                         slot.slot_id,
@@ -465,6 +489,7 @@ class EgressBatcher:
                 out.append(self._finish(guards, False))
                 guards = []
             builder.add(RecordType.OPEN_SLOT, slot.slot_id, 0, body)
+            self._count_open += 1
             slot.open_pending = False
             if slot.guard is not None:  # connect() waits for this OpenSlot's admission
                 guards.append(slot.guard)
@@ -482,12 +507,14 @@ class EgressBatcher:
                 out.append(self._finish(guards, carries_data))
                 guards.clear()
             builder.add(RecordType.CLOSE_SLOT, peer_slot, 0, body)
+            self._count_close += 1
         for peer_slot, delta in self._reply_credit.items():
             body = credit_body(delta & 0xFFFF_FFFF)
             if not builder.fits(len(body)):
                 out.append(self._finish(guards, carries_data))
                 guards.clear()
             builder.add(RecordType.CREDIT_UPDATE, peer_slot, 0, body)
+            self._count_credit += 1
         self._reply_close.clear()
         self._reply_credit.clear()
         self._reply_since = None
@@ -498,10 +525,17 @@ class EgressBatcher:
         payload = builder.finish(self.lane, self.epoch, self.batch_seq)
         self.batch_seq = (self.batch_seq + 1) & 0xFFFF_FFFF
         self.stats.batches_sent += 1
-        self.stats.records_sent += count
-        self.stats.records_per_batch.append(count)
-        if len(self.stats.records_per_batch) > 4096:
-            del self.stats.records_per_batch[:2048]
+        stats = self.stats
+        stats.records_sent += count
+        bucket = max(0, (count - 1).bit_length())
+        if bucket < len(stats.batch_size_buckets):
+            stats.batch_size_buckets[bucket] += 1
+        types = stats.record_types
+        types[RecordType.DATA] += self._count_data
+        types[RecordType.OPEN_SLOT] += self._count_open
+        types[RecordType.CLOSE_SLOT] += self._count_close
+        types[RecordType.CREDIT_UPDATE] += self._count_credit
+        self._count_data = self._count_open = self._count_close = self._count_credit = 0
         builder.reset()
         return OutgoingBatch(payload, count, carries_data, list(guards))
 

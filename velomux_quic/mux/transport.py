@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from functools import partial
 from typing import TYPE_CHECKING
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from ..ids import InstanceId
@@ -28,7 +28,7 @@ from ..streaming.transports import AttachTerms, BindTerms
 from .config import MuxConfig
 from .credit import IngressSlot, PeerBudget
 from .driver import BatcherDriver, MuxChannel
-from .egress import EgressBatcher
+from .egress import RECORDS_PER_BATCH_BUCKETS, EgressBatcher
 from .ingress import IngressTable, InMemoryBindRegistry, MuxIngressStats
 from .protocol import (
     MAX_LANES,
@@ -297,7 +297,9 @@ class MuxTransport(Collector):
     def _batchers(self) -> Iterator[EgressBatcher]:
         return (driver.batcher for driver in self._drivers.values())
 
-    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+    def collect(
+        self,
+    ) -> Iterator[CounterMetricFamily | GaugeMetricFamily | HistogramMetricFamily]:
         batchers = list(self._batchers())
         sent_batches = self._egress_retired[0] + sum(b.stats.batches_sent for b in batchers)
         sent_records = self._egress_retired[1] + sum(b.stats.records_sent for b in batchers)
@@ -355,6 +357,48 @@ class MuxTransport(Collector):
         held = GaugeMetricFamily("velo_streaming_mux_held_records", "Records in holds")
         held.add_metric([], ing.held_records)
         yield held
+        queued = [b.queued_records() for b in batchers]
+        staged = GaugeMetricFamily(
+            "velo_streaming_mux_staged_records",
+            "Records staged with credit, not yet written (a plateau under Manual: a missing "
+            "flush_batch)",
+        )
+        staged.add_metric([], sum(q[0] for q in queued))
+        yield staged
+        withheld = GaugeMetricFamily(
+            "velo_streaming_mux_withheld_records", "Records waiting for credit (or a fence)"
+        )
+        withheld.add_metric([], sum(q[1] for q in queued))
+        yield withheld
+        by_type = CounterMetricFamily(
+            "velo_streaming_mux_records_sent", "Records in written batches", labels=["record_type"]
+        )
+        names = ("data", "open_slot", "close_slot", "credit_update", "slot_heartbeat", "lifecycle")
+        totals = [sum(b.stats.record_types[i] for b in batchers) for i in range(6)]
+        for name, total in zip(names, totals, strict=True):
+            by_type.add_metric([name], total)
+        yield by_type
+        wakes = CounterMetricFamily(
+            "velo_streaming_mux_batcher_wakes", "Real batcher wakes", labels=["source"]
+        )
+        wakes.add_metric(["wake"], sum(d.wakes[0] for d in self._drivers.values()))
+        wakes.add_metric(["linger"], sum(d.wakes[1] for d in self._drivers.values()))
+        yield wakes
+        histogram = HistogramMetricFamily(
+            "velo_streaming_mux_records_per_batch",
+            "Records per written batch",
+            labels=["direction"],
+        )
+        cumulative = 0
+        buckets: list[tuple[str, float]] = []
+        for bound, index in zip(RECORDS_PER_BATCH_BUCKETS, range(12), strict=True):
+            cumulative += sum(b.stats.batch_size_buckets[index] for b in batchers)
+            buckets.append((str(float(bound)), cumulative))
+        live_batches = sum(b.stats.batches_sent for b in batchers)
+        buckets.append(("+Inf", live_batches))
+        live_records = sum(b.stats.records_sent for b in batchers)
+        histogram.add_metric(["sent"], buckets, sum_value=live_records)
+        yield histogram
 
     def describe(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         return iter(())
