@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 import time
+from functools import partial
 
 from ..ids import InstanceId, StreamAnchorHandle, WorkerId, worker_id_of
 from ..messenger import CallError, Context, Messenger
@@ -29,7 +30,6 @@ from .control import (
     AnchorAttachRequest,
     AnchorAttachResponse,
     ControlDecodeError,
-    MpscAnchorAttachErr,
     MpscAnchorAttachOk,
     MpscAnchorAttachRequest,
     MpscAnchorAttachResponse,
@@ -89,8 +89,8 @@ class AnchorManager(TransportHandler):
         self._heartbeat_wake = asyncio.Event()
         self._background: set[asyncio.Task[None]] = set()
         self._closed = False
-        messenger.register_system("_anchor_attach", self._attach_handler)
-        messenger.register_system("_mpsc_anchor_attach", self._mpsc_attach_handler)
+        messenger.register_system("_anchor_attach", partial(self._attach_handler, mpsc=False))
+        messenger.register_system("_mpsc_anchor_attach", partial(self._attach_handler, mpsc=True))
         messenger.register_system("_stream_cancel", self._cancel_handler)
         messenger.register_system("_stream_stop", self._stop_handler)
         self.transports = TransportRegistry(default_key=PER_STREAM_KEY)
@@ -269,25 +269,17 @@ class AnchorManager(TransportHandler):
 
     # -- consumer: the attach handlers ---------------------------------------------------
 
-    def _attach_handler(self, ctx: Context) -> bytes:
+    def _attach_handler(self, ctx: Context, *, mpsc: bool) -> bytes:
+        """``_anchor_attach`` and ``_mpsc_anchor_attach`` (an Err is the same for both)."""
         started = time.monotonic()
+        request_type = MpscAnchorAttachRequest if mpsc else AnchorAttachRequest
         try:
-            request = AnchorAttachRequest.decode(ctx.payload)
+            request = request_type.decode(ctx.payload)
         except ControlDecodeError as exc:
             return AnchorAttachErr(f"malformed: {exc}").encode()
-        answer = self._attach(ctx.sender, request, mpsc=False)
+        answer = self._attach(ctx.sender, request, mpsc=mpsc)
         self._count_attach(answer, started)
         return (AnchorAttachErr(answer) if isinstance(answer, str) else answer).encode()
-
-    def _mpsc_attach_handler(self, ctx: Context) -> bytes:
-        started = time.monotonic()
-        try:
-            request = MpscAnchorAttachRequest.decode(ctx.payload)
-        except ControlDecodeError as exc:
-            return MpscAnchorAttachErr(f"malformed: {exc}").encode()
-        answer = self._attach(ctx.sender, request, mpsc=True)
-        self._count_attach(answer, started)
-        return (MpscAnchorAttachErr(answer) if isinstance(answer, str) else answer).encode()
 
     def _count_attach(self, answer: object, started: float) -> None:
         ok = not isinstance(answer, str)
