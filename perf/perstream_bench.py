@@ -1,19 +1,32 @@
-"""The per-stream QUIC path (``quic-stream-v1``) in the decode-engine shape, two processes.
+"""Token streaming in the decode-engine shape, two processes, per transport.
 
-The baseline a mux benchmark is measured against, measured the same way. A frontend
-(the consumer node) creates ``--streams`` anchors and hands their handles, its instance id
-and its address to an engine (the producer node) in another process, through a JSON file.
-The engine attaches a sender to each (concurrently, offering only ``quic-stream-v1``, so
-the per-stream path is measured whatever else the nodes support), then runs ``--passes``
-forward passes: each pass sends one 48-byte token to every stream, awaiting each send
-(that await is the backpressure), and the engine finalizes every stream after the last
-pass. The two nodes verify each other over mutual TLS with certificates made on demand in
-a temporary directory. Every run uses fresh processes.
+A frontend (the consumer node) creates ``--streams`` anchors and hands their handles, its
+instance id and its address to an engine (the producer node) in another process, through a
+JSON file. The engine attaches a sender to each (concurrently), then runs ``--passes``
+forward passes: each pass sends one 48-byte token to every stream, awaiting each send, and
+calls ``Node.flush_batch()``; the engine finalizes every stream after the last pass. The two
+nodes verify each other over mutual TLS with certificates made on demand in a temporary
+directory. Every run uses fresh processes.
 
-    python perf/perstream_bench.py                       # 1,024 streams x 100 passes, 3 runs
-    python perf/perstream_bench.py --short               # 256 x 30, 1 run
+The arms (``--transport``):
+
+* ``per-stream``: the engine offers only ``quic-stream-v1``, so the attach settles on the
+  per-stream QUIC path whatever else the nodes support (the baseline);
+* ``mux-auto``: both nodes with the default ``MuxConfig`` (``AutoFlush``); the attach
+  negotiates ``messenger-mux-v2``;
+* ``mux-manual``: the engine with ``MuxConfig(flush_policy=Manual())``, so its one
+  ``flush_batch()`` per pass is the write; the frontend keeps the default;
+* ``all`` (the default): the three, interleaved (run 1 of each arm, then run 2 of each,
+  ...), so a burst of other load on the machine hits every arm alike. A failed run is
+  reported as failed for its arm and the others go on.
+
+Every sender's ``negotiated_transport()`` must be the arm's key, or the run fails.
+
+    python perf/perstream_bench.py                       # 3 arms, 1,024 x 100, 3 runs each
+    python perf/perstream_bench.py --short               # 3 arms, 256 x 30, 1 run each
+    python perf/perstream_bench.py --transport mux-manual --runs 5
     python perf/perstream_bench.py --consumer single-task --json perstream.json
-    python perf/perstream_bench.py --short --profile consumer   # cProfile's top functions
+    python perf/perstream_bench.py --short --transport per-stream --profile consumer
 
 Both children run on ``velomux_quic.runtime.run`` (uvloop when installed; set
 ``VELOMUX_NO_UVLOOP=1`` to measure plain asyncio).
@@ -22,7 +35,7 @@ What a run reports:
 
 * tokens delivered, which must equal streams x passes: the consumer checks that every
   stream received exactly its own tokens, in order, and ended with ``Finalized``; any
-  difference fails the run (and the benchmark) with a non-zero exit;
+  difference fails the run, and the benchmark exits non-zero if any run failed;
 * windows on ``time.perf_counter`` (CLOCK_MONOTONIC on Linux: one clock for every process
   on the host): *send*, the producer's first send to its last pass; *retire*, its first
   send to every stream's terminal being admitted; *read*, the consumer's first token to its
@@ -32,10 +45,17 @@ What a run reports:
   The producer's CPU window runs from its first send until the consumer has confirmed every
   token, so it includes handling the consumer's acknowledgements; the consumer's from just
   before the first send until its last stream ended. Waiting costs no CPU;
-* each node's own counters over the same windows: frames written
+* each node's own counters over the same windows: per-stream frames written
   (``velo_streaming_frames_written_total``, heartbeats and terminals included), UDP
   datagrams out and in (``velo_transport_datagrams_total``), sends that had to wait, and
-  receivers whose reader fell behind (the last two only in the JSON).
+  receivers whose reader fell behind (the last two only in the JSON);
+* on the mux arms, records per wire write on the producer:
+  ``velo_streaming_mux_records_total{direction="sent"}`` over
+  ``velo_streaming_mux_batches_total{direction="sent"}``, against the most records of this
+  token that fit one batch under the byte cap, ``floor((cap - 16) / (13 + record))`` with
+  ``cap = min(max_batch_bytes, 64 KiB, the messenger's eager budget)``. Every record
+  counts: tokens, heartbeats (ordinary data records under the mux), and each stream's
+  terminal with its ``CloseSlot``.
 
 The consumer shapes (``--consumer``): ``task-per-stream`` runs ``async for item in anchor``
 in one task per anchor, as a frontend with a task per request does. ``single-task`` has
@@ -73,11 +93,14 @@ from typing import Any, TypeVar
 import msgpack
 
 from velomux_quic.ids import InstanceId, StreamAnchorHandle
+from velomux_quic.mux.config import Manual, MuxConfig
+from velomux_quic.mux.protocol import BATCH_HEADER_SIZE, COALESCE_THRESHOLD, RECORD_HEADER_SIZE
 from velomux_quic.node import Node
 from velomux_quic.runtime import run
 from velomux_quic.security.certs import NodeCredentials, ensure_dev_cluster
 from velomux_quic.streaming.anchor import StreamAnchor
-from velomux_quic.streaming.control import PER_STREAM_KEY
+from velomux_quic.streaming.control import MESSENGER_MUX_KEY, PER_STREAM_KEY
+from velomux_quic.streaming.frames import encode_item
 from velomux_quic.streaming.sender import Retired, StreamSender
 
 T = TypeVar("T")
@@ -86,6 +109,22 @@ TOKEN_BYTES = 48
 """Size of one token item, MessagePack-encoded (the frame adds the ``Item`` tag)."""
 
 SHORT = {"streams": 256, "passes": 30, "runs": 1}
+
+ARMS = ("per-stream", "mux-auto", "mux-manual")
+ARM_KEYS = {
+    "per-stream": PER_STREAM_KEY,
+    "mux-auto": MESSENGER_MUX_KEY,
+    "mux-manual": MESSENGER_MUX_KEY,
+}
+"""The transport key every sender of an arm must have negotiated."""
+
+
+def arm_mux_config(arm: str, role: str) -> MuxConfig:
+    """The node's MuxConfig: the default, except the engine of ``mux-manual``."""
+    if arm == "mux-manual" and role == "producer":
+        return MuxConfig(flush_policy=Manual())
+    return MuxConfig()
+
 
 COUNTERS: dict[str, tuple[str, dict[str, str]]] = {
     "frames_written": ("velo_streaming_frames_written_total", {}),
@@ -101,6 +140,19 @@ COUNTERS: dict[str, tuple[str, dict[str, str]]] = {
     "datagrams_in": (
         "velo_transport_datagrams_total",
         {"transport": "quic", "direction": "inbound"},
+    ),
+    "mux_batches_sent": ("velo_streaming_mux_batches_total", {"direction": "sent"}),
+    "mux_records_sent": ("velo_streaming_mux_records_total", {"direction": "sent"}),
+    "mux_batches_received": ("velo_streaming_mux_batches_total", {"direction": "received"}),
+    "mux_records_received": ("velo_streaming_mux_records_total", {"direction": "received"}),
+    "mux_data_records_sent": ("velo_streaming_mux_records_sent_total", {"record_type": "data"}),
+    "mux_close_records_sent": (
+        "velo_streaming_mux_records_sent_total",
+        {"record_type": "close_slot"},
+    ),
+    "mux_credit_records_sent": (
+        "velo_streaming_mux_records_sent_total",
+        {"record_type": "credit_update"},
     ),
 }
 
@@ -140,6 +192,19 @@ def token_item(token: int) -> dict[str, Any]:
 
 
 # Stream ``i`` carries tokens ``i, i + streams, i + 2 * streams, ...``: one per pass.
+
+
+def token_record_bytes() -> int:
+    """The encoded size of a token item (``encode_item``), the body of its Data record."""
+    sizes = {len(encode_item(token_item(limit - 1))) for limit in _UINT_LIMITS}
+    if len(sizes) != 1:
+        raise ValueError(f"token records vary in size: {sorted(sizes)}")
+    return sizes.pop()
+
+
+def records_per_batch_clamp(byte_cap: int, record_bytes: int) -> int:
+    """The most records of ``record_bytes`` that fit one batch of at most ``byte_cap``."""
+    return (byte_cap - BATCH_HEADER_SIZE) // (RECORD_HEADER_SIZE + record_bytes)
 
 
 # -- measuring inside a child ------------------------------------------------------------
@@ -337,7 +402,8 @@ async def consumer_main(args: argparse.Namespace) -> int:
     stdin = await _stdin()
     credentials = NodeCredentials.load(args.credentials)
     streams, passes = args.streams, args.passes
-    async with await Node.start(credentials) as node:
+    mux = arm_mux_config(args.transport, "consumer")
+    async with await Node.start(credentials, mux=mux) as node:
         anchors = [node.create_anchor() for _ in range(streams)]
         progress = Progress(streams)
         if args.consumer == "task-per-stream":
@@ -406,23 +472,29 @@ async def producer_main(args: argparse.Namespace) -> int:
     handoff = json.loads(Path(args.handoff).read_text())
     streams, passes = args.streams, args.passes
     delay = args.pass_delay_ms / 1000.0
-    async with await Node.start(credentials) as node:
+    arm = args.transport
+    mux = arm_mux_config(arm, "producer")
+    async with await Node.start(credentials, mux=mux) as node:
         host, port = handoff["address"]
-        node.add_peer(InstanceId.parse(handoff["instance_id"]), (host, int(port)))
+        peer = InstanceId.parse(handoff["instance_id"])
+        node.add_peer(peer, (host, int(port)))
         handles = [StreamAnchorHandle.from_wire(wire) for wire in handoff["handles"]]
         if len(handles) != streams:
             raise BenchFailure(f"the consumer handed over {len(handles)} handles, not {streams}")
+        # The per-stream arm offers only the per-stream path, so the attach settles on it
+        # whatever else the two nodes could negotiate; the mux arms offer the default set.
+        offer = [PER_STREAM_KEY] if arm == "per-stream" else None
         started = time.perf_counter()
-        # Offer only the per-stream path, so the attach settles on it whatever else the two
-        # nodes could negotiate.
         senders: list[StreamSender] = await asyncio.gather(
-            *(node.anchors.attach_anchor(handle, offer=[PER_STREAM_KEY]) for handle in handles)
+            *(node.anchors.attach_anchor(handle, offer=offer) for handle in handles)
         )
         attach_s = time.perf_counter() - started
         transports = sorted({str(sender.negotiated_transport()) for sender in senders})
-        if transports != [PER_STREAM_KEY]:
-            raise BenchFailure(f"attached over {transports}, not only {PER_STREAM_KEY}")
-        _say("attached", {"attach_s": attach_s, "transports": transports})
+        if transports != [ARM_KEYS[arm]]:
+            raise BenchFailure(f"attached over {transports}, not only {ARM_KEYS[arm]}")
+        # The batcher's byte cap: the smallest of the three clamps (design: the batch size cap).
+        byte_cap = min(mux.max_batch_bytes, COALESCE_THRESHOLD, node.messenger.eager_budget(peer))
+        _say("attached", {"attach_s": attach_s, "transports": transports, "byte_cap": byte_cap})
 
         await _expect_line(stdin, "go")
         window = Window.open(node)
@@ -511,6 +583,9 @@ class Child:
                 f"the {self.name} exited with code {code} before {word!r} (its stderr is above)"
             )
         said, _, payload = line.partition(" ")
+        if said == "failed" and word != "failed":
+            error = json.loads(payload).get("error", "?") if payload else "?"
+            raise BenchFailure(f"the {self.name} failed: {error}")
         if said != word:
             raise BenchFailure(f"the {self.name} said {line[:200]!r}, expected {word!r}")
         result: dict[str, Any] = json.loads(payload) if payload else {}
@@ -556,10 +631,11 @@ async def _watched(
 
 
 def _child_arguments(
-    args: argparse.Namespace, role: str, credentials: Path, handoff: Path
+    args: argparse.Namespace, arm: str, role: str, credentials: Path, handoff: Path
 ) -> list[str]:
     arguments = [
         "--role", role,
+        "--transport", arm,
         "--credentials", str(credentials),
         "--handoff", str(handoff),
         "--streams", str(args.streams),
@@ -574,19 +650,19 @@ def _child_arguments(
 
 
 async def one_run(
-    args: argparse.Namespace, nodes: dict[str, Path], workdir: Path, number: int
+    args: argparse.Namespace, arm: str, nodes: dict[str, Path], workdir: Path, number: int
 ) -> dict[str, Any]:
-    handoff = workdir / f"handoff-{number}.json"
+    handoff = workdir / f"handoff-{arm}-{number}.json"
     timeout = args.timeout
     children: list[Child] = []
     try:
         consumer = await Child.spawn(
-            "consumer", _child_arguments(args, "consumer", nodes["frontend"], handoff)
+            "consumer", _child_arguments(args, arm, "consumer", nodes["frontend"], handoff)
         )
         children.append(consumer)
         await _watched(consumer.expect("ready"), [], "starting the consumer", timeout)
         producer = await Child.spawn(
-            "producer", _child_arguments(args, "producer", nodes["engine"], handoff)
+            "producer", _child_arguments(args, arm, "producer", nodes["engine"], handoff)
         )
         children.append(producer)
         attached = await _watched(producer.expect("attached"), [consumer], "attaching", timeout)
@@ -608,11 +684,12 @@ async def one_run(
         for child in children:
             await child.process.wait()
         handoff.unlink(missing_ok=True)
-    return _summarise(args, attached, sent, received)
+    return _summarise(args, arm, attached, sent, received)
 
 
 def _summarise(
     args: argparse.Namespace,
+    arm: str,
     attached: dict[str, Any],
     sent: dict[str, Any],
     received: dict[str, Any],
@@ -627,7 +704,9 @@ def _summarise(
     produced, consumed = sent["counters"], received["counters"]
     cpu_p = sent["cpu_user_s"] + sent["cpu_sys_s"]
     cpu_c = received["cpu_user_s"] + received["cpu_sys_s"]
-    return {
+    result: dict[str, Any] = {
+        "arm": arm,
+        "transport": attached["transports"][0],
         "tokens": tokens,
         "attach_s": attached["attach_s"],
         "send_s": sent["passes_done_at"] - sent["first_send_at"],
@@ -660,9 +739,35 @@ def _summarise(
         "producer_loop": sent["loop"],
         "consumer_loop": received["loop"],
     }
+    if ARM_KEYS[arm] == MESSENGER_MUX_KEY:
+        batches = produced["mux_batches_sent"]
+        records = produced["mux_records_sent"]
+        clamp = records_per_batch_clamp(attached["byte_cap"], token_record_bytes())
+        per_write = records / batches if batches else 0.0
+        result.update(
+            {
+                "mux_byte_cap": attached["byte_cap"],
+                "mux_records_clamp": clamp,
+                "producer_mux_batches_sent": batches,
+                "producer_mux_records_sent": records,
+                "producer_mux_data_records_sent": produced["mux_data_records_sent"],
+                "producer_mux_close_records_sent": produced["mux_close_records_sent"],
+                "producer_mux_credit_records_sent": produced["mux_credit_records_sent"],
+                "producer_records_per_write": per_write,
+                "producer_records_per_write_of_clamp": per_write / clamp,
+                "producer_writes_per_pass": batches / args.passes,
+                "consumer_mux_batches_received": consumed["mux_batches_received"],
+                "consumer_mux_records_received": consumed["mux_records_received"],
+                "consumer_mux_batches_sent": consumed["mux_batches_sent"],
+                "consumer_mux_credit_records_sent": consumed["mux_credit_records_sent"],
+            }
+        )
+    return result
 
 
-COLUMNS: list[tuple[str, str, Callable[[float], str]]] = [
+Column = tuple[str, str, Callable[[float], str]]
+
+COLUMNS: list[Column] = [
     ("attach_s", "attach s", "{:.2f}".format),
     ("send_s", "send s", "{:.2f}".format),
     ("retire_s", "retire s", "{:.2f}".format),
@@ -675,30 +780,202 @@ COLUMNS: list[tuple[str, str, Callable[[float], str]]] = [
     ("consumer_cpu_us_per_token", "cons µs/tok", "{:.1f}".format),
     ("producer_datagrams_out_per_token", "prod dgram out/tok", "{:.3f}".format),
     ("producer_datagrams_in_per_token", "prod dgram in/tok", "{:.3f}".format),
+]
+PER_STREAM_COLUMNS: list[Column] = [
     ("producer_frames_per_token", "frames/tok", "{:.3f}".format),
 ]
+MUX_COLUMNS: list[Column] = [
+    ("producer_writes_per_pass", "writes/pass", "{:.2f}".format),
+    ("producer_records_per_write", "records/write", "{:.1f}".format),
+]
+
+COMPARED: list[tuple[str, str, Callable[[float], str], bool]] = [
+    ("tokens_per_s", "tokens/s", "{:,.0f}".format, True),
+    ("producer_cpu_us_per_token", "producer CPU µs per token", "{:.1f}".format, False),
+    ("consumer_cpu_us_per_token", "consumer CPU µs per token", "{:.1f}".format, False),
+]
+"""The metrics compared across arms; True where higher is better (ratio arm / per-stream),
+False where lower is better (ratio per-stream / arm). Either way a ratio above 1 favours
+the mux arm."""
+
+
+Medians = dict[str, dict[str, float]]
+"""Per arm, the median of every numeric figure over its successful runs."""
+
+
+def _ok(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [run for run in runs if "failed" not in run]
 
 
 def _median(runs: list[dict[str, Any]]) -> dict[str, float]:
+    done = _ok(runs)
+    if not done:
+        return {}
     return {
-        key: statistics.median(float(run[key]) for run in runs)
-        for key in runs[0]
+        key: statistics.median(float(run[key]) for run in done)
+        for key in done[0]
         if all(
-            isinstance(run[key], (int, float)) and not isinstance(run[key], bool) for run in runs
+            isinstance(run.get(key), (int, float)) and not isinstance(run.get(key), bool)
+            for run in done
         )
     }
 
 
-def _table(runs: list[dict[str, Any]], median: dict[str, float]) -> str:
-    header = ["run", "tokens", *(title for _, title, _ in COLUMNS)]
+def _columns(arm: str) -> list[Column]:
+    return COLUMNS + (MUX_COLUMNS if ARM_KEYS[arm] == MESSENGER_MUX_KEY else PER_STREAM_COLUMNS)
+
+
+def _table(arm: str, runs: list[dict[str, Any]], median: dict[str, float]) -> str:
+    """Every figure of one arm's runs (a failed run as a row of dashes, its error below)."""
+    columns = _columns(arm)
+    header = ["run", "tokens", *(title for _, title, _ in columns)]
     lines = ["| " + " | ".join(header) + " |", "|" + "---:|" * len(header)]
-    rows: list[tuple[str, dict[str, Any]]] = [(str(i + 1), run) for i, run in enumerate(runs)]
-    if len(runs) > 1:
-        rows.append(("median", median))
-    for label, row in rows:
-        cells = [label, f"{int(row['tokens']):,}", *(fmt(row[key]) for key, _, fmt in COLUMNS)]
+    failures: list[str] = []
+    for number, result in enumerate(runs, 1):
+        if "failed" in result:
+            cells = [str(number), "FAILED", *("—" for _ in columns)]
+            failures.append(f"run {number} FAILED: {result['failed']}")
+        else:
+            cells = [
+                str(number),
+                f"{int(result['tokens']):,}",
+                *(fmt(result[key]) for key, _, fmt in columns),
+            ]
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    if len(_ok(runs)) > 1:
+        cells = ["median", f"{int(median['tokens']):,}"]
+        cells += [fmt(median[key]) for key, _, fmt in columns]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join([*lines, *("\n" + failure for failure in failures)])
+
+
+def _ratio(
+    metric: str, higher_is_better: bool, arm: dict[str, float], base: dict[str, float]
+) -> float | None:
+    """The arm against per-stream, oriented so that above 1 favours the arm; None if either
+    has no successful run."""
+    if metric not in arm or metric not in base or not arm[metric] or not base[metric]:
+        return None
+    return arm[metric] / base[metric] if higher_is_better else base[metric] / arm[metric]
+
+
+def _spread(values: list[float]) -> str:
+    """(max - min) / median of the successful runs, in percent."""
+    if len(values) < 2:
+        return "—"
+    return f"{100 * (max(values) - min(values)) / statistics.median(values):.0f}%"
+
+
+def _comparison(
+    arms: Sequence[str], by_arm: dict[str, list[dict[str, Any]]], medians: Medians
+) -> str:
+    """One table per compared metric (every run, the median, the spread, the ratio), then
+    the medians and ratios of every metric side by side."""
+    baseline = "per-stream" in arms and len(arms) > 1
+    runs = max(len(by_arm[arm]) for arm in arms)
+    blocks: list[str] = []
+    for metric, title, fmt, higher in COMPARED:
+        ratio_title = "arm / per-stream" if higher else "per-stream / arm"
+        header = ["arm", *(f"run {i + 1}" for i in range(runs)), "median", "spread"]
+        if baseline:
+            header.append(ratio_title)
+        lines = [
+            f"**{title}** ({'higher' if higher else 'lower'} is better)",
+            "",
+            "| " + " | ".join(header) + " |",
+            "|---|" + "---:|" * (len(header) - 1),
+        ]
+        for arm in arms:
+            arm_runs = by_arm[arm]
+            cells = [arm]
+            cells += ["FAILED" if "failed" in run else fmt(run[metric]) for run in arm_runs]
+            cells += [""] * (runs - len(arm_runs))
+            median = medians[arm]
+            cells.append(fmt(median[metric]) if metric in median else "—")
+            cells.append(_spread([run[metric] for run in _ok(arm_runs)]))
+            if baseline:
+                if arm == "per-stream":
+                    cells.append("1")
+                else:
+                    ratio = _ratio(metric, higher, median, medians["per-stream"])
+                    cells.append("n/a" if ratio is None else f"{ratio:.2f}")
+            lines.append("| " + " | ".join(cells) + " |")
+        blocks.append("\n".join(lines))
+    if baseline:
+        others = [arm for arm in arms if arm != "per-stream"]
+        header = ["median", *arms, "ratio", *(f"{arm} ratio" for arm in others)]
+        lines = [
+            "**medians and ratios** (a ratio above 1 favours the mux arm)",
+            "",
+            "| " + " | ".join(header) + " |",
+            "|---|" + "---:|" * len(arms) + "---|" + "---:|" * len(others),
+        ]
+        for metric, title, fmt, higher in COMPARED:
+            cells = [title]
+            cells += [fmt(medians[arm][metric]) if metric in medians[arm] else "—" for arm in arms]
+            cells.append("mux / per-stream" if higher else "per-stream / mux")
+            for arm in others:
+                ratio = _ratio(metric, higher, medians[arm], medians["per-stream"])
+                cells.append("n/a" if ratio is None else f"{ratio:.2f}")
+            lines.append("| " + " | ".join(cells) + " |")
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
+def _records_per_write(
+    arms: Sequence[str], by_arm: dict[str, list[dict[str, Any]]], medians: Medians
+) -> str:
+    """Records per wire write on the producer against the batch clamp, per mux arm."""
+    mux_arms = [arm for arm in arms if ARM_KEYS[arm] == MESSENGER_MUX_KEY]
+    if not mux_arms:
+        return ""
+    record = token_record_bytes()
+    runs = max(len(by_arm[arm]) for arm in mux_arms)
+    header = ["arm", *(f"run {i + 1}" for i in range(runs)), "median", "clamp", "of clamp"]
+    lines = [
+        f"**records per wire write** (producer: velo_streaming_mux_records_total / "
+        f'velo_streaming_mux_batches_total, direction="sent"); clamp = floor((byte cap - '
+        f"{BATCH_HEADER_SIZE}) / ({RECORD_HEADER_SIZE} + {record})), a token record being "
+        f"{record} bytes (encode_item)",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|---|" + "---:|" * (len(header) - 1),
+    ]
+    breakdown = [
+        "| arm | byte cap | writes/pass | records | data records | of which heartbeats "
+        "| CloseSlot records | other records |",
+        "|---|" + "---:|" * 7,
+    ]
+    for arm in mux_arms:
+        arm_runs, median = by_arm[arm], medians[arm]
+        cells = [arm]
+        cells += [
+            "FAILED" if "failed" in run else f"{run['producer_records_per_write']:.1f}"
+            for run in arm_runs
+        ]
+        cells += [""] * (runs - len(arm_runs))
+        if "producer_records_per_write" in median:
+            clamp = int(median["mux_records_clamp"])
+            per_write = median["producer_records_per_write"]
+            cells += [f"{per_write:.1f}", str(clamp), f"{per_write / clamp:.2f}"]
+            data = median["producer_mux_data_records_sent"]
+            close = median["producer_mux_close_records_sent"]
+            records = median["producer_mux_records_sent"]
+            breakdown.append(
+                f"| {arm} | {int(median['mux_byte_cap']):,} | "
+                f"{median['producer_writes_per_pass']:.2f} | {records:,.0f} | {data:,.0f} | "
+                f"{median['producer_heartbeats_sent']:,.0f} | {close:,.0f} | "
+                f"{records - data - close:,.0f} |"
+            )
+        else:
+            cells += ["—", "—", "—"]
+        lines.append("| " + " | ".join(cells) + " |")
+    note = (
+        "Every record counts, not only tokens: heartbeats are ordinary data records under "
+        "the mux, and each stream ends with its terminal (a data record) and a CloseSlot. "
+        "The breakdown shows medians over the successful runs (each column on its own)."
+    )
+    return "\n".join([*lines, "", *breakdown, "", note])
 
 
 def _package_version(name: str) -> str:
@@ -727,82 +1004,114 @@ async def _other_cpu_busy(seconds: float = 0.5) -> float | None:
     return (busy_after - busy_before) / total if total > 0 else None
 
 
+def _progress_line(arm: str, number: int, runs: int, result: dict[str, Any]) -> str:
+    where = f"{arm} run {number + 1}/{runs}"
+    if "failed" in result:
+        return f"{where}: FAILED: {result['failed']}"
+    line = (
+        f"{where}: {result['tokens']:,} tokens, {result['tokens_per_s']:,.0f} tokens/s, "
+        f"CPU µs/token {result['producer_cpu_us_per_token']:.1f} producer, "
+        f"{result['consumer_cpu_us_per_token']:.1f} consumer"
+    )
+    if "producer_records_per_write" in result:
+        line += f", {result['producer_records_per_write']:.1f} records/write"
+    return line
+
+
 async def orchestrate(args: argparse.Namespace) -> int:
-    runs: list[dict[str, Any]] = []
-    try:
-        with tempfile.TemporaryDirectory(prefix="perstream-bench-") as tmp:
-            workdir = Path(tmp)
-            nodes = ensure_dev_cluster(workdir, ("engine", "frontend"))
-            for number in range(args.runs):
+    arms = list(ARMS) if args.transport == "all" else [args.transport]
+    by_arm: dict[str, list[dict[str, Any]]] = {arm: [] for arm in arms}
+    with tempfile.TemporaryDirectory(prefix="perstream-bench-") as tmp:
+        workdir = Path(tmp)
+        nodes = ensure_dev_cluster(workdir, ("engine", "frontend"))
+        # Interleaved: run 1 of every arm, then run 2 of every arm, ...
+        for number in range(args.runs):
+            for arm in arms:
                 busy = await _other_cpu_busy()
                 if busy is not None and busy > 0.2:
                     print(
                         f"warning: {busy:.0%} of the CPUs were busy with other work just before "
-                        f"run {number + 1}; its figures are disturbed",
+                        f"{arm} run {number + 1}; its figures are disturbed",
                         file=sys.stderr,
                     )
-                result = await one_run(args, nodes, workdir, number)
+                try:
+                    result = await one_run(args, arm, nodes, workdir, number)
+                except BenchFailure as exc:
+                    result = {"arm": arm, "failed": str(exc)}
+                result["run"] = number + 1
                 result["other_cpu_busy_before"] = busy
-                runs.append(result)
-                print(
-                    f"run {number + 1}/{args.runs}: {result['tokens']:,} tokens, "
-                    f"{result['tokens_per_s']:,.0f} tokens/s, CPU µs/token "
-                    f"{result['producer_cpu_us_per_token']:.1f} producer, "
-                    f"{result['consumer_cpu_us_per_token']:.1f} consumer",
-                    file=sys.stderr,
-                    flush=True,
-                )
-    except BenchFailure:
-        if runs:
-            print("the runs that completed before the failure:", file=sys.stderr)
-            print(_table(runs, _median(runs)), file=sys.stderr)
-        raise
-    median = _median(runs)
+                by_arm[arm].append(result)
+                print(_progress_line(arm, number, args.runs, result), file=sys.stderr, flush=True)
+    medians = {arm: _median(runs) for arm, runs in by_arm.items()}
+    failed = {arm: sum("failed" in run for run in runs) for arm, runs in by_arm.items()}
     config = {
         "streams": args.streams,
         "passes": args.passes,
         "consumer": args.consumer,
         "pass_delay_ms": args.pass_delay_ms,
         "runs": args.runs,
+        "arms": arms,
+        "interleaved": len(arms) > 1,
         "token_bytes": TOKEN_BYTES,
-        "transport": PER_STREAM_KEY,
+        "token_record_bytes": token_record_bytes(),
         "profiled": args.profile,
     }
+    loops = sorted({run["producer_loop"] for runs in by_arm.values() for run in _ok(runs)})
     environment = {
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
-        "loop": runs[0]["producer_loop"],
+        "loop": ", ".join(loops) or "unknown",
         "aioquic": _package_version("aioquic"),
+        "uvloop": _package_version("uvloop"),
         "velomux_quic": _package_version("velomux_quic"),
     }
     print(
-        f"per-stream QUIC ({PER_STREAM_KEY}), {args.streams:,} streams x {args.passes} passes "
-        f"of one {TOKEN_BYTES}-byte token, consumer {args.consumer}, pass delay "
-        f"{args.pass_delay_ms:g} ms, {environment['loop']}, {environment['cpus']} CPUs, "
-        f"Python {environment['python']}"
+        f"{', '.join(arms)}: {args.streams:,} streams x {args.passes} passes of one "
+        f"{TOKEN_BYTES}-byte token, {args.runs} run{'s' if args.runs > 1 else ''} per arm"
+        + (" (interleaved)" if len(arms) > 1 else "")
+        + f", consumer {args.consumer}, pass delay {args.pass_delay_ms:g} ms, "
+        f"{environment['loop']}, {environment['cpus']} CPUs, Python {environment['python']}, "
+        f"aioquic {environment['aioquic']}"
         + (f"; {args.profile} under cProfile" if args.profile else "")
     )
+    for arm in arms:
+        print(f"\n### {arm} ({ARM_KEYS[arm]})\n")
+        print(_table(arm, by_arm[arm], medians[arm]))
     print()
-    print(_table(runs, median))
-    if not all(run["e2e_shared_clock"] for run in runs):
+    print(_comparison(arms, by_arm, medians))
+    records = _records_per_write(arms, by_arm, medians)
+    if records:
+        print()
+        print(records)
+    done = [run for runs in by_arm.values() for run in _ok(runs)]
+    if not all(run["e2e_shared_clock"] for run in done):
         print("\ne2e measured from the consumer's arming: perf_counter is not shared here")
+    if any(failed.values()):
+        counts = ", ".join(f"{arm} {n} of {args.runs}" for arm, n in failed.items() if n)
+        print(f"\nFAILED runs: {counts}")
     if args.json is not None:
         document = {
             "benchmark": "perstream",
             "config": config,
             "environment": environment,
-            "runs": runs,
-            "median": median,
+            "runs": by_arm,
+            "median": medians,
         }
         args.json.write_text(json.dumps(document, indent=2) + "\n")
-    return 0
+    return 2 if any(failed.values()) else 0
 
 
 def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     doc = __doc__ or ""
     parser = argparse.ArgumentParser(
         description=doc.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--transport",
+        choices=(*ARMS, "all"),
+        default="all",
+        help="the arm to run; all (default) runs the three, interleaved",
     )
     parser.add_argument("--streams", type=int, default=1024, help="anchors (default 1,024)")
     parser.add_argument("--passes", type=int, default=100, help="forward passes (default 100)")
@@ -818,11 +1127,13 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
         default=0.0,
         help="pause between passes; 0 (default) runs at full rate, yielding once per pass",
     )
-    parser.add_argument("--runs", type=int, default=3, help="runs in fresh processes (default 3)")
+    parser.add_argument(
+        "--runs", type=int, default=3, help="runs per arm, each in fresh processes (default 3)"
+    )
     parser.add_argument(
         "--short",
         action="store_true",
-        help=f"{SHORT['streams']} streams, {SHORT['passes']} passes, {SHORT['runs']} run",
+        help=f"{SHORT['streams']} streams, {SHORT['passes']} passes, {SHORT['runs']} run per arm",
     )
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument(
@@ -839,6 +1150,8 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--handoff", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.role is not None:
+        if args.transport not in ARMS:
+            parser.error("a child runs one arm")
         return args
     if args.short:
         args.streams, args.passes, args.runs = SHORT["streams"], SHORT["passes"], SHORT["runs"]
@@ -851,13 +1164,27 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def _describe(exc: BaseException) -> str:
+    """An exception and its notes on one line, for the benchmark's report."""
+    notes = getattr(exc, "__notes__", None) or []
+    return "; ".join([f"{type(exc).__name__}: {exc}", *notes])
+
+
+def _child(args: argparse.Namespace) -> int:
+    """Run one child; a failure is also said on stdout, so the report can show why."""
+    main_ = consumer_main if args.role == "consumer" else producer_main
+    try:
+        return run(main_(args))
+    except Exception as exc:
+        _say("failed", {"error": _describe(exc)})
+        raise
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_arguments(argv)
     try:
-        if args.role == "consumer":
-            return run(consumer_main(args))
-        if args.role == "producer":
-            return run(producer_main(args))
+        if args.role is not None:
+            return _child(args)
         return asyncio.run(orchestrate(args))
     except BenchFailure as exc:
         who = f"{args.role}: " if args.role else ""

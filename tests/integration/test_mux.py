@@ -214,3 +214,15 @@ async def test_the_mux_is_advertised_beside_the_per_stream_path_and_rolls_back(
     for bad in ({"initial_credit": 0}, {"credit_sweep_interval": 0}):
         with pytest.raises(ValueError):
             MuxConfig(**bad)  # type: ignore[arg-type]
+
+
+async def test_under_manual_the_end_of_a_stream_needs_no_extra_flush(start_node: StartNode) -> None:
+    a, b = await pair(start_node, mux=MuxConfig(flush_policy=Manual()))
+    anchor = b.create_anchor()
+    sender = await a.attach_anchor(anchor.handle)
+    for i in range(40):  # more than the 32-record credit window
+        await sender.send(i)
+        a.flush_batch()
+    retired = sender.finalize()  # no flush_batch after this one
+    assert await drain(anchor, 20) == list(range(40))
+    assert (await asyncio.wait_for(retired, 10)).value == "sent"

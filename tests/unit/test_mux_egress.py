@@ -222,3 +222,17 @@ def test_batch_header_carries_lane_epoch_and_sequence() -> None:
     (batch,) = b.poll(0.0)
     header, _ = decode_batch(batch.payload)
     assert (header.lane, header.peer_epoch, header.batch_seq) == (5, b.epoch, 0)
+
+
+def test_under_manual_a_terminal_behind_starved_records_leaves_once_credit_returns() -> None:
+    b = batcher(flush_policy=Manual(), initial_credit=2)
+    (slot,) = opened(b)
+    for i in range(4):
+        b.offer(slot, bytes([i]), 0.0)
+    b.offer_terminal(slot, b"FIN", 0.0)
+    (first,) = b.poll(0.0)  # urgent (terminal queued): the two credited records go
+    assert first.records == 2
+    assert b.poll(1.0) == []  # the rest waits for credit; no flush_batch comes
+    b.on_credit(slot.slot_id, 2, 1.0)
+    (last,) = b.poll(1.0)  # the terminal's stream ends without another flush_batch
+    assert types(last) == [RecordType.DATA, RecordType.DATA, RecordType.DATA, RecordType.CLOSE_SLOT]

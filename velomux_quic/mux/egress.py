@@ -309,6 +309,10 @@ class EgressBatcher:
             return False
         slot.credit += delta
         slot.exhausted_once = False
+        if slot.terminal_queued and slot.queue:
+            # A terminal that waited behind credit-starved records moves on its own under
+            # every policy (the end of a stream must not wait for the next flush_batch).
+            self._urgent = True
         if slot.sendable and slot.index not in self._ready:
             self._ready[slot.index] = slot
             if self._staged_since is None:
