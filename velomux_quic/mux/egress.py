@@ -284,8 +284,11 @@ class EgressBatcher:
     def _enqueue(self, slot: EgressSlot, body: bytes, terminal: bool, now: float) -> None:
         slot.queue.append((body, terminal))
         slot.queued_bytes += len(body)
-        if slot.sendable:
-            self._ready.setdefault(slot.index, slot)
+        if slot.sendable or (slot.open_pending and (terminal or slot.credit > 0)):
+            # A slot whose OpenSlot is not written yet becomes ready when it is; its record
+            # still starts the linger window now, or no deadline would ever cover it.
+            if slot.sendable:
+                self._ready.setdefault(slot.index, slot)
             if self._staged_since is None:
                 self._staged_since = now
         elif (
@@ -377,7 +380,12 @@ class EgressBatcher:
         self._kick = True
 
     def next_deadline(self) -> float | None:
-        """When :meth:`poll` has timed work to do (linger or reply window)."""
+        """When :meth:`poll` has timed work to do (linger or reply window).
+
+        None while parked: admission wakes the driver, and a deadline already past would
+        otherwise re-arm a timer whose poll writes nothing, over and over."""
+        if self.parked:
+            return None
         deadlines: list[float] = []
         if self._reply_since is not None:
             deadlines.append(self._reply_since + self.config.reply_linger)
