@@ -7,6 +7,7 @@ import os
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -19,6 +20,9 @@ from velomux_quic.security.certs import (
 from velomux_quic.transport.config import TransportConfig
 from velomux_quic.transport.endpoint import QuicTransport, TransportHandler
 from velomux_quic.transport.errors import TransportError
+
+if TYPE_CHECKING:
+    from velomux_quic.node import Node
 
 try:
     import uvloop
@@ -137,3 +141,23 @@ async def wait_admitted(outcomes: list[object], timeout: float = 20.0) -> None:
         for outcome in outcomes:
             if isinstance(outcome, SendAdmission):
                 await outcome
+
+
+StartNode = Callable[..., Awaitable["Node"]]
+
+
+@pytest.fixture
+async def start_nodes(
+    make_credentials: Callable[..., NodeCredentials],
+) -> AsyncIterator[StartNode]:
+    """Start Nodes (transport + messenger + streaming + mux) closed when the test ends."""
+    from velomux_quic.node import Node
+
+    async with AsyncExitStack() as stack:
+
+        async def start(name: str = "node", **options: object) -> Node:
+            node = await Node.start(make_credentials(name), **options)  # type: ignore[arg-type]
+            stack.push_async_callback(node.close)
+            return node
+
+        yield start

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AsyncExitStack
 
 import pytest
 
+from tests.conftest import StartNode
 from velomux_quic.mux.config import DISABLE_ENV, Manual, MuxConfig
 from velomux_quic.mux.protocol import (
     BatchHeader,
@@ -19,23 +18,13 @@ from velomux_quic.mux.protocol import (
     slot_id,
 )
 from velomux_quic.node import Node
-from velomux_quic.security.certs import NodeCredentials
 from velomux_quic.streaming.control import MESSENGER_MUX_KEY, PER_STREAM_KEY
 from velomux_quic.streaming.frames import encode_item
 
-StartNode = Callable[..., Awaitable[Node]]
-
 
 @pytest.fixture
-async def start_node(make_credentials: Callable[..., NodeCredentials]) -> AsyncIterator[StartNode]:
-    async with AsyncExitStack() as stack:
-
-        async def start(name: str = "node", **options: object) -> Node:
-            node = await Node.start(make_credentials(name), **options)  # type: ignore[arg-type]
-            stack.push_async_callback(node.close)
-            return node
-
-        yield start
+def start_node(start_nodes: StartNode) -> StartNode:
+    return start_nodes
 
 
 async def pair(start_node: StartNode, **options: object) -> tuple[Node, Node]:

@@ -9,12 +9,12 @@ import gc
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AsyncExitStack
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import StartNode
 from velomux_quic.mux.config import MuxConfig
 from velomux_quic.node import Node
 from velomux_quic.security.certs import NodeCredentials
@@ -33,8 +33,6 @@ from velomux_quic.streaming.errors import (
 from velomux_quic.streaming.manager import StreamingConfig
 from velomux_quic.streaming.sender import Retired
 
-StartNode = Callable[..., Awaitable[Node]]
-
 
 @pytest.fixture(params=[MESSENGER_MUX_KEY, PER_STREAM_KEY])
 def path(request: pytest.FixtureRequest) -> str:
@@ -43,19 +41,15 @@ def path(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-async def start_node(
-    make_credentials: Callable[..., NodeCredentials], path: str
-) -> AsyncIterator[StartNode]:
-    async with AsyncExitStack() as stack:
+def start_node(start_nodes: StartNode, path: str) -> StartNode:
+    """Nodes that negotiate ``path``: a node with the mux disabled speaks only per-stream."""
 
-        async def start(name: str = "node", **options: object) -> Node:
-            if path == PER_STREAM_KEY:
-                options.setdefault("mux", MuxConfig(enabled=False))
-            node = await Node.start(make_credentials(name), **options)  # type: ignore[arg-type]
-            stack.push_async_callback(node.close)
-            return node
+    async def start(name: str = "node", **options: object) -> Node:
+        if path == PER_STREAM_KEY:
+            options.setdefault("mux", MuxConfig(enabled=False))
+        return await start_nodes(name, **options)
 
-        yield start
+    return start
 
 
 async def pair(start_node: StartNode, **options: object) -> tuple[Node, Node]:

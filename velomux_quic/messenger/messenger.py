@@ -507,20 +507,11 @@ class Messenger(TransportHandler):
         except MalformedEnvelope as exc:
             self.metrics.dispatch_failures.labels("decode", "active_message").inc()
             logger.debug("malformed envelope from %s lane %d: %s", peer, lane, exc)
-            self._answer_malformed(peer, lane, exc)
             return
         if envelope.staged:
             self._resolve_staged(peer, lane, envelope)
         else:
             self._deliver(peer, lane, envelope, envelope.payload)
-
-    def _answer_malformed(self, peer: InstanceId, lane: int, exc: MalformedEnvelope) -> None:
-        """Tell a caller its request was malformed, when its id could still be read."""
-        kind = getattr(exc, "kind", None)
-        message_id = getattr(exc, "message_id", 0)
-        if kind in (Kind.SYNC, Kind.REQUEST) and message_id:
-            ctx = Context(self, peer, lane, "", None, b"")
-            self._reply(ctx, Kind.ERROR, message_id, encode_error(ErrorCode.MALFORMED, str(exc)))
 
     def _deliver(
         self, peer: InstanceId, lane: int, envelope: Envelope, payload: bytes | memoryview

@@ -307,6 +307,19 @@ def decode_frame(body: bytes | bytearray | memoryview) -> tuple[FrameKind, objec
     return _decode_generic(body)
 
 
+def _non_item(body: bytes | bytearray | memoryview) -> bytes | None:
+    """``body`` as bytes, or None when it is an Item (never a sentinel) or unreadable."""
+    if type(body) is not bytes:
+        try:
+            view = _view(body)
+        except FrameDecodeError:
+            return None
+        if view[:_PREFIX_SIZE] == _ITEM_PREFIX_OBJ:
+            return None
+        return bytes(view)
+    return None if body.startswith(ITEM_PREFIX) else body
+
+
 def is_terminal_sentinel(body: bytes | bytearray | memoryview) -> bool:
     """Whether ``body`` is a ``Finalized``, ``Detached``, ``Dropped`` or ``TransportError`` frame.
 
@@ -315,22 +328,15 @@ def is_terminal_sentinel(body: bytes | bytearray | memoryview) -> bool:
     what is left (error frames and non-canonical encodings). Never raises: a
     malformed body is not a terminal; the receiver's decode rejects it instead.
     """
-    if type(body) is not bytes:
-        try:
-            view = _view(body)
-        except FrameDecodeError:
-            return False
-        if view[:_PREFIX_SIZE] == _ITEM_PREFIX_OBJ:
-            return False
-        body = bytes(view)
-    elif body.startswith(ITEM_PREFIX):
+    data = _non_item(body)
+    if data is None:
         return False
-    if len(body) <= _MAX_UNIT_SIZE:
-        known = _UNIT_TERMINAL.get(body)
+    if len(data) <= _MAX_UNIT_SIZE:
+        known = _UNIT_TERMINAL.get(data)
         if known is not None:
             return known
     try:
-        return _IS_TERMINAL[_decode_generic(body)[0]]
+        return _IS_TERMINAL[_decode_generic(data)[0]]
     except FrameDecodeError:
         return False
 
@@ -340,21 +346,14 @@ def is_heartbeat(body: bytes | bytearray | memoryview) -> bool:
 
     Same shortcuts and the same never-raises rule as :func:`is_terminal_sentinel`.
     """
-    if type(body) is not bytes:
-        try:
-            view = _view(body)
-        except FrameDecodeError:
-            return False
-        if view[:_PREFIX_SIZE] == _ITEM_PREFIX_OBJ:
-            return False
-        body = bytes(view)
-    elif body.startswith(ITEM_PREFIX):
+    data = _non_item(body)
+    if data is None:
         return False
-    if body == HEARTBEAT:
+    if data == HEARTBEAT:
         return True
-    if len(body) <= _MAX_UNIT_SIZE and body in _UNIT_RESULTS:
+    if len(data) <= _MAX_UNIT_SIZE and data in _UNIT_RESULTS:
         return False
     try:
-        return _decode_generic(body)[0] is _HEARTBEAT_KIND
+        return _decode_generic(data)[0] is _HEARTBEAT_KIND
     except FrameDecodeError:
         return False

@@ -68,6 +68,7 @@ class PerStreamChannel:
             return False
         self._stream.send(body)
         self._metrics.frames_written += 1
+        self._metrics.egress_flushes += 1  # one stream write per frame on this path
         return True
 
     async def send(self, body: bytes) -> None:
@@ -75,6 +76,7 @@ class PerStreamChannel:
             raise ChannelClosed("the stream's channel is closed")
         outcome = self._stream.send(body)
         self._metrics.frames_written += 1
+        self._metrics.egress_flushes += 1  # one stream write per frame on this path
         if isinstance(outcome, SendAdmission):
             self._metrics.producer_send_backpressure += 1
             try:
@@ -87,6 +89,7 @@ class PerStreamChannel:
         stream = self._stream
         outcome = stream.send(body)
         self._metrics.frames_written += 1
+        self._metrics.egress_flushes += 1  # one stream write per frame on this path
         if isinstance(outcome, SendAdmission):
 
             def resolved(admission: SendAdmission) -> None:

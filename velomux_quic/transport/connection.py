@@ -567,11 +567,6 @@ class PeerConnection:
             reason="unreachable",
         )
 
-    def verification_failed_on_accept(self) -> str | None:
-        """The reason we refused an inbound peer, for metrics (None if we did not)."""
-        error = self.quic.verification_error
-        return error.reason if error is not None else None
-
     # -- timers and transmit -------------------------------------------------------------
 
     def transmit_soon(self) -> None:
