@@ -28,6 +28,7 @@ from .mux.config import MuxConfig
 from .mux.transport import MuxTransport
 from .security.certs import NodeCredentials
 from .streaming.anchor import MpscAnchor, StreamAnchor
+from .streaming.control import StreamOpenTicket
 from .streaming.manager import AnchorManager, StreamingConfig
 from .streaming.sender import StreamSender
 from .transport import TransportConfig
@@ -127,6 +128,31 @@ class Node:
 
     async def attach_mpsc_anchor(self, handle: StreamAnchorHandle) -> StreamSender:
         return await self.anchors.attach_mpsc_anchor(handle)
+
+    async def attach_anchor_keyed(self, handle: StreamAnchorHandle, key: int) -> StreamSender:
+        """Attach asking the receiver to place the stream on lane ``splitmix64(key) % lanes``:
+        streams with one key to one receiver share a lane (a placement hint only)."""
+        return await self.anchors.attach_anchor(handle, key=key)
+
+    async def attach_mpsc_anchor_keyed(self, handle: StreamAnchorHandle, key: int) -> StreamSender:
+        return await self.anchors.attach_mpsc_anchor(handle, key=key)
+
+    # -- zero-RTT streams ----------------------------------------------------------------
+
+    def prebind_anchor(self, handle: StreamAnchorHandle) -> StreamOpenTicket | None:
+        """Bind the anchor's mux slot now and return the ticket a producer opens it with
+        (:meth:`open_anchor_stream`), saving the attach round trip. None without a mux, or
+        when the anchor cannot be pre-bound (MPSC, already attached, another node's)."""
+        return self.anchors.prebind_anchor(handle)
+
+    def prebind_anchor_keyed(self, handle: StreamAnchorHandle, key: int) -> StreamOpenTicket | None:
+        return self.anchors.prebind_anchor(handle, key=key)
+
+    async def open_anchor_stream(
+        self, handle: StreamAnchorHandle, ticket: StreamOpenTicket
+    ) -> StreamSender:
+        """Producer side of a ticket: open the stream with no attach message."""
+        return await self.anchors.open_anchor_stream(handle, ticket)
 
     def flush_batch(self) -> None:
         """Kick every mux batcher to write what is staged (one write per peer per pass).

@@ -215,3 +215,165 @@ async def test_under_manual_the_end_of_a_stream_needs_no_extra_flush(start_node:
     retired = sender.finalize()  # no flush_batch after this one
     assert await drain(anchor, 20) == list(range(40))
     assert (await asyncio.wait_for(retired, 10)).value == "sent"
+
+
+# -- singletons: records larger than any batch ------------------------------------------------
+
+
+async def test_a_4_mib_item_mid_stream_arrives_in_order_while_100_other_streams_flow(
+    start_node: StartNode,
+) -> None:
+    a, b = await pair(start_node)
+    # Hold the producer's answer to the consumer's pull, so the staged item stays in
+    # flight for as long as the test needs (an event, not a sleep, decides when it lands).
+    pulled, release = asyncio.Event(), asyncio.Event()
+    serve = a.messenger.serve_request
+
+    async def held_pull(peer: object, request: bytes) -> bytes:
+        pulled.set()
+        await release.wait()
+        return await serve(peer, request)  # type: ignore[arg-type]
+
+    a.messenger.serve_request = held_pull  # type: ignore[method-assign]
+    big_anchor = b.create_anchor()
+    anchors = [b.create_anchor() for _ in range(100)]
+    big = await a.attach_anchor(big_anchor.handle)
+    senders = await asyncio.gather(*(a.attach_anchor(x.handle) for x in anchors))
+    item = bytes(range(256)) * (4 * 1024 * 1024 // 256)  # 4 MiB, over every eager budget
+    for n in range(5):
+        await big.send(f"before {n}")
+    await big.send(item)
+    for n in range(10):  # withheld by the fence, then held at ingress behind the gap
+        await big.send(f"after {n}")
+    retired = big.finalize()
+    assert [await big_anchor.next() for _ in range(5)] == [f"before {n}" for n in range(5)]
+    async with asyncio.timeout(30):
+        await pulled.wait()  # the consumer is pulling the item: it is in flight
+    waiting = asyncio.ensure_future(big_anchor.next())
+
+    async def produce() -> None:
+        for n in range(20):
+            for index, sender in enumerate(senders):
+                await sender.send([index, n])
+        for sender in senders:
+            sender.finalize()
+
+    producer = asyncio.ensure_future(produce())
+    results = await asyncio.gather(*(drain(x) for x in anchors))
+    await producer
+    # Every other stream on the lane ran to its end while the big item was still held.
+    assert all(r == [[i, n] for n in range(20)] for i, r in enumerate(results))
+    assert not waiting.done()
+    release.set()
+    async with asyncio.timeout(30):
+        assert await waiting == item
+    assert await drain(big_anchor) == [f"after {n}" for n in range(10)]
+    assert (await asyncio.wait_for(retired, 10)).value == "sent"
+    assert metric(a, "velo_streaming_mux_singletons_total", 'path="staged"') == 1
+    assert metric(a, "velo_streaming_mux_singletons_total", 'path="inline"') == 0
+    assert metric(a, "velo_streaming_mux_fences_raised_total") == 1
+    assert metric(b, "velo_streaming_mux_held_records") == 0
+    for node in (a, b):
+        assert metric(node, "velo_streaming_mux_live_slots") == 0
+        assert metric(node, "velo_streaming_mux_epoch_deaths_total") == 0
+
+
+async def test_a_receiver_refuses_an_oversized_item_and_only_that_stream_ends(
+    start_node: StartNode,
+) -> None:
+    from velomux_quic.messenger.config import MessengerConfig
+    from velomux_quic.mux.protocol import BATCH_HEADER_SIZE, RECORD_HEADER_SIZE
+    from velomux_quic.streaming.errors import ChannelClosed, StreamTransportError
+
+    limit = 512 * 1024
+    b = await start_node("b", messenger=MessengerConfig(staged_payload_max=limit))
+    a = await start_node("a")
+    a.add_peer(b.instance_id, b.address)
+    doomed_anchor = b.create_anchor()
+    anchors = [b.create_anchor() for _ in range(20)]
+    doomed = await a.attach_anchor(doomed_anchor.handle)
+    senders = await asyncio.gather(*(a.attach_anchor(x.handle) for x in anchors))
+    await doomed.send("first")
+    assert await doomed_anchor.next() == "first"
+    item = b"x" * (1024 * 1024)
+    stated = BATCH_HEADER_SIZE + RECORD_HEADER_SIZE + len(encode_item(item))
+    await doomed.send(item)
+
+    async def produce() -> None:
+        for n in range(30):
+            for sender in senders:
+                await sender.send(n)
+        for sender in senders:
+            sender.finalize()
+
+    producer = asyncio.ensure_future(produce())
+    with pytest.raises(StreamTransportError) as refused:
+        await asyncio.wait_for(doomed_anchor.next(), 30)
+    assert str(stated) in str(refused.value) and str(limit) in str(refused.value)
+    async with asyncio.timeout(30):
+        await doomed.cancelled.wait()  # LifecycleSlot{cancel} reached the producer
+    with pytest.raises(ChannelClosed):
+        await doomed.send("next")
+    results = await asyncio.gather(*(drain(x) for x in anchors))
+    await producer
+    assert all(r == list(range(30)) for r in results)  # the other streams never noticed
+    assert metric(b, "velo_streaming_mux_staged_refusals_total", 'outcome="applied"') == 1
+    assert metric(b, "velo_streaming_mux_lifecycle_records_total", 'direction="sent"') == 1
+    assert metric(a, "velo_streaming_mux_lifecycle_records_total", 'direction="received"') == 1
+    assert metric(a, "velo_streaming_mux_singletons_total", 'path="staged"') == 1
+    for node in (a, b):
+        assert metric(node, "velo_streaming_mux_live_slots") == 0
+        assert metric(node, "velo_streaming_mux_epoch_deaths_total") == 0
+
+
+async def test_lifecycle_stop_then_cancel_reach_the_producer_by_session(
+    start_node: StartNode,
+) -> None:
+    from velomux_quic.mux.protocol import LifecycleAction
+    from velomux_quic.streaming.errors import ChannelClosed
+
+    a, b = await pair(start_node)
+    anchor, bystander = b.create_anchor(), b.create_anchor()
+    sender = await a.attach_anchor(anchor.handle)
+    other = await a.attach_anchor(bystander.handle)
+    await sender.send(1)
+    assert await anchor.next() == 1
+    assert b.mux is not None
+    session = sender._state.channel.slot.session_id  # type: ignore[attr-defined]
+    b.mux.post_lifecycle(a.instance_id, 0, session, LifecycleAction.STOP)
+    async with asyncio.timeout(30):
+        await sender.stop_requested.wait()
+    assert not sender.cancelled.is_set()
+    await sender.send(2)  # a stop leaves the slot open for the remaining output
+    assert await anchor.next() == 2
+    stale = session ^ (1 << 62)  # a session no stream of this producer has
+    assert stale != other._state.channel.slot.session_id  # type: ignore[attr-defined]
+    b.mux.post_lifecycle(a.instance_id, 0, stale, LifecycleAction.CANCEL)
+    b.mux.post_lifecycle(a.instance_id, 0, session, LifecycleAction.CANCEL)
+    async with asyncio.timeout(30):
+        await sender.cancelled.wait()
+    with pytest.raises(ChannelClosed):
+        await sender.send(3)
+    await other.send("untouched")
+    other.finalize()
+    assert await drain(bystander) == ["untouched"]
+    assert metric(a, "velo_streaming_mux_lifecycle_records_total", 'direction="received"') == 3
+    assert metric(b, "velo_streaming_mux_lifecycle_records_total", 'direction="sent"') >= 2
+    anchor.cancel()
+
+
+async def test_an_item_over_the_batch_cap_but_within_the_eager_budget_goes_inline(
+    start_node: StartNode,
+) -> None:
+    a, b = await pair(start_node)
+    anchor = b.create_anchor()
+    sender = await a.attach_anchor(anchor.handle)
+    item = b"i" * (100 * 1024)  # over the 60 KiB batch cap, under the 256 KiB eager budget
+    for value in ("before", item, "after"):
+        await sender.send(value)
+    retired = sender.finalize()
+    assert await drain(anchor) == ["before", item, "after"]
+    assert (await asyncio.wait_for(retired, 10)).value == "sent"
+    assert metric(a, "velo_streaming_mux_singletons_total", 'path="inline"') == 1
+    assert metric(a, "velo_streaming_mux_singletons_total", 'path="staged"') == 0
+    assert metric(a, "velo_streaming_mux_fences_raised_total") == 0

@@ -95,6 +95,24 @@ def test_take_counts_each_data_record_once_and_reconcile_swaps_it_to_zero() -> N
     assert slot.granted == 6 and slot.outstanding_credit == 3
 
 
+def test_a_low_return_mark_batches_grants_until_the_sender_runs_low() -> None:
+    rings: list[int] = []
+    dirty = DirtySet(64, lambda: rings.append(1))
+    slot = IngressSlot(8, 1 << 20, return_below=4)
+    slot.open(slot_id(3, 0), dirty, None, now=0.0)
+    for _ in range(4):  # the sender still holds 4 credits: nothing to return yet
+        slot.deliver(ITEM)
+        assert slot.take() == ITEM
+        assert slot.reconcile() == 0
+    assert rings == [] and len(dirty) == 0  # no visit was needed either
+    assert slot.outstanding_credit == 4 and slot.withheld_credit == 4
+    slot.deliver(ITEM)  # now it holds 3 < 4: the drain names the slot and the grant goes
+    assert slot.take() == ITEM
+    assert rings == [1] and dirty.drain() == [3]
+    assert slot.reconcile() == 5 and slot.outstanding_credit == 8
+    assert slot.reconcile() == 0
+
+
 def test_the_terminal_returns_no_credit() -> None:
     slot = opened()
     slot.deliver(ITEM)

@@ -53,6 +53,7 @@ class Sink:
     def __init__(self, cap: int = 8_192) -> None:
         self.credits: dict[int, int] = {}
         self.closes: list[tuple[int, CloseReason]] = []
+        self.lifecycles: list[tuple[int, LifecycleAction]] = []
         self.rejects = RejectLane(cap)
 
     def credit(self, slot_id: int, delta: int) -> None:
@@ -64,6 +65,9 @@ class Sink:
 
     def reject(self, slot_id: int, reason: CloseReason) -> bool:
         return self.rejects.offer(slot_id, reason)
+
+    def lifecycle(self, session: int, action: LifecycleAction) -> None:
+        self.lifecycles.append((session, action))
 
     def take_credit(self, sid: int) -> int:
         return self.credits.pop(sid, 0)

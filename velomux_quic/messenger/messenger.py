@@ -138,6 +138,7 @@ class Messenger(TransportHandler):
         )
         self._prefixes: dict[str, bytes] = {}
         self._refusal_hooks: list[RefusalHook] = []
+        self._lane_reset_hooks: list[Callable[[InstanceId, int], None]] = []
         self._staging_listeners: list[Callable[[str, int], None]] = []
         self._error_handler: ErrorHandler | None = None
         self._background: set[asyncio.Task[Any]] = set()
@@ -276,6 +277,18 @@ class Messenger(TransportHandler):
     def install_batch_handler(self, lane: int, handler: Callable[[Context], None]) -> None:
         """Install the mux's inline batch handler for one lane (names are reserved at build)."""
         self.handlers.replace(BATCH_HANDLER_NAMES[lane], handler, dispatch="inline")
+
+    def add_lane_reset_hook(self, hook: Callable[[InstanceId, int], None]) -> None:
+        """Be told when a peer cuts one lane's stream (the mux ends that lane's slots)."""
+        self._lane_reset_hooks.append(hook)
+
+    def lane_reset(self, peer: InstanceId, lane: int) -> None:
+        logger.warning("%s reset lane %d: the frames in flight on it are lost", peer, lane)
+        for hook in self._lane_reset_hooks:
+            try:
+                hook(peer, lane)
+            except Exception:
+                logger.exception("lane reset hook failed")
 
     def add_staged_refusal_hook(self, hook: RefusalHook) -> None:
         """Be told when this node refuses a staged payload for its size (the mux ends the slot)."""

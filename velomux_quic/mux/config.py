@@ -73,6 +73,10 @@ class MuxConfig:
     max_batch_bytes: int = 60 * KiB
     initial_credit: int = 32
     """C: data records a slot may have outstanding; its buffer holds C + 1 (terminal reserve)."""
+    credit_return_below: float = 0.5
+    """Return drained credit once the sender holds fewer than this fraction of C (by the
+    receiver's count); 1.0 returns it at every drain. Batching the grants keeps a consumer
+    that keeps up from answering every record with a CreditUpdate of its own."""
     slot_byte_budget: int = 1 * MiB
     peer_byte_budget: int = 8 * MiB
     credit_sweep_interval: float = 0.2
@@ -83,10 +87,16 @@ class MuxConfig:
     max_slots_per_table: int = 65_536
     reject_lane_cap: int = 8_192
     health_check_interval: float = 5.0
+    """While a batcher has live slots, ask its peer's messenger this often (0: never)."""
     health_check_timeout: float = 5.0
+    prebind_timeout: float = 180.0
+    """The accept window: how long a bind (attach or pre-bind ticket) waits for the
+    OpenSlot that claims it before it is reaped and its consumer reads Dropped."""
     flush_policy: FlushPolicy = field(default_factory=AutoFlush)
 
     def __post_init__(self) -> None:
+        if not 0.0 < self.credit_return_below <= 1.0:
+            raise ValueError("credit_return_below must be a fraction in (0, 1]")
         if self.initial_credit <= 0:
             raise ValueError("initial_credit must be positive (0 on the wire means: no mux)")
         if self.credit_sweep_interval <= 0:
@@ -97,6 +107,8 @@ class MuxConfig:
             raise ValueError("max_batch_bytes must hold a header and one empty record (29 B)")
         if self.slot_byte_budget <= 0 or self.peer_byte_budget <= 0:
             raise ValueError("byte budgets must be positive")
+        if self.prebind_timeout <= 0 or self.health_check_interval < 0:
+            raise ValueError("prebind_timeout must be positive, health_check_interval >= 0")
         if self.reply_linger < 0 or self.batcher_idle_ttl <= 0:
             raise ValueError("reply_linger >= 0 and batcher_idle_ttl > 0")
         if not 1 <= self.max_slots_per_table <= 1 << 24:

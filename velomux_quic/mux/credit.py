@@ -29,11 +29,12 @@ consumer's path takes none and allocates nothing per record.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..streaming.inbox import Feed
+    from .singleton import PendingRefusal
 
 __all__ = ["DirtySet", "IngressSlot", "PeerBudget"]
 
@@ -179,8 +180,11 @@ class IngressSlot:
         "held_records",
         "index",
         "last_arrival",
+        "on_end",
         "on_terminal",
         "opened",
+        "refusals",
+        "return_below",
         "slot_byte_budget",
         "slot_id",
         "terminal",
@@ -193,12 +197,18 @@ class IngressSlot:
         slot_byte_budget: int,
         *,
         wake: Callable[[], None] | None = None,
+        return_below: int | None = None,
     ) -> None:
         if credit <= 0:
             raise ValueError("a mux slot needs a positive credit window")
         if slot_byte_budget <= 0:
             raise ValueError("a mux slot needs a positive byte budget")
         self.credit = credit
+        self.return_below = credit if return_below is None else max(1, min(return_below, credit))
+        """Grant drained credit only once the sender holds fewer data credits than this (by
+        this side's count). ``credit`` (the default) grants at every drain; a lower mark
+        batches the grants, so a consumer that keeps up returns one CreditUpdate per
+        ``credit - return_below + 1`` records instead of one per record."""
         self.capacity = credit + 1
         self.slot_byte_budget = slot_byte_budget
         self._buffer: deque[bytes] = deque()
@@ -223,6 +233,11 @@ class IngressSlot:
         self.last_arrival = 0.0
         self.on_terminal: Callable[[bytes], None] | None = None
         """Told the terminal as it arrives (before the consumer reads it)."""
+        self.on_end: Callable[[], None] | None = None
+        """Told once when the slot ends (its lane load is released then)."""
+        self.refusals: dict[tuple[Hashable, int], PendingRefusal] | None = None
+        """Staged refusals that arrived before the OpenSlot claiming this bind, one per
+        (peer, lane); the claiming OpenSlot applies the one from its own (peer, lane)."""
 
     def set_wake(self, wake: Callable[[], None] | None) -> None:
         """What a delivery calls when the buffer goes from empty to readable (the inbox)."""
@@ -310,6 +325,9 @@ class IngressSlot:
         if inject is not None and not self.terminal:
             self.deliver_terminal(inject)
         self.closed = True
+        on_end, self.on_end = self.on_end, None
+        if on_end is not None:
+            on_end()
         self.gap_waiting = False
         wake = self._wake
         if wake is not None:
@@ -331,7 +349,10 @@ class IngressSlot:
         if self.closed or self.terminal or self.withdrawn:
             self._withheld = 0
             return 0
-        if self.bytes_buffered + self.held_bytes > self.slot_byte_budget:
+        if (
+            self.bytes_buffered + self.held_bytes > self.slot_byte_budget
+            or self.granted - self.data_delivered - self.held_data >= self.return_below
+        ):
             self._withheld = owed
             return 0
         self._withheld = 0
@@ -377,8 +398,13 @@ class IngressSlot:
         # Nothing is delivered after a terminal, so the terminal is always the last record.
         if (buffer or not self.terminal) and not self.closed:
             self.drained += 1
+            # Only a drain that a grant will follow names the slot: while the sender still
+            # holds return_below credits or more, nothing needs to visit it.
             dirty = self._dirty
-            if dirty is not None:
+            if (
+                dirty is not None
+                and self.granted - self.data_delivered - self.held_data < self.return_below
+            ):
                 dirty.mark(self.index)
         return body
 

@@ -5,7 +5,10 @@ schedule one wake per loop iteration (``call_soon``); the wake polls the batcher
 every batch to the messenger in order. A batch the transport does not admit at once parks
 the batcher until the admission resolves; a refused admission is epoch death. A terminal's
 retirement guard resolves ``Sent`` when the batch carrying it is admitted and ``Discarded``
-if that batch is refused.
+if that batch is refused, or if its slot closes before the terminal left.
+
+A singleton the messenger will stage goes with its ``_mux_slot`` header; its admission
+lifts the fence it put on its slot (see :mod:`.singleton`).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from ..ids import InstanceId
 from ..messenger import Messenger, batch_handler_name
 from ..streaming.errors import ChannelClosed
 from ..transport import SendAdmission, TransportError
-from .egress import EgressBatcher, EgressSlot, OutgoingBatch
+from .egress import EgressBatcher, EgressSlot, OutgoingBatch, SlotOwner
 from .protocol import CloseReason
 
 __all__ = ["BatcherDriver", "MuxChannel"]
@@ -43,6 +46,7 @@ class BatcherDriver:
         """Real wakes by source: [wake (records, control, kick), linger/reply timer]."""
         self.closed = False
         self.last_activity = self._loop.time()
+        batcher.on_guard_dropped = _discard_guard
 
     def now(self) -> float:
         return self._loop.time()
@@ -64,7 +68,7 @@ class BatcherDriver:
         self.last_activity = self._loop.time()
         try:
             outcome = self.messenger.send_message_on_lane(
-                self.peer, self.batcher.lane, self.handler, batch.payload
+                self.peer, self.batcher.lane, self.handler, batch.payload, headers=batch.headers
             )
         except (TransportError, Exception) as exc:
             logger.warning(
@@ -94,6 +98,9 @@ class BatcherDriver:
         for guard in batch.guards:
             if isinstance(guard, asyncio.Future) and not guard.done():
                 guard.set_result(True)
+        if batch.fence is not None:
+            self.batcher.lift_fence(batch.fence, self._loop.time())
+            self.wake()
 
     def _refused(self, batch: OutgoingBatch) -> None:
         """Any failed admission is epoch death: the batch never reached the wire and left a
@@ -103,6 +110,13 @@ class BatcherDriver:
                 guard.set_result(False)
         self.batcher.epoch_death()
         self._release_space()
+
+    def peer_lost(self) -> None:
+        """The peer failed its health check: epoch death, and wake every waiting producer
+        (their slots are closed now, so their sends fail instead of waiting forever)."""
+        self.batcher.epoch_death()
+        self._release_space()
+        self.wake()
 
     def _arm_timer(self) -> None:
         deadline = self.batcher.next_deadline()
@@ -149,6 +163,12 @@ class BatcherDriver:
         self._space.clear()
 
 
+def _discard_guard(guard: object) -> None:
+    """A guard whose slot closed before it was written: that output never left."""
+    if isinstance(guard, asyncio.Future) and not guard.done():
+        guard.set_result(False)
+
+
 class MuxChannel:
     """A sender's channel into its mux slot (the ProducerChannel the mux provides)."""
 
@@ -162,6 +182,16 @@ class MuxChannel:
     @property
     def slot(self) -> EgressSlot:
         return self._slot
+
+    @property
+    def lane(self) -> int:
+        """The lane this stream rides (the receiver's choice modulo this node's lanes)."""
+        return self._driver.batcher.lane
+
+    def watch(self, owner: SlotOwner) -> None:
+        """Tell ``owner`` (the sender's state) when the consumer stops or cancels the stream
+        through the mux, or the slot closes under it (peer close, epoch death)."""
+        self._slot.owner = owner
 
     @property
     def closed(self) -> bool:

@@ -26,6 +26,14 @@ The rules, from the design chapter:
   stops draining its slots: the producers then wait on their byte budgets.
 * **Epochs.** A failed admission is epoch death: every live slot closes (its producer's next
   send fails), a new epoch starts, and ``batch_seq`` starts again at 0.
+* **Singletons.** A record no batch can hold goes alone, with the slot's next ``frame_seq``.
+  Within the eager budget it is just a batch; over it, the messenger stages it, so it names
+  its stream (``_mux_slot``) and fences its slot until its admission (see
+  :mod:`.singleton`). The check sits on the branch where a record does not fit, so records
+  that fit pay nothing for it.
+* **Lifecycle.** The consumer's stop or cancel arrives by session (:meth:`on_lifecycle`)
+  and reaches the slot's :class:`SlotOwner`; this node's own stops and cancels for the
+  peer's streams are coalesced replies (:meth:`reply_lifecycle`).
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from .config import AutoFlush, Manual, MuxConfig
 from .protocol import (
@@ -47,13 +55,24 @@ from .protocol import (
     RecordType,
     close_slot_body,
     credit_body,
+    lifecycle_body,
     open_slot_body,
     slot_generation,
     slot_id,
     slot_index,
 )
+from .singleton import SingletonCounters, singleton_headers
 
-__all__ = ["EgressBatcher", "EgressSlot", "EgressStats", "OutgoingBatch", "SlotsExhausted"]
+__all__ = [
+    "EgressBatcher",
+    "EgressSlot",
+    "EgressStats",
+    "OutgoingBatch",
+    "SlotOwner",
+    "SlotsExhausted",
+]
+
+_TERMINAL_SENT = CloseReason.TERMINAL_SENT
 
 _EPOCHS = itertools.count(time.time_ns() // 1000)
 """One process-wide epoch counter, so a re-created batcher never reuses an epoch.
@@ -96,6 +115,21 @@ class EgressStats:
         """Records sent by RecordType, counted per batch, never per record."""
 
 
+class SlotOwner(Protocol):
+    """Who a slot tells when the consumer or the peer ends it (the sender's state)."""
+
+    def slot_stopped(self) -> None:
+        """LifecycleSlot stop: finish gracefully; the slot stays open."""
+
+    def slot_closed(self, reason: object) -> None:
+        """The slot closed without its own terminal (cancel, peer close, epoch death).
+
+        ``reason`` is ``LifecycleAction.CANCEL`` for the consumer's cancel, the peer's
+        ``CloseReason`` (UNKNOWN_SLOT, PROTOCOL_ERROR) for its close, and
+        ``CloseReason.PEER_GONE`` for epoch death. Told once; never for the producer's own
+        abort (the producer knows) or its own terminal."""
+
+
 class EgressSlot:
     """One stream on this (peer, lane), as the producer's node sees it."""
 
@@ -104,6 +138,7 @@ class EgressSlot:
         "budget",
         "credit",
         "exhausted_once",
+        "fenced",
         "generation",
         "guard",
         "index",
@@ -111,6 +146,7 @@ class EgressSlot:
         "next_seq",
         "on_closed",
         "open_pending",
+        "owner",
         "queue",
         "queued_bytes",
         "reserve",
@@ -141,11 +177,15 @@ class EgressSlot:
         """Opaque retirement guard handed back with the batch that carries the terminal."""
         self.on_closed: Callable[[CloseReason | None], None] | None = None
         """Called once when the slot closes for any reason other than its own terminal."""
+        self.owner: SlotOwner | None = None
+        """The producer's side of the stream, told of stops, cancels and closes."""
+        self.fenced = False
+        """A staged singleton of this slot awaits admission: its later records wait."""
 
     @property
     def sendable(self) -> bool:
         """The head of the queue can go now (data with credit, or the terminal)."""
-        if not self.queue or self.open_pending:
+        if not self.queue or self.open_pending or self.fenced:
             return False
         return self.queue[0][1] or self.credit > 0
 
@@ -161,17 +201,36 @@ class OutgoingBatch:
     records: int
     carries_data: bool
     guards: list[Any]
+    headers: dict[str, str] | None = None
+    """Messenger headers: ``_mux_slot`` on a singleton the messenger will stage."""
+    fence: EgressSlot | None = None
+    """The slot this staged singleton fenced: its admission lifts the fence."""
 
 
 class EgressBatcher:
     """One per (peer, lane). See the module docstring."""
 
-    def __init__(self, lane: int, config: MuxConfig, *, byte_cap: int | None = None) -> None:
+    def __init__(
+        self,
+        lane: int,
+        config: MuxConfig,
+        *,
+        byte_cap: int | None = None,
+        eager_budget: int | None = None,
+        counters: SingletonCounters | None = None,
+    ) -> None:
         self.lane = lane
         self.config = config
         self.policy = config.flush_policy
         cap = min(config.max_batch_bytes, COALESCE_THRESHOLD, byte_cap or COALESCE_THRESHOLD)
         self.byte_cap = max(MIN_BATCH_CAP, cap)
+        self.eager_budget = self.byte_cap if eager_budget is None else eager_budget
+        """The largest batch the messenger sends inline to the peer. A singleton above it
+        is staged, so it must name its stream and fence its slot; this has to be the
+        messenger's own number, or a staged batch would go out unfenced and unnamed."""
+        self.counters = counters if counters is not None else SingletonCounters()
+        self.on_guard_dropped: Callable[[Any], None] | None = None
+        """Told each retirement guard that a closing slot still held (never admitted)."""
         self.epoch = next(_EPOCHS)
         self.batch_seq = 0
         self.stats = EgressStats()
@@ -185,6 +244,7 @@ class EgressBatcher:
         self._live = 0
         self._reply_credit: dict[int, int] = {}
         self._reply_close: dict[int, int] = {}
+        self._reply_lifecycle: dict[int, int] = {}  # session -> action (cancel beats stop)
         self._reply_since: float | None = None
         self._staged_since: float | None = None
         self._last_data_write = float("-inf")
@@ -193,6 +253,7 @@ class EgressBatcher:
         self._builder = BatchBuilder(self.byte_cap)
         # Record types of the batch being built, added to the stats once per batch.
         self._count_data = self._count_open = self._count_close = self._count_credit = 0
+        self._count_lifecycle = 0
 
     # -- slots ---------------------------------------------------------------------------
 
@@ -252,19 +313,42 @@ class EgressBatcher:
             slot.live = False
             self._live -= 1
 
-    def _close_slot(self, slot: EgressSlot, reason: CloseReason | None) -> None:
-        """The slot ends without its own terminal (peer closed it, epoch death, cancel)."""
+    def _close_slot(
+        self,
+        slot: EgressSlot,
+        reason: CloseReason | None,
+        told: CloseReason | LifecycleAction | None = None,
+    ) -> None:
+        """The slot ends without its own terminal (peer closed it, epoch death, cancel).
+
+        Queued records are discarded. A retirement guard the slot still holds (a terminal
+        queued behind a fence or missing credit, or a connect waiting on its OpenSlot)
+        goes to :attr:`EgressBatcher.on_guard_dropped`: that output never left. The owner
+        is told ``told`` when it is not None (None: the producer's own abort).
+        """
         slot.queue.clear()
         slot.queued_bytes = 0
         self._free_slot(slot)
+        guard, slot.guard = slot.guard, None
+        if guard is not None and self.on_guard_dropped is not None:
+            self.on_guard_dropped(guard)
         callback, slot.on_closed = slot.on_closed, None
         if callback is not None:
             callback(reason)
+        owner = slot.owner
+        if owner is not None and told is not None:
+            slot.owner = None
+            owner.slot_closed(told)
 
     # -- producers -----------------------------------------------------------------------
 
     def offer(self, slot: EgressSlot, body: bytes, now: float) -> bool:
-        """Stage one record; False when the slot's byte budget is full (the producer waits)."""
+        """Stage one record; False when the slot's byte budget is full (the producer waits).
+
+        The budget is checked against what is already queued, not with the new record
+        added, so a record larger than the whole budget is still taken when the queue is
+        below it (otherwise a 4 MiB item could never be sent on a 1 MiB slot).
+        """
         if not slot.live or slot.terminal_queued:
             raise ValueError("the slot is closed")
         if slot.queued_bytes >= slot.budget:
@@ -327,12 +411,27 @@ class EgressBatcher:
         slot = self._control_target(slot_id_)
         if slot is None:
             return False
-        self._close_slot(slot, reason)
+        self._close_slot(slot, reason, reason)
         return True
 
     def on_lifecycle(self, session_id: int, action: LifecycleAction) -> EgressSlot | None:
-        """LifecycleSlot names the session, so a late signal cannot hit a reused slot."""
-        return self._by_session.get(session_id)
+        """The consumer's stop or cancel for the stream it knows as ``session_id``.
+
+        LifecycleSlot names the session, and a live slot is looked up by it, so a late
+        signal cannot hit a later stream that reuses the slot id. Stop tells the owner and
+        leaves the slot open for the remaining output. Cancel closes the slot: its queued
+        records are discarded, the producer's next send fails, a queued terminal's guard
+        is dropped (the output never left), and the owner is told. Returns the slot the
+        signal applied to (None: no live slot has that session, a late signal).
+        """
+        slot = self._by_session.get(session_id)
+        if slot is None or not slot.live:
+            return None
+        if action == LifecycleAction.CANCEL:
+            self._close_slot(slot, None, LifecycleAction.CANCEL)
+        elif slot.owner is not None:
+            slot.owner.slot_stopped()
+        return slot
 
     def _control_target(self, slot_id_: int) -> EgressSlot | None:
         index = slot_index(slot_id_)
@@ -358,7 +457,7 @@ class EgressBatcher:
         for slot in self._slots:
             if slot is None or not slot.queue:
                 continue
-            if slot.credit > 0 or slot.queue[0][1]:
+            if not slot.fenced and (slot.credit > 0 or slot.queue[0][1]):
                 staged += min(len(slot.queue), max(slot.credit, 1))
                 withheld += max(0, len(slot.queue) - max(slot.credit, 1))
             else:
@@ -372,6 +471,20 @@ class EgressBatcher:
         self._reply_credit.pop(peer_slot, None)
         self._reply_close[peer_slot] = int(reason)
         self._urgent = True
+
+    def reply_lifecycle(self, session: int, action: LifecycleAction) -> None:
+        """Stop or cancel the peer's stream ``session``: one coalesced entry per session,
+        cancel beating stop (a stop after a cancel changes nothing). Urgent, like a close:
+        the producer is wasting work until it hears."""
+        lifecycle = self._reply_lifecycle
+        if lifecycle.get(session, -1) < action:
+            lifecycle[session] = int(action)
+        self._urgent = True
+
+    def pending_lifecycle(self, session: int) -> LifecycleAction | None:
+        """The stop or cancel waiting to be written for ``session``, if any."""
+        action = self._reply_lifecycle.get(session)
+        return None if action is None else LifecycleAction(action)
 
     # -- flushing ------------------------------------------------------------------------
 
@@ -451,8 +564,14 @@ class EgressBatcher:
                 # A terminal needs room for its CloseSlot too (13 B header + 1 B reason).
                 needed = len(body) + (14 if terminal else 0)
                 if not builder.fits(needed):
-                    if builder.count == 0:  # a record larger than any batch: refuse loudly
-                        raise ValueError(f"a {len(body)}-byte record exceeds the batch cap")
+                    if builder.count == 0:
+                        # No batch can hold it: it goes alone, as a singleton. A staged
+                        # one fences the slot; an inline one rides the ordered lane, so
+                        # the slot's next records may follow it at once.
+                        out.append(self._singleton(slot, body, terminal))
+                        if terminal or slot.fenced:
+                            break
+                        continue
                     out.append(self._finish(guards, carries_data))
                     guards, carries_data = [], False
                     continue
@@ -489,6 +608,74 @@ class EgressBatcher:
             self._last_data_write = now
         return out
 
+    def _singleton(self, slot: EgressSlot, body: bytes, terminal: bool) -> OutgoingBatch:
+        """The head record of ``slot``, too large for any batch, in a batch of its own.
+
+        It takes the slot's next ``frame_seq`` and spends one data credit like any record
+        (a terminal spends the reserve and takes its ``CloseSlot{TerminalSent}`` along).
+        When the batch is over the eager budget the messenger will stage it: it then
+        carries the ``_mux_slot`` header, and, unless it ended the slot, fences the slot
+        until its admission (:meth:`lift_fence`). A staged terminal's retirement guard
+        goes with the batch, so the staged send's admission reports it.
+
+        Built in a builder of its own: the batcher's reusable builder would otherwise keep
+        a multi-megabyte buffer after its reset.
+        """
+        slot.queue.popleft()
+        slot.queued_bytes -= len(body)
+        builder = BatchBuilder(MIN_BATCH_CAP)  # fits() is never asked: the cap is unused
+        seq = slot.next_seq
+        builder.add(RecordType.DATA, slot.slot_id, seq, body)
+        slot.next_seq = seq + 1
+        guards: list[Any] = []
+        if terminal:
+            slot.reserve = 0
+            builder.add(
+                RecordType.CLOSE_SLOT, slot.slot_id, seq + 1, close_slot_body(_TERMINAL_SENT)
+            )
+            self._count_close += 1
+            if slot.guard is not None:
+                guards.append(slot.guard)
+                slot.guard = None
+        else:
+            slot.credit -= 1
+            if slot.credit <= 0 and slot.queue and not slot.exhausted_once:
+                slot.exhausted_once = True
+                self.stats.credit_exhausted += 1
+        self._count_data += 1
+        staged = builder.size > self.eager_budget
+        batch = self._finish(guards, True, builder)
+        counters = self.counters
+        if staged:
+            counters.staged += 1
+            batch.headers = singleton_headers(self.epoch, slot.slot_id, slot.session_id)
+            if not terminal:
+                slot.fenced = True
+                batch.fence = slot
+                counters.fences_raised += 1
+        else:
+            counters.inline += 1
+        if terminal:
+            self._free_slot(slot)
+        return batch
+
+    def lift_fence(self, slot: EgressSlot, now: float) -> None:
+        """The staged singleton that fenced ``slot`` was admitted: its later records (its
+        close included) may go now. Only that admission lifts the fence; a refused one is
+        epoch death, which closes the slot instead. Like a credit grant, it makes a queued
+        terminal urgent, so the end of a stream never waits for the next flush_batch."""
+        if not slot.fenced:
+            return
+        slot.fenced = False
+        if not slot.live:
+            return
+        if slot.terminal_queued:
+            self._urgent = True
+        if slot.sendable and slot.index not in self._ready:
+            self._ready[slot.index] = slot
+            if self._staged_since is None:
+                self._staged_since = now
+
     def _write_opens(self, out: list[OutgoingBatch]) -> None:
         builder = self._builder
         guards: list[Any] = []
@@ -520,6 +707,8 @@ class EgressBatcher:
                 guards.clear()
             builder.add(RecordType.CLOSE_SLOT, peer_slot, 0, body)
             self._count_close += 1
+        if self._reply_lifecycle:
+            self._add_lifecycle(out, guards, carries_data)
         for peer_slot, delta in self._reply_credit.items():
             body = credit_body(delta & 0xFFFF_FFFF)
             if not builder.fits(len(body)):
@@ -531,8 +720,28 @@ class EgressBatcher:
         self._reply_credit.clear()
         self._reply_since = None
 
-    def _finish(self, guards: list[Any], carries_data: bool) -> OutgoingBatch:
+    def _add_lifecycle(
+        self, out: list[OutgoingBatch], guards: list[Any], carries_data: bool
+    ) -> None:
+        """Write the coalesced LifecycleSlot replies. The record's slot field is 0: the
+        session in the body is what names the stream."""
         builder = self._builder
+        lifecycle = self._reply_lifecycle
+        for session, action in lifecycle.items():
+            body = lifecycle_body(session, action)
+            if not builder.fits(len(body)):
+                out.append(self._finish(guards, carries_data))
+                guards.clear()
+            builder.add(RecordType.LIFECYCLE_SLOT, 0, 0, body)
+        self._count_lifecycle += len(lifecycle)
+        self.counters.lifecycle_sent += len(lifecycle)
+        lifecycle.clear()
+
+    def _finish(
+        self, guards: list[Any], carries_data: bool, builder: BatchBuilder | None = None
+    ) -> OutgoingBatch:
+        if builder is None:
+            builder = self._builder
         count = builder.count
         payload = builder.finish(self.lane, self.epoch, self.batch_seq)
         self.batch_seq = (self.batch_seq + 1) & 0xFFFF_FFFF
@@ -547,7 +756,9 @@ class EgressBatcher:
         types[RecordType.OPEN_SLOT] += self._count_open
         types[RecordType.CLOSE_SLOT] += self._count_close
         types[RecordType.CREDIT_UPDATE] += self._count_credit
+        types[RecordType.LIFECYCLE_SLOT] += self._count_lifecycle
         self._count_data = self._count_open = self._count_close = self._count_credit = 0
+        self._count_lifecycle = 0
         builder.reset()
         return OutgoingBatch(payload, count, carries_data, list(guards))
 
@@ -558,12 +769,14 @@ class EgressBatcher:
         closed = 0
         for slot in list(self._slots):
             if slot is not None and slot.live:
-                self._close_slot(slot, CloseReason.PEER_GONE)
+                self._close_slot(slot, CloseReason.PEER_GONE, CloseReason.PEER_GONE)
                 closed += 1
         self._opens.clear()
         self._ready.clear()
         self._reply_credit.clear()
         self._reply_close.clear()
+        # Pending LifecycleSlot replies stay: they name the peer's streams by session, which
+        # this side's new epoch does not change.
         self._reply_since = None
         self._staged_since = None
         self.parked = False

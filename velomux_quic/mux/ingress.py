@@ -30,6 +30,12 @@ What a batch goes through, in order:
 A slot's failure never touches another slot or the lane: a sender over its credit, a
 hold past its byte budget, or a reader stall closes that slot alone (CloseSlot
 ProtocolError to the sender; ``Dropped`` or a ``TransportError`` to the consumer).
+
+A staged singleton (a record too large for the eager budget, pulled by rendezvous) arrives
+outside the lane's order, through :meth:`IngressTable.handle_staged_batch`, and takes its
+place by ``frame_seq`` like any record. When this node refuses one for its size, the
+refusal ends exactly the stream it names (:meth:`IngressTable.refuse_staged`), or waits on
+the stream's bind until the OpenSlot claims it (see :mod:`.singleton`).
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ from .protocol import (
     decode_open_slot,
     seq_distance,
 )
+from .singleton import REFUSAL_OUTCOMES
 
 __all__ = [
     "DROP_REASONS",
@@ -78,7 +85,8 @@ DROP_REASONS: Final = (
     "lane_mismatch",
 )
 """The ``reason`` labels of ``velo_streaming_mux_records_dropped_total``. ``withheld_overflow``
-and ``stale_singleton`` are kept for dashboards; nothing in this module counts them."""
+is kept for dashboards and never counted; ``stale_singleton`` counts the records of a staged
+singleton that resolved after its slot had ended."""
 
 _DATA: Final = int(RecordType.DATA)
 _OPEN_SLOT: Final = int(RecordType.OPEN_SLOT)
@@ -114,11 +122,13 @@ class MuxIngressStats:
         "generation_mismatch",
         "held_records",
         "hold_overflow",
+        "lifecycle_received",
         "live_slots",
         "malformed_records",
         "protocol_errors",
         "reader_stall",
         "records_received",
+        "refusals",
         "slot_limit",
     )
 
@@ -138,6 +148,10 @@ class MuxIngressStats:
         """Control records whose body did not decode (only without decode_batch in front)."""
         self.slot_limit = 0
         """OpenSlots refused because their index is past ``max_slots_per_table``."""
+        self.lifecycle_received = 0
+        """LifecycleSlot records (stop or cancel) about this side's own slots."""
+        self.refusals: dict[str, int] = dict.fromkeys(REFUSAL_OUTCOMES, 0)
+        """Staged singletons this node refused for their size, by what came of it."""
         self.held_records = 0
         self.live_slots = 0
 
@@ -169,10 +183,12 @@ class InMemoryBindRegistry:
     none and may be claimed by any peer. A claim by the wrong peer leaves the bind alone.
     """
 
-    __slots__ = ("_binds",)
+    __slots__ = ("_binds", "_sessions")
 
     def __init__(self) -> None:
         self._binds: dict[tuple[int, int], tuple[IngressSlot, Hashable | None]] = {}
+        self._sessions: dict[int, tuple[int, int]] = {}
+        """Session to bind key: a staged refusal names only the session (:meth:`waiting_bind`)."""
 
     def bind(
         self, anchor_id: int, session_id: int, slot: IngressSlot, *, peer: Hashable | None = None
@@ -181,11 +197,33 @@ class InMemoryBindRegistry:
         if key in self._binds:
             raise ValueError(f"a bind for {key} already waits")
         self._binds[key] = (slot, peer)
+        self._sessions[session_id] = key
 
     def release(self, anchor_id: int, session_id: int) -> IngressSlot | None:
         """Give an unclaimed bind back (detach, expiry, a dropped request)."""
         entry = self._binds.pop((anchor_id, session_id), None)
-        return None if entry is None else entry[0]
+        if entry is None:
+            return None
+        self._forget_session(anchor_id, session_id)
+        return entry[0]
+
+    def _forget_session(self, anchor_id: int, session_id: int) -> None:
+        if self._sessions.get(session_id) == (anchor_id, session_id):
+            del self._sessions[session_id]
+
+    def waiting_bind(self, peer: Hashable, session_id: int) -> IngressSlot | None:
+        """The unclaimed bind of ``session_id`` that ``peer`` may claim, if one waits.
+
+        A staged refusal can overtake the OpenSlot it concerns; it then waits on this
+        bind. A bind that names another peer is not this peer's to fail."""
+        key = self._sessions.get(session_id)
+        entry = self._binds.get(key) if key is not None else None
+        if entry is None:
+            return None
+        slot, expected = entry
+        if expected is not None and expected != peer:
+            return None
+        return slot
 
     def claim(
         self, peer: Hashable, lane: int, anchor_id: int, session_id: int
@@ -198,6 +236,7 @@ class InMemoryBindRegistry:
         if expected is not None and expected != peer:
             return None
         del self._binds[key]
+        self._forget_session(anchor_id, session_id)
         return slot
 
     def __len__(self) -> int:
@@ -234,6 +273,12 @@ class ReplySink(Protocol):
     def close(self, slot_id: int, reason: CloseReason) -> None: ...
 
     def reject(self, slot_id: int, reason: CloseReason) -> bool: ...
+
+    def lifecycle(self, session: int, action: LifecycleAction) -> None:
+        """LifecycleSlot for the peer's stream ``session``: coalesced per session, cancel
+        beating stop, and urgent like a close. It names the session, not the slot id, so a
+        late one cannot stop or cancel a later stream that reuses the id."""
+        ...
 
 
 class RejectLane:
@@ -360,6 +405,8 @@ class IngressTable:
         self._high_water: int | None = None
         self._batches = 0
         self._last_visit: float | None = None
+        self._staged = False
+        """True while applying a staged singleton (counts its misses as stale_singleton)."""
 
     # -- introspection -----------------------------------------------------------------------
 
@@ -474,7 +521,11 @@ class IngressTable:
         if aside is not None:
             return aside
         drops = self.stats.drops
-        if self._refused.get(sid >> 8) == sid:
+        if self._staged:
+            # A rendezvous record resolves outside the ordered lane: its slot may have
+            # ended meanwhile (refused, retired by a new epoch, its consumer gone).
+            drops["stale_singleton"] += 1
+        elif self._refused.get(sid >> 8) == sid:
             drops["unknown_slot"] += 1
         elif occupant is not None:
             drops["generation"] += 1
@@ -659,6 +710,8 @@ class IngressTable:
         routes[index] = route
         self._live += 1
         stats.live_slots += 1
+        if slot.refusals is not None:
+            self._claim_refusal(route)
 
     def _reject(self, sid: int, reason: CloseReason) -> None:
         """An OpenSlot that was never admitted: its records will be dropped as
@@ -683,11 +736,70 @@ class IngressTable:
                 self._control.credit(sid, decode_credit(body))
             elif record_type == _LIFECYCLE_SLOT:
                 session, action = decode_lifecycle(body)
+                self.stats.lifecycle_received += 1
                 self._control.lifecycle(session, action)
             else:
                 self.stats.malformed_records += 1
         except ProtocolError:
             self.stats.malformed_records += 1
+
+    # -- staged singletons and their refusal --------------------------------------------------
+
+    def handle_staged_batch(
+        self, header: BatchHeader, records: Sequence[Record], now: float
+    ) -> None:
+        """Apply a batch that came through rendezvous (it carried ``_mux_slot``).
+
+        It is applied like any batch: its record takes its place by ``frame_seq``, ahead of
+        later records that wait in the hold, or behind a close that waits deferred on the
+        route (aside, if the sender already reused the index). Only a miss differs: the
+        slot ended while the record was being pulled, which is ``stale_singleton``.
+        """
+        self._staged = True
+        try:
+            self.handle_batch(header, records, now)
+        finally:
+            self._staged = False
+
+    def refuse_staged(self, epoch: int, sid: int, session: int, message: str) -> bool:
+        """A staged singleton of this (peer, lane) was refused for its size: end its stream.
+
+        Only a live slot (in the table or aside) of this epoch with exactly this slot id
+        and this session matches; anything else is a stale refusal and returns False. The
+        stream ends at once, without waiting for records ahead of the refused one (the
+        stream has failed already): see :meth:`_end_refused`.
+        """
+        if epoch != self._epoch:
+            return False
+        route = self._route(sid)
+        if route is None or route.session_id != session:
+            return False
+        self._end_refused(route, message)
+        return True
+
+    def _claim_refusal(self, route: _Route) -> None:
+        """The OpenSlot claiming a bind on which a staged refusal waited: end the stream now
+        if the refusal came from this (peer, lane) and names this epoch and slot id."""
+        slot = route.slot
+        pending = slot.refusals
+        slot.refusals = None  # claimed: no other (peer, lane) can open this bind now
+        refusal = pending.get((self.peer, self.lane)) if pending else None
+        if refusal is None:
+            return
+        epoch, sid, message = refusal
+        if epoch == self._epoch and sid == route.slot_id:
+            self._end_refused(route, message)
+
+    def _end_refused(self, route: _Route, message: str) -> None:
+        """The consumer's terminal is the TransportError (a held terminal, which may have
+        spent the reserve already, is dropped with the hold, so the stream ends with the
+        error and never with nothing); the slot retires; the sender is told to cancel by
+        session (LifecycleSlot, not CloseSlot: a late CloseSlot names only a slot id, and
+        could end a later stream that reuses it)."""
+        self.stats.refusals["applied"] += 1
+        session = route.session_id
+        self._retire(route, encode_transport_error(message))
+        self._replies.lifecycle(session, LifecycleAction.CANCEL)
 
     # -- ending slots ------------------------------------------------------------------------
 

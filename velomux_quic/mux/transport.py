@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterator
+import math
+from collections.abc import Callable, Iterator
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -22,14 +23,17 @@ from prometheus_client.registry import Collector
 
 from ..ids import InstanceId
 from ..messenger import Context, Messenger
+from ..messenger.envelope import MUX_SLOT_HEADER
 from ..streaming.errors import ChannelClosed
 from ..streaming.frames import DETACHED
 from ..streaming.transports import AttachTerms, BindTerms
+from .binds import Bind, BindBook
 from .config import MuxConfig
 from .credit import IngressSlot, PeerBudget
 from .driver import BatcherDriver, MuxChannel
 from .egress import RECORDS_PER_BATCH_BUCKETS, EgressBatcher
-from .ingress import IngressTable, InMemoryBindRegistry, MuxIngressStats
+from .health import PeerHealth
+from .ingress import IngressTable, MuxIngressStats
 from .protocol import (
     MAX_LANES,
     MESSENGER_MUX_KEY,
@@ -38,8 +42,10 @@ from .protocol import (
     ProtocolError,
     decode_batch,
 )
+from .singleton import REFUSAL_OUTCOMES, SingletonCounters, apply_staged_refusal
 
 if TYPE_CHECKING:
+    from ..messenger.messenger import StagedRefusal
     from ..streaming.anchor import AnchorEntry, RemoteSender
 
 __all__ = ["MuxTransport"]
@@ -73,17 +79,20 @@ class _Replies:
         self.close(slot_id, reason)
         return True
 
+    def lifecycle(self, session: int, action: LifecycleAction) -> None:
+        """Stop or cancel the peer's stream ``session`` (coalesced, urgent)."""
+        self._driver.batcher.reply_lifecycle(session, action)
+        self._driver.wake()
+
     # EgressControl: the peer's control about this node's slots
     def closed_by_peer(self, slot_id: int, reason: CloseReason) -> None:
         self._driver.batcher.on_peer_close(slot_id, reason)
         self._driver.wake()
 
-    def lifecycle(self, session: int, action: LifecycleAction) -> None:
-        self._driver.batcher.on_lifecycle(session, action)
-
 
 class _Control(_Replies):
-    """EgressControl's ``credit`` means the peer's grant for *our* slot (not a reply)."""
+    """EgressControl's ``credit`` and ``lifecycle`` are the peer's word about *our* slots
+    (a grant, a stop or cancel), not replies to write."""
 
     __slots__ = ()
 
@@ -91,9 +100,10 @@ class _Control(_Replies):
         self._driver.batcher.on_credit(slot_id, delta, self._driver.now())
         self._driver.wake()
 
-
-class _PeerCheckedBinds(InMemoryBindRegistry):
-    """Binds keyed by (anchor id, session); an attach names the peer that may claim it."""
+    def lifecycle(self, session: int, action: LifecycleAction) -> None:
+        # The wake releases a producer waiting for space on a slot a cancel just closed.
+        self._driver.batcher.on_lifecycle(session, action)
+        self._driver.wake()
 
 
 class MuxTransport(Collector):
@@ -105,7 +115,9 @@ class MuxTransport(Collector):
         self._messenger = messenger
         self.config = config
         self._loop = asyncio.get_running_loop()
-        self._binds = _PeerCheckedBinds()
+        self._binds = BindBook(config.prebind_timeout)
+        self.on_bind_expired: Callable[[AnchorEntry, RemoteSender], None] | None = None
+        """Set by the anchor manager: reap a bind whose accept window closed unclaimed."""
         self._drivers: dict[tuple[InstanceId, int], BatcherDriver] = {}
         self._tables: dict[tuple[InstanceId, int], IngressTable] = {}
         self._budgets: dict[InstanceId, PeerBudget] = {}
@@ -116,16 +128,35 @@ class MuxTransport(Collector):
         self._closed = False
         for lane in range(MAX_LANES):
             messenger.install_batch_handler(lane, partial(self._on_batch, lane))
+        messenger.add_lane_reset_hook(self._lane_reset)
+        self._singletons = SingletonCounters()
+        messenger.add_staged_refusal_hook(self._on_staged_refusal)
         messenger.registry.register(self)
+        self._health = PeerHealth(messenger, config, self._drivers_of)
         self._sweeper = self._loop.create_task(self._sweep())
 
     # -- StreamTransport: consumer -------------------------------------------------------
 
+    def lanes_to(self, peer: InstanceId | None) -> int:
+        """Mux lanes to ``peer`` (its transport's count, at most 16); with no peer (a
+        pre-bind) the most lanes any transport here keeps."""
+        transport = self._messenger.transport
+        lanes = transport.config.lanes if peer is None else transport.lanes(peer)
+        return max(1, min(lanes, MAX_LANES))
+
     def bind(self, entry: AnchorEntry, remote: RemoteSender) -> BindTerms:
+        """Bind the stream's slot and choose its lane (``remote.node`` None: a pre-bind)."""
+        credit = self.config.initial_credit
         slot = IngressSlot(
-            self.config.initial_credit, self.config.slot_byte_budget, wake=entry.inbox.wake
+            credit,
+            self.config.slot_byte_budget,
+            wake=entry.inbox.wake,
+            return_below=max(1, math.ceil(credit * self.config.credit_return_below)),
         )
-        self._binds.bind(entry.local_id, remote.session_id, slot, peer=remote.node)
+        bind = self._binds.add(
+            entry, remote, slot, lanes=self.lanes_to(remote.node), now=self._loop.time()
+        )
+        remote.lane = bind.placement.lane
         entry.inbox.install_feed(slot, remote.sender_id)
         remote.receiver = slot
         bound_at = remote.last_arrival
@@ -133,6 +164,10 @@ class MuxTransport(Collector):
         def probe() -> tuple[float, bool]:
             # A window is live when something arrived, or when the sender holds no data
             # credit and nothing waits behind a gap: that silence is the consumer's.
+            # Before a pre-bind meets its sender no window counts (the accept window is
+            # the backstop).
+            if remote.prebound:
+                return self._loop.time(), True
             exempt = slot.opened and not slot.sender_has_credit and not slot.gap_waiting
             return max(bound_at, slot.last_arrival), exempt
 
@@ -149,11 +184,49 @@ class MuxTransport(Collector):
         return BindTerms(
             initial_credit=self.config.initial_credit,
             slot_byte_budget=self.config.slot_byte_budget,
-            lane=0,
+            lane=bind.placement.lane,
         )
 
+    def adopt(self, entry: AnchorEntry, remote: RemoteSender, peer: InstanceId) -> BindTerms:
+        """An ordinary attach from ``peer`` takes over the unclaimed pre-bind ``remote``:
+        same slot, session and lane; the accept window is not restarted."""
+        bind = self._binds.get(entry.local_id, remote.session_id)
+        if bind is None:
+            raise LookupError("no pre-bind waits for this stream")
+        self._binds.adopt(bind, peer)
+        return BindTerms(
+            initial_credit=self.config.initial_credit,
+            slot_byte_budget=self.config.slot_byte_budget,
+            lane=bind.placement.lane,
+        )
+
+    def claimed(self, entry: AnchorEntry, remote: RemoteSender) -> bool:
+        """Whether an OpenSlot already claimed this stream's bind."""
+        slot = remote.receiver
+        return isinstance(slot, IngressSlot) and slot.opened
+
+    def post_stream_lifecycle(
+        self, entry: AnchorEntry, remote: RemoteSender, *, stop: bool
+    ) -> None:
+        """Tell a claimed stream's producer to stop (gracefully) or cancel, by session, on
+        the lane its OpenSlot arrived on: a ticket sender has no cancel handle to message."""
+        bind = self._binds.get(entry.local_id, remote.session_id)
+        if bind is None or bind.arrival is None:
+            return  # not claimed: unbinding answers a later OpenSlot with UnknownSlot
+        peer, lane = bind.arrival
+        action = LifecycleAction.STOP if stop else LifecycleAction.CANCEL
+        self.post_lifecycle(peer, lane, remote.session_id, action)  # type: ignore[arg-type]
+
     def unbind(self, entry: AnchorEntry, remote: RemoteSender) -> None:
-        self._binds.release(entry.local_id, remote.session_id)
+        self._binds.remove(entry.local_id, remote.session_id)
+
+    def _reap(self, bind: Bind) -> None:
+        """Counted by the manager (``velo_streaming_unclaimed_bind_reaped_total``)."""
+        if self.on_bind_expired is not None:
+            self.on_bind_expired(bind.entry, bind.remote)
+        else:
+            self._binds.remove(bind.entry.local_id, bind.remote.session_id)
+            bind.slot.end(None)
 
     # -- StreamTransport: producer -------------------------------------------------------
 
@@ -172,16 +245,22 @@ class MuxTransport(Collector):
         opened: asyncio.Future[bool] = self._loop.create_future()
         slot.guard = opened  # the batch carrying the OpenSlot resolves it on admission
         driver.wake()
+        self._health.watch(terms.peer)
         if not self.config.async_open_ack and not await opened:
             raise ChannelClosed(f"the OpenSlot to {terms.peer} was refused (epoch death)")
         return MuxChannel(driver, slot)
+
+    def _drivers_of(self, peer: InstanceId) -> list[BatcherDriver]:
+        return [driver for (to, _), driver in self._drivers.items() if to == peer]
 
     def _driver(self, peer: InstanceId, lane: int) -> BatcherDriver:
         key = (peer, lane)
         driver = self._drivers.get(key)
         if driver is None or driver.closed:
             cap = self._messenger.eager_budget(peer)
-            batcher = EgressBatcher(lane, self.config, byte_cap=cap)
+            batcher = EgressBatcher(
+                lane, self.config, byte_cap=cap, eager_budget=cap, counters=self._singletons
+            )
             driver = self._drivers[key] = BatcherDriver(self._messenger, peer, batcher)
         return driver
 
@@ -195,7 +274,44 @@ class MuxTransport(Collector):
             logger.debug("dropping a malformed batch from %s lane %d: %s", ctx.sender, lane, exc)
             return
         table = self._table(ctx.sender, lane)
-        table.handle_batch(header, records, self._loop.time())
+        headers = ctx.headers
+        if headers is not None and MUX_SLOT_HEADER in headers:
+            table.handle_staged_batch(header, records, self._loop.time())
+        else:
+            table.handle_batch(header, records, self._loop.time())
+
+    # -- singletons and lifecycle ----------------------------------------------------------
+
+    def _on_staged_refusal(self, refusal: StagedRefusal) -> None:
+        """The messenger refused a staged payload for its size: if it was a singleton
+        batch, end the one stream its ``_mux_slot`` header names (see :mod:`.singleton`)."""
+        outcome = apply_staged_refusal(refusal, self._tables, self._binds, self.ingress)
+        if outcome is not None:
+            # Counted by outcome; a peer can send refusable descriptors cheaply, so the log
+            # stays at DEBUG (the consumer of an ended stream reads the sizes anyway).
+            logger.debug(
+                "staged singleton of %d bytes from %s refused (staged_payload_max %d): %s",
+                refusal.size,
+                refusal.peer,
+                refusal.limit,
+                outcome,
+            )
+
+    def post_lifecycle(
+        self, peer: InstanceId, lane: int, session: int, action: LifecycleAction
+    ) -> None:
+        """Send ``LifecycleSlot{session, action}`` to the producer of one of this node's
+        streams, on the lane its batches arrive on (replies go back on the arrival lane).
+
+        Stop asks the producer to finish gracefully; cancel ends its slot (its next send
+        fails). It names the session, not the slot id, so a late one cannot reach a later
+        stream on a reused slot; a stop and a cancel for one session coalesce into the
+        cancel. Never blocks, never fails (after close it does nothing)."""
+        if self._closed:
+            return
+        driver = self._driver(peer, lane)
+        driver.batcher.reply_lifecycle(session, action)
+        driver.wake()
 
     def _table(self, peer: InstanceId, lane: int) -> IngressTable:
         key = (peer, lane)
@@ -252,6 +368,7 @@ class MuxTransport(Collector):
         while not self._closed:
             await asyncio.sleep(interval)  # the sweep's own period, not synchronisation
             now = self._loop.time()
+            self._binds.expired(now, self._reap)
             for table in list(self._tables.values()):
                 if table.live_slots:
                     table.sweep(now)
@@ -276,11 +393,21 @@ class MuxTransport(Collector):
         self._egress_retired[2] += stats.control_refused
         self._egress_retired[3] += stats.epoch_deaths
 
+    def _lane_reset(self, peer: InstanceId, lane: int) -> None:
+        """The peer cut one lane's stream: the batches in flight on it are lost, so every
+        slot it carried has a gap that can never close. End them now (``Dropped``) rather
+        than at their watchdogs; the peer's other lanes are not touched."""
+        table = self._tables.get((peer, lane))
+        if table is not None:
+            retired = table.retire_all()
+            logger.info("lane %d from %s was reset: %d slots ended", lane, peer, retired)
+
     async def close(self) -> None:
         self._closed = True
         self._sweeper.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._sweeper
+        await self._health.close()
         for handle in self._visits.values():
             handle.cancel()
         self._visits.clear()
@@ -342,6 +469,12 @@ class MuxTransport(Collector):
                 self._egress_retired[3] + sum(b.stats.epoch_deaths for b in batchers),
                 "Epochs that died",
             ),
+            ("health_checks", self._health.checks, "Peer health checks made by batchers"),
+            (
+                "health_check_failures",
+                self._health.failures,
+                "Peer health checks that failed (epoch death on every lane to that peer)",
+            ),
         ):
             family = CounterMetricFamily(f"velo_streaming_mux_{name}", documentation)
             family.add_metric([], value)
@@ -351,6 +484,11 @@ class MuxTransport(Collector):
         )
         exhausted.add_metric([], sum(b.stats.credit_exhausted for b in batchers))
         yield exhausted
+        waiting = GaugeMetricFamily(
+            "velo_streaming_mux_unclaimed_binds", "Binds (attach or pre-bind) not yet claimed"
+        )
+        waiting.add_metric([], self._binds.waiting)
+        yield waiting
         live = GaugeMetricFamily("velo_streaming_mux_live_slots", "Egress + ingress slots")
         live.add_metric([], sum(b.live_slots for b in batchers) + ing.live_slots)
         yield live
@@ -378,6 +516,7 @@ class MuxTransport(Collector):
         for name, total in zip(names, totals, strict=True):
             by_type.add_metric([name], total)
         yield by_type
+        yield from self._singleton_metrics()
         wakes = CounterMetricFamily(
             "velo_streaming_mux_batcher_wakes", "Real batcher wakes", labels=["source"]
         )
@@ -399,6 +538,40 @@ class MuxTransport(Collector):
         live_records = sum(b.stats.records_sent for b in batchers)
         histogram.add_metric(["sent"], buckets, sum_value=live_records)
         yield histogram
+
+    def _singleton_metrics(self) -> Iterator[CounterMetricFamily]:
+        """Singletons, fences, staged refusals and LifecycleSlot records."""
+        counts = self._singletons
+        singletons = CounterMetricFamily(
+            "velo_streaming_mux_singletons",
+            "Records too large for any batch, sent alone (inline, or staged by rendezvous)",
+            labels=["path"],
+        )
+        singletons.add_metric(["inline"], counts.inline)
+        singletons.add_metric(["staged"], counts.staged)
+        yield singletons
+        fences = CounterMetricFamily(
+            "velo_streaming_mux_fences_raised",
+            "Slots fenced by a staged singleton until its admission",
+        )
+        fences.add_metric([], counts.fences_raised)
+        yield fences
+        refusals = CounterMetricFamily(
+            "velo_streaming_mux_staged_refusals",
+            "Staged singletons this node refused for their size, by outcome",
+            labels=["outcome"],
+        )
+        for outcome in REFUSAL_OUTCOMES:
+            refusals.add_metric([outcome], self.ingress.refusals[outcome])
+        yield refusals
+        lifecycle = CounterMetricFamily(
+            "velo_streaming_mux_lifecycle_records",
+            "LifecycleSlot records (stop or cancel, by session)",
+            labels=["direction"],
+        )
+        lifecycle.add_metric(["sent"], counts.lifecycle_sent)
+        lifecycle.add_metric(["received"], self.ingress.lifecycle_received)
+        yield lifecycle
 
     def describe(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         return iter(())

@@ -46,7 +46,8 @@ __all__ = ["AnchorEntry", "MpscAnchor", "MpscEvent", "MpscItem", "RemoteSender",
 class RemoteSender:
     """What the consumer knows of one attached remote producer."""
 
-    node: InstanceId
+    node: InstanceId | None
+    """The producer's node; None only while the stream is an unclaimed pre-bind."""
     sender_stream_id: int
     session_id: int
     transport_key: str
@@ -58,6 +59,13 @@ class RemoteSender:
     """The transport's receiving end (per-stream receiver, mux ingress slot)."""
     probe: Callable[[], tuple[float, bool]] | None = None
     """Transport-specific liveness: (last arrival, window exempt). None: ``last_arrival``."""
+    lane_key: int | None = None
+    """The placement key the attach (or pre-bind) named; None lets the receiver choose."""
+    lane: int = 0
+    """The lane the receiver chose for this stream when it bound it."""
+    prebound: bool = False
+    """A pre-bind no sender has adopted or claimed yet: ``node`` is not known, and the
+    watchdog counts no window as dead (the accept window is the backstop)."""
 
 
 @dataclass(slots=True)
@@ -78,6 +86,8 @@ class AnchorEntry:
     cancelled: bool = False
     unattached_timeout: float | None = None
     unattached_timer: asyncio.TimerHandle | None = None
+    prebind: RemoteSender | None = None
+    """The zero-RTT bind waiting for its first sender (also in ``senders``)."""
 
     @property
     def sender_count(self) -> int:

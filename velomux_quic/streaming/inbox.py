@@ -160,6 +160,9 @@ class Inbox:
         self._channel.appendleft((sender_id, body))
         self._barrier += 1
 
+    def any_feed_exhausted(self) -> bool:
+        return any(feed.exhausted for feed in self._feeds.values())
+
     def feeds(self) -> list[tuple[int, Feed]]:
         return [(sender_id, self._feeds[sender_id]) for sender_id in self._feed_order]
 

@@ -15,6 +15,7 @@ import logging
 import os
 import time
 from functools import partial
+from typing import Any
 
 from ..ids import InstanceId, StreamAnchorHandle, WorkerId, worker_id_of
 from ..messenger import CallError, Context, Messenger
@@ -34,6 +35,7 @@ from .control import (
     MpscAnchorAttachRequest,
     MpscAnchorAttachResponse,
     StreamControl,
+    StreamOpenTicket,
 )
 from .errors import (
     AlreadyAttached,
@@ -48,7 +50,7 @@ from .inbox import Inbox
 from .metrics import StreamingMetrics
 from .perstream import PerStreamTransport
 from .sender import SenderState, StreamSender
-from .transports import AttachTerms, StreamTransport, TransportRegistry
+from .transports import AttachTerms, BindTerms, StreamTransport, TransportRegistry
 
 __all__ = ["DETECTION_MULTIPLIER", "AnchorManager", "StreamingConfig"]
 
@@ -104,6 +106,12 @@ class AnchorManager(TransportHandler):
     def install_transport(self, transport: StreamTransport) -> None:
         """Add a streaming transport (the node installs the mux here when it is enabled)."""
         self.transports.install(transport)
+        if hasattr(transport, "on_bind_expired"):  # the mux's accept window reaps here
+            transport.on_bind_expired = self._bind_expired
+
+    def _mux(self) -> Any:
+        """The installed mux transport (pre-binds, lanes, lifecycle), or None."""
+        return self.transports.get(MESSENGER_MUX_KEY)
 
     @property
     def transport_keys(self) -> list[str]:
@@ -205,9 +213,14 @@ class AnchorManager(TransportHandler):
         entry.cancelled = True
         remote = list(entry.senders.values())
         local = list(entry.local_senders)
+        mux = self._mux()
+        for sender in remote:  # a claimed ticket sender learns of it through the mux
+            if mux is not None and not sender.sender_stream_id:
+                mux.post_stream_lifecycle(entry, sender, stop=False)
         self.finish_anchor(local_id)
         for sender in remote:
-            self._notify(sender.node, "_stream_cancel", sender.sender_stream_id)
+            if sender.node is not None and sender.sender_stream_id:
+                self._notify(sender.node, "_stream_cancel", sender.sender_stream_id)
         for state in list(self._senders.values()):
             if (
                 state.target is None
@@ -221,8 +234,12 @@ class AnchorManager(TransportHandler):
         entry = self._anchors.get(local_id)
         if entry is None:
             return
+        mux = self._mux()
         for sender in entry.senders.values():
-            self._notify(sender.node, "_stream_stop", sender.sender_stream_id)
+            if sender.node is not None and sender.sender_stream_id:
+                self._notify(sender.node, "_stream_stop", sender.sender_stream_id)
+            elif mux is not None and not sender.sender_stream_id:
+                mux.post_stream_lifecycle(entry, sender, stop=True)
         for state in self._senders.values():
             if state.target is None and state.handle.local_id == local_id:
                 state.stop_requested.set()
@@ -250,6 +267,8 @@ class AnchorManager(TransportHandler):
             self._arm_unattached(entry)
 
     def _forget_sender(self, entry: AnchorEntry, remote: RemoteSender) -> None:
+        if entry.prebind is remote:
+            entry.prebind = None
         if remote.watchdog is not None:
             remote.watchdog.cancel()
             remote.watchdog = None
@@ -258,14 +277,18 @@ class AnchorManager(TransportHandler):
             transport.unbind(entry, remote)
 
     def feed_exhausted(self, entry: AnchorEntry, sender_id: int | None) -> bool:
-        """A feed ran dry for good without a terminal: its producer is gone, say Dropped."""
-        injected = False
-        for feed_id, feed in entry.inbox.feeds():
+        """A feed ran dry for good without a terminal: its producer is gone, say Dropped.
+
+        Called each time the reader finds nothing to read, so the common answer (no feed
+        is exhausted) allocates nothing."""
+        inbox = entry.inbox
+        if not inbox.any_feed_exhausted():
+            return False
+        for feed_id, feed in inbox.feeds():
             if feed.exhausted:
-                entry.inbox.withdraw_feed(feed_id)
-                entry.inbox.inject(DROPPED, feed_id)
-                injected = True
-        return injected
+                inbox.withdraw_feed(feed_id)
+                inbox.inject(DROPPED, feed_id)
+        return True
 
     # -- consumer: the attach handlers ---------------------------------------------------
 
@@ -304,6 +327,8 @@ class AnchorManager(TransportHandler):
             return f"anchor_not_found: no anchor {handle} on this node"
         if entry.mpsc != mpsc:
             return f"wrong_handle_kind: {handle} is {'MPSC' if entry.mpsc else 'SPSC'}"
+        if entry.prebind is not None:
+            return self._adopt(peer, entry, entry.prebind, request)
         if not mpsc and entry.attached:
             return f"already_attached: {handle} has a live sender"
         if mpsc and entry.max_senders is not None and entry.sender_count >= entry.max_senders:
@@ -314,33 +339,101 @@ class AnchorManager(TransportHandler):
                 f"no_common_transport: offered {list(request.supported_transport_keys)}, "
                 f"this node binds {self.transport_keys}"
             )
+        remote = self._new_remote(entry, peer, key, request.lane_key)
+        remote.sender_stream_id = request.stream_cancel_handle[1]
+        transport = self.transports.get(key)
+        assert transport is not None
+        terms = transport.bind(entry, remote)
+        self._arm_watchdog(entry, remote, entry.heartbeat_interval)
+        return self._attach_ok(entry, remote, terms, mpsc=mpsc)
+
+    def _new_remote(
+        self, entry: AnchorEntry, peer: InstanceId | None, key: str, lane_key: int | None
+    ) -> RemoteSender:
+        """A new remote sender of ``entry`` with a fresh routing session (``peer`` None: a
+        pre-bind, whose sender is not known yet)."""
         session_id = self._next_session
         self._next_session += 1
         sender_id = entry.next_sender_id
         entry.next_sender_id += 1
         remote = RemoteSender(
             node=peer,
-            sender_stream_id=request.stream_cancel_handle[1],
+            sender_stream_id=0,
             session_id=session_id,
             transport_key=key,
             sender_id=sender_id,
             last_arrival=self._loop.time(),
+            lane_key=lane_key,
+            prebound=peer is None,
         )
         entry.senders[sender_id] = remote
-        entry.attached = True
+        if peer is not None:
+            entry.attached = True
         if entry.unattached_timer is not None:
             entry.unattached_timer.cancel()
             entry.unattached_timer = None
-        transport = self.transports.get(key)
-        assert transport is not None
-        terms = transport.bind(entry, remote)
-        self._arm_watchdog(entry, remote, entry.heartbeat_interval)
+        return remote
+
+    def _adopt(
+        self,
+        peer: InstanceId,
+        entry: AnchorEntry,
+        remote: RemoteSender,
+        request: AnchorAttachRequest | MpscAnchorAttachRequest,
+    ) -> AnchorAttachOk | MpscAnchorAttachOk | str:
+        """An ordinary attach meets a pre-bind: it adopts the waiting slot and the ticket's
+        session if nothing claimed it yet and the sender can speak the mux; otherwise the
+        attach is refused (and a sender without the mux releases the pre-bind, so its
+        retry attaches the ordinary way)."""
+        mux = self._mux()
+        if mux is None or not remote.prebound or mux.claimed(entry, remote):
+            return f"already_attached: {entry.handle}'s pre-bind was claimed by a ticket"
+        if MESSENGER_MUX_KEY not in request.supported_transport_keys:
+            self._release_prebind(entry, remote)
+            return (
+                f"no_common_transport: {entry.handle} is pre-bound on {MESSENGER_MUX_KEY}, "
+                f"offered {list(request.supported_transport_keys)}; the pre-bind is released"
+            )
+        terms = mux.adopt(entry, remote, peer)
+        remote.node = peer
+        remote.prebound = False
+        remote.sender_stream_id = request.stream_cancel_handle[1]
+        entry.prebind = None
+        entry.attached = True
+        return self._attach_ok(entry, remote, terms, mpsc=entry.mpsc)
+
+    def _release_prebind(self, entry: AnchorEntry, remote: RemoteSender) -> None:
+        """Give an unclaimed pre-bind back: its slot, its lane load, its feed."""
+        entry.senders.pop(remote.sender_id, None)
+        self._forget_sender(entry, remote)
+        entry.inbox.withdraw_feed(remote.sender_id)
+        if entry.sender_count == 0:
+            entry.attached = False
+            self._arm_unattached(entry)
+
+    def _bind_expired(self, entry: AnchorEntry, remote: RemoteSender) -> None:
+        """The accept window closed and no OpenSlot claimed the bind: the consumer reads
+        Dropped (SenderDropped), as it would for a sender that vanished."""
+        if entry.senders.get(remote.sender_id) is not remote:
+            return
+        self.metrics.unclaimed_bind_reaped += 1
+        logger.info("accept window closed unclaimed: local_id=%x", entry.local_id)
+        entry.senders.pop(remote.sender_id, None)
+        self._forget_sender(entry, remote)
+        entry.inbox.withdraw_feed(remote.sender_id)
+        entry.inbox.inject(DROPPED, remote.sender_id)
+
+    def _attach_ok(
+        self, entry: AnchorEntry, remote: RemoteSender, terms: BindTerms, *, mpsc: bool
+    ) -> AnchorAttachOk | MpscAnchorAttachOk:
         interval_ms = int(entry.heartbeat_interval * 1000)
+        key = remote.transport_key
+        session_id = remote.session_id
         if mpsc:
             return MpscAnchorAttachOk(
                 streaming_transport_key=key,
                 heartbeat_interval_ms=interval_ms,
-                sender_id=sender_id,
+                sender_id=remote.sender_id,
                 routing_session_id=session_id,
                 initial_credit=terms.initial_credit,
                 slot_byte_budget=terms.slot_byte_budget,
@@ -389,26 +482,43 @@ class AnchorManager(TransportHandler):
         self._forget_sender(entry, remote)
         entry.inbox.withdraw_feed(remote.sender_id)
         entry.inbox.inject(DROPPED, remote.sender_id)
-        self._notify(remote.node, "_stream_cancel", remote.sender_stream_id)
+        if remote.node is not None and remote.sender_stream_id:
+            self._notify(remote.node, "_stream_cancel", remote.sender_stream_id)
 
     # -- producer: attach ----------------------------------------------------------------
 
     async def attach_anchor(
-        self, handle: StreamAnchorHandle, *, offer: list[str] | None = None
+        self,
+        handle: StreamAnchorHandle,
+        *,
+        key: int | None = None,
+        offer: list[str] | None = None,
     ) -> StreamSender:
         """Attach a producer to a single-sender anchor, on this node or another.
 
-        ``offer`` overrides the transport keys advertised (compatibility testing only).
+        ``key`` (a u64) asks the receiver to put the stream on lane ``splitmix64(key) %
+        lanes``, so streams with one key share a lane; without it the receiver picks the
+        lane with the least load from this node. ``offer`` overrides the transport keys
+        advertised (compatibility testing only).
         """
-        return await self._attach_sender(handle, mpsc=False, offer=offer)
+        return await self._attach_sender(handle, mpsc=False, offer=offer, lane_key=key)
 
     async def attach_mpsc_anchor(
-        self, handle: StreamAnchorHandle, *, offer: list[str] | None = None
+        self,
+        handle: StreamAnchorHandle,
+        *,
+        key: int | None = None,
+        offer: list[str] | None = None,
     ) -> StreamSender:
-        return await self._attach_sender(handle, mpsc=True, offer=offer)
+        return await self._attach_sender(handle, mpsc=True, offer=offer, lane_key=key)
 
     async def _attach_sender(
-        self, handle: StreamAnchorHandle, *, mpsc: bool, offer: list[str] | None
+        self,
+        handle: StreamAnchorHandle,
+        *,
+        mpsc: bool,
+        offer: list[str] | None,
+        lane_key: int | None = None,
     ) -> StreamSender:
         if handle.is_mpsc != mpsc:
             raise WrongHandleKind(
@@ -427,6 +537,7 @@ class AnchorManager(TransportHandler):
             session_id=int.from_bytes(os.urandom(8), "big"),
             stream_cancel_handle=(self.worker_id, sender_stream_id),
             supported_transport_keys=sorted(self.transport_keys if offer is None else offer),
+            lane_key=lane_key,
         )
         started = time.monotonic()
         try:
@@ -460,25 +571,115 @@ class AnchorManager(TransportHandler):
             slot_byte_budget=response.slot_byte_budget,
             lane=response.lane,
         )
+        return await self._connect(transport, terms, sender_stream_id)
+
+    async def _connect(
+        self, transport: StreamTransport, terms: AttachTerms, sender_stream_id: int
+    ) -> StreamSender:
         channel = await transport.connect(terms)
         state = SenderState(
             self,
-            handle,
+            terms.handle,
             channel,
             sender_stream_id=sender_stream_id,
-            transport_key=key,
-            target=peer,
+            transport_key=transport.key,
+            target=terms.peer,
             heartbeat_interval=terms.heartbeat_interval,
             sender_id=terms.sender_id,
         )
+        watch = getattr(channel, "watch", None)
+        if watch is not None:  # the mux tells the sender of stops, cancels and closes
+            watch(state)
         self._senders[sender_stream_id] = state
         self._start_heartbeats()
         return StreamSender(state)
+
+    # -- zero-RTT: pre-bind (consumer) and open (producer) -------------------------------
+
+    def prebind_anchor(
+        self, handle: StreamAnchorHandle, *, key: int | None = None
+    ) -> StreamOpenTicket | None:
+        """Do the attach handler's work now, before any sender asks, and return the ticket
+        a producer opens the stream with (:meth:`open_anchor_stream`) with no attach round
+        trip. None when no mux is installed (silently), or, logged and counted, for an
+        MPSC anchor, another node's handle, an anchor already attached or pre-bound, or
+        one that is gone. ``key`` places the stream as in :meth:`attach_anchor`.
+        """
+        mux = self._mux()
+        if mux is None:
+            return None
+        entry = self._anchors.get(handle.local_id) if handle.worker_id == self.worker_id else None
+        why = None
+        if entry is None or entry.finished:
+            why = "no such anchor on this node"
+        elif entry.mpsc:
+            why = "an MPSC anchor cannot be pre-bound"
+        elif entry.attached or entry.prebind is not None or entry.sender_count:
+            why = "already attached or pre-bound"
+        if why is not None or entry is None:
+            logger.debug("prebind_anchor(%s) refused: %s", handle, why)
+            self.metrics.anchor_operations.labels("prebind", "error", "none").inc()
+            return None
+        remote = self._new_remote(entry, None, MESSENGER_MUX_KEY, key)
+        entry.prebind = remote
+        terms = mux.bind(entry, remote)
+        self._arm_watchdog(entry, remote, entry.heartbeat_interval)
+        self.metrics.anchor_operations.labels("prebind", "success", MESSENGER_MUX_KEY).inc()
+        return StreamOpenTicket(
+            streaming_transport_key=MESSENGER_MUX_KEY,
+            heartbeat_interval_ms=int(entry.heartbeat_interval * 1000),
+            routing_session_id=remote.session_id,
+            initial_credit=terms.initial_credit,
+            slot_byte_budget=terms.slot_byte_budget,
+            lane=terms.lane,
+        )
+
+    async def open_anchor_stream(
+        self, handle: StreamAnchorHandle, ticket: StreamOpenTicket
+    ) -> StreamSender:
+        """Open a stream on a pre-bound anchor with its ticket: the first batch carries the
+        OpenSlot that claims the bind; no ``_anchor_attach`` crosses the wire."""
+        if handle.is_mpsc:
+            raise WrongHandleKind(f"{handle} is an MPSC handle; tickets are single-sender", handle)
+        if handle.worker_id == self.worker_id:
+            raise AttachRefused(
+                f"{handle} was minted on this node: use attach_anchor here, not a ticket", handle
+            )
+        transport = self.transports.get(ticket.streaming_transport_key)
+        if transport is None:
+            raise AttachRefused(
+                f"the ticket names {ticket.streaming_transport_key!r}, which this node cannot "
+                "connect on",
+                handle,
+            )
+        peer = self._peer_of(handle.worker_id)
+        if peer is None:
+            raise AttachRefused(f"no known node has WorkerId {handle.worker_id:#x}", handle)
+        sender_stream_id = self._next_sender_stream
+        self._next_sender_stream += 1
+        terms = AttachTerms(
+            peer=peer,
+            handle=handle,
+            routing_session_id=ticket.routing_session_id,
+            heartbeat_interval=ticket.heartbeat_interval_ms / 1000.0,
+            sender_id=0,
+            initial_credit=ticket.initial_credit,
+            slot_byte_budget=ticket.slot_byte_budget,
+            lane=ticket.lane,
+        )
+        return await self._connect(transport, terms, sender_stream_id)
 
     def _attach_local(self, handle: StreamAnchorHandle, mpsc: bool) -> StreamSender:
         entry = self._anchors.get(handle.local_id)
         if entry is None or entry.finished:
             raise AnchorNotFound(f"no anchor {handle} on this node", handle)
+        prebound = entry.prebind
+        if prebound is not None:
+            mux = self._mux()
+            if mux is not None and mux.claimed(entry, prebound):
+                raise AlreadyAttached(f"{handle}'s pre-bind was claimed by a ticket", handle)
+            # A same-worker sender writes into the anchor directly and never claims the slot.
+            self._release_prebind(entry, prebound)
         if not mpsc and entry.attached:
             raise AlreadyAttached(f"{handle} has a live sender", handle)
         if mpsc and entry.max_senders is not None and entry.sender_count >= entry.max_senders:

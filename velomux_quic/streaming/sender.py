@@ -113,6 +113,16 @@ class SenderState:
             self.manager.sender_finished(self)
             self._retire(Retired.DISCARDED)
 
+    # The mux's slot owner: what the consumer or the peer's health did to this stream.
+    def slot_stopped(self) -> None:
+        """The consumer asked for a graceful stop (LifecycleSlot stop)."""
+        self.stop_requested.set()
+
+    def slot_closed(self, reason: object) -> None:
+        """The slot closed under the sender (consumer cancel, peer gone, protocol error):
+        both tokens fire and later sends fail, as a ``_stream_cancel`` would do."""
+        self.cancel()
+
     def _retire(self, outcome: Retired) -> None:
         if not self.retired.done():
             self.retired.set_result(outcome)

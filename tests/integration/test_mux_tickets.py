@@ -1,0 +1,242 @@
+"""Zero-RTT streams over the mux between real nodes: pre-bind, ticket, open, and every
+rule of the pre-bind (adopt, refuse after claim, key mismatch, same-worker release, a
+dropped request, cancel and stop reaching an idle producer, detach, the accept window)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Any
+
+import pytest
+
+from tests.conftest import StartNode
+from velomux_quic.mux.config import MuxConfig
+from velomux_quic.mux.driver import MuxChannel
+from velomux_quic.node import Node
+from velomux_quic.streaming.control import MESSENGER_MUX_KEY, PER_STREAM_KEY, StreamOpenTicket
+from velomux_quic.streaming.errors import (
+    AlreadyAttached,
+    AttachRefused,
+    ChannelClosed,
+    SenderDropped,
+    StreamCancelled,
+)
+from velomux_quic.streaming.sender import StreamSender
+
+
+async def pair(start_nodes: StartNode, **options: object) -> tuple[Node, Node]:
+    b = await start_nodes("b", **options)
+    a = await start_nodes("a", **options)
+    a.add_peer(b.instance_id, b.address)
+    return a, b
+
+
+def metric(node: Node, name: str, labels: str = "") -> float:
+    pattern = re.escape(name) + (re.escape("{" + labels + "}") if labels else "") + r" (\S+)"
+    match = re.search(r"^" + pattern + "$", node.metrics_text(), re.MULTILINE)
+    return 0.0 if match is None else float(match.group(1))
+
+
+def ticket_of(node: Node, handle: Any) -> StreamOpenTicket:
+    ticket = node.prebind_anchor(handle)
+    assert ticket is not None
+    return StreamOpenTicket.decode(ticket.encode())  # it travels in the app's envelope
+
+
+def count_attaches(node: Node) -> list[int]:
+    """Wrap the attach handler's work so a test can assert it never ran."""
+    calls = [0]
+    original = node.anchors._attach
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return original(*args, **kwargs)
+
+    node.anchors._attach = counted  # type: ignore[method-assign]
+    return calls
+
+
+async def test_a_ticket_opens_5000_streams_with_no_attach_message(start_nodes: StartNode) -> None:
+    a, b = await pair(start_nodes)
+    attaches = count_attaches(b)
+
+    async def one(index: int) -> None:
+        anchor = b.create_anchor()
+        ticket = ticket_of(b, anchor.handle)
+        sender = await a.open_anchor_stream(anchor.handle, ticket)
+        assert sender.negotiated_transport() == MESSENGER_MUX_KEY
+        channel = sender._state.channel
+        assert isinstance(channel, MuxChannel) and channel.slot.credit == ticket.initial_credit
+        await sender.send(index)
+        sender.finalize()
+        assert [item async for item in anchor] == [index]
+
+    async with asyncio.timeout(120):
+        for start in range(0, 5000, 100):
+            await asyncio.gather(*(one(i) for i in range(start, start + 100)))
+    assert attaches == [0]
+    assert metric(b, "velo_streaming_mux_live_slots") == 0
+    assert metric(b, "velo_streaming_mux_unclaimed_binds") == 0
+    assert metric(b, "velo_streaming_mux_records_sent_total", 'record_type="credit_update"') >= 0
+    labels = 'operation="prebind",outcome="success",transport_scheme="messenger-mux-v2"'
+    assert metric(b, "velo_streaming_anchor_operations_total", labels) == 5000
+
+
+async def test_the_accept_window_reaps_an_unclaimed_ticket(start_nodes: StartNode) -> None:
+    b = await start_nodes("b", mux=MuxConfig(prebind_timeout=0.3, credit_sweep_interval=0.05))
+    anchor = b.create_anchor()
+    assert ticket_of(b, anchor.handle).lane == 0
+    assert metric(b, "velo_streaming_mux_unclaimed_binds") == 1
+    with pytest.raises(SenderDropped):
+        async with asyncio.timeout(10):
+            await anchor.next()
+    assert metric(b, "velo_streaming_unclaimed_bind_reaped_total") == 1
+    assert metric(b, "velo_streaming_mux_unclaimed_binds") == 0
+
+
+async def test_prebind_refusals_return_none(start_nodes: StartNode) -> None:
+    a, b = await pair(start_nodes)
+    assert b.prebind_anchor(b.create_mpsc_anchor().handle) is None
+    assert b.prebind_anchor(a.create_anchor().handle) is None  # another node's handle
+    anchor = b.create_anchor()
+    assert b.prebind_anchor(anchor.handle) is not None
+    assert b.prebind_anchor(anchor.handle) is None  # already pre-bound
+    attached = b.create_anchor()
+    await a.attach_anchor(attached.handle)
+    assert b.prebind_anchor(attached.handle) is None  # already attached
+    no_mux = await start_nodes("plain", mux=MuxConfig(enabled=False))
+    assert no_mux.prebind_anchor(no_mux.create_anchor().handle) is None
+    labels = 'operation="prebind",outcome="error",transport_scheme="none"'
+    assert metric(b, "velo_streaming_anchor_operations_total", labels) == 4
+    with pytest.raises(AttachRefused, match="minted on this node"):
+        await b.open_anchor_stream(anchor.handle, ticket_of(b, b.create_anchor().handle))
+
+
+async def test_an_attach_adopts_an_unclaimed_prebind_and_is_refused_after_a_claim(
+    start_nodes: StartNode,
+) -> None:
+    a, b = await pair(start_nodes)
+    c = await start_nodes("c")
+    c.add_peer(b.instance_id, b.address)
+    anchor = b.create_anchor()
+    ticket = ticket_of(b, anchor.handle)
+    sender = await a.attach_anchor(anchor.handle)  # adopts: same slot, same session
+    assert sender.negotiated_transport() == MESSENGER_MUX_KEY
+    channel = sender._state.channel
+    assert isinstance(channel, MuxChannel)
+    assert channel.slot.session_id == ticket.routing_session_id
+    await sender.send("adopted")
+    sender.finalize()
+    async with asyncio.timeout(20):
+        assert [item async for item in anchor] == ["adopted"]
+
+    claimed = b.create_anchor()
+    opened = await a.open_anchor_stream(claimed.handle, ticket_of(b, claimed.handle))
+    await opened.send("claimed")
+    assert await asyncio.wait_for(claimed.next(), 20) == "claimed"
+    with pytest.raises(AlreadyAttached):
+        await c.attach_anchor(claimed.handle)
+    with pytest.raises(AlreadyAttached):
+        await b.attach_anchor(claimed.handle)  # same-worker, over a claimed pre-bind
+    opened.finalize()
+    async with asyncio.timeout(20):
+        assert [item async for item in claimed] == []
+
+
+async def test_a_sender_without_the_mux_is_refused_and_releases_the_prebind(
+    start_nodes: StartNode,
+) -> None:
+    a, b = await pair(start_nodes)
+    anchor = b.create_anchor()
+    ticket_of(b, anchor.handle)
+    with pytest.raises(AttachRefused, match="pre-bind is released"):
+        await a.anchors.attach_anchor(anchor.handle, offer=[PER_STREAM_KEY])
+    assert metric(b, "velo_streaming_mux_unclaimed_binds") == 0
+    retry = await a.anchors.attach_anchor(anchor.handle, offer=[PER_STREAM_KEY])
+    assert retry.negotiated_transport() == PER_STREAM_KEY
+    await retry.send("per-stream")
+    retry.finalize()
+    async with asyncio.timeout(20):
+        assert [item async for item in anchor] == ["per-stream"]
+
+
+async def test_a_same_worker_attach_releases_the_prebind(start_nodes: StartNode) -> None:
+    b = await start_nodes("b")
+    anchor = b.create_anchor()
+    ticket_of(b, anchor.handle)
+    sender = await b.attach_anchor(anchor.handle)
+    assert sender.negotiated_transport() is None
+    assert metric(b, "velo_streaming_mux_unclaimed_binds") == 0
+    await sender.send("local")
+    sender.finalize()
+    async with asyncio.timeout(20):
+        assert [item async for item in anchor] == ["local"]
+
+
+async def test_a_dropped_request_gives_the_bind_back_and_the_late_ticket_fails(
+    start_nodes: StartNode,
+) -> None:
+    a, b = await pair(start_nodes)
+    anchor = b.create_anchor()
+    ticket = ticket_of(b, anchor.handle)
+    handle = anchor.handle
+    anchor.cancel()
+    assert metric(b, "velo_streaming_mux_unclaimed_binds") == 0
+    sender = await a.open_anchor_stream(handle, ticket)  # the OpenSlot finds no bind
+    async with asyncio.timeout(20):
+        await sender.cancelled.wait()  # CloseSlot{UnknownSlot} reached the producer
+    with pytest.raises(ChannelClosed):
+        await sender.send("nobody")
+
+
+async def wait_idle_then(sender: StreamSender, anchor: Any, action: str) -> None:
+    await sender.send("one")
+    assert await asyncio.wait_for(anchor.next(), 20) == "one"
+    getattr(anchor, action)()
+
+
+async def test_cancel_reaches_an_idle_ticket_producer(start_nodes: StartNode) -> None:
+    a, b = await pair(start_nodes)
+    anchor = b.create_anchor()
+    sender = await a.open_anchor_stream(anchor.handle, ticket_of(b, anchor.handle))
+    await wait_idle_then(sender, anchor, "cancel")
+    async with asyncio.timeout(20):
+        await sender.cancelled.wait()  # the producer sent nothing more to learn of it
+    assert sender.stop_requested.is_set()
+    with pytest.raises(ChannelClosed):
+        await sender.send("late")
+    with pytest.raises(StreamCancelled):
+        await anchor.next()
+
+
+async def test_stop_reaches_an_idle_ticket_producer_which_then_finishes(
+    start_nodes: StartNode,
+) -> None:
+    a, b = await pair(start_nodes)
+    anchor = b.create_anchor()
+    sender = await a.open_anchor_stream(anchor.handle, ticket_of(b, anchor.handle))
+    await wait_idle_then(sender, anchor, "request_stop")
+    async with asyncio.timeout(20):
+        await sender.stop_requested.wait()
+    assert not sender.cancelled.is_set()
+    await sender.send("last words")
+    sender.finalize()
+    async with asyncio.timeout(20):
+        assert [item async for item in anchor] == ["last words"]
+
+
+async def test_a_detached_ticket_sender_gives_the_slot_back(start_nodes: StartNode) -> None:
+    a, b = await pair(start_nodes)
+    c = await start_nodes("c")
+    c.add_peer(b.instance_id, b.address)
+    anchor = b.create_anchor()
+    first = await a.open_anchor_stream(anchor.handle, ticket_of(b, anchor.handle))
+    await first.send(1)
+    handle = first.detach()
+    second = await c.attach_anchor(handle)
+    await second.send(2)
+    second.finalize()
+    async with asyncio.timeout(20):
+        assert [item async for item in anchor] == [1, 2]
+    assert metric(b, "velo_streaming_mux_live_slots") == 0
