@@ -340,3 +340,43 @@ async def test_a_consumer_that_stops_reading_holds_only_its_own_producer(
             await stalled.next()
     await blocked
     stalled.cancel()
+
+
+async def test_batches_yields_every_buffered_item_per_step_and_ends_like_iteration(
+    start_node: StartNode,
+) -> None:
+    a, b = await pair(start_node)
+    anchor = b.create_anchor()
+    sender = await a.attach_anchor(anchor.handle)
+    for i in range(50):
+        await sender.send(i)
+    await sender.send_err("soft")  # a SenderError ends a batch; the stream goes on
+    for i in range(50, 60):
+        await sender.send(i)
+    sender.finalize()
+    seen: list[object] = []
+    steps = 0
+    errors = 0
+    async with asyncio.timeout(20):
+        while True:
+            try:
+                async for items in anchor.batches():
+                    assert items  # never an empty step
+                    seen.extend(items)
+                    steps += 1
+                break
+            except SenderError:
+                errors += 1
+    assert seen == list(range(60)) and errors == 1
+    assert steps < 60  # at least one step carried more than one item
+
+    dropped = b.create_anchor()
+    doomed = await a.attach_anchor(dropped.handle)
+    await doomed.send("last")
+    await doomed.aclose()  # the producer goes away: Dropped
+    got: list[object] = []
+    with pytest.raises(SenderDropped):
+        async with asyncio.timeout(20):
+            async for items in dropped.batches():
+                got.extend(items)
+    assert got == ["last"]

@@ -353,7 +353,18 @@ class EgressBatcher:
             raise ValueError("the slot is closed")
         if slot.queued_bytes >= slot.budget:
             return False
-        self._enqueue(slot, body, False, now)
+        queue = slot.queue
+        queue.append((body, False))
+        slot.queued_bytes += len(body)
+        if len(queue) == 1 and slot.credit > 0 and not slot.open_pending and not slot.fenced:
+            # The common case (one token per stream per pass): an idle slot with credit.
+            ready = self._ready
+            if slot.index not in ready:
+                ready[slot.index] = slot
+            if self._staged_since is None:
+                self._staged_since = now
+            return True
+        self._enqueued(slot, False, now)
         return True
 
     def offer_terminal(self, slot: EgressSlot, body: bytes, now: float, guard: Any = None) -> None:
@@ -363,11 +374,13 @@ class EgressBatcher:
         slot.terminal_queued = True
         slot.guard = guard
         self._urgent = True
-        self._enqueue(slot, body, True, now)
-
-    def _enqueue(self, slot: EgressSlot, body: bytes, terminal: bool, now: float) -> None:
-        slot.queue.append((body, terminal))
+        slot.queue.append((body, True))
         slot.queued_bytes += len(body)
+        self._enqueued(slot, True, now)
+
+    def _enqueued(self, slot: EgressSlot, terminal: bool, now: float) -> None:
+        """A record joined ``slot``'s queue: update the ready set, the linger clock and the
+        exhaustion count."""
         if slot.sendable or (slot.open_pending and (terminal or slot.credit > 0)):
             # A slot whose OpenSlot is not written yet becomes ready when it is; its record
             # still starts the linger window now, or no deadline would ever cover it.
@@ -554,52 +567,48 @@ class EgressBatcher:
         guards: list[Any] = []
         carries_data = False
         ready = self._ready
-        while ready:
-            index, slot = next(iter(ready.items()))
-            queue = slot.queue
-            while queue:
-                body, terminal = queue[0]
-                if not terminal and slot.credit <= 0:
-                    break
-                # A terminal needs room for its CloseSlot too (13 B header + 1 B reason).
-                needed = len(body) + (14 if terminal else 0)
-                if not builder.fits(needed):
-                    if builder.count == 0:
-                        # No batch can hold it: it goes alone, as a singleton. A staged
-                        # one fences the slot; an inline one rides the ordered lane, so
-                        # the slot's next records may follow it at once.
-                        out.append(self._singleton(slot, body, terminal))
-                        if terminal or slot.fenced:
-                            break
-                        continue
-                    out.append(self._finish(guards, carries_data))
-                    guards, carries_data = [], False
+        if ready:
+            # Every ready slot is visited once and leaves the ready set: afterwards it is
+            # empty, out of credit, fenced, or closed, and whatever makes it sendable again
+            # (an offer, a grant, a lifted fence) puts it back.
+            slots = list(ready.values())
+            ready.clear()
+            fits = builder.fits
+            add_data = builder.add_data
+            stats = self.stats
+            for slot in slots:
+                if not slot.live:
                     continue
-                queue.popleft()
-                slot.queued_bytes -= len(body)
-                builder.add(RecordType.DATA, slot.slot_id, slot.next_seq, body)
-                slot.next_seq += 1
-                carries_data = True
-                self._count_data += 1
-                if terminal:
-                    slot.reserve = 0
-                    self._count_close += 1
-                    builder.add(
-                        RecordType.CLOSE_SLOT,
-                        slot.slot_id,
-                        slot.next_seq,
-                        close_slot_body(CloseReason.TERMINAL_SENT),
-                    )
-                    if slot.guard is not None:
-                        guards.append(slot.guard)
-                        slot.guard = None
-                    self._free_slot(slot)
-                    break
-                slot.credit -= 1
-                if slot.credit <= 0 and queue and not slot.exhausted_once:
-                    slot.exhausted_once = True
-                    self.stats.credit_exhausted += 1
-            ready.pop(index, None)
+                queue = slot.queue
+                # The common record, inlined: data with credit that fits the open batch.
+                credit = slot.credit
+                seq = slot.next_seq
+                sid = slot.slot_id
+                taken = 0
+                while queue and credit > 0:
+                    body, terminal = queue[0]
+                    if terminal or not fits(len(body)):
+                        break
+                    queue.popleft()
+                    taken += len(body)
+                    add_data(sid, seq, body)
+                    seq += 1
+                    credit -= 1
+                if seq != slot.next_seq:
+                    self._count_data += seq - slot.next_seq
+                    slot.next_seq = seq
+                    slot.credit = credit
+                    slot.queued_bytes -= taken
+                    carries_data = True
+                if not queue:
+                    continue
+                if credit <= 0 and not queue[0][1]:
+                    if not slot.exhausted_once:
+                        slot.exhausted_once = True
+                        stats.credit_exhausted += 1
+                    continue
+                # A terminal, a full batch or a record no batch can hold: the general rules.
+                guards, carries_data = self._pack_slot(slot, out, guards, carries_data)
         self._add_replies(out, guards, carries_data)
         self._staged_since = None
         if builder.count:
@@ -607,6 +616,59 @@ class EgressBatcher:
         if any(batch.carries_data for batch in out):
             self._last_data_write = now
         return out
+
+    def _pack_slot(
+        self, slot: EgressSlot, out: list[OutgoingBatch], guards: list[Any], carries_data: bool
+    ) -> tuple[list[Any], bool]:
+        """Pack one slot's queue record by record, with every rule: a terminal and its
+        close, a batch that fills up (finished into ``out``), a record no batch can hold
+        (a singleton). Returns the guards of the batch still open and whether that batch
+        carries data."""
+        builder = self._builder
+        queue = slot.queue
+        while queue:
+            body, terminal = queue[0]
+            if not terminal and slot.credit <= 0:
+                break
+            # A terminal needs room for its CloseSlot too (13 B header + 1 B reason).
+            needed = len(body) + (14 if terminal else 0)
+            if not builder.fits(needed):
+                if builder.count == 0:
+                    # No batch can hold it: it goes alone, as a singleton. A staged one
+                    # fences the slot; an inline one rides the ordered lane, so the slot's
+                    # next records may follow it at once.
+                    out.append(self._singleton(slot, body, terminal))
+                    if terminal or slot.fenced:
+                        break
+                    continue
+                out.append(self._finish(guards, carries_data))
+                guards, carries_data = [], False
+                continue
+            queue.popleft()
+            slot.queued_bytes -= len(body)
+            builder.add_data(slot.slot_id, slot.next_seq, body)
+            slot.next_seq += 1
+            carries_data = True
+            self._count_data += 1
+            if terminal:
+                slot.reserve = 0
+                self._count_close += 1
+                builder.add(
+                    RecordType.CLOSE_SLOT,
+                    slot.slot_id,
+                    slot.next_seq,
+                    close_slot_body(CloseReason.TERMINAL_SENT),
+                )
+                if slot.guard is not None:
+                    guards.append(slot.guard)
+                    slot.guard = None
+                self._free_slot(slot)
+                break
+            slot.credit -= 1
+            if slot.credit <= 0 and queue and not slot.exhausted_once:
+                slot.exhausted_once = True
+                self.stats.credit_exhausted += 1
+        return guards, carries_data
 
     def _singleton(self, slot: EgressSlot, body: bytes, terminal: bool) -> OutgoingBatch:
         """The head record of ``slot``, too large for any batch, in a batch of its own.

@@ -487,6 +487,23 @@ class IngressTable:
                 if route.touched != stamp:
                     route.touched = stamp
                     touched.append(route)
+                if record_type == _DATA and not route.hold and route.close_seq < 0:
+                    # The common record, inlined: the next item of an open slot, in order,
+                    # within its credit. Everything else takes the general rules below.
+                    slot = route.slot
+                    data = bytes(body)
+                    if (
+                        slot.data_delivered < slot.granted
+                        and not slot.withdrawn
+                        and not slot.terminal
+                        and data.startswith(ITEM_PREFIX)
+                    ):
+                        route.expected = seq + 1
+                        slot.last_arrival = now
+                        if not slot.deliver(data):
+                            stats.reader_stall += 1
+                            self._fail(route, "mux reader stall: the slot buffer had no room")
+                        continue
                 if self._apply(route, record_type, body, now) and (
                     route.hold or route.close_seq >= 0
                 ):
@@ -879,6 +896,9 @@ class IngressTable:
     def _reconcile(self, touched: list[_Route]) -> None:
         routes = self._routes
         for route in touched:
+            slot = route.slot
+            if not (slot.drained or slot.withdrawn or slot.withheld_credit):
+                continue  # nothing taken since the last visit: nothing to grant or tell
             index = route.index
             if index < len(routes) and routes[index] is route:
                 self._visit(route)

@@ -675,6 +675,18 @@ class BatchBuilder:
             raise
         self._count += 1
 
+    def add_data(self, slot: int, frame_seq: int, body: bytes) -> None:
+        """Append one Data record on the egress hot path, unchecked.
+
+        The caller guarantees what :meth:`add` would check: :meth:`fits` said yes (so the
+        record count is within :data:`MAX_RECORDS`), ``slot`` and ``frame_seq`` are u32s
+        it allocated, and ``body`` is ``bytes``.
+        """
+        buf = self._buf
+        buf += _pack_record(_DATA, slot, frame_seq, len(body))
+        buf += body
+        self._count += 1
+
     def finish(self, lane: int, peer_epoch: int, batch_seq: int) -> bytes:
         """Write the header and return the batch as ``bytes``.
 

@@ -173,6 +173,22 @@ class StreamAnchor(_AnchorBase):
         """The next item (``anext(anchor)``), raising StopAsyncIteration at the end."""
         return await self.__anext__()
 
+    async def batches(self, limit: int = 1 << 16) -> AsyncIterator[list[Any]]:
+        """``async for items in anchor.batches()``: every item already buffered per step.
+
+        The same stream as ``async for item in anchor``, in the same order, ending the same
+        way (StopAsyncIteration, or the StreamError raised after the items before it were
+        yielded), but one wake-up per burst instead of one per item: a frontend task per
+        request that relays tokens keeps up with a decode engine's forward passes for less
+        CPU. ``limit`` caps a list's length.
+        """
+        while True:
+            try:
+                items = await self.take_ready(limit)
+            except StopAsyncIteration:
+                return
+            yield items
+
     async def take_ready(self, limit: int = 1 << 16) -> list[Any]:
         """Every item already buffered (at least one: waits for the first), in one await.
 
