@@ -9,6 +9,14 @@ without the mux, and it is the baseline the mux is measured against.
 Flow control is QUIC's, per stream: the consumer's anchor reads the receiver's buffer
 directly (:class:`PerStreamReceiver` is its feed), and only what it takes opens the
 producer's window. A consumer that stops reading therefore stops its producer, and only it.
+
+Backpressure on the producer is the transport's admission gate, one per stream, bounded by
+what QUIC has not transmitted yet: the stream's own unsent bytes
+(``StreamingConfig.per_stream_send_buffer``) and the connection's per-stream backlog
+(``TransportConfig.streams_send_buffer``). ``send`` waits while either is full and resumes
+when aioquic transmits (or the peer's window opens); ``try_send`` says False instead, which
+is how a heartbeat is dropped on a full channel. A heartbeat is measured against its own
+stream's bound only: other streams keeping the connection busy do not silence it.
 """
 
 from __future__ import annotations
@@ -23,13 +31,13 @@ from aioquic.quic.events import StreamDataReceived
 
 from ..ids import InstanceId
 from ..transport import AdmissionError, SendAdmission, TransportHandler
-from ..transport.connection import CloseCode, PeerConnection
+from ..transport.connection import CloseCode, PeerConnection, PerStreamOutbound
 from ..transport.framing import FrameDecoder, FrameTooLarge
-from ..transport.lanes import OutboundStream, lane_of_stream
+from ..transport.lanes import lane_of_stream
 from .config import StreamingConfig
 from .control import PER_STREAM_KEY
 from .errors import ChannelClosed
-from .frames import DETACHED, encode_transport_error, is_terminal_sentinel
+from .frames import DETACHED, HEARTBEAT, encode_transport_error, is_terminal_sentinel
 from .transports import AttachTerms, BindTerms
 
 if TYPE_CHECKING:
@@ -46,12 +54,21 @@ OPENING = struct.Struct(">QQ")
 
 
 class PerStreamChannel:
-    """The producer's end: frames onto a QUIC stream of its own, backpressure by awaiting."""
+    """The producer's end: frames onto a QUIC stream of its own, backpressure by awaiting.
+
+    A frame that fits is written at once and allocates nothing; one that does not waits
+    in the stream's gate (FIFO behind the stream's earlier frames, and in turn with the
+    connection's other per-stream streams) and ``send`` awaits its admission.
+    """
 
     __slots__ = ("_closed", "_metrics", "_stream")
 
     def __init__(
-        self, stream: OutboundStream, local_id: int, session_id: int, metrics: StreamingMetrics
+        self,
+        stream: PerStreamOutbound,
+        local_id: int,
+        session_id: int,
+        metrics: StreamingMetrics,
     ) -> None:
         self._stream = stream
         self._metrics = metrics
@@ -64,25 +81,40 @@ class PerStreamChannel:
         return self._closed or self._stream.gate.closed
 
     def try_send(self, body: bytes) -> bool:
-        if self.closed or not self._stream.can_send_now(len(body)):
+        """Write now or return False (full, or closed); never waits, never queues.
+
+        The heartbeat (the manager passes the one ``HEARTBEAT`` object) only needs room in
+        its own stream: a stream whose channel is full has its heartbeat dropped, one
+        whose neighbours fill the connection does not.
+        """
+        if self._closed or not self._stream.try_send(body, shared=body is not HEARTBEAT):
             return False
-        self._stream.send(body)
         self._metrics.frames_written += 1
         self._metrics.egress_flushes += 1  # one stream write per frame on this path
         return True
 
     async def send(self, body: bytes) -> None:
+        """Write, waiting while the stream or the connection's per-stream backlog is full.
+
+        Raises :class:`ChannelClosed` if the stream closes first (the consumer cancelled,
+        the connection died, the node is closing). A caller cancelled while waiting
+        withdraws its frame: it is never written, so a retry cannot duplicate it.
+        """
         if self.closed:
             raise ChannelClosed("the stream's channel is closed")
         outcome = self._stream.send(body)
-        self._metrics.frames_written += 1
-        self._metrics.egress_flushes += 1  # one stream write per frame on this path
         if isinstance(outcome, SendAdmission):
-            self._metrics.producer_send_backpressure += 1
+            if not outcome.done():
+                self._metrics.producer_send_backpressure += 1
             try:
                 await outcome
             except AdmissionError as exc:
                 raise ChannelClosed(f"the stream's channel closed: {exc}") from exc
+            except asyncio.CancelledError:
+                outcome.cancel()
+                raise
+        self._metrics.frames_written += 1
+        self._metrics.egress_flushes += 1  # one stream write per frame on this path
 
     def send_terminal(self, body: bytes, done: asyncio.Future[bool]) -> None:
         self._closed = True
@@ -267,7 +299,7 @@ class PerStreamTransport(TransportHandler):
         self._messenger = messenger
         self._config = config
         self._metrics = metrics
-        self._binds: dict[tuple[InstanceId, int, int], tuple[AnchorEntry, RemoteSender]] = {}
+        self._binds: dict[tuple[InstanceId | None, int, int], tuple[AnchorEntry, RemoteSender]] = {}
         self._receivers: dict[
             tuple[PeerConnection, int], tuple[PerStreamReceiver, AnchorEntry | None]
         ] = {}
@@ -285,6 +317,7 @@ class PerStreamTransport(TransportHandler):
         stream = self._messenger.transport.open_stream(
             terms.peer, send_buffer=self._config.per_stream_send_buffer
         )
+        assert isinstance(stream, PerStreamOutbound)  # what a connection opens for this path
         return PerStreamChannel(
             stream, terms.handle.local_id, terms.routing_session_id, self._metrics
         )

@@ -6,6 +6,9 @@ the frame waits *in the gate* (not in the awaitable), and the gate admits waitin
 strictly in the order ``send`` returned them, whoever awaits. A batcher parks itself on the
 admission instead of a runtime worker, which is how the mux learns that a peer is congested.
 
+The per-stream path gives every stream such a gate, and bounds what all of a connection's
+streams have queued together with a :class:`SharedRoom` that their gates draw on.
+
 This module is sans-IO: the gate is told how much room its lane has through a callable
 and writes through another, so it is tested without sockets or an event loop.
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import sys
 from collections import deque
 from collections.abc import Callable, Generator
 from typing import Any, Final, final
@@ -22,11 +26,13 @@ from .errors import AdmissionCancelled, AdmissionError
 
 __all__ = [
     "ADMITTED",
+    "UNBOUNDED",
     "AdmissionState",
     "Admitted",
     "LaneGate",
     "SendAdmission",
     "SendOutcome",
+    "SharedRoom",
 ]
 
 
@@ -41,6 +47,9 @@ class Admitted:
 
 
 ADMITTED: Final = Admitted()
+
+UNBOUNDED: Final = sys.maxsize
+"""The room of a bound nothing counts against yet: any one frame fits it."""
 
 
 class AdmissionState(enum.Enum):
@@ -169,8 +178,28 @@ class LaneGate:
     def closed(self) -> bool:
         return self._closed_error is not None
 
+    @property
+    def head_size(self) -> int:
+        """Size of the oldest frame still waiting, 0 when none is (a shared room's poll
+        uses it to tell "blocked by my own bound" from "blocked by the shared one")."""
+        for admission in self._pending:
+            if admission._frame is not None:
+                return len(admission._frame)
+        return 0
+
     def _fits(self, size: int) -> bool:
         return size <= self._room() or self._idle()
+
+    def try_send(self, frame: bytes) -> bool:
+        """Admit ``frame`` only if :meth:`send` would have admitted it at once; never queue.
+
+        What a caller that must not wait uses (heartbeats, a ``try_send`` before an
+        awaited ``send``): the room is computed once and nothing is allocated.
+        """
+        if self._closed_error is not None or self._pending or not self._fits(len(frame)):
+            return False
+        self._write(frame)
+        return True
 
     def send(self, frame: bytes) -> SendOutcome:
         """Admit ``frame`` now, or queue it behind the frames already waiting."""
@@ -219,3 +248,104 @@ class LaneGate:
                 admission._fail(error)
                 refused += 1
         return refused
+
+
+class SharedRoom:
+    """A byte bound that several gates draw on together, served in the order they waited.
+
+    The per-stream path opens one QUIC stream, and one :class:`LaneGate`, per token stream.
+    Each gate bounds its own stream; this bounds what all of them have queued on one
+    connection, so a thousand streams written at full rate cannot pile megabytes into the
+    QUIC stack between two packets. A gate's room callable takes the smaller of its own
+    room and :meth:`room`.
+
+    ``used()`` is the bytes the bound counts now (for the per-stream path: written inside
+    each stream's peer window and not yet transmitted). When ``used()`` is zero the room
+    is :data:`UNBOUNDED`, so a frame larger than ``limit`` is still admitted, alone.
+
+    Fairness: a frame that waits because this room is short (not its own gate's) makes the
+    room *saturated*, and a saturated room has no room for a new send on any gate until
+    :meth:`poll` has served the waiting gates, oldest first. Otherwise a steady trickle of
+    small frames on other streams could keep a large one waiting for ever. Gates that wait
+    on their own bound (a consumer that stopped reading) never saturate it, so they hold
+    up nobody else.
+    """
+
+    __slots__ = ("_limit", "_members", "_saturated", "_serving", "_used", "_waiting")
+
+    def __init__(self, limit: int, used: Callable[[], int]) -> None:
+        self._limit = limit
+        self._used = used
+        self._waiting: deque[LaneGate] = deque()
+        self._members: set[LaneGate] = set()
+        self._saturated = False
+        self._serving = False
+
+    @property
+    def limit(self) -> int:
+        return self._limit
+
+    @property
+    def saturated(self) -> bool:
+        return self._saturated
+
+    @property
+    def waiting_count(self) -> int:
+        """Gates with frames waiting (on this room or on their own bound)."""
+        return len(self._waiting)
+
+    def _free(self) -> int:
+        used = self._used()
+        return self._limit - used if used else UNBOUNDED
+
+    def room(self) -> int:
+        """What a gate may take now: -1 while saturated (outside :meth:`poll`)."""
+        if self._saturated and not self._serving:
+            return -1
+        return self._free()
+
+    def waiting(self, gate: LaneGate, size: int) -> None:
+        """``gate`` queued a frame of ``size`` bytes; it is served by :meth:`poll`, in turn."""
+        if gate not in self._members:
+            self._members.add(gate)
+            self._waiting.append(gate)
+        if size > self._free():
+            self._saturated = True
+
+    def poll(self) -> int:
+        """Admit what fits now, gate by gate in the order they began waiting; returns the
+        number of frames admitted. Call it whenever ``used()`` may have fallen.
+
+        A gate still waiting afterwards either waits on this room (the poll stops there:
+        nobody behind it may overtake it) or on its own bound (it goes to the back, and the
+        gates behind it are served).
+        """
+        waiting = self._waiting
+        if not waiting:
+            self._saturated = False
+            return 0
+        admitted = 0
+        saturated = False
+        self._serving = True
+        try:
+            for _ in range(len(waiting)):
+                gate = waiting[0]
+                admitted += gate.poll()
+                if gate.pending_count == 0:
+                    waiting.popleft()
+                    self._members.discard(gate)
+                    continue
+                if gate.head_size > self._free():
+                    saturated = True
+                    break
+                waiting.rotate(-1)
+        finally:
+            self._serving = False
+        self._saturated = saturated
+        return admitted
+
+    def clear(self) -> None:
+        """Forget every waiting gate (their connection closed and refused them)."""
+        self._waiting.clear()
+        self._members.clear()
+        self._saturated = False

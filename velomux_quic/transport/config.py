@@ -54,6 +54,12 @@ class TransportConfig:
     send_buffer: int = 1 * MiB
     """Bytes a lane may queue locally beyond the peer's window before ``send`` returns Pending."""
 
+    streams_send_buffer: int = 256 * KiB
+    """Bytes the per-stream streams of one connection may hold, together, ready to go but
+    not yet transmitted, before their sends wait (each stream also has its own bound, set
+    by the layer that opens it). Without it a producer writing a thousand streams at full
+    rate queues megabytes in the QUIC stack, which then scans every stream per packet."""
+
     connection_window: int = 16 * MiB
     """Initial connection-wide receive window (aioquic grows it as data arrives)."""
 
@@ -80,5 +86,7 @@ class TransportConfig:
             raise ValueError("keep_alive_interval must be shorter than idle_timeout")
         if self.lane_window < 4 * KiB or self.stream_window < 4 * KiB or self.send_buffer < 0:
             raise ValueError("lane_window and stream_window >= 4 KiB, send_buffer >= 0")
+        if self.streams_send_buffer < 0:
+            raise ValueError("streams_send_buffer must be >= 0")
         if self.max_concurrent_streams < MAX_LANES:
             raise ValueError(f"max_concurrent_streams must be at least {MAX_LANES}")

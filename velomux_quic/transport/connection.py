@@ -19,7 +19,7 @@ from aioquic.quic.packet import QuicErrorCode
 
 from ..ids import InstanceId
 from ..security.tls import parse_refusal_reason
-from .admission import SendOutcome
+from .admission import UNBOUNDED, SendAdmission, SendOutcome, SharedRoom
 from .config import MAX_LANES
 from .errors import ChannelClosed, ConnectionReplaced, DialError
 from .framing import FrameTooLarge
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from .endpoint import QuicTransport
     from .engine import EngineConnection
 
-__all__ = ["CloseCode", "ConnectionState", "PeerConnection"]
+__all__ = ["CloseCode", "ConnectionState", "PeerConnection", "PerStreamOutbound"]
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +62,76 @@ class ConnectionState(enum.Enum):
     ESTABLISHED = "established"
     CLOSING = "closing"
     CLOSED = "closed"
+
+
+class PerStreamOutbound(OutboundStream):
+    """A stream of the per-stream path: a lane-like gate over what QUIC has not sent yet.
+
+    A lane's gate counts the peer's window as room, which is right for one stream per
+    lane but not for a thousand streams: each would queue a window's worth that aioquic
+    then has to trickle out under one congestion window. Here a frame fits while
+
+    * the stream's own unsent bytes (written, never transmitted: waiting for the peer's
+      window or for the connection) stay within ``send_buffer``, and
+    * the connection's per-stream backlog (written inside the peer windows, not yet
+      transmitted) stays within the connection's :class:`SharedRoom`.
+
+    Either bound that counts nothing yet admits any one frame, so a frame larger than a
+    bound still goes, alone. Room opens when aioquic transmits (the connection polls the
+    shared room after every transmit) or when the peer's window grows.
+    """
+
+    __slots__ = ("_shared",)
+
+    def __init__(
+        self, conn: PeerConnection, stream_id: int, send_buffer: int, shared: SharedRoom
+    ) -> None:
+        self._shared = shared
+        super().__init__(conn, stream_id, send_buffer)
+
+    def send(self, body: bytes) -> SendOutcome:
+        """Queue one frame: ``ADMITTED`` or a pending admission served by the shared room."""
+        outcome = self.gate.send(body)
+        if isinstance(outcome, SendAdmission) and not outcome.done():
+            self._shared.waiting(self.gate, len(body))
+            self._conn.transport.stats.send_backpressure += 1
+        return outcome
+
+    def try_send(self, body: bytes, *, shared: bool = True) -> bool:
+        """Write the frame only if it fits now; nothing is queued or allocated otherwise.
+
+        ``shared=False`` measures the frame against the stream's own bound only, for a
+        heartbeat: a few bytes per stream per interval, which other streams keeping the
+        connection busy must not silence (the consumer's watchdog would end a live, idle
+        stream). It still never overtakes the stream's own waiting frames.
+        """
+        if shared:
+            return self.gate.try_send(body)
+        gate = self.gate
+        if gate.closed or gate.pending_count or not self._conn.established:
+            return False
+        unsent = self._quic.stream_unsent(self.stream_id)
+        if unsent and unsent + len(body) > self.send_buffer:
+            return False
+        self.write(body)
+        return True
+
+    def room(self) -> int:
+        if not self._conn.established:
+            return -1
+        unsent = self._quic.stream_unsent(self.stream_id)
+        own = self.send_buffer - unsent if unsent else UNBOUNDED
+        shared = self._shared.room()
+        return own if own < shared else shared
+
+    def idle(self) -> bool:
+        return False  # room() already admits a lone frame when nothing is queued
+
+    def _ensure_open(self) -> None:
+        opened = self._opened
+        super()._ensure_open()
+        if not opened:
+            self._quic.track_send_backlog(self.stream_id)
 
 
 class PeerConnection:
@@ -95,6 +165,10 @@ class PeerConnection:
         self._extra: dict[int, OutboundStream] = {}
         self._next_extra = FIRST_EXTRA_STREAM
         self._blocked: set[OutboundStream] = set()
+        # What the per-stream streams may hold, together, not yet transmitted.
+        self._stream_room = SharedRoom(
+            transport.config.streams_send_buffer, lambda: quic.send_backlog
+        )
         self._inbound: dict[int, InboundLane] = {}
         self._ping_waiters: dict[int, asyncio.Future[None]] = {}
         self._next_ping = 1
@@ -182,6 +256,7 @@ class PeerConnection:
         for stream in self._extra.values():
             stream.gate.close(error)
         self._blocked.clear()
+        self._stream_room.clear()
 
     def _unacked_total(self) -> int:
         return sum(
@@ -201,9 +276,13 @@ class PeerConnection:
             )
         return outbound.send(body)
 
-    def open_stream(self, send_buffer: int) -> OutboundStream:
-        """A new unidirectional stream of its own (the per-stream path), opened on first write."""
-        stream = OutboundStream(self, self._next_extra, send_buffer)
+    def open_stream(self, send_buffer: int) -> PerStreamOutbound:
+        """A new unidirectional stream of its own (the per-stream path), opened on first write.
+
+        Its sends wait while it holds ``send_buffer`` bytes not yet transmitted, or while
+        the connection's per-stream streams together hold ``streams_send_buffer``.
+        """
+        stream = PerStreamOutbound(self, self._next_extra, send_buffer, self._stream_room)
         self._next_extra += 4
         self._extra[stream.stream_id] = stream
         if self._close_error is not None:
@@ -584,6 +663,10 @@ class PeerConnection:
             sendto(data, addr)
             sent += 1
         self.transport.stats.datagrams_out += sent
+        if self._stream_room.waiting_count:
+            # What was just transmitted is room for the per-stream sends waiting on it;
+            # what they write now leaves in the next transmit (transmit_soon).
+            self._stream_room.poll()
         timer_at = self.quic.get_timer()
         if self._timer is not None and self._timer_at != timer_at:
             self._timer.cancel()

@@ -137,6 +137,8 @@ class QuicTransport(asyncio.DatagramProtocol):
         self._udp_closed: asyncio.Future[None] = self.loop.create_future()
         self._address: Address = ("", 0)
         self._addresses: dict[InstanceId, Address] = {}
+        self._learned: set[InstanceId] = set()
+        """Peers whose address came from their own inbound connection, not registration."""
         self._by_cid: dict[bytes, PeerConnection] = {}
         self._cids: dict[PeerConnection, set[bytes]] = {}
         self._outbound: dict[InstanceId, PeerConnection] = {}
@@ -202,10 +204,12 @@ class QuicTransport(asyncio.DatagramProtocol):
     def register_peer(self, peer: InstanceId, address: Address) -> None:
         """Learn where ``peer`` listens. Its identity is still proven by its certificate."""
         self._addresses[peer] = address
+        self._learned.discard(peer)
         self.stats.registered_peers = len(self._addresses)
 
     def unregister_peer(self, peer: InstanceId) -> None:
         self._addresses.pop(peer, None)
+        self._learned.discard(peer)
         self.stats.registered_peers = len(self._addresses)
 
     def peer_address(self, peer: InstanceId) -> Address | None:
@@ -418,16 +422,30 @@ class QuicTransport(asyncio.DatagramProtocol):
         if not connection.is_client:
             self._handshaking_inbound -= 1
             self._inbound.setdefault(connection.peer, set()).add(connection)
-            if connection.peer not in self._addresses and connection.remote_address is not None:
-                # The return route: one UDP socket per node both dials and listens, so the
-                # verified peer's source address is where it listens. Registered addresses
-                # (discovery, config) always win over a learned one.
-                self._addresses[connection.peer] = connection.remote_address
-                self.stats.registered_peers = len(self._addresses)
+            self._learn_return_route(connection.peer, connection.remote_address)
             for peer, lane in self._paused:
                 if peer == connection.peer:
                     connection.pause_reading(lane)
         self.handler.peer_connected(connection.peer, connection.is_client)
+
+    def _learn_return_route(self, peer: InstanceId, address: Address | None) -> None:
+        """The return route: one UDP socket per node both dials and listens, so a verified
+        peer's source address is where it listens. Registered addresses (discovery,
+        config) always win over a learned one. A learned address that changed means the
+        peer restarted elsewhere (same certificate, new port): the connection we dialed
+        to the old address reaches nobody, so it is replaced and the next send re-dials."""
+        if address is None or (peer in self._addresses and peer not in self._learned):
+            return
+        previous = self._addresses.get(peer)
+        if previous == address:
+            return
+        self._addresses[peer] = address
+        self._learned.add(peer)
+        self.stats.registered_peers = len(self._addresses)
+        stale = self._outbound.get(peer)
+        if previous is not None and stale is not None:
+            logger.info("%s now dials from %s (was %s): re-dialing it", peer, address, previous)
+            stale.close(CloseCode.REPLACED, "the peer restarted at another address")
 
     def connection_closed(self, connection: PeerConnection) -> None:
         for cid in self._cids.pop(connection, set()):

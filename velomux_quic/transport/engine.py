@@ -1,6 +1,6 @@
 """Our aioquic ``QuicConnection``: the only place that reaches into aioquic's internals.
 
-Three things aioquic does not offer through its public API, and we need:
+What aioquic does not offer through its public API, and we need:
 
 * **Receive-side backpressure.** aioquic doubles a stream's receive window whenever the
   peer has sent half of it, whether or not anybody consumed the data, so a receiver can
@@ -14,10 +14,21 @@ Three things aioquic does not offer through its public API, and we need:
 * **More concurrent streams.** aioquic lets a peer open at most 128 streams of each kind
   and has no setting for it; the per-stream path needs thousands, so the initial limits
   are raised here (they are re-granted by aioquic as streams finish).
+* **Send backlog.** The per-stream path bounds, per connection, the bytes its streams
+  have written inside their peer windows that aioquic has not transmitted yet (see
+  :class:`~velomux_quic.transport.admission.SharedRoom`). aioquic keeps no such total, so
+  it is kept here, for the streams registered with :meth:`track_send_backlog`, and
+  updated where it changes: a write, a STREAM frame carrying new bytes, a
+  MAX_STREAM_DATA, a reset (ours or the peer's STOP_SENDING).
+* **Full packets.** aioquic offers every stream with queued data a frame in every packet
+  it builds, even once the packet is full. With a thousand streams each holding a record,
+  that was most of the per-stream path's CPU; a stream frame that cannot fit returns at
+  once.
 
 Peer verification is installed on the TLS context in :meth:`_initialize` (see
 ``velomux_quic.security.tls``). The private names used are checked by
-``tests/unit/test_aioquic_assumptions.py`` against the pinned aioquic range.
+``tests/unit/test_engine.py`` and ``tests/unit/test_shared_room.py`` against the pinned
+aioquic range.
 """
 
 from __future__ import annotations
@@ -25,10 +36,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from aioquic.buffer import Buffer
 from aioquic.quic.connection import (
     MAX_STREAM_DATA_FRAME_CAPACITY,
     Limit,
     QuicConnection,
+    QuicReceiveContext,
 )
 from aioquic.quic.packet import QuicFrameType
 from aioquic.quic.packet_builder import QuicPacketBuilder
@@ -41,6 +54,10 @@ from ..security.verify import PeerVerificationError, PeerVerifier
 __all__ = ["EngineConnection"]
 
 Consumed = Callable[[], int]
+
+_SMALLEST_STREAM_FRAME_HEADER = 4
+"""A STREAM frame's header is at least type (1) + stream id (1) + length (2) bytes; with
+less room than that left in the packet, aioquic's own code builds no frame either."""
 
 
 class EngineConnection(QuicConnection):
@@ -60,6 +77,9 @@ class EngineConnection(QuicConnection):
         self._velomux_peer_role: Role = peer_role
         self._velomux_expected = expected_peer
         self._managed_windows: dict[int, tuple[Consumed, int]] = {}
+        self._backlog: dict[int, int] = {}  # tracked stream -> its share of send_backlog
+        self.send_backlog = 0
+        """Bytes the tracked streams hold inside their peer windows, never transmitted."""
         # Replace (not mutate) the limits: their initial value is also what the
         # transport parameters advertise, serialized later in _initialize.
         self._local_max_streams_bidi = Limit(
@@ -133,6 +153,93 @@ class EngineConnection(QuicConnection):
         if stream is None:
             return True
         return int(stream.sender._buffer_stop) <= int(stream.max_stream_data_remote)
+
+    def stream_unsent(self, stream_id: int) -> int:
+        """Bytes written on the stream and never transmitted (waiting for the peer's
+        window, the connection's window, or the congestion controller)."""
+        stream = self._streams.get(stream_id)
+        if stream is None:
+            return 0
+        sender = stream.sender
+        return int(sender._buffer_stop) - int(sender.highest_offset)
+
+    def track_send_backlog(self, stream_id: int) -> None:
+        """Count this stream in :attr:`send_backlog` until it is sent through or reset."""
+        self._backlog.setdefault(stream_id, 0)
+        self._resync_backlog(stream_id)
+
+    def _resync_backlog(self, stream_id: int) -> None:
+        """Recount one tracked stream's share of :attr:`send_backlog` from aioquic's state.
+
+        The share is what the stream may transmit now but has not: written, inside the
+        peer's window for the stream, past the highest offset sent. Bytes beyond that
+        window wait for the stream's own reader, so they are left to the stream's own bound
+        and never hold up the connection's other streams.
+        """
+        counted = self._backlog.get(stream_id)
+        if counted is None:
+            return
+        stream = self._streams.get(stream_id)
+        share = 0
+        done = True  # discarded by aioquic (all sent and acknowledged) or reset
+        if stream is not None:
+            sender = stream.sender
+            if sender._reset_error_code is None:
+                sent = int(sender.highest_offset)
+                limit = min(int(sender._buffer_stop), int(stream.max_stream_data_remote))
+                share = max(0, limit - sent)
+                fin = sender._buffer_fin
+                done = fin is not None and sent >= fin
+        self.send_backlog += share - counted
+        if done:
+            del self._backlog[stream_id]
+        else:
+            self._backlog[stream_id] = share
+
+    def send_stream_data(self, stream_id: int, data: bytes, end_stream: bool = False) -> None:
+        super().send_stream_data(stream_id, data, end_stream)
+        if stream_id in self._backlog:
+            self._resync_backlog(stream_id)
+
+    def reset_stream(self, stream_id: int, error_code: int) -> None:
+        super().reset_stream(stream_id, error_code)
+        self._resync_backlog(stream_id)
+
+    def _write_stream_frame(
+        self, builder: QuicPacketBuilder, space: Any, stream: QuicStream, max_offset: int
+    ) -> int:
+        # aioquic calls this for every stream with data queued, for every packet, even
+        # once the packet is full: return at once when no STREAM frame header fits.
+        if builder.remaining_flight_space < _SMALLEST_STREAM_FRAME_HEADER:
+            return 0
+        used = int(super()._write_stream_frame(builder, space, stream, max_offset))
+        if used and stream.stream_id in self._backlog:
+            self._resync_backlog(stream.stream_id)
+        return used
+
+    def _handle_max_stream_data_frame(
+        self, context: QuicReceiveContext, frame_type: int, buf: Buffer
+    ) -> None:
+        # A raised window makes bytes already written transmittable: recount them.
+        stream_id = self._peek_stream_id(buf)
+        super()._handle_max_stream_data_frame(context, frame_type, buf)
+        self._resync_backlog(stream_id)
+
+    def _handle_stop_sending_frame(
+        self, context: QuicReceiveContext, frame_type: int, buf: Buffer
+    ) -> None:
+        # aioquic resets the stream itself on STOP_SENDING: its backlog will never leave.
+        stream_id = self._peek_stream_id(buf)
+        super()._handle_stop_sending_frame(context, frame_type, buf)
+        self._resync_backlog(stream_id)
+
+    @staticmethod
+    def _peek_stream_id(buf: Buffer) -> int:
+        """The stream id a frame's body starts with, leaving the buffer where it was."""
+        position = buf.tell()
+        stream_id = int(buf.pull_uint_var())
+        buf.seek(position)
+        return stream_id
 
     def stream_unacked(self, stream_id: int) -> int:
         """Bytes written on the stream that the peer has not acknowledged yet."""
