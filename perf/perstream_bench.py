@@ -75,22 +75,39 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
-import importlib.metadata
 import json
 import os
 import platform
-import pstats
-import resource
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-import msgpack
+from _harness import (
+    TOKEN_BYTES,
+    UINT_LIMITS,
+    BenchFailure,
+    Child,
+    Window,
+    describe,
+    expect_line,
+    loop_environment,
+    median_of,
+    ok_runs,
+    other_cpu_busy,
+    package_version,
+    print_counters,
+    profile_report,
+    records_per_batch_clamp,
+    say,
+    stdin_reader,
+    token_item,
+    token_record_bytes,
+    watched,
+)
 
 from velomux_quic.ids import InstanceId, StreamAnchorHandle
 from velomux_quic.mux.config import Manual, MuxConfig
@@ -100,13 +117,10 @@ from velomux_quic.runtime import run
 from velomux_quic.security.certs import NodeCredentials, ensure_dev_cluster
 from velomux_quic.streaming.anchor import StreamAnchor
 from velomux_quic.streaming.control import MESSENGER_MUX_KEY, PER_STREAM_KEY
-from velomux_quic.streaming.frames import encode_item
 from velomux_quic.streaming.sender import Retired, StreamSender
 
-T = TypeVar("T")
-
-TOKEN_BYTES = 48
-"""Size of one token item, MessagePack-encoded (the frame adds the ``Item`` tag)."""
+SCRIPT = Path(__file__).resolve()
+"""This file: the orchestrator starts each child as ``python SCRIPT --role ...``."""
 
 SHORT = {"streams": 256, "passes": 30, "runs": 1}
 
@@ -124,171 +138,6 @@ def arm_mux_config(arm: str, role: str) -> MuxConfig:
     if arm == "mux-manual" and role == "producer":
         return MuxConfig(flush_policy=Manual())
     return MuxConfig()
-
-
-COUNTERS: dict[str, tuple[str, dict[str, str]]] = {
-    "frames_written": ("velo_streaming_frames_written_total", {}),
-    "frames_received": ("velo_streaming_frames_received_total", {}),
-    "send_waits": ("velo_streaming_producer_send_backpressure_total", {}),
-    "heartbeats_sent": ("velo_streaming_heartbeats_sent_total", {}),
-    "reader_backpressure": ("velo_streaming_reader_pump_backpressure_total", {}),
-    "watchdog_firings": ("velo_streaming_heartbeat_watchdog_firings_total", {}),
-    "datagrams_out": (
-        "velo_transport_datagrams_total",
-        {"transport": "quic", "direction": "outbound"},
-    ),
-    "datagrams_in": (
-        "velo_transport_datagrams_total",
-        {"transport": "quic", "direction": "inbound"},
-    ),
-    "mux_batches_sent": ("velo_streaming_mux_batches_total", {"direction": "sent"}),
-    "mux_records_sent": ("velo_streaming_mux_records_total", {"direction": "sent"}),
-    "mux_batches_received": ("velo_streaming_mux_batches_total", {"direction": "received"}),
-    "mux_records_received": ("velo_streaming_mux_records_total", {"direction": "received"}),
-    "mux_data_records_sent": ("velo_streaming_mux_records_sent_total", {"record_type": "data"}),
-    "mux_close_records_sent": (
-        "velo_streaming_mux_records_sent_total",
-        {"record_type": "close_slot"},
-    ),
-    "mux_credit_records_sent": (
-        "velo_streaming_mux_records_sent_total",
-        {"record_type": "credit_update"},
-    ),
-}
-
-
-class BenchFailure(Exception):
-    """The run is invalid (lost, duplicated or reordered tokens, a hang, a dead child)."""
-
-
-# -- the token ---------------------------------------------------------------------------
-
-_UINT_LIMITS = (1 << 7, 1 << 8, 1 << 16, 1 << 32)
-"""Where MessagePack's unsigned encodings change size (1, 2, 3 and 5 bytes)."""
-
-
-def _padding_for(token: int) -> str:
-    for length in range(TOKEN_BYTES, -1, -1):
-        padding = "x" * length
-        if len(msgpack.packb({"t": token, "x": padding})) == TOKEN_BYTES:
-            return padding
-    raise ValueError(f"no padding makes token {token} {TOKEN_BYTES} bytes")
-
-
-_PADDINGS = tuple(_padding_for(limit - 1) for limit in _UINT_LIMITS)
-
-
-def token_item(token: int) -> dict[str, Any]:
-    """``{"t": token, "x": padding}``, 48 bytes of MessagePack for any u32 ``token``."""
-    if token < 128:
-        padding = _PADDINGS[0]
-    elif token < 256:
-        padding = _PADDINGS[1]
-    elif token < 65536:
-        padding = _PADDINGS[2]
-    else:
-        padding = _PADDINGS[3]
-    return {"t": token, "x": padding}
-
-
-# Stream ``i`` carries tokens ``i, i + streams, i + 2 * streams, ...``: one per pass.
-
-
-def token_record_bytes() -> int:
-    """The encoded size of a token item (``encode_item``), the body of its Data record."""
-    sizes = {len(encode_item(token_item(limit - 1))) for limit in _UINT_LIMITS}
-    if len(sizes) != 1:
-        raise ValueError(f"token records vary in size: {sorted(sizes)}")
-    return sizes.pop()
-
-
-def records_per_batch_clamp(byte_cap: int, record_bytes: int) -> int:
-    """The most records of ``record_bytes`` that fit one batch of at most ``byte_cap``."""
-    return (byte_cap - BATCH_HEADER_SIZE) // (RECORD_HEADER_SIZE + record_bytes)
-
-
-# -- measuring inside a child ------------------------------------------------------------
-
-
-def _counters(node: Node) -> dict[str, float]:
-    samples = {
-        (sample.name, frozenset(sample.labels.items())): sample.value
-        for family in node.registry.collect()
-        for sample in family.samples
-    }
-    found: dict[str, float] = {}
-    for key, (name, labels) in COUNTERS.items():
-        value = samples.get((name, frozenset(labels.items())))
-        if value is None:
-            raise BenchFailure(f"the node exports no {name} {labels}")
-        found[key] = value
-    return found
-
-
-@dataclass
-class Window:
-    """CPU and counters at the start of a measured window; ``close`` gives the deltas."""
-
-    counters: dict[str, float]
-    user: float
-    system: float
-    at: float
-
-    @classmethod
-    def open(cls, node: Node) -> Window:
-        counters = _counters(node)
-        usage = resource.getrusage(resource.RUSAGE_SELF)
-        return cls(counters, usage.ru_utime, usage.ru_stime, time.perf_counter())
-
-    def close(self, node: Node) -> dict[str, Any]:
-        usage = resource.getrusage(resource.RUSAGE_SELF)
-        counters = _counters(node)
-        return {
-            "cpu_user_s": usage.ru_utime - self.user,
-            "cpu_sys_s": usage.ru_stime - self.system,
-            "counters": {key: counters[key] - self.counters[key] for key in counters},
-        }
-
-
-def _print_counters(role: str, node: Node) -> None:
-    """The node's counters since it started, on stderr (a failed run's diagnosis)."""
-    print(f"{role} counters since start: {_counters(node)}", file=sys.stderr, flush=True)
-
-
-def _say(word: str, payload: dict[str, Any] | None = None) -> None:
-    line = word if payload is None else f"{word} {json.dumps(payload)}"
-    print(line, flush=True)
-
-
-async def _stdin() -> asyncio.StreamReader:
-    reader = asyncio.StreamReader()
-    loop = asyncio.get_running_loop()
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    return reader
-
-
-async def _expect_line(reader: asyncio.StreamReader, word: str) -> None:
-    line = (await reader.readline()).decode().strip()
-    if line != word:
-        raise BenchFailure(f"expected {word!r} from the benchmark, got {line!r}")
-
-
-def _profile_report(profiler: cProfile.Profile | None, role: str) -> None:
-    if profiler is None:
-        return
-    print(f"--- cProfile, {role}, measured window, by own time ---", file=sys.stderr)
-    stats = pstats.Stats(profiler, stream=sys.stderr)
-    stats.sort_stats("tottime").print_stats(25)
-    print(f"--- cProfile, {role}, measured window, by cumulative time ---", file=sys.stderr)
-    stats.sort_stats("cumulative").print_stats(20)
-
-
-def _environment() -> dict[str, Any]:
-    loop = asyncio.get_running_loop()
-    return {
-        "loop": f"{type(loop).__module__}.{type(loop).__qualname__}",
-        "clock": time.get_clock_info("perf_counter").implementation,
-    }
 
 
 # -- the consumer (frontend) -------------------------------------------------------------
@@ -399,7 +248,7 @@ def _stall_report(progress: Progress, passes: int, timeout: float) -> str:
 
 
 async def consumer_main(args: argparse.Namespace) -> int:
-    stdin = await _stdin()
+    stdin = await stdin_reader()
     credentials = NodeCredentials.load(args.credentials)
     streams, passes = args.streams, args.passes
     mux = arm_mux_config(args.transport, "consumer")
@@ -421,12 +270,12 @@ async def consumer_main(args: argparse.Namespace) -> int:
         staging = Path(args.handoff).with_suffix(".partial")
         staging.write_text(json.dumps(handoff))
         staging.replace(args.handoff)
-        _say("ready")
+        say("ready")
 
-        await _expect_line(stdin, "go")
+        await expect_line(stdin, "go")
         window = Window.open(node)
         profiler = cProfile.Profile() if args.profile == args.role else None
-        _say("armed", {"at": window.at})
+        say("armed", {"at": window.at})
         if profiler is not None:
             profiler.enable()
         try:
@@ -435,7 +284,7 @@ async def consumer_main(args: argparse.Namespace) -> int:
         except TimeoutError:
             raise BenchFailure(_stall_report(progress, passes, args.timeout)) from None
         except Exception:
-            _print_counters("consumer", node)
+            print_counters("consumer", node)
             raise
         finally:
             for reader in readers:
@@ -445,8 +294,8 @@ async def consumer_main(args: argparse.Namespace) -> int:
         if profiler is not None:
             profiler.disable()
         deltas = window.close(node)
-        _profile_report(profiler, "consumer")
-        _say(
+        profile_report(profiler, "consumer")
+        say(
             "result",
             {
                 "tokens": sum(progress.counts),
@@ -456,10 +305,10 @@ async def consumer_main(args: argparse.Namespace) -> int:
                 "last_token_at": max(progress.last),
                 "ended_at": ended_at,
                 **deltas,
-                **_environment(),
+                **loop_environment(),
             },
         )
-        await _expect_line(stdin, "exit")
+        await expect_line(stdin, "exit")
     return 0
 
 
@@ -467,7 +316,7 @@ async def consumer_main(args: argparse.Namespace) -> int:
 
 
 async def producer_main(args: argparse.Namespace) -> int:
-    stdin = await _stdin()
+    stdin = await stdin_reader()
     credentials = NodeCredentials.load(args.credentials)
     handoff = json.loads(Path(args.handoff).read_text())
     streams, passes = args.streams, args.passes
@@ -494,9 +343,9 @@ async def producer_main(args: argparse.Namespace) -> int:
             raise BenchFailure(f"attached over {transports}, not only {ARM_KEYS[arm]}")
         # The batcher's byte cap: the smallest of the three clamps (design: the batch size cap).
         byte_cap = min(mux.max_batch_bytes, COALESCE_THRESHOLD, node.messenger.eager_budget(peer))
-        _say("attached", {"attach_s": attach_s, "transports": transports, "byte_cap": byte_cap})
+        say("attached", {"attach_s": attach_s, "transports": transports, "byte_cap": byte_cap})
 
-        await _expect_line(stdin, "go")
+        await expect_line(stdin, "go")
         window = Window.open(node)
         profiler = cProfile.Profile() if args.profile == args.role else None
         if profiler is not None:
@@ -524,17 +373,17 @@ async def producer_main(args: argparse.Namespace) -> int:
                 f"the producer was at pass {step[0]}, stream {step[1]}, "
                 f"{time.perf_counter() - window.at:.2f} s after its first send"
             )
-            _print_counters("producer", node)
+            print_counters("producer", node)
             raise
         outcomes = sorted({outcome.value for outcome in retired})
         if outcomes != [Retired.SENT.value]:
             raise BenchFailure(f"streams retired as {outcomes}, expected only 'sent'")
-        await _expect_line(stdin, "done")  # the consumer has every token
+        await expect_line(stdin, "done")  # the consumer has every token
         if profiler is not None:
             profiler.disable()
         deltas = window.close(node)
-        _profile_report(profiler, "producer")
-        _say(
+        profile_report(profiler, "producer")
+        say(
             "result",
             {
                 "attach_s": attach_s,
@@ -542,92 +391,14 @@ async def producer_main(args: argparse.Namespace) -> int:
                 "passes_done_at": passes_done_at,
                 "retired_at": retired_at,
                 **deltas,
-                **_environment(),
+                **loop_environment(),
             },
         )
-        await _expect_line(stdin, "exit")
+        await expect_line(stdin, "exit")
     return 0
 
 
 # -- the orchestrator --------------------------------------------------------------------
-
-
-class Child:
-    """A consumer or producer process: a line protocol on its stdin and stdout."""
-
-    def __init__(self, name: str, process: asyncio.subprocess.Process) -> None:
-        self.name = name
-        self.process = process
-
-    @classmethod
-    async def spawn(cls, name: str, arguments: list[str]) -> Child:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            str(Path(__file__).resolve()),
-            *arguments,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-        )
-        return cls(name, process)
-
-    def send(self, word: str) -> None:
-        assert self.process.stdin is not None
-        self.process.stdin.write(word.encode() + b"\n")
-
-    async def expect(self, word: str) -> dict[str, Any]:
-        assert self.process.stdout is not None
-        line = (await self.process.stdout.readline()).decode().strip()
-        if not line:
-            code = await self.process.wait()
-            raise BenchFailure(
-                f"the {self.name} exited with code {code} before {word!r} (its stderr is above)"
-            )
-        said, _, payload = line.partition(" ")
-        if said == "failed" and word != "failed":
-            error = json.loads(payload).get("error", "?") if payload else "?"
-            raise BenchFailure(f"the {self.name} failed: {error}")
-        if said != word:
-            raise BenchFailure(f"the {self.name} said {line[:200]!r}, expected {word!r}")
-        result: dict[str, Any] = json.loads(payload) if payload else {}
-        return result
-
-    async def finish(self, timeout: float) -> int:
-        """Wait for a clean exit; kill it if it does not come."""
-        try:
-            return await asyncio.wait_for(self.process.wait(), timeout)
-        except TimeoutError:
-            self.kill()
-            await self.process.wait()
-            raise BenchFailure(f"the {self.name} did not exit within {timeout:g} s") from None
-
-    def kill(self) -> None:
-        if self.process.returncode is None:
-            self.process.kill()
-
-
-async def _watched(
-    awaitable: Awaitable[T], others: Sequence[Child], what: str, timeout: float
-) -> T:
-    """Await ``awaitable``; fail if it takes ``timeout`` or another child dies meanwhile."""
-    main = asyncio.ensure_future(awaitable)
-    deaths = {asyncio.ensure_future(child.process.wait()): child for child in others}
-    try:
-        done, _ = await asyncio.wait(
-            {main, *deaths}, timeout=timeout, return_when="FIRST_COMPLETED"
-        )
-        if main in done:
-            return main.result()
-        for death, child in deaths.items():
-            if death in done:
-                raise BenchFailure(
-                    f"{what}: the {child.name} exited with code {child.process.returncode} "
-                    "meanwhile (its stderr is above)"
-                )
-        raise BenchFailure(f"{what}: nothing after {timeout:g} s")
-    finally:
-        for task in (main, *deaths):
-            task.cancel()
-        await asyncio.gather(main, *deaths, return_exceptions=True)
 
 
 def _child_arguments(
@@ -657,22 +428,22 @@ async def one_run(
     children: list[Child] = []
     try:
         consumer = await Child.spawn(
-            "consumer", _child_arguments(args, arm, "consumer", nodes["frontend"], handoff)
+            "consumer", SCRIPT, _child_arguments(args, arm, "consumer", nodes["frontend"], handoff)
         )
         children.append(consumer)
-        await _watched(consumer.expect("ready"), [], "starting the consumer", timeout)
+        await watched(consumer.expect("ready"), [], "starting the consumer", timeout)
         producer = await Child.spawn(
-            "producer", _child_arguments(args, arm, "producer", nodes["engine"], handoff)
+            "producer", SCRIPT, _child_arguments(args, arm, "producer", nodes["engine"], handoff)
         )
         children.append(producer)
-        attached = await _watched(producer.expect("attached"), [consumer], "attaching", timeout)
+        attached = await watched(producer.expect("attached"), [consumer], "attaching", timeout)
         consumer.send("go")
-        await _watched(consumer.expect("armed"), [producer], "arming the consumer", timeout)
+        await watched(consumer.expect("armed"), [producer], "arming the consumer", timeout)
         producer.send("go")
         # Generous: each child enforces ``timeout`` itself and explains what is stuck.
-        received = await _watched(consumer.expect("result"), [producer], "streaming", 2 * timeout)
+        received = await watched(consumer.expect("result"), [producer], "streaming", 2 * timeout)
         producer.send("done")
-        sent = await _watched(producer.expect("result"), [consumer], "producer report", timeout)
+        sent = await watched(producer.expect("result"), [consumer], "producer report", timeout)
         for child in (producer, consumer):
             child.send("exit")
             code = await child.finish(timeout)
@@ -803,24 +574,6 @@ Medians = dict[str, dict[str, float]]
 """Per arm, the median of every numeric figure over its successful runs."""
 
 
-def _ok(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [run for run in runs if "failed" not in run]
-
-
-def _median(runs: list[dict[str, Any]]) -> dict[str, float]:
-    done = _ok(runs)
-    if not done:
-        return {}
-    return {
-        key: statistics.median(float(run[key]) for run in done)
-        for key in done[0]
-        if all(
-            isinstance(run.get(key), (int, float)) and not isinstance(run.get(key), bool)
-            for run in done
-        )
-    }
-
-
 def _columns(arm: str) -> list[Column]:
     return COLUMNS + (MUX_COLUMNS if ARM_KEYS[arm] == MESSENGER_MUX_KEY else PER_STREAM_COLUMNS)
 
@@ -842,7 +595,7 @@ def _table(arm: str, runs: list[dict[str, Any]], median: dict[str, float]) -> st
                 *(fmt(result[key]) for key, _, fmt in columns),
             ]
         lines.append("| " + " | ".join(cells) + " |")
-    if len(_ok(runs)) > 1:
+    if len(ok_runs(runs)) > 1:
         cells = ["median", f"{int(median['tokens']):,}"]
         cells += [fmt(median[key]) for key, _, fmt in columns]
         lines.append("| " + " | ".join(cells) + " |")
@@ -892,7 +645,7 @@ def _comparison(
             cells += [""] * (runs - len(arm_runs))
             median = medians[arm]
             cells.append(fmt(median[metric]) if metric in median else "—")
-            cells.append(_spread([run[metric] for run in _ok(arm_runs)]))
+            cells.append(_spread([run[metric] for run in ok_runs(arm_runs)]))
             if baseline:
                 if arm == "per-stream":
                     cells.append("1")
@@ -978,32 +731,6 @@ def _records_per_write(
     return "\n".join([*lines, "", *breakdown, "", note])
 
 
-def _package_version(name: str) -> str:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
-
-
-async def _other_cpu_busy(seconds: float = 0.5) -> float | None:
-    """Share of all CPUs busy over ``seconds`` while no child runs (Linux), else None."""
-
-    def sample() -> tuple[int, int]:
-        with open("/proc/stat") as stat:
-            fields = [int(value) for value in stat.readline().split()[1:]]
-        idle = fields[3] + fields[4]  # idle + iowait
-        return sum(fields) - idle, sum(fields)
-
-    try:
-        busy_before, total_before = sample()
-        await asyncio.sleep(seconds)
-        busy_after, total_after = sample()
-    except (OSError, ValueError, IndexError):
-        return None
-    total = total_after - total_before
-    return (busy_after - busy_before) / total if total > 0 else None
-
-
 def _progress_line(arm: str, number: int, runs: int, result: dict[str, Any]) -> str:
     where = f"{arm} run {number + 1}/{runs}"
     if "failed" in result:
@@ -1027,7 +754,7 @@ async def orchestrate(args: argparse.Namespace) -> int:
         # Interleaved: run 1 of every arm, then run 2 of every arm, ...
         for number in range(args.runs):
             for arm in arms:
-                busy = await _other_cpu_busy()
+                busy = await other_cpu_busy()
                 if busy is not None and busy > 0.2:
                     print(
                         f"warning: {busy:.0%} of the CPUs were busy with other work just before "
@@ -1042,7 +769,7 @@ async def orchestrate(args: argparse.Namespace) -> int:
                 result["other_cpu_busy_before"] = busy
                 by_arm[arm].append(result)
                 print(_progress_line(arm, number, args.runs, result), file=sys.stderr, flush=True)
-    medians = {arm: _median(runs) for arm, runs in by_arm.items()}
+    medians = {arm: median_of(runs) for arm, runs in by_arm.items()}
     failed = {arm: sum("failed" in run for run in runs) for arm, runs in by_arm.items()}
     config = {
         "streams": args.streams,
@@ -1056,15 +783,15 @@ async def orchestrate(args: argparse.Namespace) -> int:
         "token_record_bytes": token_record_bytes(),
         "profiled": args.profile,
     }
-    loops = sorted({run["producer_loop"] for runs in by_arm.values() for run in _ok(runs)})
+    loops = sorted({run["producer_loop"] for runs in by_arm.values() for run in ok_runs(runs)})
     environment = {
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
         "loop": ", ".join(loops) or "unknown",
-        "aioquic": _package_version("aioquic"),
-        "uvloop": _package_version("uvloop"),
-        "velomux_quic": _package_version("velomux_quic"),
+        "aioquic": package_version("aioquic"),
+        "uvloop": package_version("uvloop"),
+        "velomux_quic": package_version("velomux_quic"),
     }
     print(
         f"{', '.join(arms)}: {args.streams:,} streams x {args.passes} passes of one "
@@ -1084,7 +811,7 @@ async def orchestrate(args: argparse.Namespace) -> int:
     if records:
         print()
         print(records)
-    done = [run for runs in by_arm.values() for run in _ok(runs)]
+    done = [run for runs in by_arm.values() for run in ok_runs(runs)]
     if not all(run["e2e_shared_clock"] for run in done):
         print("\ne2e measured from the consumer's arming: perf_counter is not shared here")
     if any(failed.values()):
@@ -1157,17 +884,11 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
         args.streams, args.passes, args.runs = SHORT["streams"], SHORT["passes"], SHORT["runs"]
     if args.streams < 1 or args.passes < 1 or args.runs < 1:
         parser.error("--streams, --passes and --runs must be at least 1")
-    if args.streams * args.passes > _UINT_LIMITS[-1]:
+    if args.streams * args.passes > UINT_LIMITS[-1]:
         parser.error("streams x passes must fit a u32 token id")
     if args.pass_delay_ms < 0 or args.timeout <= 0:
         parser.error("--pass-delay-ms must be >= 0 and --timeout > 0")
     return args
-
-
-def _describe(exc: BaseException) -> str:
-    """An exception and its notes on one line, for the benchmark's report."""
-    notes = getattr(exc, "__notes__", None) or []
-    return "; ".join([f"{type(exc).__name__}: {exc}", *notes])
 
 
 def _child(args: argparse.Namespace) -> int:
@@ -1176,7 +897,7 @@ def _child(args: argparse.Namespace) -> int:
     try:
         return run(main_(args))
     except Exception as exc:
-        _say("failed", {"error": _describe(exc)})
+        say("failed", {"error": describe(exc)})
         raise
 
 

@@ -1,0 +1,1476 @@
+"""The decode-engine token benchmark: one engine, Y frontends, four implementations.
+
+A decode engine emits one token per live request per forward pass; each request's tokens go
+to the frontend that owns it. Here one engine process streams ``--streams`` X requests to
+``--frontends`` Y frontend processes (request ``i`` belongs to frontend ``i mod Y``, so the
+split is even and every pass interleaves the frontends), one 48-byte MessagePack token per
+live stream per pass, and every frontend checks that each of its streams received exactly
+its own tokens, in order, and ended cleanly. Any difference fails the run.
+
+Implementations (``--impl``), interleaved run by run (run 1 of each, then run 2 of each...)
+so a burst of other load on the machine hits every implementation alike, each run in fresh
+processes; a failed run is reported as failed and the others go on:
+
+* ``mux-auto``: every node with the default ``MuxConfig`` (``AutoFlush``); the attach
+  negotiates ``messenger-mux-v2``, every stream to a frontend is batched into one message;
+* ``mux-manual``: the engine with ``MuxConfig(flush_policy=Manual())`` and one
+  ``node.flush_batch()`` per pass, which is the write; the frontends keep the default;
+* ``per-stream``: the engine offers only ``quic-stream-v1``, so every stream is its own QUIC
+  stream whatever else the nodes could negotiate;
+* ``grpc``: grpc.aio, the engine a gRPC server, each frontend one channel and one
+  server-streaming RPC per request (``perf/grpc_tokens.py``), with the same token bytes
+  and the same checks. TLS with the same certificates, client certificates required, unless
+  ``--grpc-insecure``.
+
+The QUIC arms run every node over mutual TLS (certificates made on demand in a temporary
+directory) with ``TransportConfig(lanes=--lanes)``; every sender's negotiated transport must
+be the arm's, or the run fails. ``mux-auto`` and ``per-stream`` never call
+``flush_batch()``: an engine relying on ``AutoFlush`` need not.
+
+Modes (``--mode``): ``max-rate`` runs the passes back to back, awaiting each send (it
+suspends only when the stream is full: the backpressure) and yielding to the loop once per
+pass (``asyncio.sleep(0)``, as a real engine does while a forward pass runs); ``paced``
+starts a pass every ``--pace-ms`` (10 ms) on an anchored schedule (a timer that wakes late
+does not stretch the pace); a pass found due while the previous one still runs is counted
+late and the schedule restarts from it, never bursting to catch up. The ``single-stream``
+scenario is one stream to one frontend, paced: what each implementation adds to a lone
+request's latency (``--single-stream`` runs it alone; a sweep that includes the paced mode
+runs it last, unless ``--skip-single-stream``).
+
+Consumer shapes (``--consumer``): ``task-per-stream``, one task per stream doing ``async
+for`` over the anchor or the RPC (a real frontend); ``batches``, the same tasks taking every
+token already buffered per wake-up (``anchor.batches()``; gRPC reads as task-per-stream);
+``single-task``, one task taking each
+live stream's ready tokens in turn (``anchor.take_ready()``, ``call.read()``), which works
+only because every stream receives one token per pass.
+
+What a run reports:
+
+* tokens/s: all tokens over the engine's first send to the last token received by any
+  frontend, on ``perf_counter`` (CLOCK_MONOTONIC: one clock for every process on a host);
+  attaching (or opening the RPCs) is timed apart;
+* CPU µs per token on each side: user + system of ``getrusage(RUSAGE_SELF)`` (all threads,
+  so gRPC's core threads count) over the engine's first send until every frontend has
+  every token, and over each frontend's arming until its last stream ended, summed over
+  the frontends;
+* from the nodes' counters (QUIC arms): UDP datagrams per token each way
+  (``velo_transport_datagrams_total``) and, on the mux arms, records per wire write
+  (``velo_streaming_mux_records_total / velo_streaming_mux_batches_total``, sent) against
+  the most 54-byte token records one batch holds; n/a for gRPC;
+* latency, emit to receive: the engine stamps ``perf_counter_ns()`` into each token as it
+  emits it, each frontend subtracts it from its own ``perf_counter_ns()`` when the token
+  reaches the consumer's code. *First token* is each stream's first token; *later tokens*
+  is every token after the first (the inter-token latency as this benchmark defines it:
+  emit to receive of the tokens after the first, not the gap between them); the *receive
+  gap* is the time between consecutive tokens of one stream at the consumer. Reported in
+  the tables for paced runs (at max rate it is queueing, in the JSON only).
+
+    python perf/tokens.py --short                     # about a minute
+    python perf/tokens.py                             # the sweep, 3 runs each (about 25 min)
+    python perf/tokens.py --streams 1024 --frontends 1 --mode max-rate --runs 3
+    python perf/tokens.py --single-stream --runs 5
+    python perf/tokens.py --short --impl mux-auto grpc --profile engine   # py-spy flame graphs
+    python perf/tokens.py --short --json perf/results/tokens.json
+
+Exit status 0 when every run succeeded, 2 when any failed (the report is printed either
+way). Children run on ``velomux_quic.runtime.run`` (uvloop where installed;
+``VELOMUX_NO_UVLOOP=1`` for plain asyncio), the gRPC ones too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import json
+import math
+import os
+import platform
+import shutil
+import signal
+import statistics
+import struct
+import sys
+import tempfile
+import time
+from array import array
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgpack
+from _harness import (
+    STAMP_MIN,
+    TOKEN_BYTES,
+    UINT_LIMITS,
+    BenchFailure,
+    Child,
+    Window,
+    describe,
+    die_with_parent,
+    expect_line,
+    loop_environment,
+    median_of,
+    ok_runs,
+    other_cpu_busy,
+    package_version,
+    print_counters,
+    profile_report,
+    records_per_batch_clamp,
+    say,
+    stamped_token,
+    stdin_reader,
+    token_record_bytes,
+    watched,
+)
+
+from velomux_quic.ids import InstanceId, StreamAnchorHandle
+from velomux_quic.mux.config import Manual, MuxConfig
+from velomux_quic.mux.protocol import COALESCE_THRESHOLD
+from velomux_quic.node import Node
+from velomux_quic.runtime import run
+from velomux_quic.security.certs import NodeCredentials, ensure_dev_cluster
+from velomux_quic.streaming.anchor import StreamAnchor
+from velomux_quic.streaming.control import MESSENGER_MUX_KEY, PER_STREAM_KEY
+from velomux_quic.streaming.sender import Retired, StreamSender
+from velomux_quic.transport import TransportConfig
+
+SCRIPT = Path(__file__).resolve()
+RESULTS = SCRIPT.parent / "results"
+
+IMPLS = ("mux-auto", "mux-manual", "per-stream", "grpc")
+IMPL_KEYS = {
+    "mux-auto": MESSENGER_MUX_KEY,
+    "mux-manual": MESSENGER_MUX_KEY,
+    "per-stream": PER_STREAM_KEY,
+}
+"""The transport key every sender of a QUIC arm must have negotiated."""
+MUX_IMPLS = ("mux-auto", "mux-manual")
+BASELINES = ("grpc", "per-stream")
+MODES = ("max-rate", "paced")
+CONSUMERS = ("task-per-stream", "batches", "single-task")
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "full": {
+        "streams": [256, 1024],
+        "frontends": [1, 4],
+        "mode": list(MODES),
+        "passes": 100,
+        "runs": 3,
+        "single_stream_passes": 200,
+    },
+    "short": {
+        "streams": [256],
+        "frontends": [1],
+        "mode": list(MODES),
+        "passes": 30,
+        "runs": 1,
+        "single_stream_passes": 100,
+    },
+}
+"""The sweep without flags (``full``) and with ``--short``; any flag given overrides."""
+
+
+def engine_mux_config(impl: str) -> MuxConfig:
+    """The engine's MuxConfig: the default, except under ``mux-manual``."""
+    return MuxConfig(flush_policy=Manual()) if impl == "mux-manual" else MuxConfig()
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One cell of the sweep: every implementation runs it ``runs`` times."""
+
+    streams: int
+    frontends: int
+    mode: str
+    passes: int
+    pace_ms: float
+    single_stream: bool = False
+
+    @property
+    def name(self) -> str:
+        if self.single_stream:
+            return "single-stream"
+        return f"{self.streams}x{self.frontends}-{self.mode}"
+
+    @property
+    def paced(self) -> bool:
+        return self.mode == "paced"
+
+    @property
+    def pace_s(self) -> float:
+        return self.pace_ms / 1000.0 if self.paced else 0.0
+
+    def title(self) -> str:
+        what = "one stream alone" if self.single_stream else f"{self.streams:,} streams"
+        frontends = f"{self.frontends} frontend{'s' if self.frontends > 1 else ''}"
+        how = f"paced every {self.pace_ms:g} ms" if self.paced else "max rate"
+        return f"{what} to {frontends}, {how}, {self.passes} passes"
+
+    def indices(self, frontend: int) -> range:
+        """The streams frontend ``frontend`` owns (global indices)."""
+        return range(frontend, self.streams, self.frontends)
+
+
+def scenario_of(args: argparse.Namespace) -> Scenario:
+    """A child's scenario, from the flags the benchmark gave it."""
+    return Scenario(args.streams[0], args.frontends[0], args.mode[0], args.passes, args.pace_ms)
+
+
+# -- the frontend (consumer node) --------------------------------------------------------
+
+
+class Tally:
+    """One frontend's record: per stream the count and first/last receive times, and the
+    latencies of all its streams (ns)."""
+
+    def __init__(self, indices: range, streams: int, passes: int) -> None:
+        self.indices = indices
+        self.streams = streams
+        self.passes = passes
+        self.later = array("q")
+        self.gaps = array("q")
+        self.ended = 0
+        self.checks = [StreamCheck(self, index, streams) for index in indices]
+
+    def tokens(self) -> int:
+        return sum(check.count for check in self.checks)
+
+    def write(self, path: Path) -> None:
+        """The three latency arrays, for the benchmark to merge across frontends."""
+        first = array("q", (check.first_latency for check in self.checks if check.count))
+        with path.open("wb") as out:
+            out.write(struct.pack("<3Q", len(first), len(self.later), len(self.gaps)))
+            for values in (first, self.later, self.gaps):
+                out.write(values.tobytes())
+
+    def stall_report(self, timeout: float) -> str:
+        short = [check for check in self.checks if check.count != self.passes]
+        sample = ", ".join(f"#{check.index}: {check.count}" for check in short[:8])
+        return (
+            f"no end after {timeout:g} s: {self.tokens()} of {len(self.checks) * self.passes} "
+            f"tokens, {self.ended} of {len(self.checks)} streams ended; {len(short)} streams "
+            f"short of {self.passes} tokens ({sample}{', ...' if len(short) > 8 else ''})"
+        )
+
+
+class StreamCheck:
+    """One stream at the frontend: checks each token and records its latency.
+
+    Stream ``i`` carries tokens ``i, i + X, i + 2X, ...`` (one per pass), so a lost,
+    duplicated, reordered or misrouted token shows as the wrong number. The same method
+    runs for every implementation, so its cost is the same on every arm."""
+
+    __slots__ = (
+        "count",
+        "expected",
+        "first_latency",
+        "first_rx",
+        "gaps",
+        "index",
+        "last_rx",
+        "later",
+        "step",
+    )
+
+    def __init__(self, tally: Tally, index: int, streams: int) -> None:
+        self.index = index
+        self.step = streams
+        self.expected = index
+        self.count = 0
+        self.first_latency = 0
+        self.first_rx = 0
+        self.last_rx = 0
+        self.later = tally.later
+        self.gaps = tally.gaps
+
+    def take(self, item: Any, now: int) -> None:
+        if item["t"] != self.expected:
+            raise BenchFailure(
+                f"stream {self.index}: token #{self.count} is t={item.get('t')!r}, expected "
+                f"t={self.expected} (lost, duplicated, reordered or misrouted)"
+            )
+        if self.count:
+            self.later.append(now - item["s"])
+            self.gaps.append(now - self.last_rx)
+        else:
+            self.first_latency = now - item["s"]
+            self.first_rx = now
+        self.last_rx = now
+        self.count += 1
+        self.expected += self.step
+
+    def where(self, passes: int) -> str:
+        """Where a failing stream was, for the traceback."""
+        if self.count == 0:
+            return f"stream {self.index} failed before its first token"
+        quiet = (time.perf_counter_ns() - self.last_rx) / 1e9
+        return (
+            f"stream {self.index} failed after {self.count} of {passes} tokens, "
+            f"{quiet:.2f} s after its last"
+        )
+
+    def end(self, tally: Tally) -> None:
+        if self.count != tally.passes:
+            raise BenchFailure(f"stream {self.index} ended after {self.count} of {tally.passes}")
+        tally.ended += 1
+
+
+async def read_anchor(anchor: StreamAnchor, check: StreamCheck, tally: Tally) -> None:
+    """task-per-stream, QUIC: ``async for`` over the anchor."""
+    clock = time.perf_counter_ns
+    take = check.take
+    try:
+        async for item in anchor:
+            take(item, clock())
+    except Exception as exc:
+        exc.add_note(check.where(tally.passes))
+        raise
+    check.end(tally)
+
+
+async def read_anchor_batches(anchor: StreamAnchor, check: StreamCheck, tally: Tally) -> None:
+    """batches, QUIC: a task per stream, ``async for items in anchor.batches()`` (every
+    token already buffered per wake-up). gRPC has no such call: it reads as task-per-stream."""
+    clock = time.perf_counter_ns
+    take = check.take
+    try:
+        async for items in anchor.batches():
+            now = clock()
+            for item in items:
+                take(item, now)
+    except Exception as exc:
+        exc.add_note(check.where(tally.passes))
+        raise
+    check.end(tally)
+
+
+async def read_anchors_in_turn(anchors: Sequence[StreamAnchor], tally: Tally) -> None:
+    """single-task, QUIC: ``take_ready()`` on each live anchor in turn."""
+    clock = time.perf_counter_ns
+    live = list(zip(anchors, tally.checks, strict=True))
+    while live:
+        still: list[tuple[StreamAnchor, StreamCheck]] = []
+        for anchor, check in live:
+            try:
+                items = await anchor.take_ready()
+            except StopAsyncIteration:
+                check.end(tally)
+                continue
+            except Exception as exc:
+                exc.add_note(check.where(tally.passes))
+                raise
+            now = clock()
+            for item in items:
+                check.take(item, now)
+            still.append((anchor, check))
+        live = still
+
+
+async def read_call(call: Any, check: StreamCheck, tally: Tally) -> None:
+    """task-per-stream, gRPC: ``async for`` over the RPC's responses (an error status
+    raises; the loop ends on OK)."""
+    clock = time.perf_counter_ns
+    take = check.take
+    unpack = msgpack.unpackb
+    try:
+        async for message in call:
+            take(unpack(message), clock())
+    except Exception as exc:
+        exc.add_note(check.where(tally.passes))
+        raise
+    check.end(tally)
+
+
+async def read_calls_in_turn(calls: Sequence[Any], tally: Tally, eof: object) -> None:
+    """single-task, gRPC: ``call.read()`` on each live RPC in turn."""
+    clock = time.perf_counter_ns
+    unpack = msgpack.unpackb
+    live = list(zip(calls, tally.checks, strict=True))
+    while live:
+        still: list[tuple[Any, StreamCheck]] = []
+        for call, check in live:
+            try:
+                message = await call.read()
+            except Exception as exc:
+                exc.add_note(check.where(tally.passes))
+                raise
+            if message is eof:
+                check.end(tally)
+                continue
+            check.take(unpack(message), clock())
+            still.append((call, check))
+        live = still
+
+
+async def frontend_main(args: argparse.Namespace) -> int:
+    stdin = await stdin_reader()
+    scenario = scenario_of(args)
+    tally = Tally(scenario.indices(args.index), scenario.streams, scenario.passes)
+    if args.impl == "grpc":
+        from grpc import aio as grpc_aio
+        from grpc_tokens import TokenClient
+
+        credentials = None if args.grpc_insecure else args.credentials
+        client = await TokenClient.open(args.grpc_port, credentials, args.timeout)
+        try:
+            calls = [client.call(index) for index in tally.indices]
+            if args.consumer != "single-task":
+                readers = [
+                    asyncio.create_task(read_call(call, check, tally))
+                    for call, check in zip(calls, tally.checks, strict=True)
+                ]
+            else:
+                readers = [asyncio.create_task(read_calls_in_turn(calls, tally, grpc_aio.EOF))]
+            say("ready")
+            await _frontend_window(args, scenario, stdin, None, readers, tally)
+        finally:
+            await client.close()
+        return 0
+    transport = TransportConfig(lanes=args.lanes)
+    node = await Node.start(NodeCredentials.load(args.credentials), transport=transport)
+    async with node:
+        anchors = [node.create_anchor() for _ in tally.indices]
+        if args.consumer != "single-task":
+            reader = read_anchor if args.consumer == "task-per-stream" else read_anchor_batches
+            readers = [
+                asyncio.create_task(reader(anchor, check, tally))
+                for anchor, check in zip(anchors, tally.checks, strict=True)
+            ]
+        else:
+            readers = [asyncio.create_task(read_anchors_in_turn(anchors, tally))]
+        handoff = {
+            "instance_id": str(node.instance_id),
+            "address": list(node.address),
+            "indices": list(tally.indices),
+            "handles": [anchor.handle.to_wire() for anchor in anchors],
+        }
+        staging = args.handoff[0].with_suffix(".partial")
+        staging.write_text(json.dumps(handoff))
+        staging.replace(args.handoff[0])
+        say("ready")
+        await _frontend_window(args, scenario, stdin, node, readers, tally)
+    return 0
+
+
+async def _frontend_window(
+    args: argparse.Namespace,
+    scenario: Scenario,
+    stdin: asyncio.StreamReader,
+    node: Node | None,
+    readers: list[asyncio.Task[None]],
+    tally: Tally,
+) -> None:
+    """The measured part of a frontend: from arming until its last stream ended."""
+    try:
+        await expect_line(stdin, "go")
+        window = Window.open(node)
+        profiler = cProfile.Profile() if args.profile == "frontend" and args.index == 0 else None
+        say("armed", {"at": window.at})
+        if profiler is not None:
+            profiler.enable()
+        timeout = args.timeout + scenario.passes * scenario.pace_s
+        try:
+            async with asyncio.timeout(timeout):
+                await asyncio.gather(*readers)
+        except TimeoutError:
+            raise BenchFailure(tally.stall_report(timeout)) from None
+        except Exception:
+            if node is not None:
+                print_counters(f"frontend {args.index}", node)
+            raise
+        ended_at = time.perf_counter()
+        if profiler is not None:
+            profiler.disable()
+        deltas = window.close(node)
+    finally:
+        for reader in readers:
+            reader.cancel()
+        await asyncio.gather(*readers, return_exceptions=True)
+    profile_report(profiler, f"frontend {args.index}", args.profile_out)
+    tally.write(args.latency_out)
+    started = [check.first_rx for check in tally.checks if check.count]
+    say(
+        "result",
+        {
+            "tokens": tally.tokens(),
+            "streams": len(tally.checks),
+            "streams_ended": tally.ended,
+            "armed_at": window.at,
+            "first_token_at": min(started) / 1e9 if started else None,
+            "last_token_at": max(check.last_rx for check in tally.checks) / 1e9,
+            "ended_at": ended_at,
+            **deltas,
+            **loop_environment(),
+        },
+    )
+    await expect_line(stdin, "exit")
+
+
+# -- the engine (producer node) ----------------------------------------------------------
+
+Emit = Callable[[Any], Awaitable[None]]
+
+
+async def run_passes(
+    emit: Sequence[Emit],
+    after_pass: Callable[[], None] | None,
+    scenario: Scenario,
+    where: list[int],
+) -> dict[str, Any]:
+    """The decode loop: per pass one stamped token to every stream, in index order.
+
+    ``emit[i]`` is stream ``i``'s send (``StreamSender.send``, or the gRPC arm's queue
+    put); ``after_pass`` is ``mux-manual``'s ``flush_batch``. ``where[0]`` follows the pass
+    for a failure's report.
+
+    Paced, pass ``k`` is due ``k`` paces after the first while the engine keeps up: the
+    schedule is anchored, so a sleep that wakes late (timer granularity, a busy machine)
+    does not stretch the pace. A pass found due while the previous one still ran is *late*:
+    it starts at once and the schedule restarts from it, so an engine that fell behind
+    never bursts passes to catch up."""
+    clock = time.perf_counter_ns
+    streams, passes, pace = scenario.streams, scenario.passes, scenario.pace_s
+    late = 0
+    worst_late = 0.0
+    started = time.perf_counter()
+    due = started
+    last_start = started
+    for pass_ in range(passes):
+        where[0] = pass_
+        if pace:
+            now = time.perf_counter()
+            if due > now:
+                await asyncio.sleep(due - now)
+                due += pace
+            else:
+                if pass_:
+                    late += 1
+                    worst_late = max(worst_late, now - due)
+                due = now + pace
+                await asyncio.sleep(0)
+            last_start = time.perf_counter()
+        base = pass_ * streams
+        for index, send in enumerate(emit):
+            await send(stamped_token(base + index, clock()))
+        if after_pass is not None:
+            after_pass()
+        if not pace:
+            await asyncio.sleep(0)
+    return {
+        "first_send_at": started,
+        "passes_done_at": time.perf_counter(),
+        "late_passes": late,
+        "worst_late_ms": 1000 * worst_late,
+        "mean_pass_interval_ms": 1000 * (last_start - started) / max(1, passes - 1),
+    }
+
+
+async def _engine_window(
+    args: argparse.Namespace,
+    scenario: Scenario,
+    stdin: asyncio.StreamReader,
+    node: Node | None,
+    emit: Sequence[Emit],
+    after_pass: Callable[[], None] | None,
+    finish: Callable[[], Awaitable[None]],
+) -> None:
+    """The engine's measured part: the passes, the streams' ends, then until every
+    frontend confirmed every token."""
+    await expect_line(stdin, "go")
+    window = Window.open(node)
+    profiler = cProfile.Profile() if args.profile == "engine" else None
+    if profiler is not None:
+        profiler.enable()
+    where = [0]
+    timeout = args.timeout + scenario.passes * scenario.pace_s
+    try:
+        async with asyncio.timeout(timeout):
+            passes = await run_passes(emit, after_pass, scenario, where)
+            where[0] = scenario.passes
+            await finish()
+            retired_at = time.perf_counter()
+    except TimeoutError:
+        raise BenchFailure(
+            f"the engine did not finish within {timeout:g} s: it was at pass {where[0]} "
+            f"of {scenario.passes} ({scenario.passes} = ending the streams)"
+        ) from None
+    except Exception as exc:
+        exc.add_note(
+            f"the engine was at pass {where[0]}, {time.perf_counter() - window.at:.2f} s "
+            "after its first send"
+        )
+        if node is not None:
+            print_counters("engine", node)
+        raise
+    await expect_line(stdin, "done")  # every frontend has every token
+    if profiler is not None:
+        profiler.disable()
+    deltas = window.close(node)
+    profile_report(profiler, "engine", args.profile_out)
+    say("result", {**passes, "retired_at": retired_at, **deltas, **loop_environment()})
+    await expect_line(stdin, "exit")
+
+
+def _check_clock() -> None:
+    if time.perf_counter_ns() < STAMP_MIN:
+        raise BenchFailure("perf_counter_ns() is below 2**32: the token would not be 48 bytes")
+
+
+async def engine_main(args: argparse.Namespace) -> int:
+    stdin = await stdin_reader()
+    scenario = scenario_of(args)
+    _check_clock()
+    if args.impl == "grpc":
+        from grpc_tokens import TokenServer
+
+        server = TokenServer(scenario.streams, args.grpc_queue)
+        try:
+            port = await server.start(None if args.grpc_insecure else args.credentials)
+            say("listening", {"port": port})
+            attach_s = await server.wait_attached(args.timeout)
+            say("attached", {"attach_s": attach_s, "transports": ["grpc"], "byte_cap": None})
+
+            async def finish() -> None:
+                await server.finish(args.timeout)
+
+            await _engine_window(args, scenario, stdin, None, server.emitters(), None, finish)
+        finally:
+            await server.stop()
+        return 0
+
+    impl = args.impl
+    mux = engine_mux_config(impl)
+    transport = TransportConfig(lanes=args.lanes)
+    node = await Node.start(NodeCredentials.load(args.credentials), transport=transport, mux=mux)
+    async with node:
+        handles: list[StreamAnchorHandle | None] = [None] * scenario.streams
+        peers: list[InstanceId] = []
+        for path in args.handoff:
+            handoff = json.loads(path.read_text())
+            peer = InstanceId.parse(handoff["instance_id"])
+            host, port = handoff["address"]
+            node.add_peer(peer, (host, int(port)))
+            peers.append(peer)
+            for index, wire in zip(handoff["indices"], handoff["handles"], strict=True):
+                handles[index] = StreamAnchorHandle.from_wire(wire)
+        ordered = [handle for handle in handles if handle is not None]
+        if len(ordered) != scenario.streams:
+            raise BenchFailure("the frontends handed over fewer handles than streams")
+        # per-stream offers only the per-stream path, so the attach settles on it whatever
+        # else the nodes could negotiate; the mux arms offer the default set.
+        offer = [PER_STREAM_KEY] if impl == "per-stream" else None
+        started = time.perf_counter()
+        senders: list[StreamSender] = await asyncio.gather(
+            *(node.anchors.attach_anchor(handle, offer=offer) for handle in ordered)
+        )
+        attach_s = time.perf_counter() - started
+        transports = sorted({str(sender.negotiated_transport()) for sender in senders})
+        if transports != [IMPL_KEYS[impl]]:
+            raise BenchFailure(f"attached over {transports}, not only {IMPL_KEYS[impl]}")
+        # The batcher's byte cap: the smallest of its three clamps, over the peers.
+        byte_cap = min(
+            min(mux.max_batch_bytes, COALESCE_THRESHOLD, node.messenger.eager_budget(peer))
+            for peer in peers
+        )
+        say("attached", {"attach_s": attach_s, "transports": transports, "byte_cap": byte_cap})
+
+        async def finish() -> None:
+            retired = await asyncio.gather(*(sender.finalize() for sender in senders))
+            outcomes = sorted({outcome.value for outcome in retired})
+            if outcomes != [Retired.SENT.value]:
+                raise BenchFailure(f"streams retired as {outcomes}, expected only 'sent'")
+
+        after_pass = node.flush_batch if impl == "mux-manual" else None
+        emit = [sender.send for sender in senders]
+        await _engine_window(args, scenario, stdin, node, emit, after_pass, finish)
+    return 0
+
+
+# -- the orchestrator --------------------------------------------------------------------
+
+
+class Spy:
+    """``py-spy record`` attached to one child for the measured window (a flame graph by
+    default). Run from outside, so the child runs unmodified; ``--nonblocking`` samples
+    without pausing it, at the price of an occasional torn stack."""
+
+    def __init__(self, process: asyncio.subprocess.Process, out: Path) -> None:
+        self.process = process
+        self.out = out
+
+    SUFFIXES = {"flamegraph": ".svg", "raw": ".txt", "speedscope": ".json"}
+    """py-spy's output formats: an SVG flame graph, collapsed stacks (one line per stack
+    with its sample count, for grep and scripts), or a speedscope profile."""
+
+    @classmethod
+    async def attach(cls, pid: int, out: Path, format_: str) -> Spy:
+        found = Path(sys.executable).with_name("py-spy")
+        executable = str(found) if found.exists() else shutil.which("py-spy")
+        if executable is None:
+            raise BenchFailure("--profiler py-spy needs py-spy (pip install py-spy)")
+        process = await asyncio.create_subprocess_exec(
+            executable, "record", "--pid", str(pid), "--output", str(out),
+            "--format", format_, "--rate", "250", "--nonblocking",
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        spy = cls(process, out)
+        # py-spy takes a moment to find the interpreter; sampling a child that has not
+        # started its window yet costs nothing (it is idle), missing the window's start would.
+        await asyncio.sleep(1.0)
+        if process.returncode is not None:
+            _, err = await process.communicate()
+            raise BenchFailure(f"py-spy could not attach: {err.decode(errors='replace')[-300:]}")
+        return spy
+
+    async def stop(self, timeout: float = 20.0) -> str:
+        """Stop sampling (SIGINT makes py-spy write the graph); what happened."""
+        process = self.process
+        if process.returncode is None:
+            process.send_signal(signal.SIGINT)
+        try:
+            _, err = await asyncio.wait_for(process.communicate(), timeout)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+            return f"py-spy did not stop within {timeout:g} s; no profile"
+        if not self.out.exists():
+            return f"py-spy wrote no profile: {err.decode(errors='replace')[-300:]}"
+        return f"py-spy profile in {self.out}"
+
+    def kill(self) -> None:
+        if self.process.returncode is None:
+            self.process.kill()
+
+
+def _child_arguments(
+    args: argparse.Namespace, scenario: Scenario, impl: str, role: str, **extra: Any
+) -> list[str]:
+    arguments = [
+        "--role", role,
+        "--impl", impl,
+        "--streams", str(scenario.streams),
+        "--frontends", str(scenario.frontends),
+        "--mode", scenario.mode,
+        "--passes", str(scenario.passes),
+        "--pace-ms", str(scenario.pace_ms),
+        "--consumer", args.consumer,
+        "--lanes", str(args.lanes),
+        "--timeout", str(args.timeout),
+        "--grpc-queue", str(args.grpc_queue),
+    ]  # fmt: skip
+    if args.grpc_insecure:
+        arguments.append("--grpc-insecure")
+    if args.profile == role and args.profiler == "cprofile":
+        arguments += ["--profile", role]
+    for key, value in extra.items():
+        for one in value if isinstance(value, list) else [value]:
+            arguments += [f"--{key.replace('_', '-')}", str(one)]
+    return arguments
+
+
+async def _all_of(
+    children: Sequence[Child], word: str, others: Sequence[Child], what: str, timeout: float
+) -> list[dict[str, Any]]:
+    """Every child's ``word``, read concurrently (so a failing one is heard at once), while
+    watching ``others`` for deaths; the first failure fails the run."""
+
+    async def gather() -> list[dict[str, Any]]:
+        tasks = [asyncio.ensure_future(child.expect(word)) for child in children]
+        try:
+            for next_done in asyncio.as_completed(tasks):
+                await next_done
+            return [task.result() for task in tasks]
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    return await watched(gather(), others, what, timeout)
+
+
+async def one_run(
+    args: argparse.Namespace,
+    scenario: Scenario,
+    impl: str,
+    number: int,
+    nodes: dict[str, Path],
+    workdir: Path,
+) -> dict[str, Any]:
+    """One run of one implementation in fresh processes; its summary (or BenchFailure)."""
+    tag = f"{scenario.name}-{impl}-{number}"
+    timeout = args.timeout
+    children: list[Child] = []
+    spy: Spy | None = None
+    profile_note = ""
+    handoffs = [workdir / f"handoff-{tag}-{f}.json" for f in range(scenario.frontends)]
+    latencies = [workdir / f"latency-{tag}-{f}.bin" for f in range(scenario.frontends)]
+    profile_out = args.profile_dir / f"tokens-{tag}-{args.profile}"
+
+    def frontend_extra(f: int) -> dict[str, Any]:
+        extra: dict[str, Any] = {
+            "index": f,
+            "credentials": nodes[f"frontend-{f}"],
+            "latency_out": latencies[f],
+        }
+        if args.profile == "frontend" and args.profiler == "cprofile" and f == 0:
+            extra["profile_out"] = profile_out.with_suffix(".prof")
+        return extra
+
+    engine_extra: dict[str, Any] = {"credentials": nodes["engine"]}
+    if args.profile == "engine" and args.profiler == "cprofile":
+        engine_extra["profile_out"] = profile_out.with_suffix(".prof")
+    try:
+        if impl == "grpc":
+            engine = await Child.spawn(
+                "engine", SCRIPT, _child_arguments(args, scenario, impl, "engine", **engine_extra)
+            )
+            children.append(engine)
+            listening = await watched(engine.expect("listening"), [], "starting", timeout)
+            frontends = []
+            for f in range(scenario.frontends):
+                extra = frontend_extra(f) | {"grpc_port": listening["port"]}
+                arguments = _child_arguments(args, scenario, impl, "frontend", **extra)
+                frontends.append(await Child.spawn(f"frontend {f}", SCRIPT, arguments))
+            children += frontends
+            await _all_of(frontends, "ready", [engine], "opening the RPCs", timeout)
+            attached = await watched(engine.expect("attached"), frontends, "attaching", timeout)
+        else:
+            frontends = []
+            for f in range(scenario.frontends):
+                extra = frontend_extra(f) | {"handoff": handoffs[f]}
+                arguments = _child_arguments(args, scenario, impl, "frontend", **extra)
+                frontends.append(await Child.spawn(f"frontend {f}", SCRIPT, arguments))
+            children += frontends
+            await _all_of(frontends, "ready", [], "starting the frontends", timeout)
+            engine_extra["handoff"] = handoffs
+            arguments = _child_arguments(args, scenario, impl, "engine", **engine_extra)
+            engine = await Child.spawn("engine", SCRIPT, arguments)
+            children.append(engine)
+            attached = await watched(engine.expect("attached"), frontends, "attaching", timeout)
+        if args.profile is not None and args.profiler == "py-spy":
+            target = engine if args.profile == "engine" else frontends[0]
+            out = profile_out.with_suffix(Spy.SUFFIXES[args.profile_format])
+            spy = await Spy.attach(target.pid, out, args.profile_format)
+        for frontend in frontends:
+            frontend.send("go")
+        armed = await _all_of(frontends, "armed", [engine], "arming the frontends", timeout)
+        engine.send("go")
+        # Generous: each child enforces its own timeout and explains what is stuck.
+        streaming = 2 * timeout + scenario.passes * scenario.pace_s
+        received = await _all_of(frontends, "result", [engine], "streaming", streaming)
+        engine.send("done")
+        sent = await watched(engine.expect("result"), frontends, "the engine's report", timeout)
+        if spy is not None:
+            profile_note = await spy.stop()
+            spy = None
+            print(f"{tag}: {profile_note}", file=sys.stderr, flush=True)
+        for child in children:
+            child.send("exit")
+        for child in children:
+            code = await child.finish(timeout)
+            if code != 0:
+                raise BenchFailure(f"the {child.name} exited with code {code} after its report")
+        result = summarise(scenario, impl, attached, sent, armed, received, latencies)
+    finally:
+        if spy is not None:
+            spy.kill()
+            await spy.process.wait()
+        for child in children:
+            child.kill()
+        for child in children:
+            await child.process.wait()
+        for path in (*handoffs, *latencies):
+            path.unlink(missing_ok=True)
+    if profile_note:
+        result["profile"] = profile_note
+    return result
+
+
+def _read_latencies(paths: Sequence[Path]) -> tuple[list[int], list[int], list[int]]:
+    """The frontends' latency arrays, merged: first tokens, later tokens, receive gaps."""
+    merged: tuple[list[int], list[int], list[int]] = ([], [], [])
+    for path in paths:
+        data = path.read_bytes()
+        counts = struct.unpack_from("<3Q", data)
+        offset = struct.calcsize("<3Q")
+        for target, count in zip(merged, counts, strict=True):
+            values = array("q")
+            values.frombytes(data[offset : offset + 8 * count])
+            target.extend(values)
+            offset += 8 * count
+    return merged
+
+
+def _percentile(ordered: Sequence[int], q: float) -> float:
+    """Nearest-rank percentile of sorted ``ordered`` (ns), in milliseconds."""
+    rank = max(1, math.ceil(q * len(ordered)))
+    return ordered[rank - 1] / 1e6
+
+
+def _latency_figures(name: str, values: list[int]) -> dict[str, float]:
+    if not values:
+        return {}
+    ordered = sorted(values)
+    return {
+        f"{name}_p50_ms": _percentile(ordered, 0.50),
+        f"{name}_p99_ms": _percentile(ordered, 0.99),
+        f"{name}_max_ms": ordered[-1] / 1e6,
+    }
+
+
+def summarise(
+    scenario: Scenario,
+    impl: str,
+    attached: dict[str, Any],
+    sent: dict[str, Any],
+    armed: list[dict[str, Any]],
+    received: list[dict[str, Any]],
+    latencies: Sequence[Path],
+) -> dict[str, Any]:
+    """One run's figures from the children's reports; a short count fails it."""
+    expected = scenario.streams * scenario.passes
+    tokens = sum(int(part["tokens"]) for part in received)
+    ended = sum(int(part["streams_ended"]) for part in received)
+    if tokens != expected or ended != scenario.streams:
+        raise BenchFailure(
+            f"{tokens} tokens and {ended} ended streams delivered, expected {expected} and "
+            f"{scenario.streams}"
+        )
+    clocks = [sent["clock"], *(part["clock"] for part in received)]
+    shared = all("CLOCK_MONOTONIC" in clock for clock in clocks)
+    start = sent["first_send_at"] if shared else min(part["at"] for part in armed)
+    last = max(part["last_token_at"] for part in received)
+    e2e = last - start
+    cpu_engine = sent["cpu_user_s"] + sent["cpu_sys_s"]
+    cpu_frontends = sum(part["cpu_user_s"] + part["cpu_sys_s"] for part in received)
+    result: dict[str, Any] = {
+        "impl": impl,
+        "transport": attached["transports"][0],
+        "tokens": tokens,
+        "expected_tokens": expected,
+        "attach_s": attached["attach_s"],
+        "send_s": sent["passes_done_at"] - sent["first_send_at"],
+        "retire_s": sent["retired_at"] - sent["first_send_at"],
+        "e2e_s": e2e,
+        "e2e_shared_clock": shared,
+        "tokens_per_s": tokens / e2e,
+        "engine_cpu_s": cpu_engine,
+        "engine_cpu_sys_s": sent["cpu_sys_s"],
+        "engine_cpu_us_per_token": 1e6 * cpu_engine / tokens,
+        "frontends_cpu_s": cpu_frontends,
+        "frontends_cpu_sys_s": sum(part["cpu_sys_s"] for part in received),
+        "frontends_cpu_us_per_token": 1e6 * cpu_frontends / tokens,
+        "total_cpu_us_per_token": 1e6 * (cpu_engine + cpu_frontends) / tokens,
+        "late_passes": sent["late_passes"],
+        "worst_late_ms": sent["worst_late_ms"],
+        "mean_pass_interval_ms": sent["mean_pass_interval_ms"],
+        "engine_loop": sent["loop"],
+        "frontend_loop": received[0]["loop"],
+    }
+    first, later, gaps = _read_latencies(latencies) if shared else ([], [], [])
+    result |= _latency_figures("first_token", first)
+    result |= _latency_figures("later_tokens", later)
+    result |= _latency_figures("receive_gap", gaps)
+    if impl == "grpc":
+        return result
+    engine, parts = sent["counters"], [part["counters"] for part in received]
+    result |= {
+        "engine_datagrams_out_per_token": engine["datagrams_out"] / tokens,
+        "engine_datagrams_in_per_token": engine["datagrams_in"] / tokens,
+        "frontends_datagrams_out_per_token": sum(p["datagrams_out"] for p in parts) / tokens,
+        "engine_send_waits": engine["send_waits"],
+        "engine_heartbeats_sent": engine["heartbeats_sent"],
+        "engine_frames_written": engine["frames_written"],
+        "frontends_watchdog_firings": sum(p["watchdog_firings"] for p in parts),
+    }
+    if impl in MUX_IMPLS:
+        batches, records = engine["mux_batches_sent"], engine["mux_records_sent"]
+        clamp = records_per_batch_clamp(attached["byte_cap"], token_record_bytes(stamped=True))
+        per_write = records / batches if batches else 0.0
+        result |= {
+            "mux_byte_cap": attached["byte_cap"],
+            "mux_records_clamp": clamp,
+            "engine_mux_batches_sent": batches,
+            "engine_mux_records_sent": records,
+            "engine_mux_data_records_sent": engine["mux_data_records_sent"],
+            "engine_mux_close_records_sent": engine["mux_close_records_sent"],
+            "engine_records_per_write": per_write,
+            "engine_records_per_write_of_clamp": per_write / clamp,
+            "engine_writes_per_pass": batches / scenario.passes,
+            "frontends_mux_credit_records_sent": sum(p["mux_credit_records_sent"] for p in parts),
+        }
+    return result
+
+
+# -- the report --------------------------------------------------------------------------
+
+Runs = dict[str, list[dict[str, Any]]]
+
+
+def _figure(median: dict[str, float], key: str, fmt: str) -> str:
+    return format(median[key], fmt) if key in median else "n/a"
+
+
+def _range(runs: list[dict[str, Any]], key: str, fmt: str) -> str:
+    """The median of the successful runs, with [min-max] when there are several."""
+    values = [run[key] for run in ok_runs(runs) if key in run]
+    if not values:
+        return "—"
+    median = format(statistics.median(values), fmt)
+    if len(values) == 1:
+        return median
+    return f"{median} [{format(min(values), fmt)}-{format(max(values), fmt)}]"
+
+
+def _pair(median: dict[str, float], name: str) -> str:
+    if f"{name}_p50_ms" not in median:
+        return "n/a"
+    return f"{median[f'{name}_p50_ms']:.2f} / {median[f'{name}_p99_ms']:.2f}"
+
+
+def _late(median: dict[str, float]) -> str:
+    return f"{median['late_passes']:.0f} ({median['mean_pass_interval_ms']:.1f})"
+
+
+def scenario_table(scenario: Scenario, impls: Sequence[str], runs: Runs) -> str:
+    """Per implementation: how many runs succeeded, then the medians."""
+    header = [
+        "impl",
+        "ok runs",
+        "tokens/s median [min-max]",
+        "engine µs/token",
+        "frontends µs/token",
+        "records/write (of clamp)",
+        "datagrams/token engine out, frontends out",
+    ]
+    if scenario.paced:
+        header += [
+            "first token p50 / p99 ms",
+            "later tokens p50 / p99 ms",
+            "receive gap p99 ms",
+            "late passes (mean ms between starts)",
+        ]
+    lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
+    for impl in impls:
+        impl_runs = runs[impl]
+        median = median_of(impl_runs)
+        records = "n/a"
+        if "engine_records_per_write" in median:
+            of_clamp = median["engine_records_per_write_of_clamp"]
+            records = f"{median['engine_records_per_write']:.1f} ({of_clamp:.2f})"
+        datagrams = "n/a"
+        if "engine_datagrams_out_per_token" in median:
+            datagrams = (
+                f"{median['engine_datagrams_out_per_token']:.3f}, "
+                f"{median['frontends_datagrams_out_per_token']:.3f}"
+            )
+        if not median:
+            records = datagrams = "—"
+        cells = [
+            impl,
+            f"{len(ok_runs(impl_runs))}/{len(impl_runs)}",
+            _range(impl_runs, "tokens_per_s", ",.0f"),
+            _figure(median, "engine_cpu_us_per_token", ".1f") if median else "—",
+            _figure(median, "frontends_cpu_us_per_token", ".1f") if median else "—",
+            records,
+            datagrams,
+        ]
+        if scenario.paced:
+            cells += [
+                _pair(median, "first_token") if median else "—",
+                _pair(median, "later_tokens") if median else "—",
+                _figure(median, "receive_gap_p99_ms", ".2f") if median else "—",
+                _late(median) if median else "—",
+            ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+RATIO_METRICS: list[tuple[str, str, bool]] = [
+    ("tokens_per_s", "tokens/s", True),
+    ("engine_cpu_us_per_token", "engine CPU per token", False),
+    ("frontends_cpu_us_per_token", "frontends CPU per token", False),
+    ("total_cpu_us_per_token", "total CPU per token", False),
+]
+"""Compared across implementations; True where higher is better (ratio mux / other),
+False where lower is better (ratio other / mux): either way above 1 favours the mux."""
+
+
+def ratio(
+    metric: str, higher: bool, mux: dict[str, float], other: dict[str, float]
+) -> float | None:
+    """The mux arm against another, oriented so that above 1 favours the mux; None when
+    either has no successful run."""
+    if not mux.get(metric) or not other.get(metric):
+        return None
+    return mux[metric] / other[metric] if higher else other[metric] / mux[metric]
+
+
+def ratios(impls: Sequence[str], runs: Runs) -> dict[str, dict[str, float | None]]:
+    """``{"mux-auto / grpc": {"tokens_per_s": 2.1, ...}, ...}`` for the impls present."""
+    medians = {impl: median_of(runs[impl]) for impl in impls}
+    found: dict[str, dict[str, float | None]] = {}
+    for base in BASELINES:
+        for mux in MUX_IMPLS:
+            if base in impls and mux in impls:
+                found[f"{mux} / {base}"] = {
+                    metric: ratio(metric, higher, medians[mux], medians[base])
+                    for metric, _, higher in RATIO_METRICS
+                }
+    return found
+
+
+def ratio_table(found: dict[str, dict[str, float | None]]) -> str:
+    if not found:
+        return ""
+    pairs = list(found)
+    lines = [
+        "| median ratio (above 1 favours the mux arm) | " + " | ".join(pairs) + " |",
+        "|---|" + "---:|" * len(pairs),
+    ]
+    for metric, title, higher in RATIO_METRICS:
+        cells = [f"{title} ({'mux / other' if higher else 'other / mux'})"]
+        for pair in pairs:
+            value = found[pair][metric]
+            cells.append("n/a" if value is None else f"{value:.2f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def overview_table(scenarios: Sequence[Scenario], impls: Sequence[str], results: Runs) -> str:
+    """Tokens/s and total CPU per token, one row per scenario: the sweep at a glance."""
+    header = ["scenario", *(f"{impl} tokens/s, µs/token" for impl in impls)]
+    lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * len(impls)]
+    for scenario in scenarios:
+        cells = [scenario.name]
+        for impl in impls:
+            median = median_of(results[f"{scenario.name}/{impl}"])
+            if not median:
+                cells.append("FAILED")
+            else:
+                cells.append(
+                    f"{median['tokens_per_s']:,.0f}, {median['total_cpu_us_per_token']:.1f}"
+                )
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _progress_line(tag: str, result: dict[str, Any]) -> str:
+    if "failed" in result:
+        return f"{tag}: FAILED: {result['failed']}"
+    line = (
+        f"{tag}: {result['tokens']:,} tokens, {result['tokens_per_s']:,.0f} tokens/s, "
+        f"CPU µs/token {result['engine_cpu_us_per_token']:.1f} engine, "
+        f"{result['frontends_cpu_us_per_token']:.1f} frontends"
+    )
+    if "engine_records_per_write" in result:
+        line += f", {result['engine_records_per_write']:.1f} records/write"
+    if "later_tokens_p50_ms" in result:
+        line += (
+            f", later tokens p50/p99 {result['later_tokens_p50_ms']:.2f}/"
+            f"{result['later_tokens_p99_ms']:.2f} ms"
+        )
+    return line
+
+
+def scenarios_of(args: argparse.Namespace) -> list[Scenario]:
+    sweep = [
+        Scenario(streams, frontends, mode, args.passes, args.pace_ms)
+        for streams in args.streams
+        for frontends in args.frontends
+        for mode in args.mode
+        if frontends <= streams
+    ]
+    single = Scenario(1, 1, "paced", args.single_stream_passes, args.pace_ms, single_stream=True)
+    if args.single_stream:
+        return [single]
+    if args.skip_single_stream or "paced" not in args.mode:
+        return sweep
+    return [*sweep, single]
+
+
+def _environment(results: Runs) -> dict[str, Any]:
+    loops = sorted({run["engine_loop"] for runs in results.values() for run in ok_runs(runs)})
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "loop": ", ".join(loops) or "unknown",
+        "aioquic": package_version("aioquic"),
+        "grpcio": package_version("grpcio"),
+        "uvloop": package_version("uvloop"),
+        "msgpack": package_version("msgpack"),
+        "velomux_quic": package_version("velomux_quic"),
+    }
+
+
+def _document(
+    args: argparse.Namespace, scenarios: Sequence[Scenario], impls: Sequence[str], results: Runs
+) -> dict[str, Any]:
+    return {
+        "benchmark": "tokens",
+        "config": {
+            "impls": list(impls),
+            "runs": args.runs,
+            "consumer": args.consumer,
+            "lanes": args.lanes,
+            "pace_ms": args.pace_ms,
+            "token_bytes": TOKEN_BYTES,
+            "token_record_bytes": token_record_bytes(stamped=True),
+            "grpc_tls": not args.grpc_insecure,
+            "grpc_queue_tokens": args.grpc_queue,
+            "profile": args.profile and f"{args.profile} ({args.profiler})",
+        },
+        "environment": _environment(results),
+        "scenarios": [
+            {
+                "name": scenario.name,
+                "streams": scenario.streams,
+                "frontends": scenario.frontends,
+                "mode": scenario.mode,
+                "passes": scenario.passes,
+                "pace_ms": scenario.pace_ms if scenario.paced else None,
+                "runs": {impl: results[f"{scenario.name}/{impl}"] for impl in impls},
+                "median": {impl: median_of(results[f"{scenario.name}/{impl}"]) for impl in impls},
+                "ratios": ratios(
+                    impls, {impl: results[f"{scenario.name}/{impl}"] for impl in impls}
+                ),
+            }
+            for scenario in scenarios
+            if all(f"{scenario.name}/{impl}" in results for impl in impls)
+        ],
+    }
+
+
+async def orchestrate(args: argparse.Namespace) -> int:
+    # SIGTERM cancels the benchmark like Ctrl-C does, so every run's cleanup kills its
+    # children instead of leaving them to their own timeouts.
+    main_task = asyncio.current_task()
+    assert main_task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
+    impls: list[str] = args.impl
+    scenarios = scenarios_of(args)
+    if args.profile is not None:
+        try:
+            args.profile_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise BenchFailure(f"--profile-dir {args.profile_dir}: {exc}") from None
+    frontends = max(scenario.frontends for scenario in scenarios)
+    results: Runs = {}
+    print(
+        f"tokens: {', '.join(impls)}; {len(scenarios)} scenario(s), {args.runs} run(s) per "
+        f"implementation, interleaved; consumer {args.consumer}, lanes {args.lanes}, gRPC "
+        f"{'plaintext' if args.grpc_insecure else 'TLS with client certificates'}",
+        file=sys.stderr,
+        flush=True,
+    )
+    with tempfile.TemporaryDirectory(prefix="tokens-bench-") as tmp:
+        workdir = Path(tmp)
+        names = ("engine", *(f"frontend-{f}" for f in range(frontends)))
+        nodes = ensure_dev_cluster(workdir / "certs", names)
+        for scenario in scenarios:
+            runs: Runs = {impl: [] for impl in impls}
+            for impl in impls:
+                results[f"{scenario.name}/{impl}"] = runs[impl]
+            for number in range(args.runs):
+                for impl in impls:
+                    tag = f"{scenario.name} {impl} run {number + 1}/{args.runs}"
+                    busy = await other_cpu_busy()
+                    if busy is not None and busy > 0.2:
+                        print(
+                            f"warning: {busy:.0%} of the CPUs were busy with other work just "
+                            f"before {tag}; its figures are disturbed",
+                            file=sys.stderr,
+                        )
+                    try:
+                        result = await one_run(args, scenario, impl, number + 1, nodes, workdir)
+                    except BenchFailure as exc:
+                        result = {"impl": impl, "failed": str(exc)}
+                    result["run"] = number + 1
+                    result["other_cpu_busy_before"] = busy
+                    runs[impl].append(result)
+                    print(_progress_line(tag, result), file=sys.stderr, flush=True)
+            if args.json is not None:
+                document = _document(args, scenarios, impls, results)
+                args.json.write_text(json.dumps(document, indent=2) + "\n")
+    environment = _environment(results)
+    print(
+        f"# tokens: {', '.join(impls)}, {args.runs} run{'s' if args.runs > 1 else ''} per "
+        f"implementation{' (interleaved)' if len(impls) > 1 else ''}\n\n"
+        f"One {TOKEN_BYTES}-byte token per stream per pass, consumer {args.consumer}, lanes "
+        f"{args.lanes}; gRPC "
+        f"{'plaintext' if args.grpc_insecure else 'TLS with client certificates'}, the QUIC "
+        f"arms mutual TLS. {environment['loop']}, {environment['cpus']} CPUs, Python "
+        f"{environment['python']}, aioquic {environment['aioquic']}, grpcio "
+        f"{environment['grpcio']}"
+        + (f"; {args.profile} under {args.profiler} (figures disturbed)" if args.profile else "")
+    )
+    failures: list[str] = []
+    for scenario in scenarios:
+        runs = {impl: results[f"{scenario.name}/{impl}"] for impl in impls}
+        print(f"\n## {scenario.name}: {scenario.title()}\n")
+        print(scenario_table(scenario, impls, runs))
+        table = ratio_table(ratios(impls, runs))
+        if table:
+            print()
+            print(table)
+        for impl in impls:
+            for run_ in runs[impl]:
+                if "failed" in run_:
+                    failures.append(f"{scenario.name} {impl} run {run_['run']}: {run_['failed']}")
+    if len(scenarios) > 1:
+        print("\n## overview (medians)\n")
+        print(overview_table(scenarios, impls, results))
+    if failures:
+        print("\nFAILED runs:\n")
+        print("\n".join(f"* {failure}" for failure in failures))
+    if args.json is not None:
+        args.json.write_text(
+            json.dumps(_document(args, scenarios, impls, results), indent=2) + "\n"
+        )
+    return 2 if failures else 0
+
+
+# -- the command line --------------------------------------------------------------------
+
+
+def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
+    doc = __doc__ or ""
+    parser = argparse.ArgumentParser(
+        description=doc.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--impl", nargs="+", choices=IMPLS, default=list(IMPLS), help="implementations (all)"
+    )
+    parser.add_argument(
+        "--streams", nargs="+", type=int, help="streams X, a list sweeps (256 1024; short 256)"
+    )
+    parser.add_argument(
+        "--frontends",
+        nargs="+",
+        type=int,
+        help="frontend processes Y, a list sweeps (1 4; short 1)",
+    )
+    parser.add_argument("--mode", nargs="+", choices=MODES, help="max-rate and/or paced (both)")
+    parser.add_argument("--passes", type=int, help="forward passes per run (100; short 30)")
+    parser.add_argument(
+        "--pace-ms", type=float, default=10.0, help="paced: ms between pass starts (10)"
+    )
+    parser.add_argument("--runs", type=int, help="runs per implementation (3; short 1)")
+    parser.add_argument(
+        "--consumer", choices=CONSUMERS, default="task-per-stream", help="frontend shape"
+    )
+    parser.add_argument(
+        "--lanes", type=int, default=1, help="TransportConfig(lanes=N) on every QUIC node (1)"
+    )
+    parser.add_argument(
+        "--short",
+        action="store_true",
+        help="256 streams x 30 passes to 1 frontend, max-rate and paced, then single-stream, "
+        "1 run each (about a minute)",
+    )
+    single = parser.add_mutually_exclusive_group()
+    single.add_argument(
+        "--single-stream", action="store_true", help="run only the single-stream scenario"
+    )
+    single.add_argument(
+        "--skip-single-stream",
+        action="store_true",
+        help="run the sweep without it (a sweep without the paced mode never runs it)",
+    )
+    parser.add_argument(
+        "--single-stream-passes", type=int, help="passes of the single stream (200; short 100)"
+    )
+    parser.add_argument("--json", type=Path, help="also write every run and summary here")
+    parser.add_argument(
+        "--timeout", type=float, default=120.0, help="longest wait for any one step (s, 120)"
+    )
+    parser.add_argument(
+        "--profile",
+        choices=("engine", "frontend"),
+        help="profile that side (the first frontend) in every run",
+    )
+    parser.add_argument(
+        "--profiler",
+        choices=("py-spy", "cprofile"),
+        default="py-spy",
+        help="py-spy: a flame graph (.svg); cprofile: a .prof dump and the top functions on "
+        "stderr; either in --profile-dir as tokens-<scenario>-<impl>-<run>-<side>",
+    )
+    parser.add_argument(
+        "--profile-format",
+        choices=tuple(Spy.SUFFIXES),
+        default="flamegraph",
+        help="py-spy's output: flamegraph (.svg, default), raw collapsed stacks (.txt), "
+        "speedscope (.json)",
+    )
+    parser.add_argument("--profile-dir", type=Path, default=RESULTS, help="(perf/results)")
+    parser.add_argument(
+        "--grpc-insecure", action="store_true", help="plaintext gRPC instead of mutual TLS"
+    )
+    parser.add_argument("--grpc-queue", type=int, default=1024, help=argparse.SUPPRESS)
+    # The children's own arguments (the benchmark starts them with these).
+    parser.add_argument("--role", choices=("engine", "frontend"), help=argparse.SUPPRESS)
+    parser.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--credentials", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--handoff", type=Path, action="append", help=argparse.SUPPRESS)
+    parser.add_argument("--grpc-port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--latency-out", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--profile-out", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.role is not None:
+        if len(args.impl) != 1:
+            parser.error("a child runs one implementation")
+        args.impl = args.impl[0]
+        return args
+    preset = PRESETS["short" if args.short else "full"]
+    for key in ("streams", "frontends", "mode", "passes", "runs", "single_stream_passes"):
+        if getattr(args, key) is None:
+            setattr(args, key, preset[key])
+    args.impl = list(dict.fromkeys(args.impl))
+    if min(args.streams) < 1 or min(args.frontends) < 1:
+        parser.error("--streams and --frontends must be at least 1")
+    if args.passes < 1 or args.runs < 1 or args.single_stream_passes < 1:
+        parser.error("--passes, --runs and --single-stream-passes must be at least 1")
+    if max(args.streams) * args.passes > UINT_LIMITS[-1]:
+        parser.error("streams x passes must fit a u32 token id")
+    if args.pace_ms <= 0 or args.timeout <= 0:
+        parser.error("--pace-ms and --timeout must be positive")
+    if not 1 <= args.lanes <= 16:
+        parser.error("--lanes must be 1 to 16")
+    if not args.single_stream and not any(y <= x for x in args.streams for y in args.frontends):
+        parser.error("every scenario has more frontends than streams")
+    return args
+
+
+def _child(args: argparse.Namespace) -> int:
+    """Run one child; a failure is also said on stdout, so the report can show why."""
+    main_ = engine_main if args.role == "engine" else frontend_main
+    die_with_parent()
+    try:
+        return run(main_(args))
+    except Exception as exc:
+        say("failed", {"error": describe(exc)})
+        raise
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_arguments(argv)
+    try:
+        if args.role is not None:
+            return _child(args)
+        return asyncio.run(orchestrate(args))
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        print("tokens: interrupted; every child was killed", file=sys.stderr)
+        return 130
+    except BenchFailure as exc:
+        who = f"{args.role}: " if args.role else ""
+        print(f"tokens FAILED: {who}{exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,72 @@
+"""perf/tokens.py at toy sizes: every implementation runs, in both modes, to two frontends.
+
+A smoke test of the benchmark's machinery (children, handoffs, the gRPC arm, verification,
+latency files, the JSON report), never of its figures: nothing here is timed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "perf" / "tokens.py"
+IMPLS = {"mux-auto", "mux-manual", "per-stream", "grpc"}
+STREAMS, FRONTENDS, PASSES = 16, 2, 5
+
+
+@pytest.mark.timeout(150)
+def test_tokens_benchmark_delivers_every_token_on_every_implementation(tmp_path: Path) -> None:
+    report = tmp_path / "tokens.json"
+    command = [
+        sys.executable, str(SCRIPT),
+        "--streams", str(STREAMS), "--frontends", str(FRONTENDS), "--passes", str(PASSES),
+        "--mode", "max-rate", "paced", "--pace-ms", "5", "--runs", "1",
+        "--skip-single-stream", "--timeout", "40", "--json", str(report),
+    ]  # fmt: skip
+    # A process group of its own, so a hang is ended by killing the benchmark and its
+    # children at once.
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=140)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        pytest.fail(f"perf/tokens.py hung:\n{stdout[-3000:]}\n{stderr[-3000:]}")
+    assert process.returncode == 0, stdout[-4000:] + stderr[-4000:]
+
+    document = json.loads(report.read_text())
+    assert document["benchmark"] == "tokens"
+    scenarios = {scenario["name"]: scenario for scenario in document["scenarios"]}
+    assert set(scenarios) == {f"{STREAMS}x{FRONTENDS}-max-rate", f"{STREAMS}x{FRONTENDS}-paced"}
+    for name, scenario in scenarios.items():
+        assert set(scenario["runs"]) == IMPLS, name
+        for impl, runs in scenario["runs"].items():
+            assert len(runs) == 1, (name, impl)
+            run = runs[0]
+            assert "failed" not in run, (name, impl, run.get("failed"))
+            assert run["tokens"] == STREAMS * PASSES, (name, impl)
+            assert run["tokens_per_s"] > 0 and run["engine_cpu_us_per_token"] > 0
+            assert run["first_token_p50_ms"] > 0 and run["later_tokens_p99_ms"] > 0
+            if impl.startswith("mux"):
+                assert run["engine_records_per_write"] > 1, (name, impl)
+        assert set(scenario["ratios"]) == {
+            "mux-auto / grpc",
+            "mux-manual / grpc",
+            "mux-auto / per-stream",
+            "mux-manual / per-stream",
+        }
+    for name in scenarios:
+        assert f"## {name}:" in stdout  # the markdown report names every scenario
+    assert "mux-auto / grpc" in stdout and "FAILED" not in stdout
