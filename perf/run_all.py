@@ -31,6 +31,13 @@ SHORT_FLAGS: dict[str, list[str]] = {
     "stream_frames_bench": ["--records", "50000", "--repeat", "3"],
     "perstream_bench": ["--short", "--transport", "all"],
     "tokens": ["--short", "--json", "perf/results/tokens-short.json"],
+    "quic_lanes": [
+        "--short",
+        "--json",
+        "perf/results/quic_lanes-short.json",
+        "--png",
+        "perf/results/quic_lanes-short.png",
+    ],
 }
 """The benchmarks in the order they run, and their flags under ``--short``."""
 

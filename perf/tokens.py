@@ -820,6 +820,7 @@ async def one_run(
         return extra
 
     engine_extra: dict[str, Any] = {"credentials": nodes["engine"]}
+    proxies: list[asyncio.subprocess.Process] = []
     if args.profile == "engine" and args.profiler == "cprofile":
         engine_extra["profile_out"] = profile_out.with_suffix(".prof")
     try:
@@ -845,6 +846,9 @@ async def one_run(
                 frontends.append(await Child.spawn(f"frontend {f}", SCRIPT, arguments))
             children += frontends
             await _all_of(frontends, "ready", [], "starting the frontends", timeout)
+            if args.loss or args.delay_ms:
+                for path in handoffs:
+                    proxies.append(await _impair(path, args, number, timeout))
             engine_extra["handoff"] = handoffs
             arguments = _child_arguments(args, scenario, impl, "engine", **engine_extra)
             engine = await Child.spawn("engine", SCRIPT, arguments)
@@ -880,13 +884,45 @@ async def one_run(
             await spy.process.wait()
         for child in children:
             child.kill()
+        for proxy in proxies:
+            if proxy.returncode is None:
+                proxy.kill()
         for child in children:
             await child.process.wait()
+        for proxy in proxies:
+            await proxy.wait()
         for path in (*handoffs, *latencies):
             path.unlink(missing_ok=True)
     if profile_note:
         result["profile"] = profile_note
     return result
+
+
+async def _impair(
+    handoff: Path, args: argparse.Namespace, seed: int, timeout: float
+) -> asyncio.subprocess.Process:
+    """Start the impairment proxy (tests/impair/proxy.py, a process of its own so it takes
+    no CPU from the arms) in front of one frontend, and point the engine at it. The
+    frontend learns the engine's return address from the proxied connection, so both
+    directions cross it."""
+    data = json.loads(handoff.read_text())
+    host, port = data["address"]
+    proxy = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.impair.proxy", "--target", f"{host}:{port}",
+        "--loss", str(args.loss), "--delay-ms", str(args.delay_ms), "--seed", str(seed),
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL, cwd=SCRIPT.parent.parent,
+    )  # fmt: skip
+    try:
+        assert proxy.stdout is not None
+        where = json.loads(await asyncio.wait_for(proxy.stdout.readline(), timeout))
+    except BaseException:
+        proxy.kill()
+        await proxy.wait()
+        raise
+    data["address"] = [where["host"], where["port"]]
+    handoff.write_text(json.dumps(data))
+    return proxy
 
 
 def _read_latencies(paths: Sequence[Path]) -> tuple[list[int], list[int], list[int]]:
@@ -1301,9 +1337,15 @@ async def orchestrate(args: argparse.Namespace) -> int:
         f"# tokens: {', '.join(impls)}, {args.runs} run{'s' if args.runs > 1 else ''} per "
         f"implementation{' (interleaved)' if len(impls) > 1 else ''}\n\n"
         f"One {TOKEN_BYTES}-byte token per stream per pass, consumer {args.consumer}, lanes "
-        f"{args.lanes}; gRPC "
-        f"{'plaintext' if args.grpc_insecure else 'TLS with client certificates'}, the QUIC "
-        f"arms mutual TLS. {environment['loop']}, {environment['cpus']} CPUs, Python "
+        f"{args.lanes}"
+        + (
+            f", QUIC through the impairment proxy ({args.loss:.1%} loss, "
+            f"{args.delay_ms:g} ms delay each way)"
+            if args.loss or args.delay_ms
+            else ""
+        )
+        + f"; gRPC {'plaintext' if args.grpc_insecure else 'TLS with client certificates'}, "
+        f"the QUIC arms mutual TLS. {environment['loop']}, {environment['cpus']} CPUs, Python "
         f"{environment['python']}, aioquic {environment['aioquic']}, grpcio "
         f"{environment['grpcio']}"
         + (f"; {args.profile} under {args.profiler} (figures disturbed)" if args.profile else "")
@@ -1365,6 +1407,16 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--lanes", type=int, default=1, help="TransportConfig(lanes=N) on every QUIC node (1)"
+    )
+    parser.add_argument(
+        "--loss",
+        type=float,
+        default=0.0,
+        help="QUIC arms: put the impairment proxy (its own process) in front of each "
+        "frontend and drop this fraction of datagrams each way (0)",
+    )
+    parser.add_argument(
+        "--delay-ms", type=float, default=0.0, help="QUIC arms: the proxy's one-way delay (0)"
     )
     parser.add_argument(
         "--short",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 from velomux_quic.mux.config import AutoFlush, Manual, MuxConfig
@@ -138,8 +140,43 @@ def test_kick_survives_a_clamp() -> None:
         b.offer(slot, TOKEN, 0.0)
     b.kick()
     out = b.poll(0.0)
+    # One poll packs at most poll_budget bytes; the kick carries over to the next polls
+    # (the driver re-polls at once) until everything staged when it was made is written.
+    while b.has_ready:
+        out += b.poll(0.0)
     assert len(out) >= 6 and sum(x.records for x in out) == 100
     assert all(len(x.payload) <= 1024 for x in out)
+    assert b.poll(0.0) == []
+
+
+def test_a_poll_is_bounded_and_serves_slots_in_rounds() -> None:
+    b = batcher(flush_policy=Manual())
+    slots = opened(b, 8)
+    item = b"\xa4" + b"x" * 16_000  # big items: one per visit (the quantum)
+    for slot in slots:
+        for _ in range(6):
+            b.offer(slot, item, 0.0)
+    b.kick()
+    first = b.poll(0.0)
+    written = sum(len(x.payload) for x in first)
+    assert written <= b.poll_budget + b.byte_cap  # bounded (at most one batch over)
+    assert b.has_ready
+    # Fair: the first poll gave every slot its first item before any slot its second.
+    seen: list[int] = []
+    for batch in first:
+        _, records = decode_batch(batch.payload)
+        seen += [slot_index(sid) for kind, sid, _, _ in records if kind == RecordType.DATA]
+    assert seen[:8] == list(range(8)), seen
+    out = list(first)
+    while b.has_ready:
+        out += b.poll(0.0)
+    per_slot = Counter(
+        slot_index(sid)
+        for batch in out
+        for kind, sid, _, _ in decode_batch(batch.payload)[1]
+        if kind == RecordType.DATA
+    )
+    assert per_slot == dict.fromkeys(range(8), 6)
 
 
 def test_linger_window_holds_until_the_oldest_record_is_w_old() -> None:

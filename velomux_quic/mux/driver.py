@@ -62,6 +62,8 @@ class BatcherDriver:
         for batch in batcher.poll(self._loop.time()):
             self._write(batch)
         self._release_space()
+        if batcher.has_ready and not batcher.parked:
+            self.wake()  # the poll stopped at its budget: the rest after other work runs
         self._arm_timer()
 
     def _write(self, batch: OutgoingBatch) -> None:

@@ -106,6 +106,10 @@ class EgressBatcher:
         self.policy = config.flush_policy
         cap = min(config.max_batch_bytes, COALESCE_THRESHOLD, byte_cap or COALESCE_THRESHOLD)
         self.byte_cap = max(MIN_BATCH_CAP, cap)
+        self.quantum = max(1, self.byte_cap // 4)
+        """Bytes of one slot's records per visit before the next slot's turn (fairness)."""
+        self.poll_budget = 4 * self.byte_cap
+        """Bytes of records one poll packs at most (the rest waits for the next poll)."""
         self.eager_budget = self.byte_cap if eager_budget is None else eager_budget
         """The largest batch the messenger sends inline to the peer. A singleton above it
         is staged, so it must name its stream and fence its slot; this has to be the
@@ -383,6 +387,11 @@ class EgressBatcher:
 
     # -- flushing ------------------------------------------------------------------------
 
+    @property
+    def has_ready(self) -> bool:
+        """Some slot has records it may send now (a poll that hit its budget left them)."""
+        return bool(self._ready)
+
     def kick(self) -> None:
         """``flush_batch()``: write what is staged at the next poll (survives a clamp)."""
         self._kick = True
@@ -450,15 +459,50 @@ class EgressBatcher:
         carries_data = False
         ready = self._ready
         if ready:
-            # Every ready slot is visited once and leaves the ready set: afterwards it is
-            # empty, out of credit, fenced, or closed, and whatever makes it sendable again
-            # (an offer, a grant, a lifted fence) puts it back.
-            slots = list(ready.values())
-            ready.clear()
-            fits = builder.fits
-            add_data = builder.add_data
-            stats = self.stats
-            for slot in slots:
+            guards, carries_data = self._pack_ready(out, guards, carries_data)
+        self._add_replies(out, guards, carries_data)
+        self._staged_since = None
+        if builder.count:
+            out.append(self._finish(guards, carries_data))
+        if any(batch.carries_data for batch in out):
+            self._last_data_write = now
+        return out
+
+    def _pack_ready(
+        self, out: list[OutgoingBatch], guards: list[Any], carries_data: bool
+    ) -> tuple[list[Any], bool]:
+        """Pack the ready slots, fairly and boundedly.
+
+        Fair: slots are served in rounds, each visit taking at most ``quantum`` bytes of a
+        slot's records (at least one record), so 64 streams of 16 KiB items interleave
+        item by item instead of one stream's whole credit window going out before the
+        next stream's first item (which, behind a slow lane, starved the last streams
+        past their watchdogs). A token workload, one record per slot per pass, is one
+        round. Bounded: one poll packs at most ``poll_budget`` bytes of records; the
+        slots left over stay ready, in their order, and the next poll (the driver wakes
+        again at once) writes them whatever the policy. So a poll never hands the
+        transport more than a few batches beyond what it admits, and a parked batcher
+        really stops draining its slots.
+
+        A visited slot leaves the ready set unless it is carried to the next round:
+        afterwards it is empty, out of credit, fenced or closed, and whatever makes it
+        sendable again (an offer, a grant, a lifted fence) puts it back.
+        """
+        builder = self._builder
+        ready = self._ready
+        slots = list(ready.values())
+        ready.clear()
+        fits = builder.fits
+        add_data = builder.add_data
+        stats = self.stats
+        quantum = self.quantum
+        budget = self.poll_budget
+        while slots:
+            carried: list[EgressSlot] = []
+            for position, slot in enumerate(slots):
+                if budget <= 0:
+                    carried = slots[position:] + carried
+                    break
                 if not slot.live:
                     continue
                 queue = slot.queue
@@ -467,7 +511,7 @@ class EgressBatcher:
                 seq = slot.next_seq
                 sid = slot.slot_id
                 taken = 0
-                while queue and credit > 0:
+                while queue and credit > 0 and taken < quantum:
                     body, terminal = queue[0]
                     if terminal or not fits(len(body)):
                         break
@@ -482,35 +526,50 @@ class EgressBatcher:
                     slot.credit = credit
                     slot.queued_bytes -= taken
                     carries_data = True
-                if not queue:
+                if queue and (queue[0][1] or (credit > 0 and taken < quantum)):
+                    # A terminal, a full batch or a record no batch can hold.
+                    guards, carries_data, more = self._pack_slot(
+                        slot, out, guards, carries_data, quantum - taken
+                    )
+                    taken += more
+                budget -= taken
+                if not queue or not slot.live or slot.fenced:
                     continue
-                if credit <= 0 and not queue[0][1]:
+                if slot.credit <= 0 and not queue[0][1]:
                     if not slot.exhausted_once:
                         slot.exhausted_once = True
                         stats.credit_exhausted += 1
                     continue
-                # A terminal, a full batch or a record no batch can hold: the general rules.
-                guards, carries_data = self._pack_slot(slot, out, guards, carries_data)
-        self._add_replies(out, guards, carries_data)
-        self._staged_since = None
-        if builder.count:
-            out.append(self._finish(guards, carries_data))
-        if any(batch.carries_data for batch in out):
-            self._last_data_write = now
-        return out
+                carried.append(slot)  # its quantum is spent; it goes again next round
+            slots = carried
+            if budget <= 0:
+                break
+        if slots:
+            for slot in slots:
+                if slot.live:
+                    ready[slot.index] = slot
+            self._kick = True  # the rest goes at the next poll, whatever the policy
+        return guards, carries_data
 
     def _pack_slot(
-        self, slot: EgressSlot, out: list[OutgoingBatch], guards: list[Any], carries_data: bool
-    ) -> tuple[list[Any], bool]:
+        self,
+        slot: EgressSlot,
+        out: list[OutgoingBatch],
+        guards: list[Any],
+        carries_data: bool,
+        limit: int,
+    ) -> tuple[list[Any], bool, int]:
         """Pack one slot's queue record by record, with every rule: a terminal and its
         close, a batch that fills up (finished into ``out``), a record no batch can hold
-        (a singleton). Returns the guards of the batch still open and whether that batch
-        carries data."""
+        (a singleton); data records stop once ``limit`` bytes were taken (a terminal is
+        never held back by it). Returns the guards of the batch still open, whether that
+        batch carries data, and the bytes taken."""
         builder = self._builder
         queue = slot.queue
+        taken = 0
         while queue:
             body, terminal = queue[0]
-            if not terminal and slot.credit <= 0:
+            if not terminal and (slot.credit <= 0 or taken >= limit):
                 break
             # A terminal needs room for its CloseSlot too (13 B header + 1 B reason).
             needed = len(body) + (14 if terminal else 0)
@@ -520,6 +579,7 @@ class EgressBatcher:
                     # fences the slot; an inline one rides the ordered lane, so the slot's
                     # next records may follow it at once.
                     out.append(self._singleton(slot, body, terminal))
+                    taken += len(body)
                     if terminal or slot.fenced:
                         break
                     continue
@@ -527,6 +587,7 @@ class EgressBatcher:
                 guards, carries_data = [], False
                 continue
             queue.popleft()
+            taken += len(body)
             slot.queued_bytes -= len(body)
             builder.add_data(slot.slot_id, slot.next_seq, body)
             slot.next_seq += 1
@@ -550,7 +611,7 @@ class EgressBatcher:
             if slot.credit <= 0 and queue and not slot.exhausted_once:
                 slot.exhausted_once = True
                 self.stats.credit_exhausted += 1
-        return guards, carries_data
+        return guards, carries_data, taken
 
     def _singleton(self, slot: EgressSlot, body: bytes, terminal: bool) -> OutgoingBatch:
         """The head record of ``slot``, too large for any batch, in a batch of its own.

@@ -2,11 +2,18 @@
 
 A producer whose slots hold no credit sends nothing, so nothing it does would ever fail
 if the consumer's node died: its senders would wait on credit forever. While any batcher
-to a peer has live slots, one task per peer (not per lane, stream or record) asks the
-peer's messenger ``_health`` every ``health_check_interval``; a failed or late answer is
-epoch death on every lane to that peer: the slots close, their producers' cancel and stop
-tokens fire, their next sends fail. The check does not change the negotiated transport or
-permit a fallback. The task ends by itself once no batcher to the peer has live slots.
+to a peer has live slots, one task per peer (not per lane, stream or record) checks the
+transport to that peer every ``health_check_interval``: a QUIC PING round trip on the
+connection the batches ride, answered by the peer's QUIC stack as soon as the packet
+arrives. A failed or late answer is epoch death on every lane to that peer: the slots
+close, their producers' cancel and stop tokens fire, their next sends fail. The check does
+not change the negotiated transport or permit a fallback. The task ends by itself once no
+batcher to the peer has live slots.
+
+Why not a ``_health`` message: it would ride lane 0 behind every batch already queued
+there, so a lane that is merely slow (bulk items through a lossy path) would fail the
+check and kill healthy streams. A PING is answered at the packet level, ahead of stream
+data, so only a peer that stopped answering at all fails it.
 """
 
 from __future__ import annotations
@@ -64,7 +71,7 @@ class PeerHealth:
                     return
                 self.checks += 1
                 try:
-                    await self._messenger.check_health(peer, timeout=self._timeout)
+                    await self._messenger.transport.check_health(peer, timeout=self._timeout)
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
