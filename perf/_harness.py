@@ -42,6 +42,7 @@ __all__ = [
     "BenchFailure",
     "Child",
     "Window",
+    "busy_before",
     "describe",
     "die_with_parent",
     "expect_line",
@@ -414,6 +415,19 @@ async def other_cpu_busy(seconds: float = 0.5) -> float | None:
         return None
     total = total_after - total_before
     return (busy_after - busy_before) / total if total > 0 else None
+
+
+async def busy_before(tag: str, threshold: float = 0.2) -> float | None:
+    """Sample :func:`other_cpu_busy` before a run and warn on stderr when other work held
+    more than ``threshold`` of the CPUs: that run's figures are disturbed."""
+    busy = await other_cpu_busy()
+    if busy is not None and busy > threshold:
+        print(
+            f"warning: {busy:.0%} of the CPUs were busy with other work just before {tag}; "
+            "its figures are disturbed",
+            file=sys.stderr,
+        )
+    return busy
 
 
 def package_version(name: str) -> str:

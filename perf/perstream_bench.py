@@ -92,12 +92,12 @@ from _harness import (
     BenchFailure,
     Child,
     Window,
+    busy_before,
     describe,
     expect_line,
     loop_environment,
     median_of,
     ok_runs,
-    other_cpu_busy,
     package_version,
     print_counters,
     profile_report,
@@ -754,13 +754,7 @@ async def orchestrate(args: argparse.Namespace) -> int:
         # Interleaved: run 1 of every arm, then run 2 of every arm, ...
         for number in range(args.runs):
             for arm in arms:
-                busy = await other_cpu_busy()
-                if busy is not None and busy > 0.2:
-                    print(
-                        f"warning: {busy:.0%} of the CPUs were busy with other work just before "
-                        f"{arm} run {number + 1}; its figures are disturbed",
-                        file=sys.stderr,
-                    )
+                busy = await busy_before(f"{arm} run {number + 1}")
                 try:
                     result = await one_run(args, arm, nodes, workdir, number)
                 except BenchFailure as exc:

@@ -100,6 +100,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from _harness import busy_before
 from aioquic.asyncio.protocol import QuicConnectionProtocol
 from aioquic.buffer import Buffer
 from aioquic.quic import events
@@ -1295,25 +1296,6 @@ def _package_version(name: str) -> str:
         return "unknown"
 
 
-async def _other_cpu_busy(seconds: float = 0.5) -> float | None:
-    """Share of all CPUs busy over ``seconds`` while no child runs (Linux), else None."""
-
-    def sample() -> tuple[int, int]:
-        with open("/proc/stat") as stat:
-            fields = [int(value) for value in stat.readline().split()[1:]]
-        idle = fields[3] + fields[4]  # idle + iowait
-        return sum(fields) - idle, sum(fields)
-
-    try:
-        busy_before, total_before = sample()
-        await asyncio.sleep(seconds)
-        busy_after, total_after = sample()
-    except (OSError, ValueError, IndexError):
-        return None
-    total = total_after - total_before
-    return (busy_after - busy_before) / total if total > 0 else None
-
-
 def _progress(arm: Arm, number: int, runs: int, result: dict[str, Any]) -> str:
     where = f"{arm.key} run {number + 1}/{runs}"
     if "failed" in result:
@@ -1368,13 +1350,7 @@ async def orchestrate(args: argparse.Namespace) -> int:
         nodes = ensure_dev_cluster(Path(tmp), ("producer", "consumer"))
         for number in range(args.runs):  # interleaved: run 1 of every arm, then run 2, ...
             for arm in arms:
-                busy = await _other_cpu_busy()
-                if busy is not None and busy > 0.2:
-                    print(
-                        f"warning: {busy:.0%} of the CPUs were busy with other work just before "
-                        f"{arm.key} run {number + 1}; its figures are disturbed",
-                        file=sys.stderr,
-                    )
+                busy = await busy_before(f"{arm.key} run {number + 1}")
                 try:
                     result = await one_run(args, arm, nodes, number)
                 except BenchFailure as exc:

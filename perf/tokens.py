@@ -107,13 +107,13 @@ from _harness import (
     BenchFailure,
     Child,
     Window,
+    busy_before,
     describe,
     die_with_parent,
     expect_line,
     loop_environment,
     median_of,
     ok_runs,
-    other_cpu_busy,
     package_version,
     print_counters,
     profile_report,
@@ -1314,13 +1314,7 @@ async def orchestrate(args: argparse.Namespace) -> int:
             for number in range(args.runs):
                 for impl in impls:
                     tag = f"{scenario.name} {impl} run {number + 1}/{args.runs}"
-                    busy = await other_cpu_busy()
-                    if busy is not None and busy > 0.2:
-                        print(
-                            f"warning: {busy:.0%} of the CPUs were busy with other work just "
-                            f"before {tag}; its figures are disturbed",
-                            file=sys.stderr,
-                        )
+                    busy = await busy_before(tag)
                     try:
                         result = await one_run(args, scenario, impl, number + 1, nodes, workdir)
                     except BenchFailure as exc:
