@@ -115,6 +115,11 @@ class Node:
     def add_peer(self, instance_id: InstanceId, address: tuple[str, int], name: str = "") -> None:
         self.messenger.add_peer(instance_id, address, name)
 
+    def remove_peer(self, instance_id: InstanceId) -> None:
+        """Evict a peer: forget its address; every stream this node produces to it ends
+        (epoch death on its lanes), so its senders' cancel tokens fire and sends fail."""
+        self.messenger.remove_peer(instance_id)
+
     # -- streams -------------------------------------------------------------------------
 
     def create_anchor(self, *, unattached_timeout: float | None = None) -> StreamAnchor:

@@ -256,3 +256,23 @@ async def test_async_open_ack_returns_before_admission_and_keeps_order(
     # sent at once queue behind it on the lane, so every stream arrives whole and in order.
     await finish(senders, anchors, records=10)
     assert metric(b, "velo_streaming_mux_records_dropped_total", 'reason="closed_slot"') == 0
+
+
+async def test_evicting_a_peer_ends_the_streams_produced_to_it(start_nodes: StartNode) -> None:
+    a, b = await pair(start_nodes, lanes=2)
+    c = await start_nodes("c")
+    a.add_peer(c.instance_id, c.address)
+    anchors = [b.create_anchor() for _ in range(4)]
+    senders = [await a.attach_anchor(x.handle) for x in anchors]
+    other_anchor = c.create_anchor()
+    other = await a.attach_anchor(other_anchor.handle)
+    a.remove_peer(b.instance_id)  # discovery dropped it, or the application did
+    for sender in senders:
+        assert sender.cancelled.is_set()
+        with pytest.raises(ChannelClosed):
+            await sender.send("after eviction")
+    await other.send("unaffected")  # streams to other peers go on
+    other.finalize()
+    async with asyncio.timeout(20):
+        assert [item async for item in other_anchor] == ["unaffected"]
+    assert metric(a, "velo_streaming_mux_epoch_deaths_total") >= 1

@@ -249,6 +249,10 @@ class Messenger(TransportHandler):
             PeerRecord(instance_id=instance_id, address=address, name=name, updated_at=time.time())
         )
 
+    def remove_peer(self, instance_id: InstanceId) -> None:
+        """Forget a peer (eviction): its address goes, and the mux ends its streams."""
+        self.peers.remove(instance_id)
+
     def _peer_changed(self, record: PeerRecord | None, instance_id: InstanceId) -> None:
         if self._transport is None:
             return

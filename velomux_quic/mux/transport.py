@@ -133,6 +133,7 @@ class MuxTransport(Collector):
         messenger.add_staged_refusal_hook(self._on_staged_refusal)
         messenger.registry.register(self)
         self._health = PeerHealth(messenger, config, self._drivers_of)
+        self._unsubscribe = messenger.peers.subscribe(self._peer_changed)
         self._sweeper = self._loop.create_task(self._sweep())
 
     # -- StreamTransport: consumer -------------------------------------------------------
@@ -393,6 +394,16 @@ class MuxTransport(Collector):
         self._egress_retired[2] += stats.control_refused
         self._egress_retired[3] += stats.epoch_deaths
 
+    def _peer_changed(self, record: object, peer: InstanceId) -> None:
+        """Peer eviction (discovery or the application removed the peer) is epoch death on
+        every lane to it: its producers' streams end now, not at a failed send."""
+        if record is not None:
+            return
+        for driver in self._drivers_of(peer):
+            if driver.batcher.live_slots:
+                logger.info("peer %s evicted: ending its %d slots", peer, driver.batcher.live_slots)
+                driver.peer_lost()
+
     def _lane_reset(self, peer: InstanceId, lane: int) -> None:
         """The peer cut one lane's stream: the batches in flight on it are lost, so every
         slot it carried has a gap that can never close. End them now (``Dropped``) rather
@@ -404,6 +415,7 @@ class MuxTransport(Collector):
 
     async def close(self) -> None:
         self._closed = True
+        self._unsubscribe()
         self._sweeper.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._sweeper
