@@ -51,6 +51,7 @@ from .metrics import StreamingMetrics
 from .perstream import PerStreamTransport
 from .sender import SenderState, StreamSender
 from .transports import AttachTerms, BindTerms, StreamTransport, TransportRegistry
+from .zero_rtt import ZeroRtt
 
 __all__ = ["DETECTION_MULTIPLIER", "AnchorManager", "StreamingConfig"]
 
@@ -95,6 +96,7 @@ class AnchorManager(TransportHandler):
         messenger.register_system("_mpsc_anchor_attach", partial(self._attach_handler, mpsc=True))
         messenger.register_system("_stream_cancel", self._cancel_handler)
         messenger.register_system("_stream_stop", self._stop_handler)
+        self._zero_rtt = ZeroRtt(self)
         self.transports = TransportRegistry(default_key=PER_STREAM_KEY)
         if per_stream:  # a mux-only node installs no per-stream listener
             stream_path = PerStreamTransport(messenger, self.config, self.metrics)
@@ -107,7 +109,7 @@ class AnchorManager(TransportHandler):
         """Add a streaming transport (the node installs the mux here when it is enabled)."""
         self.transports.install(transport)
         if hasattr(transport, "on_bind_expired"):  # the mux's accept window reaps here
-            transport.on_bind_expired = self._bind_expired
+            transport.on_bind_expired = self._zero_rtt.bind_expired
 
     def _mux(self) -> Any:
         """The installed mux transport (pre-binds, lanes, lifecycle), or None."""
@@ -328,7 +330,7 @@ class AnchorManager(TransportHandler):
         if entry.mpsc != mpsc:
             return f"wrong_handle_kind: {handle} is {'MPSC' if entry.mpsc else 'SPSC'}"
         if entry.prebind is not None:
-            return self._adopt(peer, entry, entry.prebind, request)
+            return self._zero_rtt.adopt(peer, entry, entry.prebind, request)
         if not mpsc and entry.attached:
             return f"already_attached: {handle} has a live sender"
         if mpsc and entry.max_senders is not None and entry.sender_count >= entry.max_senders:
@@ -373,55 +375,6 @@ class AnchorManager(TransportHandler):
             entry.unattached_timer.cancel()
             entry.unattached_timer = None
         return remote
-
-    def _adopt(
-        self,
-        peer: InstanceId,
-        entry: AnchorEntry,
-        remote: RemoteSender,
-        request: AnchorAttachRequest | MpscAnchorAttachRequest,
-    ) -> AnchorAttachOk | MpscAnchorAttachOk | str:
-        """An ordinary attach meets a pre-bind: it adopts the waiting slot and the ticket's
-        session if nothing claimed it yet and the sender can speak the mux; otherwise the
-        attach is refused (and a sender without the mux releases the pre-bind, so its
-        retry attaches the ordinary way)."""
-        mux = self._mux()
-        if mux is None or not remote.prebound or mux.claimed(entry, remote):
-            return f"already_attached: {entry.handle}'s pre-bind was claimed by a ticket"
-        if MESSENGER_MUX_KEY not in request.supported_transport_keys:
-            self._release_prebind(entry, remote)
-            return (
-                f"no_common_transport: {entry.handle} is pre-bound on {MESSENGER_MUX_KEY}, "
-                f"offered {list(request.supported_transport_keys)}; the pre-bind is released"
-            )
-        terms = mux.adopt(entry, remote, peer)
-        remote.node = peer
-        remote.prebound = False
-        remote.sender_stream_id = request.stream_cancel_handle[1]
-        entry.prebind = None
-        entry.attached = True
-        return self._attach_ok(entry, remote, terms, mpsc=entry.mpsc)
-
-    def _release_prebind(self, entry: AnchorEntry, remote: RemoteSender) -> None:
-        """Give an unclaimed pre-bind back: its slot, its lane load, its feed."""
-        entry.senders.pop(remote.sender_id, None)
-        self._forget_sender(entry, remote)
-        entry.inbox.withdraw_feed(remote.sender_id)
-        if entry.sender_count == 0:
-            entry.attached = False
-            self._arm_unattached(entry)
-
-    def _bind_expired(self, entry: AnchorEntry, remote: RemoteSender) -> None:
-        """The accept window closed and no OpenSlot claimed the bind: the consumer reads
-        Dropped (SenderDropped), as it would for a sender that vanished."""
-        if entry.senders.get(remote.sender_id) is not remote:
-            return
-        self.metrics.unclaimed_bind_reaped += 1
-        logger.info("accept window closed unclaimed: local_id=%x", entry.local_id)
-        entry.senders.pop(remote.sender_id, None)
-        self._forget_sender(entry, remote)
-        entry.inbox.withdraw_feed(remote.sender_id)
-        entry.inbox.inject(DROPPED, remote.sender_id)
 
     def _attach_ok(
         self, entry: AnchorEntry, remote: RemoteSender, terms: BindTerms, *, mpsc: bool
@@ -594,80 +547,20 @@ class AnchorManager(TransportHandler):
         self._start_heartbeats()
         return StreamSender(state)
 
-    # -- zero-RTT: pre-bind (consumer) and open (producer) -------------------------------
+    # -- zero-RTT: pre-bind (consumer) and open (producer), see zero_rtt.py --------------
 
     def prebind_anchor(
         self, handle: StreamAnchorHandle, *, key: int | None = None
     ) -> StreamOpenTicket | None:
-        """Do the attach handler's work now, before any sender asks, and return the ticket
-        a producer opens the stream with (:meth:`open_anchor_stream`) with no attach round
-        trip. None when no mux is installed (silently), or, logged and counted, for an
-        MPSC anchor, another node's handle, an anchor already attached or pre-bound, or
-        one that is gone. ``key`` places the stream as in :meth:`attach_anchor`.
-        """
-        mux = self._mux()
-        if mux is None:
-            return None
-        entry = self._anchors.get(handle.local_id) if handle.worker_id == self.worker_id else None
-        why = None
-        if entry is None or entry.finished:
-            why = "no such anchor on this node"
-        elif entry.mpsc:
-            why = "an MPSC anchor cannot be pre-bound"
-        elif entry.attached or entry.prebind is not None or entry.sender_count:
-            why = "already attached or pre-bound"
-        if why is not None or entry is None:
-            logger.debug("prebind_anchor(%s) refused: %s", handle, why)
-            self.metrics.anchor_operations.labels("prebind", "error", "none").inc()
-            return None
-        remote = self._new_remote(entry, None, MESSENGER_MUX_KEY, key)
-        entry.prebind = remote
-        terms = mux.bind(entry, remote)
-        self._arm_watchdog(entry, remote, entry.heartbeat_interval)
-        self.metrics.anchor_operations.labels("prebind", "success", MESSENGER_MUX_KEY).inc()
-        return StreamOpenTicket(
-            streaming_transport_key=MESSENGER_MUX_KEY,
-            heartbeat_interval_ms=int(entry.heartbeat_interval * 1000),
-            routing_session_id=remote.session_id,
-            initial_credit=terms.initial_credit,
-            slot_byte_budget=terms.slot_byte_budget,
-            lane=terms.lane,
-        )
+        """Bind the anchor's mux slot now and return the ticket a producer opens it with,
+        saving the attach round trip (None without a mux; see :meth:`ZeroRtt.prebind`)."""
+        return self._zero_rtt.prebind(handle, key=key)
 
     async def open_anchor_stream(
         self, handle: StreamAnchorHandle, ticket: StreamOpenTicket
     ) -> StreamSender:
-        """Open a stream on a pre-bound anchor with its ticket: the first batch carries the
-        OpenSlot that claims the bind; no ``_anchor_attach`` crosses the wire."""
-        if handle.is_mpsc:
-            raise WrongHandleKind(f"{handle} is an MPSC handle; tickets are single-sender", handle)
-        if handle.worker_id == self.worker_id:
-            raise AttachRefused(
-                f"{handle} was minted on this node: use attach_anchor here, not a ticket", handle
-            )
-        transport = self.transports.get(ticket.streaming_transport_key)
-        if transport is None:
-            raise AttachRefused(
-                f"the ticket names {ticket.streaming_transport_key!r}, which this node cannot "
-                "connect on",
-                handle,
-            )
-        peer = self._peer_of(handle.worker_id)
-        if peer is None:
-            raise AttachRefused(f"no known node has WorkerId {handle.worker_id:#x}", handle)
-        sender_stream_id = self._next_sender_stream
-        self._next_sender_stream += 1
-        terms = AttachTerms(
-            peer=peer,
-            handle=handle,
-            routing_session_id=ticket.routing_session_id,
-            heartbeat_interval=ticket.heartbeat_interval_ms / 1000.0,
-            sender_id=0,
-            initial_credit=ticket.initial_credit,
-            slot_byte_budget=ticket.slot_byte_budget,
-            lane=ticket.lane,
-        )
-        return await self._connect(transport, terms, sender_stream_id)
+        """Producer side of a ticket: open the stream with no attach message."""
+        return await self._zero_rtt.open(handle, ticket)
 
     def _attach_local(self, handle: StreamAnchorHandle, mpsc: bool) -> StreamSender:
         entry = self._anchors.get(handle.local_id)
@@ -679,7 +572,7 @@ class AnchorManager(TransportHandler):
             if mux is not None and mux.claimed(entry, prebound):
                 raise AlreadyAttached(f"{handle}'s pre-bind was claimed by a ticket", handle)
             # A same-worker sender writes into the anchor directly and never claims the slot.
-            self._release_prebind(entry, prebound)
+            self._zero_rtt.release(entry, prebound)
         if not mpsc and entry.attached:
             raise AlreadyAttached(f"{handle} has a live sender", handle)
         if mpsc and entry.max_senders is not None and entry.sender_count >= entry.max_senders:
