@@ -1,9 +1,9 @@
 """Zero-RTT streams: the pre-bind (consumer) and the ticket's open (producer).
 
 The receiver chooses every field of an attach answer by itself, so it can bind a stream's
-slot before any sender asks (:meth:`~ZeroRtt.prebind_anchor`) and hand the application a
+slot before any sender asks (:meth:`~ZeroRtt.prebind`) and hand the application a
 :class:`StreamOpenTicket`; the producer then opens the stream with the ticket
-(:meth:`~ZeroRtt.open_anchor_stream`) and its first batch's OpenSlot claims the bind, with no
+(:meth:`~ZeroRtt.open`) and its first batch's OpenSlot claims the bind, with no
 ``_anchor_attach`` on the wire. The rules around a pre-bind (adoption by an ordinary attach,
 release, expiry) live here too; the mux keeps the binds themselves (``mux/binds.py``).
 """
