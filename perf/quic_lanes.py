@@ -84,7 +84,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import importlib.metadata
 import json
 import os
 import platform
@@ -95,12 +94,12 @@ import struct
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from _harness import busy_before
+from _harness import busy_before, package_version, say, stdin_reader, watched
 from aioquic.asyncio.protocol import QuicConnectionProtocol
 from aioquic.buffer import Buffer
 from aioquic.quic import events
@@ -261,17 +260,6 @@ class Window:
         return {"cpu_user_s": usage.ru_utime - self.user, "cpu_sys_s": usage.ru_stime - self.system}
 
 
-def _say(word: str, payload: dict[str, Any] | None = None) -> None:
-    print(word if payload is None else f"{word} {json.dumps(payload)}", flush=True)
-
-
-async def _stdin() -> asyncio.StreamReader:
-    reader = asyncio.StreamReader()
-    loop = asyncio.get_running_loop()
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    return reader
-
-
 async def _expect_line(reader: asyncio.StreamReader, word: str) -> dict[str, Any]:
     """The next line from the benchmark, which must be ``word`` (and optional JSON)."""
     line = (await reader.readline()).decode().strip()
@@ -371,7 +359,7 @@ async def _read_items(anchor: StreamAnchor, index: int, tally: Tally) -> None:
 
 
 async def mux_consumer_main(args: argparse.Namespace) -> int:
-    stdin = await _stdin()
+    stdin = await stdin_reader()
     async with await _start_node(args) as node:
         anchors = [node.create_anchor() for _ in range(args.streams)]
         tally = Tally(args.streams, args.items)
@@ -381,7 +369,7 @@ async def mux_consumer_main(args: argparse.Namespace) -> int:
         ]
         try:
             host, port = node.address
-            _say(
+            say(
                 "ready",
                 {
                     "instance_id": str(node.instance_id),
@@ -392,7 +380,7 @@ async def mux_consumer_main(args: argparse.Namespace) -> int:
             await _expect_line(stdin, "go")
             window, datagrams = Window.open(), _datagrams(node)
             tally.armed = window.at
-            _say("armed", {"at": window.at})
+            say("armed", {"at": window.at})
             try:
                 async with asyncio.timeout(args.timeout):
                     await asyncio.gather(*readers)
@@ -401,7 +389,7 @@ async def mux_consumer_main(args: argparse.Namespace) -> int:
                     f"no end after {args.timeout:g} s: {tally.shortfall()}"
                 ) from None
             ended_at = time.perf_counter()
-            _say(
+            say(
                 "result",
                 {
                     "items": tally.received,
@@ -464,7 +452,7 @@ async def send_stream(sender: StreamSender, index: int, items: int) -> None:
 
 
 async def mux_producer_main(args: argparse.Namespace) -> int:
-    stdin = await _stdin()
+    stdin = await stdin_reader()
     async with await _start_node(args) as node:
         peer = await _expect_line(stdin, "peer")
         consumer = InstanceId.parse(peer["instance_id"])
@@ -480,7 +468,7 @@ async def mux_producer_main(args: argparse.Namespace) -> int:
         transports = sorted({str(sender.negotiated_transport()) for sender in senders})
         if transports != [MESSENGER_MUX_KEY]:
             raise BenchFailure(f"attached over {transports}, not only {MESSENGER_MUX_KEY}")
-        _say("attached", {"attach_s": attach_s, "lanes": node.messenger.transport.lanes(consumer)})
+        say("attached", {"attach_s": attach_s, "lanes": node.messenger.transport.lanes(consumer)})
 
         await _expect_line(stdin, "go")
         lanes.reset()
@@ -500,7 +488,7 @@ async def mux_producer_main(args: argparse.Namespace) -> int:
             raise BenchFailure(f"streams retired as {outcomes}, expected only 'sent'")
         await _expect_line(stdin, "done")  # the consumer has every item
         cpu = window.close()
-        _say(
+        say(
             "result",
             {
                 "first_send_at": window.at,
@@ -688,7 +676,7 @@ def _raw_configuration(args: argparse.Namespace, *, is_client: bool) -> QuicConf
 
 
 async def raw_receiver_main(args: argparse.Namespace) -> int:
-    stdin = await _stdin()
+    stdin = await stdin_reader()
     credentials = NodeCredentials.load(args.credentials)
     configuration = _raw_configuration(args, is_client=False)
     configuration.certificate = credentials.certificate
@@ -701,10 +689,10 @@ async def raw_receiver_main(args: argparse.Namespace) -> int:
     )
     try:
         host, port = transport.get_extra_info("sockname")[:2]
-        _say("ready", {"address": [host, port]})
+        say("ready", {"address": [host, port]})
         await _expect_line(stdin, "go")
         window, datagrams = Window.open(), server.count.snapshot()
-        _say("armed", {"at": window.at})
+        say("armed", {"at": window.at})
         try:
             async with asyncio.timeout(args.timeout):
                 await server.connected.wait()
@@ -715,7 +703,7 @@ async def raw_receiver_main(args: argparse.Namespace) -> int:
         if server.peer.failure is not None:
             raise server.peer.failure
         ended_at = time.perf_counter()
-        _say(
+        say(
             "result",
             {
                 "items": tally.received,
@@ -735,7 +723,7 @@ async def raw_receiver_main(args: argparse.Namespace) -> int:
 
 
 async def raw_sender_main(args: argparse.Namespace) -> int:
-    stdin = await _stdin()
+    stdin = await stdin_reader()
     credentials = NodeCredentials.load(args.credentials)
     configuration = _raw_configuration(args, is_client=True)
     cadata = b"".join(root.public_bytes(Encoding.PEM) for root in credentials.trust_roots)
@@ -752,7 +740,7 @@ async def raw_sender_main(args: argparse.Namespace) -> int:
         protocol.connect((peer["address"][0], int(peer["address"][1])))
         async with asyncio.timeout(args.timeout):
             await protocol.wait_connected()
-        _say("attached", {"attach_s": time.perf_counter() - started, "lanes": args.arm_lanes})
+        say("attached", {"attach_s": time.perf_counter() - started, "lanes": args.arm_lanes})
         await _expect_line(stdin, "go")
         window, datagrams = Window.open(), count.snapshot()
         # Client-initiated unidirectional streams are 4k + 2 (RFC 9000, 2.1); aioquic's
@@ -769,7 +757,7 @@ async def raw_sender_main(args: argparse.Namespace) -> int:
         sent_at = time.perf_counter()
         await _expect_line(stdin, "done")  # the receiver has every item
         cpu = window.close()
-        _say(
+        say(
             "result",
             {
                 "first_send_at": window.at,
@@ -883,32 +871,6 @@ class Child:
             print(f"warning: the {self.name} survived SIGKILL", file=sys.stderr)
 
 
-async def _watched(
-    awaitable: Awaitable[T], others: Sequence[Child], what: str, timeout: float
-) -> T:
-    """Await ``awaitable``; fail if it takes ``timeout`` or another child dies meanwhile."""
-    main = asyncio.ensure_future(awaitable)
-    deaths = {asyncio.ensure_future(child.process.wait()): child for child in others}
-    try:
-        done, _ = await asyncio.wait(
-            {main, *deaths}, timeout=timeout, return_when="FIRST_COMPLETED"
-        )
-        if main in done:
-            return main.result()
-        for death, child in deaths.items():
-            if death in done:
-                reason = await child.last_words()
-                raise BenchFailure(
-                    f"{what}: the {child.name} exited with code {child.process.returncode} "
-                    f"meanwhile: {reason or '(its stderr is above)'}"
-                )
-        raise BenchFailure(f"{what}: nothing after {timeout:g} s")
-    finally:
-        for task in (main, *deaths):
-            task.cancel()
-        await asyncio.gather(main, *deaths, return_exceptions=True)
-
-
 def _child_command(args: argparse.Namespace, arm: Arm, role: str, credentials: Path) -> list[str]:
     command = [
         sys.executable, str(Path(__file__).resolve()),
@@ -972,13 +934,13 @@ async def _start(
     receiver, sender = ("consumer", "producer") if arm.system == "mux" else ("receiver", "sender")
     consumer = await Child.spawn(receiver, _child_command(args, arm, receiver, nodes["consumer"]))
     children.append(consumer)
-    ready = await _watched(consumer.expect("ready"), [], f"starting the {receiver}", timeout)
+    ready = await watched(consumer.expect("ready"), [], f"starting the {receiver}", timeout)
     address = ready["address"]
     proxy: Child | None = None
     if arm.condition == "impaired":
         proxy = await Child.spawn("proxy", _proxy_command(args, address, number))
         children.append(proxy)
-        where = await _watched(
+        where = await watched(
             proxy.expect_json("its address"), [consumer], "starting the proxy", timeout
         )
         address = [where["host"], where["port"]]
@@ -986,7 +948,7 @@ async def _start(
     children.append(producer)
     cast = Cast(consumer, proxy, producer)
     producer.send("peer", {**ready, "address": address})
-    attached = await _watched(
+    attached = await watched(
         producer.expect("attached"), cast.others(producer), "attaching", timeout
     )
     return cast, attached
@@ -996,14 +958,14 @@ async def _measure(args: argparse.Namespace, cast: Cast) -> tuple[dict[str, Any]
     """Arm the consumer, start the producer, and collect both reports."""
     consumer, producer, timeout = cast.consumer, cast.producer, args.timeout
     consumer.send("go")
-    await _watched(consumer.expect("armed"), cast.others(consumer), "arming", timeout)
+    await watched(consumer.expect("armed"), cast.others(consumer), "arming", timeout)
     producer.send("go")
     # Generous: each child enforces ``timeout`` itself and explains what is stuck.
-    received = await _watched(
+    received = await watched(
         consumer.expect("result"), cast.others(consumer), "streaming", 2 * timeout
     )
     producer.send("done")
-    sent = await _watched(
+    sent = await watched(
         producer.expect("result"), cast.others(producer), f"{producer.name} report", timeout
     )
     return sent, received
@@ -1019,7 +981,7 @@ async def _stop(args: argparse.Namespace, cast: Cast) -> dict[str, Any] | None:
     if cast.proxy is None:
         return None
     cast.proxy.close_stdin()
-    counters = await _watched(
+    counters = await watched(
         cast.proxy.expect_json("its counters"), [], "stopping the proxy", args.timeout
     )
     if await cast.proxy.finish(args.timeout) != 0:
@@ -1289,13 +1251,6 @@ def replot(source: Path, target: Path) -> int:
     return 0
 
 
-def _package_version(name: str) -> str:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
-
-
 def _progress(arm: Arm, number: int, runs: int, result: dict[str, Any]) -> str:
     where = f"{arm.key} run {number + 1}/{runs}"
     if "failed" in result:
@@ -1392,9 +1347,9 @@ def _environment_of(by_arm: dict[Arm, list[dict[str, Any]]]) -> dict[str, Any]:
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
         "loop": ", ".join(loops) or "unknown",
-        "aioquic": _package_version("aioquic"),
-        "uvloop": _package_version("uvloop"),
-        "velomux_quic": _package_version("velomux_quic"),
+        "aioquic": package_version("aioquic"),
+        "uvloop": package_version("uvloop"),
+        "velomux_quic": package_version("velomux_quic"),
     }
 
 
@@ -1561,7 +1516,7 @@ def _child(args: argparse.Namespace) -> int:
         return code
     except Exception as exc:
         notes = getattr(exc, "__notes__", None) or []
-        _say("failed", {"error": "; ".join([f"{type(exc).__name__}: {exc}", *notes])})
+        say("failed", {"error": "; ".join([f"{type(exc).__name__}: {exc}", *notes])})
         raise
 
 

@@ -237,12 +237,25 @@ def test_data_ends_the_reply_wait_under_on_admission_and_a_close_supersedes_cred
     )
 
 
+class Closes:
+    """A slot owner that records how its slot closed."""
+
+    def __init__(self, closed: list[object]) -> None:
+        self.closed = closed
+
+    def slot_stopped(self) -> None:
+        raise AssertionError("no stop in this test")
+
+    def slot_closed(self, reason: object) -> None:
+        self.closed.append(reason)
+
+
 def test_parked_batcher_writes_nothing_and_epoch_death_closes_every_slot() -> None:
     b = batcher()
     slots = opened(b, 3)
     closed: list[object] = []
     for slot in slots:
-        slot.on_closed = closed.append
+        slot.owner = Closes(closed)
         b.offer(slot, TOKEN, 0.0)
     b.parked = True
     assert b.poll(0.0) == []

@@ -149,6 +149,19 @@ class _Node:
 # -- the model of one stream --------------------------------------------------------------
 
 
+class _ProducerOwner:
+    """The producer's side of a slot, as the batcher tells it of a close."""
+
+    def __init__(self, closed: Callable[[object], None]) -> None:
+        self._closed = closed
+
+    def slot_stopped(self) -> None:
+        raise AssertionError("nothing stops a stream in this machine")
+
+    def slot_closed(self, reason: object) -> None:
+        self._closed(reason)
+
+
 @dataclass(eq=False)
 class _Stream:
     key: int
@@ -175,7 +188,7 @@ class _Stream:
     """The consumer withdrew the feed (its anchor was cancelled)."""
     dead: bool = False
     """Epoch death closed the slot, or a refused batch carried one of its records."""
-    closed_reason: CloseReason | None = None
+    closed_reason: object = None
 
     @property
     def next_value(self) -> int:
@@ -268,14 +281,14 @@ class MuxMachine(RuleBasedStateMachine):
         self.consumer.registry.bind(anchor_id, session_id, islot, peer=PRODUCER)
         eslot = self.producer.batcher.open_slot(anchor_id, session_id, credit=credit, budget=budget)
         stream = _Stream(key, credit, anchor_id, session_id, eslot, islot)
-        eslot.on_closed = partial(self._producer_slot_closed, stream)
+        eslot.owner = _ProducerOwner(partial(self._producer_slot_closed, stream))
         previous = self.by_slot.get(eslot.slot_id)
         assert previous is None or not previous.eslot.live, "a live slot id was handed out again"
         self.by_slot[eslot.slot_id] = stream
         self.streams.append(stream)
         return stream
 
-    def _producer_slot_closed(self, stream: _Stream, reason: CloseReason | None) -> None:
+    def _producer_slot_closed(self, stream: _Stream, reason: object) -> None:
         stream.closed_reason = reason
         if reason == CloseReason.PEER_GONE:
             assert self.dying, "a slot closed as PeerGone without an epoch death"

@@ -21,7 +21,6 @@ from ..messenger import Messenger, batch_handler_name
 from ..streaming.errors import ChannelClosed
 from ..transport import SendAdmission, TransportError
 from .egress import EgressBatcher, EgressSlot, OutgoingBatch, SlotOwner
-from .protocol import CloseReason
 
 __all__ = ["BatcherDriver", "MuxChannel"]
 
@@ -174,12 +173,11 @@ def _discard_guard(guard: object) -> None:
 class MuxChannel:
     """A sender's channel into its mux slot (the ProducerChannel the mux provides)."""
 
-    __slots__ = ("_driver", "_slot", "closed_reason")
+    __slots__ = ("_driver", "_slot")
 
     def __init__(self, driver: BatcherDriver, slot: EgressSlot) -> None:
         self._driver = driver
         self._slot = slot
-        self.closed_reason: CloseReason | None = None
 
     @property
     def slot(self) -> EgressSlot:

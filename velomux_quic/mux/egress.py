@@ -200,10 +200,7 @@ class EgressBatcher:
             self._live -= 1
 
     def _close_slot(
-        self,
-        slot: EgressSlot,
-        reason: CloseReason | None,
-        told: CloseReason | LifecycleAction | None = None,
+        self, slot: EgressSlot, told: CloseReason | LifecycleAction | None = None
     ) -> None:
         """The slot ends without its own terminal (peer closed it, epoch death, cancel).
 
@@ -218,9 +215,6 @@ class EgressBatcher:
         guard, slot.guard = slot.guard, None
         if guard is not None and self.on_guard_dropped is not None:
             self.on_guard_dropped(guard)
-        callback, slot.on_closed = slot.on_closed, None
-        if callback is not None:
-            callback(reason)
         owner = slot.owner
         if owner is not None and told is not None:
             slot.owner = None
@@ -283,7 +277,7 @@ class EgressBatcher:
     def cancel_slot(self, slot: EgressSlot) -> None:
         """The local producer gave up without a terminal (its sender was cancelled)."""
         if slot.live:
-            self._close_slot(slot, None)
+            self._close_slot(slot)
 
     # -- the peer's control about our slots ----------------------------------------------
 
@@ -310,7 +304,7 @@ class EgressBatcher:
         slot = self._control_target(slot_id_)
         if slot is None:
             return False
-        self._close_slot(slot, reason, reason)
+        self._close_slot(slot, reason)
         return True
 
     def on_lifecycle(self, session_id: int, action: LifecycleAction) -> EgressSlot | None:
@@ -327,7 +321,7 @@ class EgressBatcher:
         if slot is None or not slot.live:
             return None
         if action == LifecycleAction.CANCEL:
-            self._close_slot(slot, None, LifecycleAction.CANCEL)
+            self._close_slot(slot, LifecycleAction.CANCEL)
         elif slot.owner is not None:
             slot.owner.slot_stopped()
         return slot
@@ -774,7 +768,7 @@ class EgressBatcher:
         closed = 0
         for slot in list(self._slots):
             if slot is not None and slot.live:
-                self._close_slot(slot, CloseReason.PEER_GONE, CloseReason.PEER_GONE)
+                self._close_slot(slot, CloseReason.PEER_GONE)
                 closed += 1
         self._opens.clear()
         self._ready.clear()

@@ -10,11 +10,10 @@ The state machine that moves records from slots into batches is
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .protocol import CloseReason, slot_id
+from .protocol import slot_id
 
 __all__ = [
     "RECORDS_PER_BATCH_BUCKETS",
@@ -88,7 +87,6 @@ class EgressSlot:
         "index",
         "live",
         "next_seq",
-        "on_closed",
         "open_pending",
         "owner",
         "queue",
@@ -119,8 +117,6 @@ class EgressSlot:
         self.exhausted_once = False
         self.guard: Any = None
         """Opaque retirement guard handed back with the batch that carries the terminal."""
-        self.on_closed: Callable[[CloseReason | None], None] | None = None
-        """Called once when the slot closes for any reason other than its own terminal."""
         self.owner: SlotOwner | None = None
         """The producer's side of the stream, told of stops, cancels and closes."""
         self.fenced = False
