@@ -1,4 +1,4 @@
-"""The decode-engine token benchmark: one engine, Y frontends, four implementations.
+"""The decode-engine token benchmark: one engine, Y frontends, five implementations.
 
 A decode engine emits one token per live request per forward pass; each request's tokens go
 to the frontend that owns it. Here one engine process streams ``--streams`` X requests to
@@ -20,7 +20,15 @@ processes; a failed run is reported as failed and the others go on:
 * ``grpc``: grpc.aio, the engine a gRPC server, each frontend one channel and one
   server-streaming RPC per request (``perf/grpc_tokens.py``), with the same token bytes
   and the same checks. TLS with the same certificates, client certificates required, unless
-  ``--grpc-insecure``.
+  ``--grpc-insecure``;
+* ``bare``: the floor, raw aioquic with no velomux streaming code in the data path
+  (``perf/bare_tokens.py``): a bare prototype that only packs records into one QUIC stream
+  per frontend. Each pass appends every token (a 6-byte header, stream index and length,
+  then the same MessagePack body) to its frontend's buffer and writes each buffer once;
+  the frontend cuts the stream into records and feeds per-stream inboxes that the same
+  consumer code reads. Same mutual TLS, datagram size, socket buffers and windows as a
+  node; ``--lanes`` does not apply. The mux should stay within 10% of a bare prototype
+  that only packs records into one QUIC stream: the ``mux / bare`` ratios say how close.
 
 The QUIC arms run every node over mutual TLS (certificates made on demand in a temporary
 directory) with ``TransportConfig(lanes=--lanes)``; every sender's negotiated transport must
@@ -39,10 +47,10 @@ runs it last, unless ``--skip-single-stream``).
 
 Consumer shapes (``--consumer``): ``task-per-stream``, one task per stream doing ``async
 for`` over the anchor or the RPC (a real frontend); ``batches``, the same tasks taking every
-token already buffered per wake-up (``anchor.batches()``; gRPC reads as task-per-stream);
-``single-task``, one task taking each
-live stream's ready tokens in turn (``anchor.take_ready()``, ``call.read()``), which works
-only because every stream receives one token per pass.
+token already buffered per wake-up (``anchor.batches()``, the bare arm's ``inbox.batches()``;
+gRPC reads as task-per-stream); ``single-task``, one task taking each live stream's ready
+tokens in turn (``anchor.take_ready()``, ``inbox.take_ready()``, ``call.read()``), which
+works only because every stream receives one token per pass.
 
 What a run reports:
 
@@ -56,7 +64,8 @@ What a run reports:
 * from the nodes' counters (QUIC arms): UDP datagrams per token each way
   (``velo_transport_datagrams_total``) and, on the mux arms, records per wire write
   (``velo_streaming_mux_records_total / velo_streaming_mux_batches_total``, sent) against
-  the most 54-byte token records one batch holds; n/a for gRPC;
+  the most 54-byte token records one batch holds; n/a for gRPC. The bare arm counts its
+  own datagrams, and its records per ``send_stream_data`` call (one per frontend per pass);
 * latency, emit to receive: the engine stamps ``perf_counter_ns()`` into each token as it
   emits it, each frontend subtracts it from its own ``perf_counter_ns()`` when the token
   reaches the consumer's code. *First token* is each stream's first token; *later tokens*
@@ -94,10 +103,10 @@ import sys
 import tempfile
 import time
 from array import array
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import msgpack
 from _harness import (
@@ -131,7 +140,6 @@ from velomux_quic.mux.protocol import COALESCE_THRESHOLD
 from velomux_quic.node import Node
 from velomux_quic.runtime import run
 from velomux_quic.security.certs import NodeCredentials, ensure_dev_cluster
-from velomux_quic.streaming.anchor import StreamAnchor
 from velomux_quic.streaming.control import MESSENGER_MUX_KEY, PER_STREAM_KEY
 from velomux_quic.streaming.sender import Retired, StreamSender
 from velomux_quic.transport import TransportConfig
@@ -139,15 +147,15 @@ from velomux_quic.transport import TransportConfig
 SCRIPT = Path(__file__).resolve()
 RESULTS = SCRIPT.parent / "results"
 
-IMPLS = ("mux-auto", "mux-manual", "per-stream", "grpc")
+IMPLS = ("mux-auto", "mux-manual", "per-stream", "grpc", "bare")
 IMPL_KEYS = {
     "mux-auto": MESSENGER_MUX_KEY,
     "mux-manual": MESSENGER_MUX_KEY,
     "per-stream": PER_STREAM_KEY,
 }
-"""The transport key every sender of a QUIC arm must have negotiated."""
+"""The transport key every sender of a node arm must have negotiated."""
 MUX_IMPLS = ("mux-auto", "mux-manual")
-BASELINES = ("grpc", "per-stream")
+BASELINES = ("grpc", "per-stream", "bare")
 MODES = ("max-rate", "paced")
 CONSUMERS = ("task-per-stream", "batches", "single-task")
 
@@ -317,8 +325,19 @@ class StreamCheck:
         tally.ended += 1
 
 
-async def read_anchor(anchor: StreamAnchor, check: StreamCheck, tally: Tally) -> None:
-    """task-per-stream, QUIC: ``async for`` over the anchor."""
+class TokenSource(Protocol):
+    """What the QUIC readers take from one stream: a ``StreamAnchor``, or the bare arm's
+    ``Inbox``, so both run the same consumer code."""
+
+    def __aiter__(self) -> AsyncIterator[Any]: ...
+
+    def batches(self) -> AsyncIterator[list[Any]]: ...
+
+    async def take_ready(self) -> list[Any]: ...
+
+
+async def read_anchor(anchor: TokenSource, check: StreamCheck, tally: Tally) -> None:
+    """task-per-stream, QUIC: ``async for`` over the anchor (or the bare arm's inbox)."""
     clock = time.perf_counter_ns
     take = check.take
     try:
@@ -330,9 +349,10 @@ async def read_anchor(anchor: StreamAnchor, check: StreamCheck, tally: Tally) ->
     check.end(tally)
 
 
-async def read_anchor_batches(anchor: StreamAnchor, check: StreamCheck, tally: Tally) -> None:
+async def read_anchor_batches(anchor: TokenSource, check: StreamCheck, tally: Tally) -> None:
     """batches, QUIC: a task per stream, ``async for items in anchor.batches()`` (every
-    token already buffered per wake-up). gRPC has no such call: it reads as task-per-stream."""
+    token already buffered per wake-up; the bare arm's inbox the same). gRPC has no such
+    call: it reads as task-per-stream."""
     clock = time.perf_counter_ns
     take = check.take
     try:
@@ -346,12 +366,12 @@ async def read_anchor_batches(anchor: StreamAnchor, check: StreamCheck, tally: T
     check.end(tally)
 
 
-async def read_anchors_in_turn(anchors: Sequence[StreamAnchor], tally: Tally) -> None:
-    """single-task, QUIC: ``take_ready()`` on each live anchor in turn."""
+async def read_anchors_in_turn(anchors: Sequence[TokenSource], tally: Tally) -> None:
+    """single-task, QUIC: ``take_ready()`` on each live anchor (or inbox) in turn."""
     clock = time.perf_counter_ns
     live = list(zip(anchors, tally.checks, strict=True))
     while live:
-        still: list[tuple[StreamAnchor, StreamCheck]] = []
+        still: list[tuple[TokenSource, StreamCheck]] = []
         for anchor, check in live:
             try:
                 items = await anchor.take_ready()
@@ -428,30 +448,68 @@ async def frontend_main(args: argparse.Namespace) -> int:
         finally:
             await client.close()
         return 0
+    credentials = NodeCredentials.load(args.credentials)
+    if args.impl == "bare":
+        from bare_tokens import BareFrontend
+
+        bare = await BareFrontend.listen(credentials, tally.indices, scenario.streams, args.timeout)
+        try:
+            readers = _start_readers(args.consumer, bare.inboxes, tally)
+            handoff = {
+                "instance_id": str(credentials.instance_id),
+                "address": list(bare.address),
+                "indices": list(tally.indices),
+            }
+            _hand_over(args.handoff[0], handoff)
+            say("ready")
+            await _frontend_window(args, scenario, stdin, None, readers, tally, bare.counts)
+        finally:
+            await bare.close()
+        return 0
     transport = TransportConfig(lanes=args.lanes)
-    node = await Node.start(NodeCredentials.load(args.credentials), transport=transport)
+    node = await Node.start(credentials, transport=transport)
     async with node:
         anchors = [node.create_anchor() for _ in tally.indices]
-        if args.consumer != "single-task":
-            reader = read_anchor if args.consumer == "task-per-stream" else read_anchor_batches
-            readers = [
-                asyncio.create_task(reader(anchor, check, tally))
-                for anchor, check in zip(anchors, tally.checks, strict=True)
-            ]
-        else:
-            readers = [asyncio.create_task(read_anchors_in_turn(anchors, tally))]
+        readers = _start_readers(args.consumer, anchors, tally)
         handoff = {
             "instance_id": str(node.instance_id),
             "address": list(node.address),
             "indices": list(tally.indices),
             "handles": [anchor.handle.to_wire() for anchor in anchors],
         }
-        staging = args.handoff[0].with_suffix(".partial")
-        staging.write_text(json.dumps(handoff))
-        staging.replace(args.handoff[0])
+        _hand_over(args.handoff[0], handoff)
         say("ready")
         await _frontend_window(args, scenario, stdin, node, readers, tally)
     return 0
+
+
+def _start_readers(
+    consumer: str, sources: Sequence[TokenSource], tally: Tally
+) -> list[asyncio.Task[None]]:
+    """The QUIC arms' consumer tasks, in the ``--consumer`` shape."""
+    if consumer == "single-task":
+        return [asyncio.create_task(read_anchors_in_turn(sources, tally))]
+    reader = read_anchor if consumer == "task-per-stream" else read_anchor_batches
+    return [
+        asyncio.create_task(reader(source, check, tally))
+        for source, check in zip(sources, tally.checks, strict=True)
+    ]
+
+
+def _hand_over(path: Path, handoff: dict[str, Any]) -> None:
+    """Write the frontend's handoff for the engine, whole or not at all (renamed into
+    place)."""
+    staging = path.with_suffix(".partial")
+    staging.write_text(json.dumps(handoff))
+    staging.replace(path)
+
+
+ReadCounts = Callable[[], dict[str, float]]
+"""The bare arm's own counters (it has no node): read at the window's edges."""
+
+
+def _counts_since(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {key: after[key] - before.get(key, 0.0) for key in after}
 
 
 async def _frontend_window(
@@ -461,11 +519,16 @@ async def _frontend_window(
     node: Node | None,
     readers: list[asyncio.Task[None]],
     tally: Tally,
+    counts: ReadCounts | None = None,
 ) -> None:
-    """The measured part of a frontend: from arming until its last stream ended."""
+    """The measured part of a frontend: from arming until its last stream ended.
+
+    ``counts``: the counters of an arm without a node, whose deltas over the window are
+    reported like a node's."""
     try:
         await expect_line(stdin, "go")
         window = Window.open(node)
+        before = counts() if counts is not None else {}
         profiler = cProfile.Profile() if args.profile == "frontend" and args.index == 0 else None
         say("armed", {"at": window.at})
         if profiler is not None:
@@ -484,6 +547,8 @@ async def _frontend_window(
         if profiler is not None:
             profiler.disable()
         deltas = window.close(node)
+        if counts is not None:
+            deltas["counters"] = _counts_since(before, counts())
     finally:
         for reader in readers:
             reader.cancel()
@@ -511,27 +576,38 @@ async def _frontend_window(
 # -- the engine (producer node) ----------------------------------------------------------
 
 Emit = Callable[[Any], Awaitable[None]]
+PassBody = Callable[[int], Awaitable[None]]
+"""One forward pass, given its number: a stamped token to every stream, in index order."""
 
 
-async def run_passes(
-    emit: Sequence[Emit],
-    after_pass: Callable[[], None] | None,
-    scenario: Scenario,
-    where: list[int],
-) -> dict[str, Any]:
-    """The decode loop: per pass one stamped token to every stream, in index order.
+def emitting(emit: Sequence[Emit], after_pass: Callable[[], None] | None) -> PassBody:
+    """The pass of the node and gRPC arms: ``await emit[i](token)`` for every stream
+    ``i`` (``StreamSender.send``, or the gRPC arm's queue put), then ``after_pass``
+    (``mux-manual``'s ``flush_batch``). The bare arm packs its pass itself
+    (``BareEngine.pass_body``), with the same token and clock."""
+    clock = time.perf_counter_ns
+    streams = len(emit)
 
-    ``emit[i]`` is stream ``i``'s send (``StreamSender.send``, or the gRPC arm's queue
-    put); ``after_pass`` is ``mux-manual``'s ``flush_batch``. ``where[0]`` follows the pass
-    for a failure's report.
+    async def one_pass(pass_: int) -> None:
+        base = pass_ * streams
+        for index, send in enumerate(emit):
+            await send(stamped_token(base + index, clock()))
+        if after_pass is not None:
+            after_pass()
+
+    return one_pass
+
+
+async def run_passes(one_pass: PassBody, scenario: Scenario, where: list[int]) -> dict[str, Any]:
+    """The decode loop: ``scenario.passes`` passes of ``one_pass``, at max rate or paced.
+    ``where[0]`` follows the pass for a failure's report.
 
     Paced, pass ``k`` is due ``k`` paces after the first while the engine keeps up: the
     schedule is anchored, so a sleep that wakes late (timer granularity, a busy machine)
     does not stretch the pace. A pass found due while the previous one still ran is *late*:
     it starts at once and the schedule restarts from it, so an engine that fell behind
     never bursts passes to catch up."""
-    clock = time.perf_counter_ns
-    streams, passes, pace = scenario.streams, scenario.passes, scenario.pace_s
+    passes, pace = scenario.passes, scenario.pace_s
     late = 0
     worst_late = 0.0
     started = time.perf_counter()
@@ -551,11 +627,7 @@ async def run_passes(
                 due = now + pace
                 await asyncio.sleep(0)
             last_start = time.perf_counter()
-        base = pass_ * streams
-        for index, send in enumerate(emit):
-            await send(stamped_token(base + index, clock()))
-        if after_pass is not None:
-            after_pass()
+        await one_pass(pass_)
         if not pace:
             await asyncio.sleep(0)
     return {
@@ -572,14 +644,15 @@ async def _engine_window(
     scenario: Scenario,
     stdin: asyncio.StreamReader,
     node: Node | None,
-    emit: Sequence[Emit],
-    after_pass: Callable[[], None] | None,
+    one_pass: PassBody,
     finish: Callable[[], Awaitable[None]],
+    counts: ReadCounts | None = None,
 ) -> None:
     """The engine's measured part: the passes, the streams' ends, then until every
-    frontend confirmed every token."""
+    frontend confirmed every token. ``counts`` as in ``_frontend_window``."""
     await expect_line(stdin, "go")
     window = Window.open(node)
+    before = counts() if counts is not None else {}
     profiler = cProfile.Profile() if args.profile == "engine" else None
     if profiler is not None:
         profiler.enable()
@@ -587,7 +660,7 @@ async def _engine_window(
     timeout = args.timeout + scenario.passes * scenario.pace_s
     try:
         async with asyncio.timeout(timeout):
-            passes = await run_passes(emit, after_pass, scenario, where)
+            passes = await run_passes(one_pass, scenario, where)
             where[0] = scenario.passes
             await finish()
             retired_at = time.perf_counter()
@@ -608,6 +681,8 @@ async def _engine_window(
     if profiler is not None:
         profiler.disable()
     deltas = window.close(node)
+    if counts is not None:
+        deltas["counters"] = _counts_since(before, counts())
     profile_report(profiler, "engine", args.profile_out)
     say("result", {**passes, "retired_at": retired_at, **deltas, **loop_environment()})
     await expect_line(stdin, "exit")
@@ -635,9 +710,25 @@ async def engine_main(args: argparse.Namespace) -> int:
             async def finish() -> None:
                 await server.finish(args.timeout)
 
-            await _engine_window(args, scenario, stdin, None, server.emitters(), None, finish)
+            one_pass = emitting(server.emitters(), None)
+            await _engine_window(args, scenario, stdin, None, one_pass, finish)
         finally:
             await server.stop()
+        return 0
+    if args.impl == "bare":
+        from bare_tokens import TRANSPORT, BareEngine
+
+        handoffs = [json.loads(path.read_text()) for path in args.handoff]
+        started = time.perf_counter()
+        bare = await BareEngine.connect(args.credentials, handoffs, scenario.streams, args.timeout)
+        try:
+            attach_s = time.perf_counter() - started
+            say("attached", {"attach_s": attach_s, "transports": [TRANSPORT], "byte_cap": None})
+            await _engine_window(
+                args, scenario, stdin, None, bare.pass_body(), bare.finish, bare.counts
+            )
+        finally:
+            await bare.close()
         return 0
 
     impl = args.impl
@@ -683,8 +774,8 @@ async def engine_main(args: argparse.Namespace) -> int:
                 raise BenchFailure(f"streams retired as {outcomes}, expected only 'sent'")
 
         after_pass = node.flush_batch if impl == "mux-manual" else None
-        emit = [sender.send for sender in senders]
-        await _engine_window(args, scenario, stdin, node, emit, after_pass, finish)
+        one_pass = emitting([sender.send for sender in senders], after_pass)
+        await _engine_window(args, scenario, stdin, node, one_pass, finish)
     return 0
 
 
@@ -1018,6 +1109,18 @@ def summarise(
         "engine_datagrams_in_per_token": engine["datagrams_in"] / tokens,
         "frontends_datagrams_out_per_token": sum(p["datagrams_out"] for p in parts) / tokens,
         "engine_send_waits": engine["send_waits"],
+    }
+    if impl == "bare":
+        # One send_stream_data per frontend per pass; send_waits counts the writes that
+        # waited for acknowledgements (the bound on unacknowledged bytes).
+        writes, records = engine["writes"], engine["records"]
+        return result | {
+            "engine_writes": writes,
+            "engine_records_sent": records,
+            "engine_records_per_write": records / writes if writes else 0.0,
+            "engine_writes_per_pass": writes / scenario.passes,
+        }
+    result |= {
         "engine_heartbeats_sent": engine["heartbeats_sent"],
         "engine_frames_written": engine["frames_written"],
         "frontends_watchdog_firings": sum(p["watchdog_firings"] for p in parts),
@@ -1094,9 +1197,11 @@ def scenario_table(scenario: Scenario, impls: Sequence[str], runs: Runs) -> str:
         impl_runs = runs[impl]
         median = median_of(impl_runs)
         records = "n/a"
-        if "engine_records_per_write" in median:
+        if "engine_records_per_write_of_clamp" in median:
             of_clamp = median["engine_records_per_write_of_clamp"]
             records = f"{median['engine_records_per_write']:.1f} ({of_clamp:.2f})"
+        elif "engine_records_per_write" in median:  # bare: no batch clamp
+            records = f"{median['engine_records_per_write']:.1f}"
         datagrams = "n/a"
         if "engine_datagrams_out_per_token" in median:
             datagrams = (

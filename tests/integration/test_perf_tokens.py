@@ -1,7 +1,7 @@
 """perf/tokens.py at toy sizes: every implementation runs, in both modes, to two frontends.
 
-A smoke test of the benchmark's machinery (children, handoffs, the gRPC arm, verification,
-latency files, the JSON report), never of its figures: nothing here is timed.
+A smoke test of the benchmark's machinery (children, handoffs, the gRPC and bare arms,
+verification, latency files, the JSON report), never of its figures: nothing here is timed.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[2] / "perf" / "tokens.py"
-IMPLS = {"mux-auto", "mux-manual", "per-stream", "grpc"}
+IMPLS = {"mux-auto", "mux-manual", "per-stream", "grpc", "bare"}
 STREAMS, FRONTENDS, PASSES = 16, 2, 5
 
 
@@ -61,11 +61,15 @@ def test_tokens_benchmark_delivers_every_token_on_every_implementation(tmp_path:
             assert run["first_token_p50_ms"] > 0 and run["later_tokens_p99_ms"] > 0
             if impl.startswith("mux"):
                 assert run["engine_records_per_write"] > 1, (name, impl)
+            if impl == "bare":  # one write per frontend per pass, carrying its streams
+                assert run["engine_records_per_write"] == STREAMS / FRONTENDS, name
         assert set(scenario["ratios"]) == {
             "mux-auto / grpc",
             "mux-manual / grpc",
             "mux-auto / per-stream",
             "mux-manual / per-stream",
+            "mux-auto / bare",
+            "mux-manual / bare",
         }
     for name in scenarios:
         assert f"## {name}:" in stdout  # the markdown report names every scenario
