@@ -613,12 +613,9 @@ class Messenger(TransportHandler):
     def _observe(
         self, handler: str, response_type: str, outcome: str, started: float, size: int
     ) -> None:
-        m = self.metrics
-        m.handler_requests.labels(handler, response_type, outcome).inc()
-        m.handler_duration.labels(handler, response_type, outcome).observe(
-            time.monotonic() - started
+        self.metrics.observe_handler(
+            handler, response_type, outcome, time.monotonic() - started, size
         )
-        m.request_bytes.labels(handler, response_type).inc(size)
 
     def _answer(self, peer: InstanceId, envelope: Envelope, payload: bytes | memoryview) -> None:
         message_id = envelope.message_id

@@ -112,6 +112,7 @@ class MessengerMetrics:
         )
         self._in: dict[str, tuple[Counter, Counter]] = {}
         self._out: dict[str, tuple[Counter, Counter]] = {}
+        self._handled: dict[tuple[str, str, str], tuple[Counter, Histogram, Counter]] = {}
 
     def bind_gauges(
         self,
@@ -126,6 +127,27 @@ class MessengerMetrics:
         self.ordered_lane_depth.set_function(depth)
         self.staged_bytes.set_function(staged_bytes)
         self.active_slots.set_function(staged_count)
+
+    def observe_handler(
+        self, handler: str, response_type: str, outcome: str, seconds: float, size: int
+    ) -> None:
+        """One handler run: its count, duration and request bytes.
+
+        The labelled children are looked up once per (handler, type, outcome) and kept:
+        ``labels()`` costs several microseconds, which a mux lane pays on every batch it
+        receives. Handler names are this node's own registrations, so the cache is bounded.
+        """
+        key = (handler, response_type, outcome)
+        children = self._handled.get(key)
+        if children is None:
+            children = self._handled[key] = (
+                self.handler_requests.labels(handler, response_type, outcome),
+                self.handler_duration.labels(handler, response_type, outcome),
+                self.request_bytes.labels(handler, response_type),
+            )
+        children[0].inc()
+        children[1].observe(seconds)
+        children[2].inc(size)
 
     def count_message(self, handler: str, direction: str, size: int) -> None:
         cache = self._in if direction == "inbound" else self._out

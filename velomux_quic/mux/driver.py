@@ -173,11 +173,14 @@ def _discard_guard(guard: object) -> None:
 class MuxChannel:
     """A sender's channel into its mux slot (the ProducerChannel the mux provides)."""
 
-    __slots__ = ("_driver", "_slot")
+    __slots__ = ("_clock", "_driver", "_offer", "_slot")
 
     def __init__(self, driver: BatcherDriver, slot: EgressSlot) -> None:
         self._driver = driver
         self._slot = slot
+        # Bound once: try_send runs for every record a producer sends.
+        self._offer = driver.batcher.offer
+        self._clock = driver._loop.time
 
     @property
     def slot(self) -> EgressSlot:
@@ -198,12 +201,14 @@ class MuxChannel:
         return not self._slot.live or self._slot.terminal_queued
 
     def try_send(self, body: bytes) -> bool:
-        if self.closed:
+        slot = self._slot
+        if not slot.live or slot.terminal_queued:  # self.closed, inlined
+            return False
+        if not self._offer(slot, body, self._clock()):
             return False
         driver = self._driver
-        if not driver.batcher.offer(self._slot, body, driver.now()):
-            return False
-        driver.wake()
+        if driver._wake is None:  # most sends find the wake already scheduled
+            driver.wake()
         return True
 
     async def send(self, body: bytes) -> None:

@@ -486,8 +486,7 @@ class EgressBatcher:
         ready = self._ready
         slots = list(ready.values())
         ready.clear()
-        fits = builder.fits
-        add_data = builder.add_data
+        add_if_fits = builder.add_data_if_fits
         stats = self.stats
         quantum = self.quantum
         budget = self.poll_budget
@@ -507,11 +506,10 @@ class EgressBatcher:
                 taken = 0
                 while queue and credit > 0 and taken < quantum:
                     body, terminal = queue[0]
-                    if terminal or not fits(len(body)):
+                    if terminal or not add_if_fits(sid, seq, body):
                         break
                     queue.popleft()
                     taken += len(body)
-                    add_data(sid, seq, body)
                     seq += 1
                     credit -= 1
                 if seq != slot.next_seq:

@@ -687,6 +687,19 @@ class BatchBuilder:
         buf += body
         self._count += 1
 
+    def add_data_if_fits(self, slot: int, frame_seq: int, body: bytes) -> bool:
+        """:meth:`fits` and :meth:`add_data` in one call: the egress loop asks this once per
+        record, so one Python call instead of two is a measurable share of its cost.
+        False (nothing added) when the record would break a cap."""
+        buf = self._buf
+        length = len(body)
+        if len(buf) + RECORD_HEADER_SIZE + length > self._cap or self._count >= MAX_RECORDS:
+            return False
+        buf += _pack_record(_DATA, slot, frame_seq, length)
+        buf += body
+        self._count += 1
+        return True
+
     def finish(self, lane: int, peer_epoch: int, batch_seq: int) -> bytes:
         """Write the header and return the batch as ``bytes``.
 

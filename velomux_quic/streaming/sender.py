@@ -167,7 +167,7 @@ class StreamSender:
 
     async def send(self, item: Any) -> None:
         state = self._state
-        if state.terminal_sent or state.cancelled.is_set():
+        if state.terminal_sent:  # a cancel sets it too, so one flag guards the hot path
             raise ChannelClosed(
                 "the stream was cancelled" if state.cancelled.is_set() else "the stream has ended"
             )
