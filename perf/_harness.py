@@ -1,10 +1,10 @@
-"""Pieces shared by the multi-process token benchmarks (``perstream_bench.py``, ``tokens.py``).
+"""Pieces shared by the multi-process benchmarks (``tokens.py``, ``quic_lanes.py``).
 
-Both benchmarks run every node in a child process of their own, driven by a line protocol
-(one word, optionally followed by a JSON object, per line on the child's stdin and stdout),
-measure CPU with ``getrusage`` and read the nodes' own Prometheus counters over the same
-window. Keeping the token, the counters, the window and the child protocol here means the
-two benchmarks measure the same thing the same way, so their figures stay comparable.
+They run every node in a child process of its own, driven by a line protocol (one word,
+optionally followed by a JSON object, per line on the child's stdin and stdout), measure
+CPU with ``getrusage`` and read the nodes' own Prometheus counters over the same window.
+Keeping the token, the counters, the window and the child protocol here means every arm
+is measured the same way, so the figures stay comparable.
 
 Nothing here is timed itself; the cost of a helper that runs per token (``token_item``,
 ``stamped_token``) is paid equally by every arm that uses it.

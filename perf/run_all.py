@@ -29,7 +29,6 @@ SHORT_FLAGS: dict[str, list[str]] = {
     "envelope_bench": ["--ops", "100000", "--repeat", "2"],
     "mux_codec_bench": ["--batches", "100", "--repeat", "3"],
     "stream_frames_bench": ["--records", "50000", "--repeat", "3"],
-    "perstream_bench": ["--short", "--transport", "all"],
     "tokens": ["--short", "--json", "perf/results/tokens-short.json"],
     "quic_lanes": [
         "--short",
