@@ -196,26 +196,34 @@ class StreamAnchor(_AnchorBase):
         Sentinels behave as in ``__anext__``; if one ends the stream after some items were
         taken, those items are returned first and the ending is raised on the next call.
         """
-        items = [await self.__anext__()]
-        entry = self._entry
+        items: list[Any] = []
+        self._take_items(items, limit)
+        if not items:
+            # Nothing ready, or a sentinel or undecodable record comes first: __anext__
+            # waits for the first item or raises the ending, exactly as iteration would.
+            items.append(await self.__anext__())
+            self._take_items(items, limit)
+        return items
+
+    def _take_items(self, items: list[Any], limit: int) -> None:
+        """Append the items ready now, up to ``limit``, skipping heartbeats; stop before
+        anything else (given back to be read next), so the items before it come first."""
+        inbox = self._entry.inbox
         while len(items) < limit:
-            peek = entry.inbox.take()
+            peek = inbox.take()
             if peek is None:
-                break
+                return
             sender_id, body = peek
             try:
                 kind, value = decode_frame(body)
             except FrameDecodeError:
-                entry.inbox.push_front(sender_id, body)  # the next call raises it, in order
-                break
+                inbox.push_front(sender_id, body)  # the next __anext__ raises it, in order
+                return
             if kind is FrameKind.ITEM:
                 items.append(value)
-            elif kind is FrameKind.HEARTBEAT:
-                continue
-            else:
-                entry.inbox.push_front(sender_id, body)
-                break
-        return items
+            elif kind is not FrameKind.HEARTBEAT:
+                inbox.push_front(sender_id, body)
+                return
 
 
 @dataclass(frozen=True, slots=True)
