@@ -7,6 +7,13 @@ dispatch for coroutine handlers, and rendezvous for payloads too large to travel
 Replies go back the way ARCHITECTURE.md decides: on *this* node's own outbound connection
 to the sender, on the lane the request arrived on. The sender of every message is the
 InstanceId its connection's certificate proved, never something the message says.
+
+This module is the façade: :class:`Messenger` builds the shared state and wires it to the
+transport, the peer registry and discovery, and owns the node's lifecycle, its handler
+registrations, the system handlers every node serves, and the transport events the other
+parts do not handle. The message paths themselves live in their own modules, mixed into
+:class:`Messenger` (see :mod:`.base` for why): sending in :mod:`.outbound`, receiving,
+dispatch and replies in :mod:`.inbound`, large payloads in :mod:`.rendezvous`.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -23,94 +30,31 @@ from prometheus_client.registry import CollectorRegistry
 
 from ..ids import InstanceId
 from ..security.certs import NodeCredentials
-from ..transport import (
-    PeerNotRegistered,
-    QuicTransport,
-    SendAdmission,
-    SendOutcome,
-    TransportConfig,
-    TransportError,
-    TransportHandler,
-)
+from ..transport import QuicTransport, TransportConfig, TransportError, TransportHandler
 from ..transport.connection import PeerConnection
 from .calls import PendingCalls
 from .config import MessengerConfig
 from .dispatch import OrderedDispatcher
-from .envelope import (
-    Envelope,
-    ErrorCode,
-    Kind,
-    MalformedEnvelope,
-    StagedDescriptor,
-    decode_envelope,
-    decode_error,
-    encode_envelope,
-    encode_error,
-    message_prefix,
-)
-from .errors import (
-    CallError,
-    HandlerFailed,
-    MessengerClosed,
-    PeerGone,
-    RemoteRefused,
-    UnknownHandler,
-)
+from .errors import MessengerClosed, PeerGone
+from .inbound import MessengerInbound
 from .metrics import MessengerMetrics
+from .outbound import ENVELOPE_RESERVE, MessengerOutbound
 from .peers import PeerDiscovery, PeerRecord, PeerRegistry, WorkerIdCollision, sync_registry
-from .registry import (
-    BATCH_HANDLER_NAMES,
-    Context,
-    Dispatch,
-    Handler,
-    HandlerRegistry,
-    HandlerSpec,
-)
-from .staging import PullOp, StagingStore, decode_pull, encode_pull
+from .registry import BATCH_HANDLER_NAMES, Context, Dispatch, Handler, HandlerRegistry
+from .rendezvous import MessengerRendezvous, RefusalHook, StagedRefusal
+from .staging import StagingStore
 
 __all__ = ["ENVELOPE_RESERVE", "Messenger", "StagedRefusal"]
 
 logger = logging.getLogger(__name__)
 
-ENVELOPE_RESERVE = 2048
-"""Bytes kept out of the eager budget for the envelope: fixed header, name, small headers."""
-
 PROTOCOL_VERSION = 1
 CAPABILITIES = ("rendezvous", "lanes")
 
-_RESPONSE_TYPE = {Kind.MESSAGE: "fire_and_forget", Kind.SYNC: "ack_nack", Kind.REQUEST: "unary"}
-_ANSWERS = (Kind.RESPONSE, Kind.ERROR, Kind.ACK)
-
-Job = tuple[HandlerSpec, Context, Kind, int]
-
-
-class StagedRefusal:
-    """A staged payload this node refused for its size, as told to refusal hooks."""
-
-    __slots__ = ("handler", "headers", "lane", "limit", "peer", "size")
-
-    def __init__(
-        self,
-        peer: InstanceId,
-        lane: int,
-        handler: str,
-        headers: dict[str, str] | None,
-        size: int,
-        limit: int,
-    ) -> None:
-        self.peer = peer
-        self.lane = lane
-        self.handler = handler
-        self.headers = headers
-        self.size = size
-        self.limit = limit
-
-
-RefusalHook = Callable[[StagedRefusal], None]
 ErrorHandler = Callable[[InstanceId, int, TransportError], None]
 
 
-class Messenger(TransportHandler):
+class Messenger(MessengerOutbound, MessengerInbound, MessengerRendezvous):
     """One node's messenger. Create with :meth:`start`, close with :meth:`close`."""
 
     def __init__(
@@ -221,12 +165,6 @@ class Messenger(TransportHandler):
     # -- identity and peers --------------------------------------------------------------
 
     @property
-    def transport(self) -> QuicTransport:
-        if self._transport is None:
-            raise MessengerClosed("the messenger has not been started")
-        return self._transport
-
-    @property
     def instance_id(self) -> InstanceId:
         return self.transport.instance_id
 
@@ -294,13 +232,11 @@ class Messenger(TransportHandler):
             except Exception:
                 logger.exception("lane reset hook failed")
 
-    def add_staged_refusal_hook(self, hook: RefusalHook) -> None:
-        """Be told when this node refuses a staged payload for its size (the mux ends the slot)."""
-        self._refusal_hooks.append(hook)
-
     def set_error_handler(self, handler: ErrorHandler) -> None:
         """Where failures *after* admission go (the node-wide error handler)."""
         self._error_handler = handler
+
+    # -- system handlers, and the calls that ask a peer's --------------------------------
 
     def _register_system_handlers(self) -> None:
         self.handlers.register("_hello", self._hello_handler, system=True)
@@ -329,69 +265,6 @@ class Messenger(TransportHandler):
     def _no_mux(self, ctx: Context) -> None:
         self.metrics.dispatch_failures.labels("dispatch", "no_mux").inc()
 
-    # -- sending -------------------------------------------------------------------------
-
-    def eager_budget(self, peer: InstanceId) -> int:
-        """The largest payload carried inline to ``peer``; larger ones are staged and pulled."""
-        limit = min(self.transport.max_message_size(peer), self.config.staging_threshold)
-        return max(0, limit - ENVELOPE_RESERVE)
-
-    def send_message_on_lane(
-        self,
-        peer: InstanceId,
-        lane: int,
-        handler: str,
-        payload: bytes | bytearray | memoryview,
-        *,
-        headers: dict[str, str] | None = None,
-    ) -> SendOutcome:
-        """Fire-and-forget, returning the transport's admission outcome at the send site."""
-        return self._send(peer, lane, Kind.MESSAGE, handler, payload, 0, headers)
-
-    async def am_send(
-        self,
-        peer: InstanceId,
-        handler: str,
-        payload: bytes | bytearray | memoryview = b"",
-        *,
-        lane: int = 0,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        """Fire-and-forget; returns once the transport admitted the message."""
-        outcome = self.send_message_on_lane(peer, lane, handler, payload, headers=headers)
-        if isinstance(outcome, SendAdmission):
-            await outcome
-
-    async def am_sync(
-        self,
-        peer: InstanceId,
-        handler: str,
-        payload: bytes | bytearray | memoryview = b"",
-        *,
-        lane: int = 0,
-        timeout: float | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        """Send and wait until the peer's handler finished (acknowledged)."""
-        await self._call(peer, lane, Kind.SYNC, handler, payload, timeout, headers)
-
-    async def unary(
-        self,
-        peer: InstanceId,
-        handler: str,
-        payload: bytes | bytearray | memoryview = b"",
-        *,
-        lane: int = 0,
-        timeout: float | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> bytes:
-        """Request/response. Raises UnknownHandler, HandlerFailed, RemoteRefused,
-        UnaryTimeout or PeerGone, each within ``timeout``."""
-        result: bytes = await self._call(
-            peer, lane, Kind.REQUEST, handler, payload, timeout, headers
-        )
-        return result
-
     async def hello(self, peer: InstanceId, timeout: float | None = None) -> dict[str, Any]:
         answer: dict[str, Any] = msgpack.unpackb(
             await self.unary(peer, "_hello", self._hello_payload(), timeout=timeout)
@@ -407,342 +280,6 @@ class Messenger(TransportHandler):
             await self.unary(peer, "_list_handlers", timeout=timeout)
         )
         return names
-
-    async def _call(
-        self,
-        peer: InstanceId,
-        lane: int,
-        kind: Kind,
-        handler: str,
-        payload: bytes | bytearray | memoryview,
-        timeout: float | None,
-        headers: dict[str, str] | None,
-    ) -> Any:
-        if self._closed:
-            raise MessengerClosed("the messenger is closed")
-        timeout = self.config.default_timeout if timeout is None else timeout
-        if self._discovery is not None and self.transport.peer_address(peer) is None:
-            await self.resolve(peer)
-        message_id, future = self._calls.start(peer, handler, timeout)
-        started = time.monotonic()
-        outcome_label = "error"
-        try:
-            try:
-                outcome = self._send(peer, lane, kind, handler, payload, message_id, headers)
-            except PeerNotRegistered as exc:
-                raise PeerGone(str(exc), peer=peer, handler=handler) from exc
-            if isinstance(outcome, SendAdmission):
-                # Never admitted (the dial failed, the connection died first): fail now,
-                # not at the timeout.
-                def never_admitted(admission: SendAdmission) -> None:
-                    if admission.error is not None:
-                        self._calls.fail(
-                            peer,
-                            message_id,
-                            PeerGone(
-                                f"{peer} unreachable: {admission.error}",
-                                peer=peer,
-                                handler=handler,
-                            ),
-                        )
-
-                outcome.on_resolved(never_admitted)
-            result = await future
-            outcome_label = "success"
-            return result
-        finally:
-            if not future.done():
-                future.cancel()
-            self.metrics.unary_duration.labels(handler, outcome_label).observe(
-                time.monotonic() - started
-            )
-
-    def _send(
-        self,
-        peer: InstanceId,
-        lane: int,
-        kind: Kind,
-        handler: str,
-        payload: bytes | bytearray | memoryview,
-        message_id: int,
-        headers: dict[str, str] | None,
-    ) -> SendOutcome:
-        if self._closed:
-            raise MessengerClosed("the messenger is closed")
-        size = len(payload)
-        staged_id = 0
-        if size > self.eager_budget(peer):
-            staged_id = self._staging.stage(bytes(payload), peer)
-            self.metrics.rendezvous_ops.labels("register", "success").inc()
-            self.metrics.rendezvous_bytes.labels("register").inc(size)
-            body = encode_envelope(
-                kind,
-                handler=handler,
-                message_id=message_id,
-                headers=headers,
-                payload=StagedDescriptor(staged_id, size).encode(),
-                staged=True,
-            )
-        elif kind is Kind.MESSAGE and headers is None:
-            prefix = self._prefixes.get(handler)
-            if prefix is None:
-                prefix = self._prefixes[handler] = message_prefix(Kind.MESSAGE, handler)
-            body = prefix + payload
-        else:
-            body = encode_envelope(
-                kind, handler=handler, message_id=message_id, headers=headers, payload=payload
-            )
-        try:
-            outcome = self.transport.send(peer, lane, body)
-        except BaseException:
-            if staged_id:
-                self._staging.release(staged_id, peer, "unsent")
-            raise
-        if handler:
-            self.metrics.count_message(handler, "outbound", size)
-        return outcome
-
-    def _reply(self, ctx: Context, kind: Kind, message_id: int, payload: bytes) -> None:
-        try:
-            outcome = self._send(ctx.sender, ctx.lane, kind, "", payload, message_id, None)
-        except (TransportError, MessengerClosed) as exc:
-            self.metrics.dispatch_failures.labels("response_send", "no_route").inc()
-            logger.warning("could not answer %s on lane %d: %s", ctx.sender, ctx.lane, exc)
-            return
-        if isinstance(outcome, SendAdmission):
-            outcome.on_resolved(self._reply_resolved)
-
-    def _reply_resolved(self, admission: SendAdmission) -> None:
-        if admission.error is not None:
-            self.metrics.dispatch_failures.labels("response_send", "refused").inc()
-
-    # -- receiving -----------------------------------------------------------------------
-
-    def frame_received(self, peer: InstanceId, lane: int, body: bytes) -> None:
-        try:
-            envelope = decode_envelope(body)
-        except MalformedEnvelope as exc:
-            self.metrics.dispatch_failures.labels("decode", "active_message").inc()
-            logger.debug("malformed envelope from %s lane %d: %s", peer, lane, exc)
-            return
-        if envelope.staged:
-            self._resolve_staged(peer, lane, envelope)
-        else:
-            self._deliver(peer, lane, envelope, envelope.payload)
-
-    def _deliver(
-        self, peer: InstanceId, lane: int, envelope: Envelope, payload: bytes | memoryview
-    ) -> None:
-        kind = envelope.kind
-        if kind in _ANSWERS:
-            self._answer(peer, envelope, payload)
-            return
-        spec = self.handlers.get(envelope.handler)
-        if spec is None:
-            self.metrics.dispatch_failures.labels("dispatch", "unknown_handler").inc()
-            self.metrics.count_message("_unknown", "inbound", len(payload))
-            if kind is not Kind.MESSAGE:
-                ctx = Context(self, peer, lane, envelope.handler, envelope.headers, payload)
-                self._reply(
-                    ctx,
-                    Kind.ERROR,
-                    envelope.message_id,
-                    encode_error(
-                        ErrorCode.UNKNOWN_HANDLER, f"no handler named {envelope.handler!r}"
-                    ),
-                )
-            return
-        self.metrics.count_message(spec.name, "inbound", len(payload))
-        ctx = Context(self, peer, lane, spec.name, envelope.headers, payload)
-        job: Job = (spec, ctx, kind, envelope.message_id)
-        if spec.dispatch == "inline":
-            self._run_inline(job)
-        elif spec.dispatch == "ordered":
-            self._dispatcher.submit(spec.name, peer, lane, job)
-        else:
-            self._dispatcher.spawn(job)
-
-    def _run_inline(self, job: Job) -> None:
-        spec, ctx, _, _ = job
-        started = time.monotonic()
-        try:
-            result = spec.fn(ctx)
-            if isinstance(result, Awaitable):  # registered as inline but returned a coroutine
-                raise TypeError(f"inline handler {spec.name!r} returned an awaitable")
-        except Exception as exc:
-            self._handler_failed(job, exc, started)
-            return
-        self._handler_done(job, result, started)
-
-    async def _run(self, job: tuple[Any, ...]) -> None:
-        spec, ctx, _, _ = job
-        started = time.monotonic()
-        try:
-            result = spec.fn(ctx)
-            if isinstance(result, Awaitable):
-                result = await result
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            self._handler_failed(job, exc, started)
-            return
-        self._handler_done(job, result, started)
-
-    def _handler_done(self, job: Job, result: Any, started: float) -> None:
-        spec, ctx, kind, message_id = job
-        response_type = _RESPONSE_TYPE[kind]
-        self._observe(spec.name, response_type, "success", started, len(ctx.payload))
-        if kind is Kind.REQUEST:
-            payload = b"" if result is None else bytes(result)
-            self.metrics.response_bytes.labels(spec.name, response_type, "success").inc(
-                len(payload)
-            )
-            self._reply(ctx, Kind.RESPONSE, message_id, payload)
-        elif kind is Kind.SYNC:
-            self._reply(ctx, Kind.ACK, message_id, b"")
-
-    def _handler_failed(self, job: Job, exc: Exception, started: float) -> None:
-        spec, ctx, kind, message_id = job
-        self._observe(spec.name, _RESPONSE_TYPE[kind], "error", started, len(ctx.payload))
-        if kind is Kind.MESSAGE:
-            logger.warning("handler %r failed on a message from %s: %r", spec.name, ctx.sender, exc)
-            return
-        logger.debug("handler %r failed for %s: %r", spec.name, ctx.sender, exc)
-        self._reply(ctx, Kind.ERROR, message_id, encode_error(ErrorCode.HANDLER_FAILED, repr(exc)))
-
-    def _observe(
-        self, handler: str, response_type: str, outcome: str, started: float, size: int
-    ) -> None:
-        self.metrics.observe_handler(
-            handler, response_type, outcome, time.monotonic() - started, size
-        )
-
-    def _answer(self, peer: InstanceId, envelope: Envelope, payload: bytes | memoryview) -> None:
-        message_id = envelope.message_id
-        if envelope.kind is Kind.ERROR:
-            try:
-                code, text = decode_error(payload)
-            except MalformedEnvelope:
-                code, text = ErrorCode.MALFORMED, "unreadable error from peer"
-            matched = self._calls.fail(peer, message_id, self._remote_error(peer, code, text))
-        else:
-            matched = self._calls.resolve(peer, message_id, bytes(payload))
-        if not matched:  # late (timed out) or not ours: drop, but count
-            self.metrics.dispatch_failures.labels("response", "unmatched").inc()
-
-    @staticmethod
-    def _remote_error(peer: InstanceId, code: ErrorCode, text: str) -> CallError:
-        if code is ErrorCode.UNKNOWN_HANDLER:
-            return UnknownHandler(f"{peer}: {text}", peer=peer)
-        if code is ErrorCode.HANDLER_FAILED:
-            return HandlerFailed(f"{peer}'s handler failed: {text}", remote_message=text, peer=peer)
-        return RemoteRefused(f"{peer} refused the message ({code.value}): {text}", peer=peer)
-
-    # -- rendezvous ----------------------------------------------------------------------
-
-    def _resolve_staged(self, peer: InstanceId, lane: int, envelope: Envelope) -> None:
-        descriptor = envelope.descriptor
-        assert descriptor is not None
-        limit = self.config.staged_payload_max
-        if descriptor.size > limit:
-            # Refused before allocating: the descriptor is all we ever read of it.
-            self.metrics.refusals.labels("too_large").inc()
-            self.metrics.rendezvous_ops.labels("get", "refused").inc()
-            self._background_task(self._release_remote(peer, descriptor.staged_id))
-            refusal = StagedRefusal(
-                peer, lane, envelope.handler, envelope.headers, descriptor.size, limit
-            )
-            for hook in self._refusal_hooks:
-                try:
-                    hook(refusal)
-                except Exception:
-                    logger.exception("staged refusal hook failed")
-            if envelope.kind in (Kind.SYNC, Kind.REQUEST):
-                ctx = Context(self, peer, lane, envelope.handler, envelope.headers, b"")
-                self._reply(
-                    ctx,
-                    Kind.ERROR,
-                    envelope.message_id,
-                    encode_error(
-                        ErrorCode.REFUSED,
-                        f"staged payload of {descriptor.size} bytes exceeds "
-                        f"staged_payload_max {limit}",
-                    ),
-                )
-            return
-        self._background_task(self._pull_and_deliver(peer, lane, envelope, descriptor))
-
-    async def _pull_and_deliver(
-        self, peer: InstanceId, lane: int, envelope: Envelope, descriptor: StagedDescriptor
-    ) -> None:
-        started = time.monotonic()
-        try:
-            payload = await self.transport.request(
-                peer,
-                encode_pull(PullOp.PULL, descriptor.staged_id),
-                max_response=descriptor.size,
-                timeout=self.config.pull_timeout,
-            )
-            if len(payload) != descriptor.size:
-                raise TransportError(
-                    f"pulled {len(payload)} bytes, descriptor said {descriptor.size}"
-                )
-        except (TransportError, TimeoutError) as exc:
-            self.metrics.rendezvous_ops.labels("get", "error").inc()
-            logger.warning(
-                "could not pull a staged %r payload from %s: %r", envelope.handler, peer, exc
-            )
-            if envelope.kind in (Kind.SYNC, Kind.REQUEST):
-                ctx = Context(self, peer, lane, envelope.handler, envelope.headers, b"")
-                self._reply(
-                    ctx,
-                    Kind.ERROR,
-                    envelope.message_id,
-                    encode_error(ErrorCode.REFUSED, f"staged payload lost: {exc}"),
-                )
-            return
-        self.metrics.rendezvous_ops.labels("get", "success").inc()
-        self.metrics.rendezvous_bytes.labels("get").inc(len(payload))
-        logger.debug(
-            "pulled %d bytes from %s in %.3f s", len(payload), peer, time.monotonic() - started
-        )
-        self._deliver(peer, lane, envelope, payload)
-
-    async def _release_remote(self, peer: InstanceId, staged_id: int) -> None:
-        try:
-            await self.transport.request(
-                peer, encode_pull(PullOp.RELEASE, staged_id), max_response=0, timeout=10.0
-            )
-        except (TransportError, TimeoutError) as exc:
-            logger.debug("could not tell %s to release staged %x: %r", peer, staged_id, exc)
-
-    async def serve_request(self, peer: InstanceId, request: bytes) -> bytes:
-        """The sender's side of a pull: hand over (or drop) what we staged for ``peer``."""
-        op, staged_id = decode_pull(request)
-        if op is PullOp.RELEASE:
-            self._staging.release(staged_id, peer, "refused")
-            return b""
-        payload = self._staging.take(staged_id, peer)
-        if payload is None:
-            self.metrics.rendezvous_ops.labels("pull", "unknown").inc()
-            raise LookupError(f"nothing staged under {staged_id:#x} for {peer}")
-        self.metrics.rendezvous_ops.labels("pull", "success").inc()
-        self.metrics.rendezvous_bytes.labels("pull").inc(len(payload))
-        return payload
-
-    def _released(self, reason: str, size: int) -> None:
-        self.metrics.rendezvous_ops.labels("release", reason).inc()
-        for listener in self._staging_listeners:
-            listener(reason, size)
-
-    def add_staging_listener(self, listener: Callable[[str, int], None]) -> None:
-        """Be told ``(reason, size)`` whenever a staged payload is released
-        (``pulled``, ``refused``, ``expired``, ``unsent`` or ``closed``)."""
-        self._staging_listeners.append(listener)
-
-    @property
-    def staged_bytes(self) -> int:
-        return self._staging.bytes_held
 
     # -- transport events ----------------------------------------------------------------
 
@@ -784,11 +321,6 @@ class Messenger(TransportHandler):
     def _resume_lane(self, peer: InstanceId, lane: int) -> None:
         if self._transport is not None and not self._closed:
             self._transport.resume_reading(peer, lane)
-
-    def _background_task(self, coro: Awaitable[None]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
 
     # -- shutdown ------------------------------------------------------------------------
 
