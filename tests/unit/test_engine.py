@@ -13,6 +13,7 @@ import pytest
 from aioquic import tls
 from aioquic.quic import events
 from aioquic.quic.connection import QuicConnection
+from aioquic.quic.recovery import QuicPacketSpace
 from aioquic.quic.stream import QuicStreamSender
 
 from velomux_quic.security.certs import NodeCredentials
@@ -48,6 +49,8 @@ def test_pinned_aioquic_internals_still_exist() -> None:
         assert callable(getattr(QuicConnection, name))
     sender = QuicStreamSender(stream_id=2, writable=True)
     assert sender._buffer_start == 0 and sender._buffer_stop == 0
+    space = QuicPacketSpace()
+    assert space.ack_at is None  # EngineConnection.ack_due reads it on the ONE_RTT space
 
 
 def _pair(
@@ -171,6 +174,24 @@ def test_opening_a_higher_lane_first_keeps_lower_lanes_usable(
     _exchange(client, server)
     got = {e.stream_id: e.data for e in _drain(server) if isinstance(e, events.StreamDataReceived)}
     assert got == {4 * lane + 2: b"lane %d" % lane for lane in range(6)}
+
+
+def test_an_ack_is_due_once_the_delayed_ack_deadline_passes(
+    make_credentials: Callable[..., NodeCredentials],
+) -> None:
+    """The receive path transmits at once only when aioquic owes an ACK now; the deadline
+    is aioquic's delayed-ACK timer, so data just received owes none until it passes."""
+    client, server, _, _ = _pair(make_credentials)
+    assert server.ack_due(Clock.now)  # before the handshake: answer every datagram
+    _exchange(client, server)
+    _drain(server)
+    assert not server.ack_due(Clock.now)  # everything acknowledged
+    stream_id = client.get_next_available_stream_id(is_unidirectional=True)
+    client.send_stream_data(stream_id, b"token")
+    for data, _ in client.datagrams_to_send(now=Clock.now):
+        server.receive_datagram(data, CLIENT, now=Clock.now)
+    assert not server.ack_due(Clock.now)  # owed, but not yet due
+    assert server.ack_due(Clock.now + 0.5)  # past the delayed-ACK deadline
 
 
 def test_install_refuses_a_context_past_its_first_message() -> None:

@@ -36,6 +36,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from aioquic import tls
 from aioquic.buffer import Buffer
 from aioquic.quic.connection import (
     MAX_STREAM_DATA_FRAME_CAPACITY,
@@ -138,6 +139,24 @@ class EngineConnection(QuicConnection):
         for lower in range(stream_id & 0x3, stream_id + 1, 4):
             if lower not in self._streams and not self._stream_is_discarded(lower):
                 self._get_or_create_stream_for_send(lower)
+
+    def ack_due(self, now: float) -> bool:
+        """Whether a transmit now would carry an acknowledgement aioquic owes the peer.
+
+        aioquic only acknowledges on a transmit at or after ``ack_at`` (its delayed-ACK
+        deadline). The receive path transmits at once when this is true and otherwise
+        leaves the transmit to one pass per loop iteration: a pass after every datagram
+        mostly found nothing to send, and deferring a due ACK past a long iteration starved
+        the sender's congestion window (bulk transfers on many lanes fell to half speed).
+        Before the handshake is complete every datagram is answered at once.
+        """
+        if not self._handshake_complete:
+            return True
+        space = self._spaces.get(tls.Epoch.ONE_RTT)
+        if space is None:
+            return True
+        ack_at = space.ack_at
+        return ack_at is not None and ack_at <= now
 
     def stream_room(self, stream_id: int, send_buffer: int) -> int:
         """Bytes the stream may take now: peer window + ``send_buffer`` - bytes written."""
