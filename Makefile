@@ -32,7 +32,7 @@ certs: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check velomux_quic tests perf
 	$(VENV)/bin/ruff format --check velomux_quic tests perf
-	$(VENV)/bin/mypy velomux_quic
+	$(VENV)/bin/mypy velomux_quic tests/conftest.py
 
 perf: $(STAMP)
 	$(PY) perf/run_all.py --short --out perf/results

@@ -7,6 +7,7 @@ import os
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 import pytest
@@ -24,6 +25,7 @@ from velomux_quic.transport.errors import TransportError
 if TYPE_CHECKING:
     from velomux_quic.node import Node
 
+uvloop: ModuleType | None
 try:
     import uvloop
 except ImportError:  # pragma: no cover - non-Linux
