@@ -41,6 +41,8 @@ __all__ = [
     "UINT_LIMITS",
     "BenchFailure",
     "Child",
+    "CountingTransport",
+    "DatagramCount",
     "Window",
     "busy_before",
     "describe",
@@ -458,3 +460,36 @@ def median_of(runs: list[dict[str, Any]]) -> dict[str, float]:
             for run in done
         )
     }
+
+
+# -- raw aioquic arms ----------------------------------------------------------------------
+
+
+class DatagramCount:
+    """Datagrams in and out of one raw aioquic endpoint: what a node's transport metrics
+    count for the library's arms, kept by hand for the arms that bypass the library."""
+
+    def __init__(self) -> None:
+        self.out = 0
+        self.into = 0
+
+    def snapshot(self) -> dict[str, float]:
+        return {"out": float(self.out), "in": float(self.into)}
+
+
+class CountingTransport:
+    """Passes ``sendto`` through to the real datagram transport, counting it."""
+
+    def __init__(self, transport: asyncio.DatagramTransport, count: DatagramCount) -> None:
+        self._transport = transport
+        self._count = count
+
+    def sendto(self, data: bytes, addr: Any = None) -> None:
+        self._count.out += 1
+        self._transport.sendto(data, addr)
+
+    def close(self) -> None:
+        self._transport.close()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self._transport.get_extra_info(name, default)

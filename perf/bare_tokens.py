@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
-from _harness import BenchFailure, stamped_token
+from _harness import BenchFailure, CountingTransport, DatagramCount, stamped_token
 from aioquic.asyncio.protocol import QuicConnectionProtocol
 from aioquic.buffer import Buffer
 from aioquic.quic import events
@@ -141,38 +141,19 @@ class Counts:
     """One side's counters, read at the edges of the measured window like a node's."""
 
     def __init__(self) -> None:
-        self.datagrams_out = 0
-        self.datagrams_in = 0
+        self.datagrams = DatagramCount()
         self.send_waits = 0
         self.writes = 0
         self.records = 0
 
     def snapshot(self) -> dict[str, float]:
         return {
-            "datagrams_out": float(self.datagrams_out),
-            "datagrams_in": float(self.datagrams_in),
+            "datagrams_out": float(self.datagrams.out),
+            "datagrams_in": float(self.datagrams.into),
             "send_waits": float(self.send_waits),
             "writes": float(self.writes),
             "records": float(self.records),
         }
-
-
-class _CountingTransport:
-    """Passes ``sendto`` through to the datagram transport, counting it."""
-
-    def __init__(self, transport: asyncio.DatagramTransport, counts: Counts) -> None:
-        self._transport = transport
-        self._counts = counts
-
-    def sendto(self, data: bytes, addr: Any = None) -> None:
-        self._counts.datagrams_out += 1
-        self._transport.sendto(data, addr)
-
-    def close(self) -> None:
-        self._transport.close()
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return self._transport.get_extra_info(name, default)
 
 
 # -- the engine --------------------------------------------------------------------------
@@ -195,11 +176,11 @@ class EnginePeer(QuicConnectionProtocol):
         self._ready: Callable[[], bool] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        counting = _CountingTransport(transport, self.counts)  # type: ignore[arg-type]
+        counting = CountingTransport(transport, self.counts.datagrams)  # type: ignore[arg-type]
         super().connection_made(counting)  # type: ignore[arg-type]
 
     def datagram_received(self, data: bytes | str, addr: Any) -> None:
-        self.counts.datagrams_in += 1
+        self.counts.datagrams.into += 1
         super().datagram_received(data, addr)
         ready = self._ready
         if ready is not None and ready():
@@ -529,7 +510,7 @@ class FrontendPeer(QuicConnectionProtocol):
         self.stream_id: int | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        counting = _CountingTransport(transport, self.counts)  # type: ignore[arg-type]
+        counting = CountingTransport(transport, self.counts.datagrams)  # type: ignore[arg-type]
         super().connection_made(counting)  # type: ignore[arg-type]
 
     def quic_event_received(self, event: events.QuicEvent) -> None:
@@ -615,7 +596,7 @@ class BareFrontend(asyncio.DatagramProtocol):
         self.transport = transport  # type: ignore[assignment]
 
     def datagram_received(self, data: bytes, addr: Any) -> None:
-        self._counts.datagrams_in += 1
+        self._counts.datagrams.into += 1
         if self.peer is None:
             try:
                 header = pull_quic_header(

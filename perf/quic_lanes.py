@@ -99,7 +99,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from _harness import busy_before, package_version, say, stdin_reader, watched
+from _harness import (
+    CountingTransport,
+    DatagramCount,
+    busy_before,
+    package_version,
+    say,
+    stdin_reader,
+    watched,
+)
 from aioquic.asyncio.protocol import QuicConnectionProtocol
 from aioquic.buffer import Buffer
 from aioquic.quic import events
@@ -529,35 +537,6 @@ def _raw_socket() -> socket.socket:
     return sock
 
 
-class DatagramCount:
-    """Datagrams in and out of one raw endpoint (what the node metrics count for the mux)."""
-
-    def __init__(self) -> None:
-        self.out = 0
-        self.into = 0
-
-    def snapshot(self) -> dict[str, float]:
-        return {"out": float(self.out), "in": float(self.into)}
-
-
-class _CountingTransport:
-    """Passes ``sendto`` through to the real datagram transport, counting it."""
-
-    def __init__(self, transport: asyncio.DatagramTransport, count: DatagramCount) -> None:
-        self._transport = transport
-        self._count = count
-
-    def sendto(self, data: bytes, addr: Any = None) -> None:
-        self._count.out += 1
-        self._transport.sendto(data, addr)
-
-    def close(self) -> None:
-        self._transport.close()
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return self._transport.get_extra_info(name, default)
-
-
 class RawPeer(QuicConnectionProtocol):
     """aioquic's own asyncio protocol for one connection, counting datagrams and, on the
     receiver, checking every stream's items."""
@@ -574,7 +553,7 @@ class RawPeer(QuicConnectionProtocol):
         self.failure: BaseException | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        counting = _CountingTransport(transport, self.count)  # type: ignore[arg-type]
+        counting = CountingTransport(transport, self.count)  # type: ignore[arg-type]
         super().connection_made(counting)  # type: ignore[arg-type]
 
     def datagram_received(self, data: bytes | str, addr: Any) -> None:
