@@ -280,6 +280,50 @@ async def test_staged_payload_over_the_limit_is_refused_unread_and_released(star
     )
 
 
+async def test_staged_payloads_of_one_lane_are_pulled_in_turn_and_delivered_in_order(
+    start: Start,
+) -> None:
+    """A lane's second staged payload is not pulled while its first is in flight, so a
+    small one staged after a large one cannot overtake it."""
+    b = await start("b")
+    a = await start("a")
+    a.add_peer(b.instance_id, b.address)
+    got = Waiter()
+    b.register("sink", lambda ctx: got.add(len(ctx.payload)))
+    descriptors = Waiter()
+    resolve = b._resolve_staged
+
+    def counted(peer: InstanceId, lane: int, envelope: object) -> None:
+        descriptors.add(lane)
+        resolve(peer, lane, envelope)  # type: ignore[arg-type]
+
+    b._resolve_staged = counted  # type: ignore[method-assign]
+    served = Waiter()
+    release_first = asyncio.Event()
+    serve = a.serve_request
+
+    async def first_held(peer: InstanceId, request: bytes) -> bytes:
+        served.add(request)
+        if len(served.items) == 1:
+            await release_first.wait()  # the first payload stays in flight until released
+        return await serve(peer, request)
+
+    a.serve_request = first_held  # type: ignore[method-assign]
+    await a.am_send(b.instance_id, "sink", bytes(3 * MiB))
+    await a.am_send(b.instance_id, "sink", bytes(300 * 1024))  # staged too (over 256 KiB)
+    await descriptors.until(lambda items: len(items) == 2)  # b knows of both
+    await served.until(lambda items: len(items) == 1)
+    # A negative check, so bounded: an out-of-turn pull of the second would be served
+    # within milliseconds of its descriptor; none comes while the first is held.
+    with pytest.raises(TimeoutError):
+        await served.until(lambda items: len(items) == 2, timeout=1.0)
+    assert got.items == []
+    release_first.set()
+    await got.until(lambda items: len(items) == 2)
+    assert got.items == [3 * MiB, 300 * 1024]
+    assert len(served.items) == 2
+
+
 async def test_bad_input_costs_only_that_message(start: Start) -> None:
     b = await start("b")
     a = await start("a")

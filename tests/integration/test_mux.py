@@ -278,6 +278,30 @@ async def test_a_4_mib_item_mid_stream_arrives_in_order_while_100_other_streams_
         assert metric(node, "velo_streaming_mux_epoch_deaths_total") == 0
 
 
+async def test_two_large_items_in_a_row_on_one_stream_arrive_in_order(
+    start_node: StartNode,
+) -> None:
+    """Both staged, a large item and a smaller one right behind it: the smaller must not be
+    pulled first, or it would wait in the stream's hold, bounded at the slot budget (1 MiB)
+    far below it, and end the stream."""
+    a, b = await pair(start_node)
+    anchor = b.create_anchor()
+    sender = await a.attach_anchor(anchor.handle)
+    mib = 1024 * 1024
+    first = bytes(range(256)) * (6 * mib // 256)
+    second = bytes(reversed(range(256))) * (2 * mib // 256)
+    await sender.send("before")
+    await sender.send(first)
+    await sender.send(second)
+    await sender.send("after")
+    retired = sender.finalize()
+    assert await drain(anchor) == ["before", first, second, "after"]
+    assert (await asyncio.wait_for(retired, 10)).value == "sent"
+    assert metric(a, "velo_streaming_mux_singletons_total", 'path="staged"') == 2
+    assert metric(b, "velo_streaming_mux_hold_overflow_total") == 0
+    assert metric(b, "velo_streaming_mux_held_records") == 0
+
+
 async def test_a_receiver_refuses_an_oversized_item_and_only_that_stream_ends(
     start_node: StartNode,
 ) -> None:

@@ -8,10 +8,19 @@ refusal hooks, and a waiting caller), and otherwise pulls the payload over a req
 stream in the background, so the lane never waits for the transfer, then hands it to
 :mod:`.inbound` as if it had arrived inline. As the sender it serves those pulls and
 releases, and reports every release of a staged payload to its listeners.
+
+Pulls of one (sender, lane) run one after another, in the order their descriptors arrived,
+so a lane's staged payloads are delivered in lane order among themselves (inline messages
+do not wait for them). Pulled side by side, a small payload staged after a large one could
+land first: the mux would then have to hold the second record of a stream, possibly
+megabytes, until the first arrived, and its per-stream hold is bounded far below that.
+One lane's transfers share one connection anyway, so pulling them in turn costs a round
+trip per payload, not bandwidth.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -63,6 +72,8 @@ class MessengerRendezvous(MessengerBase):
 
     _refusal_hooks: list[RefusalHook]
     _staging_listeners: list[Callable[[str, int], None]]
+    _pull_tails: dict[tuple[InstanceId, int], asyncio.Task[None]]
+    """The last pull queued on each (sender, lane): the next one waits for it."""
 
     def add_staged_refusal_hook(self, hook: RefusalHook) -> None:
         """Be told when this node refuses a staged payload for its size (the mux ends the slot)."""
@@ -107,7 +118,31 @@ class MessengerRendezvous(MessengerBase):
                     ),
                 )
             return
-        self._background_task(self._pull_and_deliver(peer, lane, envelope, descriptor))
+        key = (peer, lane)
+        previous = self._pull_tails.get(key)
+        task = asyncio.ensure_future(self._pull_in_turn(previous, peer, lane, envelope, descriptor))
+        self._pull_tails[key] = task
+        self._background.add(task)
+        task.add_done_callback(lambda done: self._pull_done(key, done))
+
+    def _pull_done(self, key: tuple[InstanceId, int], task: asyncio.Task[None]) -> None:
+        self._background.discard(task)
+        if self._pull_tails.get(key) is task:
+            del self._pull_tails[key]
+
+    async def _pull_in_turn(
+        self,
+        previous: asyncio.Task[None] | None,
+        peer: InstanceId,
+        lane: int,
+        envelope: Envelope,
+        descriptor: StagedDescriptor,
+    ) -> None:
+        """Pull after the lane's previous pull finished, whatever its outcome (each pull
+        handles its own failure; a cancelled one, at close, ends the chain's wait too)."""
+        if previous is not None and not previous.done():
+            await asyncio.wait((previous,))
+        await self._pull_and_deliver(peer, lane, envelope, descriptor)
 
     async def _pull_and_deliver(
         self, peer: InstanceId, lane: int, envelope: Envelope, descriptor: StagedDescriptor
