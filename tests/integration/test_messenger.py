@@ -324,6 +324,28 @@ async def test_staged_payloads_of_one_lane_are_pulled_in_turn_and_delivered_in_o
     assert len(served.items) == 2
 
 
+async def test_a_failing_staging_listener_costs_nothing_else(
+    start: Start, caplog: pytest.LogCaptureFixture
+) -> None:
+    b = await start("b")
+    a = await start("a")
+    a.add_peer(b.instance_id, b.address)
+
+    def broken(reason: str, size: int) -> None:
+        raise RuntimeError("listener bug")
+
+    released = Waiter()
+    a.add_staging_listener(broken)
+    a.add_staging_listener(lambda reason, size: released.add((reason, size)))
+    got = Waiter()
+    b.register("sink", lambda ctx: got.add(len(ctx.payload)))
+    await a.am_send(b.instance_id, "sink", bytes(1 * MiB))
+    await got.until(lambda items: items == [1 * MiB])
+    await released.until(lambda items: items == [("pulled", 1 * MiB)])
+    assert a.staged_bytes == 0
+    assert "staging listener failed" in caplog.text
+
+
 async def test_bad_input_costs_only_that_message(start: Start) -> None:
     b = await start("b")
     a = await start("a")

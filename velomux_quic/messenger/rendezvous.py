@@ -205,4 +205,7 @@ class MessengerRendezvous(MessengerBase):
     def _released(self, reason: str, size: int) -> None:
         self.metrics.rendezvous_ops.labels("release", reason).inc()
         for listener in self._staging_listeners:
-            listener(reason, size)
+            try:
+                listener(reason, size)
+            except Exception:  # a listener's bug must not break the release that called it
+                logger.exception("staging listener failed on a %s release", reason)

@@ -33,7 +33,7 @@ from ..messenger.registry import BATCH_HANDLER_NAMES
 
 if TYPE_CHECKING:
     from ..ids import InstanceId
-    from ..messenger.messenger import StagedRefusal
+    from ..messenger import StagedRefusal
     from .ingress import IngressTable, InMemoryBindRegistry, MuxIngressStats
 
 __all__ = [

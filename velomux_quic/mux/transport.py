@@ -45,7 +45,7 @@ from .protocol import (
 from .singleton import REFUSAL_OUTCOMES, SingletonCounters, apply_staged_refusal
 
 if TYPE_CHECKING:
-    from ..messenger.messenger import StagedRefusal
+    from ..messenger import StagedRefusal
     from ..streaming.anchor import AnchorEntry, RemoteSender
 
 __all__ = ["MuxTransport"]
