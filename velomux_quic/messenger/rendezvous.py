@@ -105,18 +105,12 @@ class MessengerRendezvous(MessengerBase):
                     hook(refusal)
                 except Exception:
                     logger.exception("staged refusal hook failed")
-            if envelope.kind in (Kind.SYNC, Kind.REQUEST):
-                ctx = Context(self, peer, lane, envelope.handler, envelope.headers, b"")  # type: ignore[arg-type]
-                self._reply(
-                    ctx,
-                    Kind.ERROR,
-                    envelope.message_id,
-                    encode_error(
-                        ErrorCode.REFUSED,
-                        f"staged payload of {descriptor.size} bytes exceeds "
-                        f"staged_payload_max {limit}",
-                    ),
-                )
+            self._refuse_caller(
+                peer,
+                lane,
+                envelope,
+                f"staged payload of {descriptor.size} bytes exceeds staged_payload_max {limit}",
+            )
             return
         key = (peer, lane)
         previous = self._pull_tails.get(key)
@@ -164,14 +158,7 @@ class MessengerRendezvous(MessengerBase):
             logger.warning(
                 "could not pull a staged %r payload from %s: %r", envelope.handler, peer, exc
             )
-            if envelope.kind in (Kind.SYNC, Kind.REQUEST):
-                ctx = Context(self, peer, lane, envelope.handler, envelope.headers, b"")  # type: ignore[arg-type]
-                self._reply(
-                    ctx,
-                    Kind.ERROR,
-                    envelope.message_id,
-                    encode_error(ErrorCode.REFUSED, f"staged payload lost: {exc}"),
-                )
+            self._refuse_caller(peer, lane, envelope, f"staged payload lost: {exc}")
             return
         self.metrics.rendezvous_ops.labels("get", "success").inc()
         self.metrics.rendezvous_bytes.labels("get").inc(len(payload))
@@ -179,6 +166,15 @@ class MessengerRendezvous(MessengerBase):
             "pulled %d bytes from %s in %.3f s", len(payload), peer, time.monotonic() - started
         )
         self._deliver(peer, lane, envelope, payload)
+
+    def _refuse_caller(self, peer: InstanceId, lane: int, envelope: Envelope, message: str) -> None:
+        """A staged SYNC or REQUEST that will never be handled: its caller gets
+        RemoteRefused with ``message`` (a MESSAGE has no caller to tell)."""
+        if envelope.kind in (Kind.SYNC, Kind.REQUEST):
+            ctx = Context(self, peer, lane, envelope.handler, envelope.headers, b"")  # type: ignore[arg-type]
+            self._reply(
+                ctx, Kind.ERROR, envelope.message_id, encode_error(ErrorCode.REFUSED, message)
+            )
 
     async def _release_remote(self, peer: InstanceId, staged_id: int) -> None:
         try:
