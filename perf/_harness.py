@@ -21,7 +21,7 @@ import resource
 import statistics
 import sys
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -30,6 +30,7 @@ import msgpack
 
 from velomux_quic.mux.protocol import BATCH_HEADER_SIZE, RECORD_HEADER_SIZE
 from velomux_quic.node import Node
+from velomux_quic.runtime import run
 from velomux_quic.streaming.frames import encode_item
 
 T = TypeVar("T")
@@ -57,6 +58,7 @@ __all__ = [
     "profile_report",
     "read_counters",
     "records_per_batch_clamp",
+    "run_child",
     "say",
     "stamped_token",
     "stdin_reader",
@@ -291,6 +293,17 @@ def describe(exc: BaseException) -> str:
     """An exception and its notes on one line, for the benchmark's report."""
     notes = getattr(exc, "__notes__", None) or []
     return "; ".join([f"{type(exc).__name__}: {exc}", *notes])
+
+
+def run_child(main: Coroutine[Any, Any, int]) -> int:
+    """Run one child's ``main`` on the project's loop, dying with the benchmark that
+    started it; a failure is also said on stdout (``failed``), so the report can show why."""
+    die_with_parent()
+    try:
+        return run(main)
+    except Exception as exc:
+        say("failed", {"error": describe(exc)})
+        raise
 
 
 # -- the orchestrator's side -------------------------------------------------------------

@@ -104,6 +104,7 @@ from _harness import (
     DatagramCount,
     busy_before,
     package_version,
+    run_child,
     say,
     stdin_reader,
     watched,
@@ -119,7 +120,6 @@ from cryptography.hazmat.primitives.serialization import Encoding
 from velomux_quic.ids import InstanceId, StreamAnchorHandle
 from velomux_quic.mux.config import MuxConfig
 from velomux_quic.node import Node
-from velomux_quic.runtime import run
 from velomux_quic.security.certs import NodeCredentials, ensure_dev_cluster
 from velomux_quic.streaming.anchor import StreamAnchor
 from velomux_quic.streaming.control import MESSENGER_MUX_KEY
@@ -1489,14 +1489,8 @@ _ROLES: dict[str, Callable[[argparse.Namespace], Any]] = {
 
 
 def _child(args: argparse.Namespace) -> int:
-    """Run one child; a failure is also said on stdout, so the report can show why."""
-    try:
-        code: int = run(_ROLES[args.role](args))
-        return code
-    except Exception as exc:
-        notes = getattr(exc, "__notes__", None) or []
-        say("failed", {"error": "; ".join([f"{type(exc).__name__}: {exc}", *notes])})
-        raise
+    code: int = run_child(_ROLES[args.role](args))
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:

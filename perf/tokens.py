@@ -117,8 +117,6 @@ from _harness import (
     Child,
     Window,
     busy_before,
-    describe,
-    die_with_parent,
     expect_line,
     loop_environment,
     median_of,
@@ -127,6 +125,7 @@ from _harness import (
     print_counters,
     profile_report,
     records_per_batch_clamp,
+    run_child,
     say,
     stamped_token,
     stdin_reader,
@@ -138,7 +137,6 @@ from velomux_quic.ids import InstanceId, StreamAnchorHandle
 from velomux_quic.mux.config import Manual, MuxConfig
 from velomux_quic.mux.protocol import COALESCE_THRESHOLD
 from velomux_quic.node import Node
-from velomux_quic.runtime import run
 from velomux_quic.security.certs import NodeCredentials, ensure_dev_cluster
 from velomux_quic.streaming.control import MESSENGER_MUX_KEY, PER_STREAM_KEY
 from velomux_quic.streaming.sender import Retired, StreamSender
@@ -1598,14 +1596,8 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _child(args: argparse.Namespace) -> int:
-    """Run one child; a failure is also said on stdout, so the report can show why."""
     main_ = engine_main if args.role == "engine" else frontend_main
-    die_with_parent()
-    try:
-        return run(main_(args))
-    except Exception as exc:
-        say("failed", {"error": describe(exc)})
-        raise
+    return run_child(main_(args))
 
 
 def main(argv: list[str] | None = None) -> int:
