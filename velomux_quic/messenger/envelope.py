@@ -39,6 +39,13 @@ pack and one concatenation.
 Everything peer-supplied is validated, and :func:`decode_envelope` reports any
 defect as :class:`MalformedEnvelope` only, so a receiver can handle a bad frame
 from a peer with one ``except`` without hiding its own bugs.
+
+This module owns the framing: the fixed header, the kinds and flags, the handler
+name and the header map, with the per-message decoder and encoders. The formats of
+what some envelopes carry (the ERROR payload, the STAGED descriptor, the
+``_mux_slot`` header value) live in :mod:`.contents`, with :class:`MalformedEnvelope`:
+their consumers read them after dispatch; the per-frame decoder does not. This
+module re-exports all of them, so callers import the whole wire format from here.
 """
 
 from __future__ import annotations
@@ -46,10 +53,23 @@ from __future__ import annotations
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import IntEnum, StrEnum
+from enum import IntEnum
 from typing import Final
 
 import msgpack
+
+from .contents import (
+    DESCRIPTOR_SIZE,
+    MUX_SLOT_HEADER,
+    BytesLike,
+    ErrorCode,
+    MalformedEnvelope,
+    MuxSlotRef,
+    StagedDescriptor,
+    _descriptor_size_problem,  # the decoder words a bad STAGED payload the same way
+    decode_error,
+    encode_error,
+)
 
 __all__ = [
     "DESCRIPTOR_SIZE",
@@ -76,9 +96,6 @@ __all__ = [
     "encode_error",
     "message_prefix",
 ]
-
-BytesLike = bytes | bytearray | memoryview
-"""What the encoders accept as a payload."""
 
 VERSION: Final = 1
 """The envelope version this module reads and writes; any other is refused."""
@@ -113,25 +130,12 @@ bounds what a peer can make the decoder parse per frame, well below what the
 MAX_HEADER_VALUE_SIZE: Final = 1024
 """Largest header value, in UTF-8 bytes. Anything bigger belongs in the payload."""
 
-MUX_SLOT_HEADER: Final = "_mux_slot"
-"""Header naming the stream of a staged mux singleton; its value is a :class:`MuxSlotRef`.
-
-A receiver that refuses a staged batch (it states more bytes than
-``staged_payload_max``) never reads the batch, so this header is how it learns
-which stream to end.
-"""
-
-DESCRIPTOR_SIZE: Final = 16
-"""Bytes in an encoded :class:`StagedDescriptor`: ``[u64 staged_id][u64 size]``."""
-
-_U32_MAX: Final = (1 << 32) - 1
 _U64_MAX: Final = (1 << 64) - 1
 
 _FIXED: Final = struct.Struct(">BBBBQ")
 _unpack_fixed_from: Final = _FIXED.unpack_from
 _pack_fixed: Final = _FIXED.pack
 _HEADERS_LEN: Final = struct.Struct(">H")
-_DESCRIPTOR: Final = struct.Struct(">QQ")
 
 FIXED_HEADER_SIZE: Final = _FIXED.size
 """Bytes before the handler name: version, kind, flags, name_len, message_id."""
@@ -166,153 +170,8 @@ _NAMED: Final = tuple(k in (Kind.MESSAGE, Kind.SYNC, Kind.REQUEST) for k in _KIN
 _STAGEABLE: Final = tuple(k not in (Kind.ERROR, Kind.ACK) for k in _KINDS)
 
 
-class ErrorCode(StrEnum):
-    """Why a REQUEST or SYNC failed, as carried in an ERROR payload."""
-
-    UNKNOWN_HANDLER = "unknown_handler"
-    """No handler of that name is registered on the receiver."""
-    HANDLER_FAILED = "handler_failed"
-    """The handler raised; the message says how."""
-    MALFORMED = "malformed"
-    """The receiver could not read the request (bad headers, payload or descriptor)."""
-    REFUSED = "refused"
-    """The receiver declined the request (a limit, an admission rule, a staged size cap)."""
-    SHUTTING_DOWN = "shutting_down"
-    """The receiver is draining and takes no new requests; try another node."""
-
-
-_ERROR_CODES: Final[dict[str, ErrorCode]] = {code.value: code for code in ErrorCode}
-
-
-class MalformedEnvelope(ValueError):
-    """A frame body, header value or error payload from a peer is not valid.
-
-    The message names the field and, inside an envelope, its byte offset.
-    ``field`` and ``offset`` carry the same for code (a metric label, a log
-    field); ``offset`` is ``None`` where the value is not read from a position
-    in an envelope (a header value, an error payload).
-    """
-
-    field: str
-    offset: int | None
-
-    def __init__(self, message: str, field: str = "", offset: int | None = None) -> None:
-        super().__init__(message)
-        self.field = field
-        self.offset = offset
-
-    def __reduce__(self) -> tuple[type[MalformedEnvelope], tuple[str, str, int | None]]:
-        # The default reduction would call __init__ with the message alone.
-        return type(self), (str(self), self.field, self.offset)
-
-
 def _malformed(field: str, offset: int, what: str) -> MalformedEnvelope:
     return MalformedEnvelope(f"{field} at offset {offset}: {what}", field, offset)
-
-
-@dataclass(frozen=True, slots=True)
-class StagedDescriptor:
-    """What travels on the lane in place of a staged payload: its id and its size.
-
-    ``staged_id`` names the staged bytes on the sending node, which serves them
-    to the receiver's pull; ``size`` is their length, stated up front so the
-    receiver can refuse a transfer bigger than its ``staged_payload_max`` before
-    allocating anything. Both are u64. The encoding is fixed-size binary rather
-    than a string header so that decoding it cannot fail in any way other than a
-    wrong length.
-    """
-
-    staged_id: int
-    size: int
-
-    def __post_init__(self) -> None:
-        for name, value in (("staged_id", self.staged_id), ("size", self.size)):
-            if not isinstance(value, int) or not 0 <= value <= _U64_MAX:
-                raise ValueError(f"{name} must be a u64, got {value!r}")
-
-    def encode(self) -> bytes:
-        """The 16-byte payload of a STAGED envelope."""
-        return _DESCRIPTOR.pack(self.staged_id, self.size)
-
-    @classmethod
-    def decode(cls, payload: BytesLike) -> StagedDescriptor:
-        """Read a descriptor; :class:`MalformedEnvelope` unless exactly 16 bytes."""
-        size = payload.nbytes if isinstance(payload, memoryview) else len(payload)
-        if size != DESCRIPTOR_SIZE:
-            raise MalformedEnvelope(_descriptor_size_problem(size), "descriptor")
-        staged_id, staged_size = _DESCRIPTOR.unpack_from(payload)
-        return cls(staged_id, staged_size)
-
-
-def _descriptor_size_problem(size: int) -> str:
-    if size < DESCRIPTOR_SIZE:
-        return f"truncated descriptor: {size} bytes, a descriptor is {DESCRIPTOR_SIZE}"
-    return f"descriptor followed by {size - DESCRIPTOR_SIZE} trailing bytes"
-
-
-@dataclass(frozen=True, slots=True)
-class MuxSlotRef:
-    """The value of the ``_mux_slot`` header: ``<epoch>:<slot>:<session>``.
-
-    ``epoch`` (u64) is the sender's peer epoch, ``slot`` (u32) the full slot id,
-    ``session`` (u64) the routing session the receiver allocated when the slot
-    was bound. Together they name one stream lifetime; a slot id alone does not,
-    because a replaced batcher reuses ids and a reused slot's eight-bit
-    generation wraps. The session, the receiver's own never-reused u64, is what
-    lets a late refusal find nothing rather than end a later stream.
-    """
-
-    epoch: int
-    slot: int
-    session: int
-
-    def __post_init__(self) -> None:
-        for name, value, limit in (
-            ("epoch", self.epoch, _U64_MAX),
-            ("slot", self.slot, _U32_MAX),
-            ("session", self.session, _U64_MAX),
-        ):
-            if not isinstance(value, int) or not 0 <= value <= limit:
-                raise ValueError(f"{name} must be in 0..{limit}, got {value!r}")
-
-    def format(self) -> str:
-        """The header value, in canonical form."""
-        return f"{self.epoch}:{self.slot}:{self.session}"
-
-    @classmethod
-    def parse(cls, value: str) -> MuxSlotRef:
-        """Read a header value; :class:`MalformedEnvelope` on anything but the canonical form.
-
-        Only ASCII digits without sign, spaces, underscores or leading zeros are
-        accepted (``int()`` takes all of those), so every reference has exactly
-        one spelling and one that would not round-trip through :meth:`format` is
-        refused rather than guessed at.
-        """
-        parts = value.split(":") if isinstance(value, str) else []
-        if len(parts) != 3:
-            raise _bad_slot_ref(value, "expected <epoch>:<slot>:<session>")
-        numbers: list[int] = []
-        for name, text, limit in zip(
-            ("epoch", "slot", "session"), parts, (_U64_MAX, _U32_MAX, _U64_MAX), strict=True
-        ):
-            # A u64 has at most 20 digits: the length test keeps int() off long input.
-            if (
-                not text
-                or len(text) > 20
-                or not (text.isascii() and text.isdigit())
-                or (text[0] == "0" and len(text) > 1)
-            ):
-                raise _bad_slot_ref(value, f"{name} is not a canonical decimal")
-            number = int(text)
-            if number > limit:
-                raise _bad_slot_ref(value, f"{name} exceeds {limit}")
-            numbers.append(number)
-        return cls(numbers[0], numbers[1], numbers[2])
-
-
-def _bad_slot_ref(value: object, what: str) -> MalformedEnvelope:
-    shown = value[:64] if isinstance(value, str) else value
-    return MalformedEnvelope(f"{MUX_SLOT_HEADER} header {shown!r}: {what}", MUX_SLOT_HEADER)
 
 
 @dataclass(slots=True)
@@ -656,51 +515,3 @@ def message_prefix(kind: Kind, handler: str) -> bytes:
     if kind is not Kind.MESSAGE:
         raise ValueError(f"only MESSAGE has a constant prefix; use MessagePrefix for {kind.name}")
     return MessagePrefix(kind, handler).header(0)
-
-
-# -- error payloads ---------------------------------------------------------------
-
-
-def encode_error(code: ErrorCode, message: str) -> bytes:
-    """The payload of an ERROR envelope: MessagePack ``[code, message]``.
-
-    Characters that UTF-8 cannot carry (lone surrogates, which ``str()`` of an
-    exception about a file name can hold) are replaced rather than refused: this
-    runs on a failure path, and raising here would lose the error reply and
-    leave the caller waiting for a timeout instead.
-    """
-    code = ErrorCode(code)  # ValueError for a string that is not a code
-    if not isinstance(message, str):
-        raise ValueError(f"message must be a str, got {type(message).__name__}")
-    try:
-        packed: bytes = _packb([code.value, message])
-    except UnicodeEncodeError:
-        message = message.encode("utf-8", "replace").decode()
-        packed = _packb([code.value, message])
-    return packed
-
-
-def decode_error(payload: BytesLike) -> tuple[ErrorCode, str]:
-    """Read an ERROR payload; :class:`MalformedEnvelope` if it is not ``[str, str, ...]``.
-
-    Elements after the second are ignored: control bodies add fields at the
-    end, and an older receiver must still read the code and message. A code
-    this version does not know becomes ``HANDLER_FAILED`` with the code kept in
-    the message: a newer peer may define codes, and its caller must still see
-    the request fail (rather than the reply dropped as malformed), with enough
-    text for an operator to tell what happened.
-    """
-    try:
-        error = _unpackb(payload)
-    except Exception as exc:
-        # See _decode_headers: any failure to parse peer input is the peer's defect.
-        raise MalformedEnvelope(f"error payload: not MessagePack ({exc})", "error") from exc
-    if type(error) is not list or len(error) < 2:
-        raise MalformedEnvelope("error payload: not an array [code, message]", "error")
-    code, message = error[0], error[1]
-    if type(code) is not str or type(message) is not str:
-        raise MalformedEnvelope("error payload: code and message must be str", "error")
-    known = _ERROR_CODES.get(code)
-    if known is None:
-        return ErrorCode.HANDLER_FAILED, f"{message} (unknown error code {code[:64]!r})"
-    return known, message
