@@ -5,6 +5,12 @@ Consumer side: it creates anchors, answers ``_anchor_attach`` / ``_mpsc_anchor_a
 and runs one watchdog timer per remote sender. Producer side: it attaches to anchors
 (locally with no transport at all, remotely over the negotiated transport), sends every
 remote sender's heartbeats from one task, and applies the consumer's cancel and stop.
+
+This module owns the manager's state and lifecycle, the transports and their negotiation,
+and the consumer side: the anchors, the attach handlers, the watchdogs, and the cancels and
+stops sent to a remote producer. The producer side lives in :mod:`.producer`, mixed into
+:class:`AnchorManager` (see there for why it is separate and why a mixin), and the zero-RTT
+pre-bind and open in :mod:`.zero_rtt`.
 """
 
 from __future__ import annotations
@@ -18,10 +24,9 @@ from functools import partial
 from typing import Any
 
 from ..ids import InstanceId, StreamAnchorHandle, WorkerId, worker_id_of
-from ..messenger import CallError, Context, Messenger
+from ..messenger import Context, Messenger
 from ..transport import TransportHandler
 from .anchor import AnchorEntry, MpscAnchor, RemoteSender, StreamAnchor
-from .channels import InboxChannel
 from .config import StreamingConfig
 from .control import (
     MESSENGER_MUX_KEY,
@@ -29,28 +34,20 @@ from .control import (
     AnchorAttachErr,
     AnchorAttachOk,
     AnchorAttachRequest,
-    AnchorAttachResponse,
     ControlDecodeError,
     MpscAnchorAttachOk,
     MpscAnchorAttachRequest,
-    MpscAnchorAttachResponse,
     StreamControl,
     StreamOpenTicket,
 )
-from .errors import (
-    AlreadyAttached,
-    AnchorNotFound,
-    AttachError,
-    AttachRefused,
-    MaxSendersReached,
-    WrongHandleKind,
-)
-from .frames import DROPPED, HEARTBEAT
+from .frames import DROPPED
 from .inbox import Inbox
 from .metrics import StreamingMetrics
 from .perstream import PerStreamTransport
+from .producer import _ERRORS as _ERRORS
+from .producer import AnchorProducer
 from .sender import SenderState, StreamSender
-from .transports import AttachTerms, BindTerms, StreamTransport, TransportRegistry
+from .transports import BindTerms, StreamTransport, TransportRegistry
 from .zero_rtt import ZeroRtt
 
 __all__ = ["DETECTION_MULTIPLIER", "AnchorManager", "StreamingConfig"]
@@ -61,15 +58,9 @@ DETECTION_MULTIPLIER = 3
 """Dead heartbeat windows before a watchdog ends a stream (a protocol constant)."""
 
 MPSC_BIT = 1 << 63
-_ERRORS: dict[str, type[AttachError]] = {
-    "anchor_not_found": AnchorNotFound,
-    "already_attached": AlreadyAttached,
-    "max_senders_reached": MaxSendersReached,
-    "wrong_handle_kind": WrongHandleKind,
-}
 
 
-class AnchorManager(TransportHandler):
+class AnchorManager(AnchorProducer, TransportHandler):
     """One per node. See the module docstring."""
 
     def __init__(
@@ -438,207 +429,7 @@ class AnchorManager(TransportHandler):
         if remote.node is not None and remote.sender_stream_id:
             self._notify(remote.node, "_stream_cancel", remote.sender_stream_id)
 
-    # -- producer: attach ----------------------------------------------------------------
-
-    async def attach_anchor(
-        self,
-        handle: StreamAnchorHandle,
-        *,
-        key: int | None = None,
-        offer: list[str] | None = None,
-    ) -> StreamSender:
-        """Attach a producer to a single-sender anchor, on this node or another.
-
-        ``key`` (a u64) asks the receiver to put the stream on lane ``splitmix64(key) %
-        lanes``, so streams with one key share a lane; without it the receiver picks the
-        lane with the least load from this node. ``offer`` overrides the transport keys
-        advertised (compatibility testing only).
-        """
-        return await self._attach_sender(handle, mpsc=False, offer=offer, lane_key=key)
-
-    async def attach_mpsc_anchor(
-        self,
-        handle: StreamAnchorHandle,
-        *,
-        key: int | None = None,
-        offer: list[str] | None = None,
-    ) -> StreamSender:
-        return await self._attach_sender(handle, mpsc=True, offer=offer, lane_key=key)
-
-    async def _attach_sender(
-        self,
-        handle: StreamAnchorHandle,
-        *,
-        mpsc: bool,
-        offer: list[str] | None,
-        lane_key: int | None = None,
-    ) -> StreamSender:
-        if handle.is_mpsc != mpsc:
-            raise WrongHandleKind(
-                f"{handle} is {'an MPSC' if handle.is_mpsc else 'a single-sender'} handle", handle
-            )
-        if handle.worker_id == self.worker_id:
-            return self._attach_local(handle, mpsc)
-        peer = self._peer_of(handle.worker_id)
-        if peer is None:
-            raise AttachRefused(f"no known node has WorkerId {handle.worker_id:#x}", handle)
-        sender_stream_id = self._next_sender_stream
-        self._next_sender_stream += 1
-        request_type = MpscAnchorAttachRequest if mpsc else AnchorAttachRequest
-        request = request_type(
-            handle=handle,
-            session_id=int.from_bytes(os.urandom(8), "big"),
-            stream_cancel_handle=(self.worker_id, sender_stream_id),
-            supported_transport_keys=sorted(self.transport_keys if offer is None else offer),
-            lane_key=lane_key,
-        )
-        started = time.monotonic()
-        try:
-            raw = await self.messenger.unary(
-                peer,
-                "_mpsc_anchor_attach" if mpsc else "_anchor_attach",
-                request.encode(),
-                timeout=self.config.attach_timeout,
-            )
-            response = (MpscAnchorAttachResponse if mpsc else AnchorAttachResponse).decode(raw)
-        except (CallError, ControlDecodeError) as exc:
-            self.metrics.attach_rtt.labels("error", "none").observe(time.monotonic() - started)
-            raise AttachRefused(f"attach to {handle} failed: {exc}", handle) from exc
-        if not isinstance(response, (AnchorAttachOk, MpscAnchorAttachOk)):
-            self.metrics.attach_rtt.labels("error", "none").observe(time.monotonic() - started)
-            reason = getattr(response, "reason", "unexpected answer")
-            code = reason.partition(":")[0]
-            raise _ERRORS.get(code, AttachRefused)(reason, handle)
-        key = response.streaming_transport_key
-        self.metrics.attach_rtt.labels("success", key).observe(time.monotonic() - started)
-        transport = self.transports.get(key)
-        if transport is None:
-            raise AttachRefused(f"the receiver chose {key!r}, which this node cannot connect on")
-        terms = AttachTerms(
-            peer=peer,
-            handle=handle,
-            routing_session_id=response.routing_session_id,
-            heartbeat_interval=response.heartbeat_interval_ms / 1000.0,
-            sender_id=response.sender_id if isinstance(response, MpscAnchorAttachOk) else 0,
-            initial_credit=response.initial_credit,
-            slot_byte_budget=response.slot_byte_budget,
-            lane=response.lane,
-        )
-        return await self._connect(transport, terms, sender_stream_id)
-
-    async def _connect(
-        self, transport: StreamTransport, terms: AttachTerms, sender_stream_id: int
-    ) -> StreamSender:
-        channel = await transport.connect(terms)
-        state = SenderState(
-            self,
-            terms.handle,
-            channel,
-            sender_stream_id=sender_stream_id,
-            transport_key=transport.key,
-            target=terms.peer,
-            heartbeat_interval=terms.heartbeat_interval,
-            sender_id=terms.sender_id,
-        )
-        watch = getattr(channel, "watch", None)
-        if watch is not None:  # the mux tells the sender of stops, cancels and closes
-            watch(state)
-        self._senders[sender_stream_id] = state
-        self._start_heartbeats()
-        return StreamSender(state)
-
-    # -- zero-RTT: pre-bind (consumer) and open (producer), see zero_rtt.py --------------
-
-    def prebind_anchor(
-        self, handle: StreamAnchorHandle, *, key: int | None = None
-    ) -> StreamOpenTicket | None:
-        """Bind the anchor's mux slot now and return the ticket a producer opens it with,
-        saving the attach round trip (None without a mux; see :meth:`ZeroRtt.prebind`)."""
-        return self._zero_rtt.prebind(handle, key=key)
-
-    async def open_anchor_stream(
-        self, handle: StreamAnchorHandle, ticket: StreamOpenTicket
-    ) -> StreamSender:
-        """Producer side of a ticket: open the stream with no attach message."""
-        return await self._zero_rtt.open(handle, ticket)
-
-    def _attach_local(self, handle: StreamAnchorHandle, mpsc: bool) -> StreamSender:
-        entry = self._anchors.get(handle.local_id)
-        if entry is None or entry.finished:
-            raise AnchorNotFound(f"no anchor {handle} on this node", handle)
-        prebound = entry.prebind
-        if prebound is not None:
-            mux = self._mux()
-            if mux is not None and mux.claimed(entry, prebound):
-                raise AlreadyAttached(f"{handle}'s pre-bind was claimed by a ticket", handle)
-            # A same-worker sender writes into the anchor directly and never claims the slot.
-            self._zero_rtt.release(entry, prebound)
-        if not mpsc and entry.attached:
-            raise AlreadyAttached(f"{handle} has a live sender", handle)
-        if mpsc and entry.max_senders is not None and entry.sender_count >= entry.max_senders:
-            raise MaxSendersReached(f"{handle} allows {entry.max_senders} senders", handle)
-        sender_id = entry.next_sender_id
-        entry.next_sender_id += 1
-        entry.local_senders.add(sender_id)
-        entry.attached = True
-        if entry.unattached_timer is not None:
-            entry.unattached_timer.cancel()
-            entry.unattached_timer = None
-        sender_stream_id = self._next_sender_stream
-        self._next_sender_stream += 1
-        state = SenderState(
-            self,
-            handle,
-            InboxChannel(entry.inbox, sender_id),
-            sender_stream_id=sender_stream_id,
-            transport_key=None,
-            target=None,
-            heartbeat_interval=None,
-            sender_id=sender_id if mpsc else 0,
-        )
-        self._senders[sender_stream_id] = state
-        return StreamSender(state)
-
-    def _peer_of(self, worker_id: WorkerId) -> InstanceId | None:
-        known = self.messenger.peers.by_worker(worker_id)
-        if known is not None:
-            return known
-        for peer in self.messenger.transport.known_peers():
-            if worker_id_of(peer) == worker_id:
-                return peer
-        return None
-
-    def sender_finished(self, state: SenderState) -> None:
-        """A sender handed over its terminal (or was cancelled): no more heartbeats."""
-        self._senders.pop(state.sender_stream_id, None)
-        if state.target is None:
-            entry = self._anchors.get(state.handle.local_id)
-            if entry is not None and not entry.mpsc:
-                # Same-worker: the sentinel is in the channel now; a re-attach may follow.
-                entry.attached = False
-
-    # -- producer: control from the consumer ---------------------------------------------
-
-    def _cancel_handler(self, ctx: Context) -> None:
-        state = self._own_sender(ctx)
-        if state is not None:
-            state.cancel()
-
-    def _stop_handler(self, ctx: Context) -> None:
-        state = self._own_sender(ctx)
-        if state is not None:
-            state.stop_requested.set()
-
-    def _own_sender(self, ctx: Context) -> SenderState | None:
-        try:
-            control = StreamControl.decode(ctx.payload)
-        except ControlDecodeError:
-            return None
-        state = self._senders.get(control.sender_stream_id)
-        # Only the node the sender is attached to may stop or cancel it.
-        if state is None or state.target != ctx.sender:
-            return None
-        return state
+    # -- consumer: cancel and stop sent to a remote producer -----------------------------
 
     def _notify(self, node: InstanceId, handler: str, sender_stream_id: int) -> None:
         async def send() -> None:
@@ -654,34 +445,20 @@ class AnchorManager(TransportHandler):
             self._background.add(task)
             task.add_done_callback(self._background.discard)
 
-    # -- producer: heartbeats (one task for every remote sender) -------------------------
+    # -- zero-RTT: pre-bind (consumer) and open (producer), see zero_rtt.py --------------
 
-    def _start_heartbeats(self) -> None:
-        self._heartbeat_wake.set()
-        if self._heartbeat_task is None or self._heartbeat_task.done():
-            self._heartbeat_task = self._loop.create_task(self._heartbeats())
+    def prebind_anchor(
+        self, handle: StreamAnchorHandle, *, key: int | None = None
+    ) -> StreamOpenTicket | None:
+        """Bind the anchor's mux slot now and return the ticket a producer opens it with,
+        saving the attach round trip (None without a mux; see :meth:`ZeroRtt.prebind`)."""
+        return self._zero_rtt.prebind(handle, key=key)
 
-    async def _heartbeats(self) -> None:
-        while not self._closed:
-            self._heartbeat_wake.clear()
-            now = self._loop.time()
-            next_due: float | None = None
-            for state in list(self._senders.values()):
-                interval = state.heartbeat_interval
-                if interval is None or state.terminal_sent:
-                    continue
-                if state.next_heartbeat <= now:
-                    if state.channel.try_send(HEARTBEAT):
-                        self.metrics.heartbeats_sent += 1
-                    else:  # a full channel drops the heartbeat: saturation shows as silence
-                        self.metrics.heartbeats_dropped += 1
-                    state.next_heartbeat = now + interval
-                if next_due is None or state.next_heartbeat < next_due:
-                    next_due = state.next_heartbeat
-            if next_due is None:
-                return  # nobody to heartbeat: the task ends, the next attach restarts it
-            with contextlib.suppress(TimeoutError):  # the next heartbeat is due
-                await asyncio.wait_for(self._heartbeat_wake.wait(), max(0.001, next_due - now))
+    async def open_anchor_stream(
+        self, handle: StreamAnchorHandle, ticket: StreamOpenTicket
+    ) -> StreamSender:
+        """Producer side of a ticket: open the stream with no attach message."""
+        return await self._zero_rtt.open(handle, ticket)
 
     # -- shutdown ------------------------------------------------------------------------
 
