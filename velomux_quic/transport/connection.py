@@ -1,17 +1,25 @@
-"""One QUIC connection to or from a peer: events in, lanes, gates and timers.
+"""One QUIC connection to or from a peer: its lifecycle, events in, sending, timers.
 
 A node *sends* only on connections it dialed (client role: outbound lanes with admission
 gates) and *receives* only on connections it accepted (server role: inbound lanes with
 frame decoders), as ARCHITECTURE.md decides. Both roles share this class because the
 asyncio plumbing (timers, transmit, close) is the same.
+
+This module owns the connection's lifecycle (the dial's handshake deadline, peer
+verification, graceful and abrupt close, termination and what it reports), the datagrams
+in and the dispatch of aioquic's events, the send side (lanes and the per-stream path's
+streams, their gates), pings, keepalive, timers and transmit. What arrives on streams
+(lanes, request streams, the per-stream path's inbound streams) is :mod:`.receiving`,
+mixed into :class:`PeerConnection`; a per-stream stream's send gate is
+:mod:`.perstream_send`; the states and close codes both halves share are :mod:`.states`.
+:class:`CloseCode`, :class:`ConnectionState` and :class:`PerStreamOutbound` are re-exported
+here, where they have always been imported from.
 """
 
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
-from collections import deque
 from typing import TYPE_CHECKING
 
 from aioquic.quic import events as quic_events
@@ -19,18 +27,14 @@ from aioquic.quic.packet import QuicErrorCode
 
 from ..ids import InstanceId
 from ..security.tls import parse_refusal_reason
-from .admission import UNBOUNDED, SendAdmission, SendOutcome, SharedRoom
+from .admission import SendOutcome, SharedRoom
 from .config import MAX_LANES
 from .errors import ChannelClosed, ConnectionReplaced, DialError
-from .framing import FrameTooLarge
-from .lanes import (
-    FIRST_EXTRA_STREAM,
-    InboundLane,
-    OutboundStream,
-    lane_of_stream,
-    stream_of_lane,
-)
+from .lanes import FIRST_EXTRA_STREAM, InboundLane, OutboundStream, stream_of_lane
+from .perstream_send import PerStreamOutbound
+from .receiving import ConnectionReceiving
 from .requests import IncomingRequests, OutgoingRequests
+from .states import CloseCode, ConnectionState
 
 if TYPE_CHECKING:
     from .endpoint import QuicTransport
@@ -44,97 +48,7 @@ _CRYPTO_ERROR_FIRST = int(QuicErrorCode.CRYPTO_ERROR)
 _CRYPTO_ERROR_LAST = _CRYPTO_ERROR_FIRST + 0xFF
 
 
-class CloseCode(enum.IntEnum):
-    """Application error codes we put in CONNECTION_CLOSE."""
-
-    NO_ERROR = 0
-    SHUTDOWN = 0x101
-    FRAME_TOO_LARGE = 0x102
-    UNVERIFIED_PEER = 0x103
-    REPLACED = 0x104
-    HANDSHAKE_TIMEOUT = 0x105
-    KILLED = 0x106
-    """Closed abruptly on request (tests and operators cutting a connection)."""
-
-
-class ConnectionState(enum.Enum):
-    HANDSHAKING = "handshaking"
-    ESTABLISHED = "established"
-    CLOSING = "closing"
-    CLOSED = "closed"
-
-
-class PerStreamOutbound(OutboundStream):
-    """A stream of the per-stream path: a lane-like gate over what QUIC has not sent yet.
-
-    A lane's gate counts the peer's window as room, which is right for one stream per
-    lane but not for a thousand streams: each would queue a window's worth that aioquic
-    then has to trickle out under one congestion window. Here a frame fits while
-
-    * the stream's own unsent bytes (written, never transmitted: waiting for the peer's
-      window or for the connection) stay within ``send_buffer``, and
-    * the connection's per-stream backlog (written inside the peer windows, not yet
-      transmitted) stays within the connection's :class:`SharedRoom`.
-
-    Either bound that counts nothing yet admits any one frame, so a frame larger than a
-    bound still goes, alone. Room opens when aioquic transmits (the connection polls the
-    shared room after every transmit) or when the peer's window grows.
-    """
-
-    __slots__ = ("_shared",)
-
-    def __init__(
-        self, conn: PeerConnection, stream_id: int, send_buffer: int, shared: SharedRoom
-    ) -> None:
-        self._shared = shared
-        super().__init__(conn, stream_id, send_buffer)
-
-    def send(self, body: bytes) -> SendOutcome:
-        """Queue one frame: ``ADMITTED`` or a pending admission served by the shared room."""
-        outcome = self.gate.send(body)
-        if isinstance(outcome, SendAdmission) and not outcome.done():
-            self._shared.waiting(self.gate, len(body))
-            self._conn.transport.stats.send_backpressure += 1
-        return outcome
-
-    def try_send(self, body: bytes, *, shared: bool = True) -> bool:
-        """Write the frame only if it fits now; nothing is queued or allocated otherwise.
-
-        ``shared=False`` measures the frame against the stream's own bound only, for a
-        heartbeat: a few bytes per stream per interval, which other streams keeping the
-        connection busy must not silence (the consumer's watchdog would end a live, idle
-        stream). It still never overtakes the stream's own waiting frames.
-        """
-        if shared:
-            return self.gate.try_send(body)
-        gate = self.gate
-        if gate.closed or gate.pending_count or not self._conn.established:
-            return False
-        unsent = self._quic.stream_unsent(self.stream_id)
-        if unsent and unsent + len(body) > self.send_buffer:
-            return False
-        self.write(body)
-        return True
-
-    def room(self) -> int:
-        if not self._conn.established:
-            return -1
-        unsent = self._quic.stream_unsent(self.stream_id)
-        own = self.send_buffer - unsent if unsent else UNBOUNDED
-        shared = self._shared.room()
-        return own if own < shared else shared
-
-    def idle(self) -> bool:
-        return False  # room() already admits a lone frame when nothing is queued
-
-    def _ensure_open(self) -> None:
-        opened = self._opened
-        super()._ensure_open()
-        if not opened:
-            self._quic.track_send_backlog(self.stream_id)
-
-
-class PeerConnection:
+class PeerConnection(ConnectionReceiving):
     """Glue between one :class:`EngineConnection` and the node's UDP endpoint."""
 
     def __init__(
@@ -328,84 +242,6 @@ class PeerConnection:
         self.quic.reset_stream(outbound.stream_id, int(CloseCode.KILLED))
         self.transmit()
 
-    # -- receiving -----------------------------------------------------------------------
-
-    def pause_reading(self, lane: int) -> None:
-        state = self._inbound.get(stream_of_lane(lane))
-        if state is not None:
-            state.paused = True
-
-    def resume_reading(self, lane: int) -> None:
-        state = self._inbound.get(stream_of_lane(lane))
-        if state is None or not state.paused:
-            return
-        state.paused = False
-        self._drain_inbound(state)
-        self.transmit_soon()  # the consumed bytes open the peer's window
-
-    def _inbound_lane(self, stream_id: int, lane: int) -> InboundLane:
-        state = self._inbound.get(stream_id)
-        if state is None:
-            assert self.peer is not None
-            paused = self.transport.is_reading_paused(self.peer, lane)
-            state = InboundLane(lane, stream_id, self.transport.config.max_message_size, paused)
-            self._inbound[stream_id] = state
-            self.quic.manage_receive_window(
-                stream_id, state.consumed_bytes, self.transport.config.lane_window
-            )
-        return state
-
-    def _lane_data(self, state: InboundLane, data: bytes) -> None:
-        if state.paused or state.held or state.backlog:
-            state.backlog.append(data)
-            return
-        self._feed(state, data)
-
-    def _feed(self, state: InboundLane, data: bytes) -> None:
-        state.consumed += len(data)
-        try:
-            bodies = state.decoder.feed(data)
-        except FrameTooLarge as exc:
-            if exc.frames:
-                self._deliver(state, exc.frames)
-            self.transport.stats.rejections["oversized_frame"] += 1
-            logger.warning(
-                "closing connection from %s: lane %d: %s", self._peer_name(), state.lane, exc
-            )
-            self.close(CloseCode.FRAME_TOO_LARGE, str(exc))
-            return
-        if not bodies:
-            return
-        stats = self.transport.stats
-        stats.frames_in += len(bodies)
-        stats.bytes_in += len(data)
-        self._deliver(state, bodies)
-
-    def _deliver(self, state: InboundLane, bodies: list[bytes] | deque[bytes]) -> None:
-        handler = self.transport.handler.frame_received
-        peer = self.peer
-        assert peer is not None
-        lane = state.lane
-        for index, body in enumerate(bodies):
-            try:
-                handler(peer, lane, body)
-            except Exception:
-                self.transport.stats.rejections["handler_error"] += 1
-                logger.exception("frame handler failed for a frame from %s lane %d", peer, lane)
-            if state.paused:
-                state.held.extend(list(bodies)[index + 1 :])
-                return
-
-    def _drain_inbound(self, state: InboundLane) -> None:
-        if state.held:
-            held = list(state.held)
-            state.held.clear()
-            self._deliver(state, held)
-        while state.backlog and not state.paused and not state.held:
-            self._feed(state, state.backlog.popleft())
-            if self.state is not ConnectionState.ESTABLISHED:
-                return
-
     # -- events from aioquic -------------------------------------------------------------
 
     def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
@@ -499,88 +335,6 @@ class PeerConnection:
         self._schedule_keepalive()
         self.transport.connection_established(self)
         self._poll_gates()
-
-    def _stream_data(self, event: quic_events.StreamDataReceived) -> None:
-        if self.state is not ConnectionState.ESTABLISHED or self.peer is None:
-            # Defence in depth: the handshake cannot complete unverified, but never let
-            # bytes from an unverified connection near a handler.
-            self.transport.stats.rejections["unverified_data"] += 1
-            self.close(CloseCode.UNVERIFIED_PEER, "data before verification")
-            return
-        stream_id = event.stream_id
-        if self.is_client:
-            if stream_id & 0x3 == 0x1:  # the accepting side asks us for something
-                self.requests_in.data(stream_id, event.data, event.end_stream)
-            else:
-                self.transport.stats.rejections["unexpected_stream"] += 1
-                self._refuse_stream(stream_id)
-            return
-        lane = lane_of_stream(stream_id)
-        if lane is None:
-            if self.requests_out.owns(stream_id):
-                self.requests_out.data(stream_id, event.data, event.end_stream)
-            elif not self.transport.handler.stream_received(self, event):
-                # Not a lane: the layers above may claim such streams (the per-stream
-                # path); until one does, refuse the stream without harming the connection.
-                self.transport.stats.rejections["unexpected_stream"] += 1
-                self._refuse_stream(stream_id)
-            return
-        state = self._inbound_lane(stream_id, lane)
-        if event.data:
-            self._lane_data(state, event.data)
-        if event.end_stream:
-            self._lane_finished(state)
-
-    def _refuse_stream(self, stream_id: int, code: CloseCode = CloseCode.SHUTDOWN) -> None:
-        try:
-            self.quic.stop_stream(stream_id, int(code))
-        except Exception:  # stream already finished or not receivable: nothing to stop
-            logger.debug("could not stop stream %d", stream_id, exc_info=True)
-
-    def _lane_finished(self, state: InboundLane) -> None:
-        if state.decoder.buffered_bytes:
-            self.transport.stats.rejections["truncated_frame"] += 1
-        self._forget_inbound(state)
-
-    def _stop_sending(self, stream_id: int) -> None:
-        """The receiver no longer wants a stream we write (a cancelled per-stream stream)."""
-        stream = self._extra.pop(stream_id, None)
-        if stream is None:
-            self.requests_in.stopped(stream_id)
-            return
-        self._blocked.discard(stream)
-        stream.finished = True
-        stream.gate.close(ChannelClosed("the receiver stopped the stream"))
-        try:
-            self.quic.reset_stream(stream_id, int(CloseCode.SHUTDOWN))
-        except Exception:  # already finished: nothing to reset
-            logger.debug("could not reset stream %d", stream_id, exc_info=True)
-        self.transmit_soon()
-        self.transport.handler.stream_stopped(self, stream_id)
-
-    def stop_receiving(self, stream_id: int, code: CloseCode = CloseCode.SHUTDOWN) -> None:
-        """Ask the peer to stop a stream it writes to us (STOP_SENDING), and forget it."""
-        self.quic.forget_stream(stream_id)
-        self._refuse_stream(stream_id, code)
-        self.transmit_soon()
-
-    def _stream_reset(self, stream_id: int, error_code: int) -> None:
-        if self.requests_out.owns(stream_id):
-            self.requests_out.reset(stream_id, error_code)
-            return
-        if lane_of_stream(stream_id) is None and not self.is_client:
-            if self.peer is not None:
-                self.transport.handler.stream_reset(self, stream_id, error_code)
-            return
-        state = self._inbound.get(stream_id)
-        if state is None or self.peer is None:
-            return
-        self._forget_inbound(state)
-        self.transport.handler.lane_reset(self.peer, state.lane)
-
-    def _forget_inbound(self, state: InboundLane) -> None:
-        self._inbound.pop(state.stream_id, None)
-        self.quic.forget_stream(state.stream_id)
 
     def _terminated(self, event: quic_events.ConnectionTerminated) -> None:
         if self.state is ConnectionState.CLOSED:

@@ -1,0 +1,34 @@
+"""What state a connection is in, and the codes it closes with.
+
+:class:`ConnectionState` is the connection's lifecycle (handshaking, established, closing,
+closed) and :class:`CloseCode` the application error codes it puts in CONNECTION_CLOSE,
+RESET_STREAM and STOP_SENDING. Both are read by the connection's lifecycle
+(:mod:`.connection`) and by its receive side (:mod:`.receiving`), so they live in neither:
+each half imports them from here, and :mod:`.connection` re-exports them.
+"""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = ["CloseCode", "ConnectionState"]
+
+
+class CloseCode(enum.IntEnum):
+    """Application error codes we put in CONNECTION_CLOSE."""
+
+    NO_ERROR = 0
+    SHUTDOWN = 0x101
+    FRAME_TOO_LARGE = 0x102
+    UNVERIFIED_PEER = 0x103
+    REPLACED = 0x104
+    HANDSHAKE_TIMEOUT = 0x105
+    KILLED = 0x106
+    """Closed abruptly on request (tests and operators cutting a connection)."""
+
+
+class ConnectionState(enum.Enum):
+    HANDSHAKING = "handshaking"
+    ESTABLISHED = "established"
+    CLOSING = "closing"
+    CLOSED = "closed"
