@@ -62,10 +62,12 @@ class MessengerBase(TransportHandler):
             raise MessengerClosed("the messenger has not been started")
         return self._transport
 
-    def _background_task(self, coro: Awaitable[None]) -> None:
+    def _background_task(self, coro: Awaitable[None]) -> asyncio.Future[None]:
+        """Run ``coro`` as a task the messenger's close cancels and awaits."""
         task = asyncio.ensure_future(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        return task
 
     if TYPE_CHECKING:
         # Defined by the parts named in each comment; declared here so the others may call them.

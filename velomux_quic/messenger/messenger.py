@@ -86,7 +86,7 @@ class Messenger(MessengerOutbound, MessengerInbound, MessengerRendezvous):
         self._staging_listeners: list[Callable[[str, int], None]] = []
         self._error_handler: ErrorHandler | None = None
         self._background: set[asyncio.Task[Any]] = set()
-        self._pull_tails: dict[tuple[InstanceId, int], asyncio.Task[None]] = {}
+        self._pull_tails: dict[tuple[InstanceId, int], asyncio.Future[None]] = {}
         self._closed = False
         self._discovery: PeerDiscovery | None = None
         self._stream_acceptor: TransportHandler | None = None

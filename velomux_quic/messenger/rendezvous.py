@@ -72,7 +72,7 @@ class MessengerRendezvous(MessengerBase):
 
     _refusal_hooks: list[RefusalHook]
     _staging_listeners: list[Callable[[str, int], None]]
-    _pull_tails: dict[tuple[InstanceId, int], asyncio.Task[None]]
+    _pull_tails: dict[tuple[InstanceId, int], asyncio.Future[None]]
     """The last pull queued on each (sender, lane): the next one waits for it."""
 
     def add_staged_refusal_hook(self, hook: RefusalHook) -> None:
@@ -114,19 +114,17 @@ class MessengerRendezvous(MessengerBase):
             return
         key = (peer, lane)
         previous = self._pull_tails.get(key)
-        task = asyncio.ensure_future(self._pull_in_turn(previous, peer, lane, envelope, descriptor))
+        task = self._background_task(self._pull_in_turn(previous, peer, lane, envelope, descriptor))
         self._pull_tails[key] = task
-        self._background.add(task)
         task.add_done_callback(lambda done: self._pull_done(key, done))
 
-    def _pull_done(self, key: tuple[InstanceId, int], task: asyncio.Task[None]) -> None:
-        self._background.discard(task)
+    def _pull_done(self, key: tuple[InstanceId, int], task: asyncio.Future[None]) -> None:
         if self._pull_tails.get(key) is task:
             del self._pull_tails[key]
 
     async def _pull_in_turn(
         self,
-        previous: asyncio.Task[None] | None,
+        previous: asyncio.Future[None] | None,
         peer: InstanceId,
         lane: int,
         envelope: Envelope,
