@@ -28,7 +28,7 @@ from velomux_quic.mux.protocol import (
     CloseReason,
     EncodableRecord,
     LifecycleAction,
-    ProtocolError,
+    MalformedBatch,
     Record,
     RecordCountMismatch,
     RecordOverrun,
@@ -137,11 +137,11 @@ def assert_well_formed(data: bytes, header: BatchHeader, records: list[Record]) 
     assert encode_batch(header, records) == expected
 
 
-def decode_or_refuse(data: bytes) -> type[ProtocolError] | None:
-    """Decode ``data``; a refusal must be a ProtocolError, anything else fails the test."""
+def decode_or_refuse(data: bytes) -> type[MalformedBatch] | None:
+    """Decode ``data``; a refusal must be a MalformedBatch, anything else fails the test."""
     try:
         header, records = decode_batch(data)
-    except ProtocolError as exc:
+    except MalformedBatch as exc:
         return type(exc)
     assert_well_formed(data, header, records)
     return None
@@ -420,8 +420,8 @@ def test_protocol_errors_are_one_family_of_value_errors() -> None:
         UnknownRecordType,
         BadRecordBody,
     ):
-        assert issubclass(cls, ProtocolError)
-    assert issubclass(ProtocolError, ValueError)
+        assert issubclass(cls, MalformedBatch)
+    assert issubclass(MalformedBatch, ValueError)
 
 
 @pytest.mark.parametrize("version", [0, 1, 3, 255])
@@ -528,7 +528,7 @@ def test_protocol_error_pickles_with_its_header() -> None:
     assert str(copy) == str(info.value)
 
 
-# -- fuzzing: nothing but a ProtocolError ever escapes ---------------------------------------
+# -- fuzzing: nothing but a MalformedBatch ever escapes ---------------------------------------
 
 
 def test_every_truncation_is_refused() -> None:

@@ -30,6 +30,8 @@ from typing import Final
 
 import msgpack
 
+from ..errors import MalformedEnvelope
+
 __all__ = [
     "DESCRIPTOR_SIZE",
     "MUX_SLOT_HEADER",
@@ -63,28 +65,6 @@ _DESCRIPTOR: Final = struct.Struct(">QQ")
 
 _unpackb: Final = msgpack.unpackb
 _packb: Final = msgpack.packb
-
-
-class MalformedEnvelope(ValueError):
-    """A frame body, header value or error payload from a peer is not valid.
-
-    The message names the field and, inside an envelope, its byte offset.
-    ``field`` and ``offset`` carry the same for code (a metric label, a log
-    field); ``offset`` is ``None`` where the value is not read from a position
-    in an envelope (a header value, an error payload).
-    """
-
-    field: str
-    offset: int | None
-
-    def __init__(self, message: str, field: str = "", offset: int | None = None) -> None:
-        super().__init__(message)
-        self.field = field
-        self.offset = offset
-
-    def __reduce__(self) -> tuple[type[MalformedEnvelope], tuple[str, str, int | None]]:
-        # The default reduction would call __init__ with the message alone.
-        return type(self), (str(self), self.field, self.offset)
 
 
 # -- error payloads ---------------------------------------------------------------

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeGuard, runtime_checkable
 
+from velomux_quic.errors import PeerRecordError, WorkerIdCollision
 from velomux_quic.ids import InstanceId, WorkerId, worker_id_of
 from velomux_quic.security._files import write_public
 from velomux_quic.transport.config import MAX_LANES
@@ -58,28 +59,6 @@ PEER_RECORD_MAX_BYTES = 64 * 1024
 
 _MAX_HOST_LENGTH = 255
 _RECORD_SUFFIX = ".json"
-
-
-class PeerRecordError(ValueError):
-    """A peer record that is not well formed: wrong type, bad UUID, port or lane count."""
-
-
-class WorkerIdCollision(ValueError):
-    """Two InstanceIds with the same WorkerId; the second one is refused.
-
-    Stream handles name their destination by WorkerId alone, so a registry holding both
-    could deliver one node's streams to the other. Refusing loudly is the only safe
-    answer; at 64 bits it takes billions of nodes before this is likely to happen.
-    """
-
-    def __init__(self, worker_id: WorkerId, holder: InstanceId, refused: InstanceId) -> None:
-        super().__init__(
-            f"WorkerId {worker_id:016x} of {refused} is already held by {holder}; "
-            f"refusing {refused} so no stream is routed to the wrong node"
-        )
-        self.worker_id = worker_id
-        self.holder = holder
-        self.refused = refused
 
 
 # -- PeerRecord -----------------------------------------------------------------

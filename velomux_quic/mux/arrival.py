@@ -40,7 +40,7 @@ from .protocol import (
     RECORD_HEADER_SIZE,
     BatchHeader,
     CloseReason,
-    ProtocolError,
+    MalformedBatch,
     Record,
     RecordType,
     decode_close_slot,
@@ -383,7 +383,7 @@ class IngressArrival:
     def _peer_close(self, sid: int, body: memoryview) -> None:
         try:
             reason = decode_close_slot(body)
-        except ProtocolError:
+        except MalformedBatch:
             self.stats.malformed_records += 1
             return
         self._control.closed_by_peer(sid, reason)
@@ -398,5 +398,5 @@ class IngressArrival:
                 self._control.lifecycle(session, action)
             else:
                 self.stats.malformed_records += 1
-        except ProtocolError:
+        except MalformedBatch:
             self.stats.malformed_records += 1

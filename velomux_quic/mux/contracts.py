@@ -88,7 +88,7 @@ class MuxIngressStats:
         self.control_refused = 0
         self.drain_visits = 0
         self.protocol_errors = 0
-        """Slots closed with ProtocolError (over credit, hold overflow, reader stall)."""
+        """Slots closed with MalformedBatch (over credit, hold overflow, reader stall)."""
         self.malformed_records = 0
         """Control records whose body did not decode (only without decode_batch in front)."""
         self.slot_limit = 0

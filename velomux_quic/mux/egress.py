@@ -301,7 +301,7 @@ class EgressBatcher(EgressPacking):
         return True
 
     def on_peer_close(self, slot_id_: int, reason: CloseReason) -> bool:
-        """The receiver closed our slot (UnknownSlot: its anchor is gone; ProtocolError)."""
+        """The receiver closed our slot (UnknownSlot: its anchor is gone; MalformedBatch)."""
         slot = self._control_target(slot_id_)
         if slot is None:
             return False

@@ -22,7 +22,7 @@ What a batch goes through, in order:
    the slot's first number, everything the owner sends afterwards (data, heartbeats, its
    close) takes the next; below the expected number is a duplicate, above it waits in the
    hold until the gap closes. Replies about this side's own slots (CreditUpdate,
-   LifecycleSlot, CloseSlot UnknownSlot/ProtocolError) carry ``frame_seq`` 0, are not
+   LifecycleSlot, CloseSlot UnknownSlot/MalformedBatch) carry ``frame_seq`` 0, are not
    sequenced, and go to :class:`EgressControl`.
 5. **Replies.** The slots the batch delivered into and the slots the consumers drained
    (the dirty set) are reconciled, and their credit goes to the :class:`ReplySink`.
@@ -36,7 +36,7 @@ names.
 
 A slot's failure never touches another slot or the lane: a sender over its credit, a
 hold past its byte budget, or a reader stall closes that slot alone (CloseSlot
-ProtocolError to the sender; ``Dropped`` or a ``TransportError`` to the consumer).
+MalformedBatch to the sender; ``Dropped`` or a ``TransportError`` to the consumer).
 
 A staged singleton (a record too large for the eager budget, pulled by rendezvous) arrives
 outside the lane's order, through :meth:`IngressTable.handle_staged_batch`, and takes its
@@ -63,7 +63,7 @@ from .contracts import (
     ReplySink,
 )
 from .credit import DirtySet, IngressSlot, PeerBudget
-from .protocol import CloseReason, LifecycleAction, ProtocolError, decode_open_slot
+from .protocol import CloseReason, LifecycleAction, MalformedBatch, decode_open_slot
 
 __all__ = [
     "DROP_REASONS",
@@ -169,7 +169,7 @@ class IngressTable(IngressArrival):
         stats = self.stats
         try:
             anchor_id, session_id = decode_open_slot(body)
-        except ProtocolError:
+        except MalformedBatch:
             stats.malformed_records += 1
             self._reject(sid, _PROTOCOL_ERROR)
             return
@@ -300,7 +300,7 @@ class IngressTable(IngressArrival):
         self.stats.live_slots -= 1
 
     def _fail(self, route: _Route, message: str | None) -> None:
-        """Close one slot for a protocol violation: the sender hears ProtocolError; the
+        """Close one slot for a protocol violation: the sender hears MalformedBatch; the
         consumer reads ``Dropped`` (hold overflow, ``message`` None) or a TransportError
         naming the violation. Other slots and the lane continue."""
         self.stats.protocol_errors += 1

@@ -14,7 +14,7 @@ sender may use them without breaking this receiver. A lane-0 batch therefore
 writes ``flags = 0``, the byte senders wrote before lanes existed.
 
 Decoding is strict, and all of its refusals are one exception family rooted at
-:class:`ProtocolError`. A batch arrives from a peer, so every length in it is
+:class:`MalformedBatch`. A batch arrives from a peer, so every length in it is
 hostile until checked: the caller must be able to drop and count a bad batch
 with a single ``except`` and never confuse it with a bug of its own.
 
@@ -68,7 +68,7 @@ from .records import (
     BytesLike,
     CloseReason,
     LifecycleAction,
-    ProtocolError,
+    MalformedBatch,
     RecordType,
     UnknownRecordType,
     _control_body_error,
@@ -106,7 +106,7 @@ __all__ = [
     "CloseReason",
     "EncodableRecord",
     "LifecycleAction",
-    "ProtocolError",
+    "MalformedBatch",
     "Record",
     "RecordCountMismatch",
     "RecordOverrun",
@@ -214,20 +214,20 @@ def batch_cap(max_batch_bytes: int, eager_budget: int) -> int:
 # -- errors ---------------------------------------------------------------------
 
 
-class BadVersion(ProtocolError):
+class BadVersion(MalformedBatch):
     """``mux_version`` is not :data:`MUX_VERSION`."""
 
 
-class TruncatedBatch(ProtocolError):
+class TruncatedBatch(MalformedBatch):
     """The batch ends inside its header or inside a record header."""
 
 
-class RecordCountMismatch(ProtocolError):
+class RecordCountMismatch(MalformedBatch):
     """``record_count`` disagrees with the bytes: the batch ends cleanly before
     that many records, or bytes follow the last counted record."""
 
 
-class RecordOverrun(ProtocolError):
+class RecordOverrun(MalformedBatch):
     """A record's ``len`` runs past the end of the batch."""
 
 
@@ -316,7 +316,7 @@ def decode_header(data: BytesLike) -> BatchHeader:
 def decode_batch(data: BytesLike) -> tuple[BatchHeader, list[Record]]:
     """Parse a whole batch: its header and every record, checked throughout.
 
-    Raises a :class:`ProtocolError` subclass for any malformed input, and
+    Raises a :class:`MalformedBatch` subclass for any malformed input, and
     nothing else: version, truncation, a count that disagrees with the bytes
     (too few records or trailing bytes), a length past the end, an unknown
     record type, or a malformed control body. Bodies are zero-copy slices of

@@ -7,7 +7,7 @@ with its encoder and its strict decoder (OpenSlot, CloseSlot, CreditUpdate, Life
 a SlotHeartbeat is empty); the one body check both directions share, so the encoder never
 writes a control record the decoder would refuse (``_control_body_error``); the packing of
 a slot's dense index and generation into its u32 wire id; and the root of the decoding
-refusals, :class:`ProtocolError`, with the two that are about a record's contents
+refusals, :class:`MalformedBatch`, with the two that are about a record's contents
 (:class:`UnknownRecordType`, :class:`BadRecordBody`).
 
 :mod:`.protocol` keeps the framing: the batch header (version, lane, ``peer_epoch``,
@@ -19,7 +19,7 @@ are separate because they change for different reasons (a new control record or 
 value against the byte layout of a batch and its once-per-record hot path), and each
 stays small enough to read whole. :mod:`.protocol` re-exports every public name here, so
 callers keep importing the whole codec from there; this module never imports it at run
-time (``ProtocolError.header`` names :class:`~velomux_quic.mux.protocol.BatchHeader` for
+time (``MalformedBatch.header`` names :class:`~velomux_quic.mux.protocol.BatchHeader` for
 the type checker only).
 """
 
@@ -29,6 +29,8 @@ import struct
 from enum import IntEnum
 from typing import TYPE_CHECKING, Final, NoReturn
 
+from ..errors import MalformedBatch
+
 if TYPE_CHECKING:
     from .protocol import BatchHeader
 
@@ -37,7 +39,7 @@ __all__ = [
     "BytesLike",
     "CloseReason",
     "LifecycleAction",
-    "ProtocolError",
+    "MalformedBatch",
     "RecordType",
     "UnknownRecordType",
     "close_slot_body",
@@ -118,27 +120,15 @@ _MAX_LIFECYCLE_ACTION: Final = len(_LIFECYCLE_ACTIONS) - 1
 # -- errors ---------------------------------------------------------------------
 
 
-class ProtocolError(ValueError):
-    """A batch is malformed; drop it whole and count it.
-
-    Every refusal of :func:`decode_batch` and the body decoders is a subclass,
-    and nothing else escapes them for any input bytes. ``header`` is the batch
-    header when it parsed before the fault was found (None otherwise), so the
-    caller can count the dropped records against the right lane and peer epoch.
-    """
-
-    header: BatchHeader | None = None
-
-
-class UnknownRecordType(ProtocolError):
+class UnknownRecordType(MalformedBatch):
     """A record type this version does not define."""
 
 
-class BadRecordBody(ProtocolError):
+class BadRecordBody(MalformedBatch):
     """A control record's body has the wrong length or an unknown enum value."""
 
 
-def _fail(cls: type[ProtocolError], message: str, header: BatchHeader | None) -> NoReturn:
+def _fail(cls: type[MalformedBatch], message: str, header: BatchHeader | None) -> NoReturn:
     exc = cls(message)
     exc.header = header
     raise exc

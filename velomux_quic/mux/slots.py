@@ -13,6 +13,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ..errors import SlotsExhausted
 from .protocol import slot_id
 
 __all__ = [
@@ -23,10 +24,6 @@ __all__ = [
     "SlotOwner",
     "SlotsExhausted",
 ]
-
-
-class SlotsExhausted(RuntimeError):
-    """Every slot index of this (peer, lane) table is live."""
 
 
 RECORDS_PER_BATCH_BUCKETS = tuple(2**i for i in range(12))

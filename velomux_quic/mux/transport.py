@@ -39,7 +39,7 @@ from .protocol import (
     MESSENGER_MUX_KEY,
     CloseReason,
     LifecycleAction,
-    ProtocolError,
+    MalformedBatch,
     decode_batch,
 )
 from .singleton import REFUSAL_OUTCOMES, SingletonCounters, apply_staged_refusal
@@ -270,7 +270,7 @@ class MuxTransport(Collector):
     def _on_batch(self, lane: int, ctx: Context) -> None:
         try:
             header, records = decode_batch(ctx.payload)
-        except ProtocolError as exc:
+        except MalformedBatch as exc:
             self._dropped_batches += 1
             logger.debug("dropping a malformed batch from %s lane %d: %s", ctx.sender, lane, exc)
             return

@@ -21,6 +21,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from velomux_quic.errors import CredentialsError
+
 __all__ = [
     "PRIVATE_DIR_MODE",
     "PRIVATE_FILE_MODE",
@@ -46,29 +48,30 @@ PRIVATE_FILE_MODE = 0o600
 PUBLIC_FILE_MODE = 0o644
 
 
-class CredentialsError(ValueError):
-    """Credential files that are missing, malformed or inconsistent with each other."""
-
-
 def read_bytes(path: Path) -> bytes:
     try:
         return path.read_bytes()
     except FileNotFoundError as exc:
-        raise CredentialsError(f"{path} is missing") from exc
+        raise CredentialsError(
+            f"{path} is missing: create it with 'velomux certs issue' (or 'make certs' for "
+            "the dev cluster), or point the node at the directory that holds it"
+        ) from exc
 
 
 def read_certificates(path: Path) -> list[x509.Certificate]:
     """Every certificate in a PEM file, in file order (leaf first, for a chain file)."""
+    data = read_bytes(path)  # a missing file says so, not "unreadable"
     try:
-        return x509.load_pem_x509_certificates(read_bytes(path))
+        return x509.load_pem_x509_certificates(data)
     except ValueError as exc:
         raise CredentialsError(f"{path}: no readable PEM certificate ({exc})") from exc
 
 
 def read_ec_private_key(path: Path) -> ec.EllipticCurvePrivateKey:
     """An unencrypted PEM ECDSA key; a node must start unattended, so no passphrase."""
+    data = read_bytes(path)  # a missing file says so, not "not a PEM key"
     try:
-        key = serialization.load_pem_private_key(read_bytes(path), password=None)
+        key = serialization.load_pem_private_key(data, password=None)
     except (ValueError, TypeError) as exc:
         raise CredentialsError(f"{path}: not an unencrypted PEM private key ({exc})") from exc
     if not isinstance(key, ec.EllipticCurvePrivateKey):

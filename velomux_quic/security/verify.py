@@ -37,20 +37,12 @@ from cryptography.x509.verification import (
     VerificationError,
 )
 
+from velomux_quic.errors import PeerVerificationError, RefusalReason
 from velomux_quic.ids import InstanceId
 from velomux_quic.security.identity import SPIFFE_SCHEME, parse_spiffe, validate_trust_domain
 
 __all__ = ["PeerRole", "PeerVerificationError", "PeerVerifier", "RefusalReason"]
 
-RefusalReason = Literal[
-    "no_certificate",
-    "untrusted_chain",
-    "expired",
-    "not_yet_valid",
-    "bad_key_usage",
-    "bad_identity",
-    "identity_mismatch",
-]
 PeerRole = Literal["client", "server"]
 
 _REASONS: frozenset[str] = frozenset(get_args(RefusalReason))
@@ -58,23 +50,6 @@ _ROLE_EKU = {"client": ExtendedKeyUsageOID.CLIENT_AUTH, "server": ExtendedKeyUsa
 _PEER_WORDS = {"client": "the connecting peer", "server": "the dialed peer"}
 _RENEW_LEAF = "issue it a new certificate with 'velomux certs issue'"
 _RENEW_CA = "create a new CA ('velomux certs init-ca') and re-issue every node certificate"
-
-
-class PeerVerificationError(Exception):
-    """A peer's certificate was refused; ``reason`` is stable, the message is for people.
-
-    ``reason`` is one of :data:`RefusalReason` and is meant for metrics labels and for
-    tests; the message names the certificate and says what to fix.
-    """
-
-    def __init__(self, reason: RefusalReason, message: str) -> None:
-        if reason not in _REASONS:
-            raise ValueError(f"unknown refusal reason {reason!r}")
-        super().__init__(message)
-        self.reason: RefusalReason = reason
-
-    def __reduce__(self) -> tuple[type[PeerVerificationError], tuple[str, str]]:
-        return type(self), (self.reason, str(self))
 
 
 def _utc(now: datetime | None) -> datetime:

@@ -42,6 +42,7 @@ from typing import Any, ClassVar, Final, NamedTuple, Self
 
 import msgpack
 
+from ..errors import ControlDecodeError
 from ..ids import StreamAnchorHandle
 
 __all__ = [
@@ -79,10 +80,6 @@ MAX_LANES: Final = 16
 _U16_MAX: Final = (1 << 16) - 1
 _U32_MAX: Final = (1 << 32) - 1
 _U64_MAX: Final = (1 << 64) - 1
-
-
-class ControlDecodeError(ValueError):
-    """A control message or ticket that is not well-formed; the handler refuses it."""
 
 
 # -- field codecs ----------------------------------------------------------------

@@ -39,6 +39,8 @@ from typing import Any, Final
 
 import msgpack
 
+from ..errors import FrameDecodeError, SerializationError
+
 __all__ = [
     "DETACHED",
     "DROPPED",
@@ -75,14 +77,6 @@ TERMINAL_KINDS: Final = frozenset(
     {FrameKind.FINALIZED, FrameKind.DETACHED, FrameKind.DROPPED, FrameKind.TRANSPORT_ERROR}
 )
 """Kinds that end a slot's stream: the slot spends its reserved credit on one and closes."""
-
-
-class SerializationError(ValueError):
-    """An item MessagePack cannot encode; the producer reports it as a ``SenderError``."""
-
-
-class FrameDecodeError(ValueError):
-    """A frame body that is not a well-formed ``StreamFrame``; the consumer ends the anchor."""
 
 
 _packb: Final = msgpack.packb

@@ -17,9 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..ids import InstanceId, StreamAnchorHandle
 from .channels import ProducerChannel
-from .errors import ChannelClosed, SerializationError
+from .errors import ChannelClosed
 from .frames import DETACHED, DROPPED, FINALIZED, encode_item, encode_sender_error
-from .frames import SerializationError as FrameSerializationError
 
 if TYPE_CHECKING:
     from .manager import AnchorManager
@@ -171,10 +170,7 @@ class StreamSender:
             raise ChannelClosed(
                 "the stream was cancelled" if state.cancelled.is_set() else "the stream has ended"
             )
-        try:
-            body = encode_item(item)
-        except FrameSerializationError as exc:
-            raise SerializationError(str(exc)) from exc
+        body = encode_item(item)  # SerializationError for what MessagePack cannot hold
         channel = state.channel
         if not channel.try_send(body):
             if channel.closed:

@@ -24,6 +24,8 @@ import struct
 from collections.abc import Iterable
 from typing import Final, NoReturn
 
+from ..errors import FrameTooLarge, FramingError
+
 __all__ = [
     "FRAME_HEADER_SIZE",
     "MAX_FRAME_LENGTH",
@@ -48,34 +50,6 @@ FRAME_HEADER_SIZE: Final = _HEADER.size
 
 MAX_FRAME_LENGTH: Final = 0xFFFF_FFFF
 """The largest body length a header can state."""
-
-
-class FramingError(Exception):
-    """The byte stream is not a valid sequence of frames; close the connection."""
-
-
-class FrameTooLarge(FramingError):
-    """A frame header states a body longer than the permitted limit.
-
-    ``length`` is the stated body length and ``limit`` the largest accepted.
-    ``frames`` holds the whole frames the same :meth:`FrameDecoder.feed` call
-    completed before the bad header: they were valid, so the caller delivers them
-    before it closes the stream (bad input never costs what was already accepted).
-    """
-
-    length: int
-    limit: int
-    frames: list[bytes]
-
-    def __init__(self, length: int, limit: int, frames: list[bytes] | None = None) -> None:
-        super().__init__(f"frame of {length} bytes exceeds max_message_size {limit}")
-        self.length = length
-        self.limit = limit
-        self.frames = frames if frames is not None else []
-
-    def __reduce__(self) -> tuple[type[FrameTooLarge], tuple[int, int]]:
-        # The default reduction would call __init__ with the message alone.
-        return type(self), (self.length, self.limit)
 
 
 def _body_length(body: BytesLike) -> int:
