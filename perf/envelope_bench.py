@@ -26,11 +26,11 @@ from collections.abc import Callable
 from velomux_quic.messenger.envelope import (
     Kind,
     MessagePrefix,
-    MuxSlotRef,
     decode_envelope,
     encode_envelope,
     message_prefix,
 )
+from velomux_quic.mux.handlers import MuxSlotRef
 
 DEFAULT_OPS = 500_000
 DEFAULT_PAYLOAD = 2048

@@ -10,11 +10,13 @@ from contextlib import AsyncExitStack
 import pytest
 from prometheus_client import generate_latest
 
+from velomux_quic.errors import ConfigurationError, SendTimeout
 from velomux_quic.ids import InstanceId
 from velomux_quic.messenger import (
     Context,
     HandlerExists,
     HandlerFailed,
+    HeaderCodec,
     Messenger,
     MessengerConfig,
     PeerGone,
@@ -94,8 +96,72 @@ async def test_every_kind_of_call_works_and_replies_find_their_way_back(start: S
     assert fired.items[-1] == (a.instance_id, 0, b"sync")  # handled before the ack
     assert await a.unary(b.instance_id, "echo", b"abc", lane=3, timeout=10) == b"cba@3"
     assert (await a.hello(b.instance_id))["version"] == 1
-    await a.check_health(b.instance_id)
-    assert {"echo", "record", "_stream_batch.15"} <= set(await a.list_handlers(b.instance_id))
+    await a.check_health(b.instance_id)  # within MessengerConfig.health_check_timeout
+    served = await a.list_handlers(b.instance_id)
+    assert {"echo", "record", "_health", "_hello", "_list_handlers"} <= set(served)
+    assert tuple(served) == b.snapshot().handlers
+    assert not any(name.startswith("_stream_batch") for name in served)  # no mux here
+
+
+async def test_handlers_come_and_go_and_reserved_names_stay_reserved(start: Start) -> None:
+    b = await start("b")
+    a = await start("a")
+    a.add_peer(b.instance_id, b.address)
+    b.register("echo", lambda ctx: bytes(ctx.payload))
+    assert await a.unary(b.instance_id, "echo", b"x", timeout=10) == b"x"
+    b.unregister("echo")
+    assert "echo" not in b.snapshot().handlers
+    with pytest.raises(UnknownHandler):
+        await a.unary(b.instance_id, "echo", b"x", timeout=10)
+    with pytest.raises(ConfigurationError, match="no handler named 'echo'"):
+        b.unregister("echo")
+    with pytest.raises(HandlerExists, match="reserved"):
+        b.register("_mine", lambda ctx: None)
+    with pytest.raises(ConfigurationError, match="use register"):
+        b.register_system("mine", lambda ctx: None)
+    b.register_system("_mine", lambda ctx: b"system")
+    with pytest.raises(HandlerExists, match="already registered"):
+        b.register_system("_mine", lambda ctx: None)
+    assert await a.unary(b.instance_id, "_mine", timeout=10) == b"system"
+
+    async def coroutine(ctx: Context) -> None:
+        return None
+
+    with pytest.raises(ConfigurationError, match="cannot run inline"):
+        b.register("inline", coroutine, dispatch="inline")
+    with pytest.raises(ConfigurationError, match="1 to 255 bytes"):
+        b.register("x" * 256, lambda ctx: None)
+
+
+async def test_a_reserved_header_travels_only_once_a_layer_registered_its_codec(
+    start: Start,
+) -> None:
+    b = await start("b")
+    a = await start("a")
+    a.add_peer(b.instance_id, b.address)
+    got = Waiter()
+    b.register("sink", lambda ctx: got.add(ROUTE.read(ctx.headers)))
+    with pytest.raises(ConfigurationError, match="register_header"):
+        await a.am_send(b.instance_id, "sink", b"", headers=ROUTE.write(7))
+    a.register_header(ROUTE)
+    with pytest.raises(ConfigurationError, match="registered already"):
+        a.register_header(ROUTE)
+    assert a.snapshot().reserved_headers == ("_route",)
+    await a.am_send(b.instance_id, "sink", b"", headers=ROUTE.write(7))
+    await a.am_send(b.instance_id, "sink", b"", headers={"plain": "any"})  # not reserved
+    await got.until(lambda items: items == [7, None])
+
+
+ROUTE = HeaderCodec("_route", str, int)
+"""A layer's own header, as the mux registers ``_mux_slot``."""
+
+
+def test_messenger_waits_come_from_its_configuration() -> None:
+    assert MessengerConfig().health_check_timeout == 5.0
+    assert MessengerConfig().release_timeout == 10.0
+    for field in ("health_check_timeout", "release_timeout", "default_timeout"):
+        with pytest.raises(ConfigurationError, match=field):
+            MessengerConfig(**{field: 0})
 
 
 async def test_ordered_handler_keeps_order_and_a_slow_lane_holds_up_nobody_else(
@@ -187,10 +253,17 @@ async def test_a_full_ordered_backlog_pushes_back_on_the_sender_instead_of_growi
             await asyncio.sleep(0)  # let the network move between bursts
     # Without backpressure the loop would have sent all 20,000 without a Pending.
     assert pending is not None, "the receiver's backlog never pushed back"
+    # Nothing drains while the handler is held: once the window is shut, a send with a
+    # timeout gives up, and the message is withdrawn (never delivered).
+    sent = len(outcomes)
+    with pytest.raises(SendTimeout, match="withdrawn"):
+        for i in range(sent, 20_000):  # bounded: far more than window and buffer hold
+            await a.am_send(b.instance_id, "slow", i.to_bytes(4, "big") + bytes(200), timeout=0.2)
+            sent += 1
     release.set()
     await pending
-    await done.until(lambda items: len(items) == len(outcomes), timeout=60)
-    assert seen == list(range(len(outcomes)))
+    await done.until(lambda items: len(items) == sent, timeout=60)
+    assert seen == list(range(sent))
 
 
 async def test_unary_failures_are_typed_and_arrive_within_the_timeout(start: Start) -> None:
@@ -244,17 +317,20 @@ async def test_a_large_payload_does_not_delay_the_small_messages_behind_it(start
         await a.am_send(b.instance_id, "sink", b"small %d" % i)
     await arrivals.until(lambda items: len(items) == 100)
     assert arrivals.items == [b"small %d" % i for i in range(100)]  # none waited for the pull
-    assert a.staged_bytes == len(big)
+    assert (a.snapshot().staged_count, a.snapshot().staged_bytes) == (1, len(big))
+    assert (b.snapshot().pulls_outstanding, b.snapshot().pull_bytes_outstanding) == (1, len(big))
     pull_gate.set()
     await arrivals.until(lambda items: len(items) == 101, timeout=60)
     assert hashlib.sha256(arrivals.items[-1]).digest() == hashlib.sha256(big).digest()  # type: ignore[arg-type]
-    assert a.staged_bytes == 0
+    assert a.snapshot().staged_bytes == 0
+    assert b.snapshot().pulls_outstanding == 0
 
 
 async def test_staged_payload_over_the_limit_is_refused_unread_and_released(start: Start) -> None:
     b = await start("b", config=MessengerConfig(staged_payload_max=1 * MiB))
     a = await start("a")
     a.add_peer(b.instance_id, b.address)
+    a.register_header(ROUTE)
     refusals: list[StagedRefusal] = []
     b.add_staged_refusal_hook(refusals.append)
     released = Waiter()
@@ -262,18 +338,19 @@ async def test_staged_payload_over_the_limit_is_refused_unread_and_released(star
     handled = Waiter()
     b.register("sink", lambda ctx: handled.add(len(ctx.payload)))
 
-    await a.am_send(b.instance_id, "sink", bytes(4 * MiB), headers={"_mux_slot": "7:513:42"})
+    await a.am_send(b.instance_id, "sink", bytes(4 * MiB), headers=ROUTE.write(42))
     await released.until(lambda items: ("refused", 4 * MiB) in items)
-    assert a.staged_bytes == 0
+    assert a.snapshot().staged_bytes == 0
     assert len(refusals) == 1
     assert (refusals[0].size, refusals[0].limit) == (4 * MiB, 1 * MiB)
-    assert refusals[0].headers == {"_mux_slot": "7:513:42"}
+    assert ROUTE.read(refusals[0].headers) == 42  # carried, never read by the messenger
+    assert b.snapshot().pulls_outstanding == 0  # refused unread: nothing to pull
     with pytest.raises(RemoteRefused) as refused:
         await a.unary(b.instance_id, "sink", bytes(2 * MiB), timeout=10)
     assert str(2 * MiB) in str(refused.value) and str(1 * MiB) in str(refused.value)
     await a.am_send(b.instance_id, "sink", bytes(512 * 1024))  # under the limit: pulled
     await handled.until(lambda items: items == [512 * 1024])
-    await released.until(lambda items: a.staged_bytes == 0 and len(items) == 3)
+    await released.until(lambda items: a.snapshot().staged_bytes == 0 and len(items) == 3)
     assert (
         'velo_rendezvous_refusals_total{reason="too_large"} 2.0'
         in generate_latest(b.registry).decode()
@@ -286,32 +363,31 @@ async def test_staged_payloads_of_one_lane_are_pulled_in_turn_and_delivered_in_o
     """A lane's second staged payload is not pulled while its first is in flight, so a
     small one staged after a large one cannot overtake it."""
     b = await start("b")
-    a = await start("a")
+    served = Waiter()
+    release_first = asyncio.Event()
+
+    class FirstPullHeld(Messenger):
+        async def serve_request(self, peer: InstanceId, request: bytes) -> bytes:
+            served.add(request)
+            if len(served.items) == 1:
+                await release_first.wait()  # the first payload stays in flight until released
+            return await super().serve_request(peer, request)
+
+    a = await start("a", cls=FirstPullHeld)
     a.add_peer(b.instance_id, b.address)
     got = Waiter()
     b.register("sink", lambda ctx: got.add(len(ctx.payload)))
-    descriptors = Waiter()
-    resolve = b._resolve_staged
-
-    def counted(peer: InstanceId, lane: int, envelope: object) -> None:
-        descriptors.add(lane)
-        resolve(peer, lane, envelope)  # type: ignore[arg-type]
-
-    b._resolve_staged = counted  # type: ignore[method-assign]
-    served = Waiter()
-    release_first = asyncio.Event()
-    serve = a.serve_request
-
-    async def first_held(peer: InstanceId, request: bytes) -> bytes:
-        served.add(request)
-        if len(served.items) == 1:
-            await release_first.wait()  # the first payload stays in flight until released
-        return await serve(peer, request)
-
-    a.serve_request = first_held  # type: ignore[method-assign]
+    markers = Waiter()
+    b.register("marker", lambda ctx: markers.add(bytes(ctx.payload)))
     await a.am_send(b.instance_id, "sink", bytes(3 * MiB))
     await a.am_send(b.instance_id, "sink", bytes(300 * 1024))  # staged too (over 256 KiB)
-    await descriptors.until(lambda items: len(items) == 2)  # b knows of both
+    # An inline message on the same lane is handled after both descriptors were read.
+    await a.am_send(b.instance_id, "marker", b"after both")
+    await markers.until(lambda items: items == [b"after both"])
+    assert (b.snapshot().pulls_outstanding, b.snapshot().pull_bytes_outstanding) == (
+        2,
+        3 * MiB + 300 * 1024,
+    )  # b knows of both
     await served.until(lambda items: len(items) == 1)
     # A negative check, so bounded: an out-of-turn pull of the second would be served
     # within milliseconds of its descriptor; none comes while the first is held.
@@ -342,7 +418,7 @@ async def test_a_failing_staging_listener_costs_nothing_else(
     await a.am_send(b.instance_id, "sink", bytes(1 * MiB))
     await got.until(lambda items: items == [1 * MiB])
     await released.until(lambda items: items == [("pulled", 1 * MiB)])
-    assert a.staged_bytes == 0
+    assert a.snapshot().staged_bytes == 0
     assert "staging listener failed" in caplog.text
 
 

@@ -20,11 +20,11 @@ from tests.unit.test_mux_ingress import (
     read,
     terminal,
 )
-from velomux_quic.messenger.envelope import MUX_SLOT_HEADER, MuxSlotRef
 from velomux_quic.messenger.messenger import StagedRefusal
 from velomux_quic.mux.config import Manual, MuxConfig
 from velomux_quic.mux.credit import IngressSlot
 from velomux_quic.mux.egress import EgressBatcher, EgressSlot, OutgoingBatch
+from velomux_quic.mux.handlers import MUX_SLOT_HEADER, MuxSlotRef
 from velomux_quic.mux.protocol import (
     BatchHeader,
     CloseReason,

@@ -2,11 +2,20 @@
 
 Handlers by name (inline, ordered per (sender, lane), or spawned), fire-and-forget,
 acknowledged and unary calls with typed remote errors, rendezvous for large payloads,
-and the peer registry that maps identities to addresses.
+the peer registry that maps identities to addresses, and the generic hooks the layers
+above plug into (reserved handler names, header codecs).
+
+Modules: :mod:`.messenger` (the :class:`Messenger`: sending, receiving, dispatch),
+:mod:`.rendezvous` (its collaborator for staged payloads) and :mod:`.staging` (the store
+of payloads held for peers), :mod:`.registry` (handlers and the :class:`Context`),
+:mod:`.dispatch` (ordered queues), :mod:`.calls` (calls waiting for answers),
+:mod:`.envelope` and :mod:`.contents` (the wire format), :mod:`.headers` (header codecs),
+:mod:`.peers` (records, registry, discovery), :mod:`.config`, :mod:`.metrics`,
+:mod:`.snapshot`, :mod:`.errors`.
 """
 
 from .config import MessengerConfig
-from .envelope import Kind, MuxSlotRef
+from .envelope import Kind
 from .errors import (
     CallError,
     HandlerExists,
@@ -18,22 +27,27 @@ from .errors import (
     UnaryTimeout,
     UnknownHandler,
 )
+from .headers import HeaderCodec
 from .messenger import Messenger, StagedRefusal
 from .peers import DirectoryPeers, PeerDiscovery, PeerRecord, PeerRegistry, StaticPeers
-from .registry import BATCH_HANDLER_NAMES, Context, batch_handler_name
+from .registry import Context, Dispatch, Handler, HandlerResult
+from .snapshot import MessengerSnapshot
 
 __all__ = [
-    "BATCH_HANDLER_NAMES",
     "CallError",
     "Context",
     "DirectoryPeers",
+    "Dispatch",
+    "Handler",
     "HandlerExists",
     "HandlerFailed",
+    "HandlerResult",
+    "HeaderCodec",
     "Kind",
     "Messenger",
     "MessengerClosed",
     "MessengerConfig",
-    "MuxSlotRef",
+    "MessengerSnapshot",
     "PeerDiscovery",
     "PeerGone",
     "PeerRecord",
@@ -44,5 +58,4 @@ __all__ = [
     "StaticPeers",
     "UnaryTimeout",
     "UnknownHandler",
-    "batch_handler_name",
 ]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import ConfigurationError
+
 __all__ = ["MessengerConfig"]
 
 KiB = 1024
@@ -32,6 +34,16 @@ class MessengerConfig:
     pull_timeout: float = 60.0
     """How long a receiver waits for one staged payload to arrive."""
 
+    release_timeout: float = 10.0
+    """How long a receiver keeps trying to tell the sender to release a payload it refused.
+
+    Best effort: if the sender does not hear it, the payload expires after its
+    ``staged_ttl`` there anyway.
+    """
+
+    health_check_timeout: float = 5.0
+    """Timeout of ``check_health`` calls that give none."""
+
     max_ordered_backlog: int = 65_536
     """Messages one (handler, sender, lane) queue may hold before the lane stops reading.
 
@@ -40,11 +52,27 @@ class MessengerConfig:
     """
 
     def __post_init__(self) -> None:
-        if self.default_timeout <= 0 or self.pull_timeout <= 0 or self.staged_ttl <= 0:
-            raise ValueError("timeouts must be positive")
+        for name in (
+            "default_timeout",
+            "pull_timeout",
+            "staged_ttl",
+            "release_timeout",
+            "health_check_timeout",
+        ):
+            value = getattr(self, name)
+            if not value > 0:
+                raise ConfigurationError(f"MessengerConfig.{name} must be positive, got {value!r}")
         if self.staging_threshold < 1 * KiB:
-            raise ValueError("staging_threshold must be at least 1 KiB")
+            raise ConfigurationError(
+                f"MessengerConfig.staging_threshold must be at least 1 KiB,"
+                f" got {self.staging_threshold}"
+            )
         if self.staged_payload_max < 0 or self.max_staged_bytes < 0:
-            raise ValueError("staging limits must be non-negative")
+            raise ConfigurationError(
+                "MessengerConfig.staged_payload_max and max_staged_bytes must be non-negative"
+            )
         if self.max_ordered_backlog < 2:
-            raise ValueError("max_ordered_backlog must be at least 2")
+            raise ConfigurationError(
+                f"MessengerConfig.max_ordered_backlog must be at least 2,"
+                f" got {self.max_ordered_backlog}"
+            )

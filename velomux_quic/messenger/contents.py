@@ -1,19 +1,19 @@
-"""What envelopes carry that the envelope codec does not read: typed payloads and header values.
+"""What envelopes carry that the envelope codec does not read: typed payloads.
 
 An envelope (:mod:`.envelope`) says what a frame is for and where its parts start and end.
-Three of those parts have formats of their own, defined here:
+Two of those parts have formats of their own, defined here:
 
 * the payload of an ERROR envelope, MessagePack ``[code, message]``
   (:class:`ErrorCode`, :func:`encode_error`, :func:`decode_error`);
-* the payload of a STAGED envelope, one fixed-size :class:`StagedDescriptor`;
-* the value of the ``_mux_slot`` header, a :class:`MuxSlotRef`.
+* the payload of a STAGED envelope, one fixed-size :class:`StagedDescriptor`.
 
 They are kept apart from the envelope because other code reads them, at another time.
 :func:`~.envelope.decode_envelope` runs on every frame and parses the framing only (of a
 STAGED payload it checks the length, nothing more), while each format here is read by
 the one consumer that needs it, after dispatch: the caller an ERROR reply is for, the
-rendezvous that pulls a staged payload, the mux refusing a staged batch. They are built
-and read once per failed call or staged transfer, never for an ordinary inline message.
+rendezvous that pulls a staged payload. They are built and read once per failed call or
+staged transfer, never for an ordinary inline message. (Header values belong to the layer
+that registers them: see :mod:`.headers`.)
 
 :class:`MalformedEnvelope` is defined here too, because the envelope decoder and the
 decoders here all raise it, and this is the module that depends on no other part of the
@@ -34,11 +34,9 @@ from ..errors import MalformedEnvelope
 
 __all__ = [
     "DESCRIPTOR_SIZE",
-    "MUX_SLOT_HEADER",
     "BytesLike",
     "ErrorCode",
     "MalformedEnvelope",
-    "MuxSlotRef",
     "StagedDescriptor",
     "decode_error",
     "encode_error",
@@ -47,18 +45,9 @@ __all__ = [
 BytesLike = bytes | bytearray | memoryview
 """What the encoders accept as a payload, and the decoders here as input."""
 
-MUX_SLOT_HEADER: Final = "_mux_slot"
-"""Header naming the stream of a staged mux singleton; its value is a :class:`MuxSlotRef`.
-
-A receiver that refuses a staged batch (it states more bytes than
-``staged_payload_max``) never reads the batch, so this header is how it learns
-which stream to end.
-"""
-
 DESCRIPTOR_SIZE: Final = 16
 """Bytes in an encoded :class:`StagedDescriptor`: ``[u64 staged_id][u64 size]``."""
 
-_U32_MAX: Final = (1 << 32) - 1
 _U64_MAX: Final = (1 << 64) - 1
 
 _DESCRIPTOR: Final = struct.Struct(">QQ")
@@ -174,71 +163,3 @@ def _descriptor_size_problem(size: int) -> str:
     if size < DESCRIPTOR_SIZE:
         return f"truncated descriptor: {size} bytes, a descriptor is {DESCRIPTOR_SIZE}"
     return f"descriptor followed by {size - DESCRIPTOR_SIZE} trailing bytes"
-
-
-# -- the _mux_slot header ---------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class MuxSlotRef:
-    """The value of the ``_mux_slot`` header: ``<epoch>:<slot>:<session>``.
-
-    ``epoch`` (u64) is the sender's peer epoch, ``slot`` (u32) the full slot id,
-    ``session`` (u64) the routing session the receiver allocated when the slot
-    was bound. Together they name one stream lifetime; a slot id alone does not,
-    because a replaced batcher reuses ids and a reused slot's eight-bit
-    generation wraps. The session, the receiver's own never-reused u64, is what
-    lets a late refusal find nothing rather than end a later stream.
-    """
-
-    epoch: int
-    slot: int
-    session: int
-
-    def __post_init__(self) -> None:
-        for name, value, limit in (
-            ("epoch", self.epoch, _U64_MAX),
-            ("slot", self.slot, _U32_MAX),
-            ("session", self.session, _U64_MAX),
-        ):
-            if not isinstance(value, int) or not 0 <= value <= limit:
-                raise ValueError(f"{name} must be in 0..{limit}, got {value!r}")
-
-    def format(self) -> str:
-        """The header value, in canonical form."""
-        return f"{self.epoch}:{self.slot}:{self.session}"
-
-    @classmethod
-    def parse(cls, value: str) -> MuxSlotRef:
-        """Read a header value; :class:`MalformedEnvelope` on anything but the canonical form.
-
-        Only ASCII digits without sign, spaces, underscores or leading zeros are
-        accepted (``int()`` takes all of those), so every reference has exactly
-        one spelling and one that would not round-trip through :meth:`format` is
-        refused rather than guessed at.
-        """
-        parts = value.split(":") if isinstance(value, str) else []
-        if len(parts) != 3:
-            raise _bad_slot_ref(value, "expected <epoch>:<slot>:<session>")
-        numbers: list[int] = []
-        for name, text, limit in zip(
-            ("epoch", "slot", "session"), parts, (_U64_MAX, _U32_MAX, _U64_MAX), strict=True
-        ):
-            # A u64 has at most 20 digits: the length test keeps int() off long input.
-            if (
-                not text
-                or len(text) > 20
-                or not (text.isascii() and text.isdigit())
-                or (text[0] == "0" and len(text) > 1)
-            ):
-                raise _bad_slot_ref(value, f"{name} is not a canonical decimal")
-            number = int(text)
-            if number > limit:
-                raise _bad_slot_ref(value, f"{name} exceeds {limit}")
-            numbers.append(number)
-        return cls(numbers[0], numbers[1], numbers[2])
-
-
-def _bad_slot_ref(value: object, what: str) -> MalformedEnvelope:
-    shown = value[:64] if isinstance(value, str) else value
-    return MalformedEnvelope(f"{MUX_SLOT_HEADER} header {shown!r}: {what}", MUX_SLOT_HEADER)

@@ -42,8 +42,8 @@ from a peer with one ``except`` without hiding its own bugs.
 
 This module owns the framing: the fixed header, the kinds and flags, the handler
 name and the header map, with the per-message decoder and encoders. The formats of
-what some envelopes carry (the ERROR payload, the STAGED descriptor, the
-``_mux_slot`` header value) live in :mod:`.contents`, with :class:`MalformedEnvelope`:
+what some envelopes carry (the ERROR payload, the STAGED descriptor) live in
+:mod:`.contents`, with :class:`MalformedEnvelope`:
 their consumers read them after dispatch; the per-frame decoder does not. This
 module re-exports all of them, so callers import the whole wire format from here.
 """
@@ -60,11 +60,9 @@ import msgpack
 
 from .contents import (
     DESCRIPTOR_SIZE,
-    MUX_SLOT_HEADER,
     BytesLike,
     ErrorCode,
     MalformedEnvelope,
-    MuxSlotRef,
     StagedDescriptor,
     _descriptor_size_problem,  # the decoder words a bad STAGED payload the same way
     decode_error,
@@ -79,7 +77,7 @@ __all__ = [
     "MAX_HANDLER_NAME_SIZE",
     "MAX_HEADERS_SIZE",
     "MAX_HEADER_VALUE_SIZE",
-    "MUX_SLOT_HEADER",
+    "NAME_CACHE_MAX",
     "STAGED",
     "VERSION",
     "BytesLike",
@@ -88,12 +86,12 @@ __all__ = [
     "Kind",
     "MalformedEnvelope",
     "MessagePrefix",
-    "MuxSlotRef",
     "StagedDescriptor",
     "decode_envelope",
     "decode_error",
     "encode_envelope",
     "encode_error",
+    "handler_name_cache_size",
     "message_prefix",
 ]
 
@@ -209,7 +207,9 @@ class Envelope:
 
 # -- decoding -------------------------------------------------------------------
 
-_NAME_CACHE_MAX: Final = 1024
+NAME_CACHE_MAX: Final = 1024
+"""Most handler names the decoder keeps decoded (see :func:`handler_name_cache_size`)."""
+
 _name_cache: dict[bytes, str] = {}
 """Handler names already decoded, keyed by their UTF-8 bytes.
 
@@ -219,6 +219,12 @@ peers, so the cache is bounded: when full it is emptied, not frozen, so the
 names in actual use come straight back, and a peer sending endless distinct
 names costs decodes, never memory.
 """
+
+
+def handler_name_cache_size() -> int:
+    """How many decoded handler names the decoder holds now: never more than
+    :data:`NAME_CACHE_MAX`, whatever names peers send (for tests and operators)."""
+    return len(_name_cache)
 
 
 def decode_envelope(body: bytes) -> Envelope:
@@ -295,7 +301,7 @@ def _decode_name(key: bytes) -> str:
         handler = key.decode()
     except UnicodeDecodeError as exc:
         raise _malformed("handler", FIXED_HEADER_SIZE, f"not valid UTF-8 ({exc.reason})") from None
-    if len(_name_cache) >= _NAME_CACHE_MAX:
+    if len(_name_cache) >= NAME_CACHE_MAX:
         _name_cache.clear()
     _name_cache[key] = handler
     return handler

@@ -1,70 +1,77 @@
 """Handlers by name, and the context a handler is called with.
 
-A plain function runs *inline*, on the receive path, in arrival order: that is what
-``_stream_batch`` needs (nonblocking by construction, no task per message). A coroutine
-function runs through an *ordered* queue per (handler, sender, lane), so one sender's
-messages on one lane are handled in arrival order while other senders and lanes go on; or,
-with ``dispatch="spawn"``, concurrently, in no order.
+A handler runs one of three ways, its *dispatch*:
+
+* ``"inline"``: on the receive path, in arrival order, before the next frame of the lane
+  is read. No task and no queue per message, so it must not block: the mux's batch
+  handlers run this way. The default for a plain (non-``async``) function.
+* ``"ordered"``: through a queue per (handler, sender, lane), one message at a time, so
+  one sender's messages on one lane are handled in arrival order while other senders and
+  lanes go on. The default for a coroutine function.
+* ``"spawn"``: each message in a task of its own, concurrently, in no order.
+
+Names starting with ``_`` are reserved for the layers built on the messenger (streaming,
+the mux); an application's handler cannot take one.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
+from ..errors import ConfigurationError, HandlerExists
 from ..ids import InstanceId
-from .errors import HandlerExists
-
-if TYPE_CHECKING:
-    from .messenger import Messenger
+from .headers import RESERVED_PREFIX
 
 __all__ = [
-    "BATCH_HANDLER_NAMES",
     "Context",
     "Dispatch",
     "Handler",
     "HandlerRegistry",
+    "HandlerResult",
     "HandlerSpec",
-    "batch_handler_name",
 ]
 
 Dispatch = Literal["inline", "ordered", "spawn"]
+"""How a handler runs; see the module docstring."""
+
 HandlerResult = bytes | bytearray | memoryview | None
+"""What a handler returns: the response of a unary call (None is an empty one)."""
+
 Handler = Callable[["Context"], HandlerResult | Awaitable[HandlerResult]]
-
-BATCH_HANDLER_NAMES: tuple[str, ...] = (
-    "_stream_batch",
-    *(f"_stream_batch.{lane}" for lane in range(1, 16)),
-)
-"""The mux's per-lane batch handlers; every node reserves all 16 names when it is built."""
-
-
-def batch_handler_name(lane: int) -> str:
-    return BATCH_HANDLER_NAMES[lane]
+"""A handler: called with the :class:`Context` of one message, sync or ``async``."""
 
 
 class Context:
-    """What a handler is told about one message. The sender comes from the certificate."""
+    """What a handler is told about one message.
 
-    __slots__ = ("handler", "headers", "lane", "messenger", "payload", "sender")
+    ``sender`` is the InstanceId the sender's certificate proved, never something the
+    message says. ``payload`` is a read-only view into the received frame (zero copy);
+    keep it or ``bytes()`` it as you like. ``headers`` is None when the message had none.
+    """
+
+    __slots__ = ("handler", "headers", "lane", "payload", "sender")
 
     def __init__(
         self,
-        messenger: Messenger,
         sender: InstanceId,
         lane: int,
         handler: str,
         headers: dict[str, str] | None,
         payload: bytes | memoryview,
     ) -> None:
-        self.messenger = messenger
         self.sender = sender
+        """The node that sent the message, as its certificate proved."""
         self.lane = lane
+        """The lane the message arrived on (a reply goes back on it)."""
         self.handler = handler
+        """The name the message was sent to."""
         self.headers = headers
+        """The message's headers, None when it had none."""
         self.payload = payload
+        """The message's payload (for a staged one, the pulled bytes)."""
 
     def __repr__(self) -> str:
         return f"<Context {self.handler} from {self.sender} lane {self.lane}>"
@@ -72,13 +79,15 @@ class Context:
 
 @dataclass(frozen=True, slots=True)
 class HandlerSpec:
+    """One registration: the name, the function and how it runs."""
+
     name: str
     fn: Handler
     dispatch: Dispatch
 
 
 class HandlerRegistry:
-    """Name -> handler. Names starting with ``_`` are the system's."""
+    """Name -> handler; names starting with ``_`` are the system's (see the module docstring)."""
 
     def __init__(self) -> None:
         self._handlers: dict[str, HandlerSpec] = {}
@@ -86,34 +95,45 @@ class HandlerRegistry:
     def register(
         self, name: str, fn: Handler, *, dispatch: Dispatch | None = None, system: bool = False
     ) -> HandlerSpec:
-        if not name or len(name.encode()) > 255:
-            raise ValueError("a handler name is 1 to 255 bytes of UTF-8")
-        if name.startswith("_") and not system:
-            raise HandlerExists(f"handler names starting with '_' are reserved: {name!r}")
+        """Add a handler; HandlerExists when the name is taken or reserved,
+        ConfigurationError when the name or the dispatch cannot work."""
+        if not isinstance(name, str) or not name or len(name.encode()) > 255:
+            raise ConfigurationError(
+                f"a handler name is 1 to 255 bytes of UTF-8, got {name!r}: choose a shorter one"
+            )
+        if name.startswith(RESERVED_PREFIX) and not system:
+            raise HandlerExists(
+                f"handler names starting with '_' are reserved for the library: {name!r};"
+                " choose a name without the leading underscore"
+            )
         if name in self._handlers:
-            raise HandlerExists(f"a handler named {name!r} is already registered")
+            raise HandlerExists(
+                f"a handler named {name!r} is already registered: unregister it first"
+            )
         is_async = inspect.iscoroutinefunction(fn)
         if dispatch is None:
             dispatch = "ordered" if is_async else "inline"
+        if dispatch not in ("inline", "ordered", "spawn"):
+            raise ConfigurationError(
+                f"dispatch must be 'inline', 'ordered' or 'spawn', got {dispatch!r}"
+            )
         if dispatch == "inline" and is_async:
-            raise ValueError(f"handler {name!r} is a coroutine function; it cannot run inline")
+            raise ConfigurationError(
+                f"handler {name!r} is a coroutine function; it cannot run inline:"
+                " use dispatch='ordered' or 'spawn'"
+            )
         spec = HandlerSpec(name, fn, dispatch)
         self._handlers[name] = spec
         return spec
 
-    def replace(self, name: str, fn: Handler, *, dispatch: Dispatch | None = None) -> None:
-        """Swap a system handler (the mux installs itself over the reserved batch names)."""
-        self._handlers.pop(name, None)
-        self.register(name, fn, dispatch=dispatch, system=True)
-
-    def unregister(self, name: str) -> None:
-        self._handlers.pop(name, None)
+    def unregister(self, name: str) -> bool:
+        """Remove a handler; False when none had that name."""
+        return self._handlers.pop(name, None) is not None
 
     def get(self, name: str) -> HandlerSpec | None:
+        """The registration of ``name`` (the per-message lookup)."""
         return self._handlers.get(name)
 
     def names(self) -> list[str]:
+        """Every registered name, sorted."""
         return sorted(self._handlers)
-
-    def __iter__(self) -> Iterator[HandlerSpec]:
-        return iter(list(self._handlers.values()))

@@ -1,13 +1,19 @@
 """Rendezvous: how payloads too large to travel inline reach their receiver.
 
-The sender registers such a payload with its staging store (on the send path, in
-:mod:`.outbound`) and sends only a descriptor. This part owns the rest of the exchange,
-on both nodes. As the receiver it refuses a descriptor larger than
-``staged_payload_max`` before allocating anything (telling the sender to release it, the
-refusal hooks, and a waiting caller), and otherwise pulls the payload over a request
-stream in the background, so the lane never waits for the transfer, then hands it to
-:mod:`.inbound` as if it had arrived inline. As the sender it serves those pulls and
-releases, and reports every release of a staged payload to its listeners.
+:class:`Rendezvous` is the messenger's collaborator for the whole exchange, on both nodes.
+As the sender it keeps such a payload in its :class:`~.staging.StagingStore` (the
+messenger sends only a descriptor), serves the receiver's pull of it and its release, and
+reports every release to its listeners. As the receiver it refuses a descriptor larger
+than ``staged_payload_max`` before allocating anything (telling the sender to release it,
+the refusal hooks, and a waiting caller), and otherwise pulls the payload over a request
+stream in the background, so the lane never waits for the transfer, then hands it back to
+the messenger to dispatch as if it had arrived inline.
+
+What it needs of the messenger is narrow and named, given to its constructor: a way to
+open a request stream to a peer (:data:`PullRequester`), to deliver a pulled payload
+(:data:`Deliver`), to refuse a waiting caller (:data:`RefuseCaller`), to keep a background
+task that the messenger's close cancels (:data:`KeepTask`), and the metrics to count in.
+None of it runs for an inline message.
 
 Pulls of one (sender, lane) run one after another, in the order their descriptors arrived,
 so a lane's staged payloads are delivered in lane order among themselves (inline messages
@@ -23,18 +29,28 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
 
+from ..errors import TransportError
 from ..ids import InstanceId
-from ..transport import TransportError
-from .base import LOGGER_NAME, MessengerBase
-from .envelope import Envelope, ErrorCode, Kind, StagedDescriptor, encode_error
-from .registry import Context
-from .staging import PullOp, decode_pull, encode_pull
+from .config import MessengerConfig
+from .envelope import Envelope, StagedDescriptor
+from .metrics import MessengerMetrics
+from .staging import PullOp, StagingStore, decode_pull, encode_pull
 
-__all__ = ["MessengerRendezvous", "RefusalHook", "StagedRefusal"]
+__all__ = [
+    "Deliver",
+    "KeepTask",
+    "PullRequester",
+    "RefusalHook",
+    "RefuseCaller",
+    "Rendezvous",
+    "StagedRefusal",
+    "StagingListener",
+]
 
-logger = logging.getLogger(LOGGER_NAME)
+logger = logging.getLogger(__name__)
 
 
 class StagedRefusal:
@@ -52,71 +68,169 @@ class StagedRefusal:
         limit: int,
     ) -> None:
         self.peer = peer
+        """The node that staged it."""
         self.lane = lane
+        """The lane its descriptor arrived on."""
         self.handler = handler
+        """The handler it was sent to."""
         self.headers = headers
+        """Its envelope's headers (a layer reads its own with its HeaderCodec)."""
         self.size = size
+        """The size its descriptor stated."""
         self.limit = limit
+        """This node's ``staged_payload_max``."""
 
 
 RefusalHook = Callable[[StagedRefusal], None]
+"""Told of each staged payload this node refused for its size."""
+
+StagingListener = Callable[[str, int], None]
+"""Told ``(reason, size)`` of each release of a payload this node staged."""
+
+PullRequester = Callable[[InstanceId, bytes, int, float], Awaitable[bytes]]
+"""Open a request stream to ``peer`` with ``request`` and return its answer, at most
+``max_response`` bytes, within ``timeout`` seconds (TransportError or TimeoutError)."""
+
+Deliver = Callable[[InstanceId, int, Envelope, bytes], None]
+"""Dispatch a pulled payload as if its envelope had carried it inline."""
+
+RefuseCaller = Callable[[InstanceId, int, Envelope, str], None]
+"""Tell the caller waiting on ``envelope`` (a SYNC or REQUEST) that it was refused, why."""
+
+KeepTask = Callable[[Coroutine[Any, Any, None]], "asyncio.Future[None]"]
+"""Run a coroutine as a task the messenger's close cancels and awaits."""
 
 
-class MessengerRendezvous(MessengerBase):
-    """The Messenger's rendezvous methods; see the module docstring.
+class Rendezvous:
+    """Staged payloads of one node, sent and received; see the module docstring."""
 
-    A :class:`Context` names the :class:`Messenger` that these methods are mixed into,
-    which the type checker cannot see from here: hence the ``type: ignore`` where one is
-    built.
-    """
+    def __init__(
+        self,
+        config: MessengerConfig,
+        metrics: MessengerMetrics,
+        *,
+        request: PullRequester,
+        deliver: Deliver,
+        refuse: RefuseCaller,
+        keep: KeepTask,
+    ) -> None:
+        self._config = config
+        self._metrics = metrics
+        self._request = request
+        self._deliver = deliver
+        self._refuse = refuse
+        self._keep = keep
+        self._store = StagingStore(
+            max_bytes=config.max_staged_bytes, ttl=config.staged_ttl, on_release=self._released
+        )
+        self._refusal_hooks: list[RefusalHook] = []
+        self._staging_listeners: list[StagingListener] = []
+        self._pull_tails: dict[tuple[InstanceId, int], asyncio.Future[None]] = {}
+        """The last pull queued on each (sender, lane): the next one waits for it."""
+        self.pulls_outstanding = 0
+        """Descriptors accepted whose payload is not delivered (or failed) yet."""
+        self.pull_bytes_outstanding = 0
+        """The bytes those descriptors state."""
 
-    _refusal_hooks: list[RefusalHook]
-    _staging_listeners: list[Callable[[str, int], None]]
-    _pull_tails: dict[tuple[InstanceId, int], asyncio.Future[None]]
-    """The last pull queued on each (sender, lane): the next one waits for it."""
+    # -- hooks ---------------------------------------------------------------------------
 
-    def add_staged_refusal_hook(self, hook: RefusalHook) -> None:
-        """Be told when this node refuses a staged payload for its size (the mux ends the slot)."""
+    def add_refusal_hook(self, hook: RefusalHook) -> None:
+        """Be told when this node refuses a staged payload for its size."""
         self._refusal_hooks.append(hook)
 
-    def add_staging_listener(self, listener: Callable[[str, int], None]) -> None:
-        """Be told ``(reason, size)`` whenever a staged payload is released
-        (``pulled``, ``refused``, ``expired``, ``unsent`` or ``closed``)."""
+    def add_staging_listener(self, listener: StagingListener) -> None:
+        """Be told of every release of a payload this node staged."""
         self._staging_listeners.append(listener)
+
+    # -- the sender's side ---------------------------------------------------------------
 
     @property
     def staged_bytes(self) -> int:
-        return self._staging.bytes_held
+        """Bytes held for peers that have not pulled them yet."""
+        return self._store.bytes_held
 
-    def _resolve_staged(self, peer: InstanceId, lane: int, envelope: Envelope) -> None:
+    @property
+    def staged_count(self) -> int:
+        """Payloads held for peers that have not pulled them yet."""
+        return len(self._store)
+
+    def stage(self, payload: bytes, peer: InstanceId) -> int:
+        """Hold ``payload`` for ``peer`` and return its staged id (StagingFull at the bound)."""
+        staged_id = self._store.stage(payload, peer)
+        self._metrics.rendezvous_ops.labels("register", "success").inc()
+        self._metrics.rendezvous_bytes.labels("register").inc(len(payload))
+        return staged_id
+
+    def unstage(self, staged_id: int, peer: InstanceId) -> None:
+        """Drop a payload whose descriptor never left (its send raised)."""
+        self._store.release(staged_id, peer, "unsent")
+
+    async def serve(self, peer: InstanceId, request: bytes) -> bytes:
+        """The sender's side of a pull: hand over (or drop) what we staged for ``peer``."""
+        op, staged_id = decode_pull(request)
+        if op is PullOp.RELEASE:
+            self._store.release(staged_id, peer, "refused")
+            return b""
+        payload = self._store.take(staged_id, peer)
+        if payload is None:
+            self._metrics.rendezvous_ops.labels("pull", "unknown").inc()
+            raise LookupError(f"nothing staged under {staged_id:#x} for {peer}")
+        self._metrics.rendezvous_ops.labels("pull", "success").inc()
+        self._metrics.rendezvous_bytes.labels("pull").inc(len(payload))
+        return payload
+
+    def _released(self, reason: str, size: int) -> None:
+        self._metrics.rendezvous_ops.labels("release", reason).inc()
+        for listener in self._staging_listeners:
+            try:
+                listener(reason, size)
+            except Exception:  # a listener's bug must not break the release that called it
+                logger.exception("staging listener failed on a %s release", reason)
+
+    # -- the receiver's side -------------------------------------------------------------
+
+    def resolve(self, peer: InstanceId, lane: int, envelope: Envelope) -> None:
+        """A STAGED envelope arrived: refuse it for its size, or pull it in its lane's turn."""
         descriptor = envelope.descriptor
         assert descriptor is not None
-        limit = self.config.staged_payload_max
+        limit = self._config.staged_payload_max
         if descriptor.size > limit:
-            # Refused before allocating: the descriptor is all we ever read of it.
-            self.metrics.refusals.labels("too_large").inc()
-            self.metrics.rendezvous_ops.labels("get", "refused").inc()
-            self._background_task(self._release_remote(peer, descriptor.staged_id))
-            refusal = StagedRefusal(
-                peer, lane, envelope.handler, envelope.headers, descriptor.size, limit
-            )
-            for hook in self._refusal_hooks:
-                try:
-                    hook(refusal)
-                except Exception:
-                    logger.exception("staged refusal hook failed")
-            self._refuse_caller(
-                peer,
-                lane,
-                envelope,
-                f"staged payload of {descriptor.size} bytes exceeds staged_payload_max {limit}",
-            )
+            self._refuse_too_large(peer, lane, envelope, descriptor, limit)
             return
         key = (peer, lane)
         previous = self._pull_tails.get(key)
-        task = self._background_task(self._pull_in_turn(previous, peer, lane, envelope, descriptor))
+        self.pulls_outstanding += 1
+        self.pull_bytes_outstanding += descriptor.size
+        task = self._keep(self._pull_in_turn(previous, peer, lane, envelope, descriptor))
         self._pull_tails[key] = task
         task.add_done_callback(lambda done: self._pull_done(key, done))
+
+    def _refuse_too_large(
+        self,
+        peer: InstanceId,
+        lane: int,
+        envelope: Envelope,
+        descriptor: StagedDescriptor,
+        limit: int,
+    ) -> None:
+        # Refused before allocating: the descriptor is all we ever read of it.
+        self._metrics.refusals.labels("too_large").inc()
+        self._metrics.rendezvous_ops.labels("get", "refused").inc()
+        self._keep(self._release_remote(peer, descriptor.staged_id))
+        refusal = StagedRefusal(
+            peer, lane, envelope.handler, envelope.headers, descriptor.size, limit
+        )
+        for hook in self._refusal_hooks:
+            try:
+                hook(refusal)
+            except Exception:
+                logger.exception("staged refusal hook failed")
+        self._refuse(
+            peer,
+            lane,
+            envelope,
+            f"staged payload of {descriptor.size} bytes exceeds staged_payload_max {limit}",
+        )
 
     def _pull_done(self, key: tuple[InstanceId, int], task: asyncio.Future[None]) -> None:
         if self._pull_tails.get(key) is task:
@@ -132,74 +246,51 @@ class MessengerRendezvous(MessengerBase):
     ) -> None:
         """Pull after the lane's previous pull finished, whatever its outcome (each pull
         handles its own failure; a cancelled one, at close, ends the chain's wait too)."""
-        if previous is not None and not previous.done():
-            await asyncio.wait((previous,))
-        await self._pull_and_deliver(peer, lane, envelope, descriptor)
+        try:
+            if previous is not None and not previous.done():
+                await asyncio.wait((previous,))
+            await self._pull_and_deliver(peer, lane, envelope, descriptor)
+        finally:
+            self.pulls_outstanding -= 1
+            self.pull_bytes_outstanding -= descriptor.size
 
     async def _pull_and_deliver(
         self, peer: InstanceId, lane: int, envelope: Envelope, descriptor: StagedDescriptor
     ) -> None:
         started = time.monotonic()
         try:
-            payload = await self.transport.request(
+            payload = await self._request(
                 peer,
                 encode_pull(PullOp.PULL, descriptor.staged_id),
-                max_response=descriptor.size,
-                timeout=self.config.pull_timeout,
+                descriptor.size,
+                self._config.pull_timeout,
             )
             if len(payload) != descriptor.size:
                 raise TransportError(
                     f"pulled {len(payload)} bytes, descriptor said {descriptor.size}"
                 )
         except (TransportError, TimeoutError) as exc:
-            self.metrics.rendezvous_ops.labels("get", "error").inc()
+            self._metrics.rendezvous_ops.labels("get", "error").inc()
             logger.warning(
                 "could not pull a staged %r payload from %s: %r", envelope.handler, peer, exc
             )
-            self._refuse_caller(peer, lane, envelope, f"staged payload lost: {exc}")
+            self._refuse(peer, lane, envelope, f"staged payload lost: {exc}")
             return
-        self.metrics.rendezvous_ops.labels("get", "success").inc()
-        self.metrics.rendezvous_bytes.labels("get").inc(len(payload))
+        self._metrics.rendezvous_ops.labels("get", "success").inc()
+        self._metrics.rendezvous_bytes.labels("get").inc(len(payload))
         logger.debug(
             "pulled %d bytes from %s in %.3f s", len(payload), peer, time.monotonic() - started
         )
         self._deliver(peer, lane, envelope, payload)
 
-    def _refuse_caller(self, peer: InstanceId, lane: int, envelope: Envelope, message: str) -> None:
-        """A staged SYNC or REQUEST that will never be handled: its caller gets
-        RemoteRefused with ``message`` (a MESSAGE has no caller to tell)."""
-        if envelope.kind in (Kind.SYNC, Kind.REQUEST):
-            ctx = Context(self, peer, lane, envelope.handler, envelope.headers, b"")  # type: ignore[arg-type]
-            self._reply(
-                ctx, Kind.ERROR, envelope.message_id, encode_error(ErrorCode.REFUSED, message)
-            )
-
     async def _release_remote(self, peer: InstanceId, staged_id: int) -> None:
         try:
-            await self.transport.request(
-                peer, encode_pull(PullOp.RELEASE, staged_id), max_response=0, timeout=10.0
+            await self._request(
+                peer, encode_pull(PullOp.RELEASE, staged_id), 0, self._config.release_timeout
             )
         except (TransportError, TimeoutError) as exc:
             logger.debug("could not tell %s to release staged %x: %r", peer, staged_id, exc)
 
-    async def serve_request(self, peer: InstanceId, request: bytes) -> bytes:
-        """The sender's side of a pull: hand over (or drop) what we staged for ``peer``."""
-        op, staged_id = decode_pull(request)
-        if op is PullOp.RELEASE:
-            self._staging.release(staged_id, peer, "refused")
-            return b""
-        payload = self._staging.take(staged_id, peer)
-        if payload is None:
-            self.metrics.rendezvous_ops.labels("pull", "unknown").inc()
-            raise LookupError(f"nothing staged under {staged_id:#x} for {peer}")
-        self.metrics.rendezvous_ops.labels("pull", "success").inc()
-        self.metrics.rendezvous_bytes.labels("pull").inc(len(payload))
-        return payload
-
-    def _released(self, reason: str, size: int) -> None:
-        self.metrics.rendezvous_ops.labels("release", reason).inc()
-        for listener in self._staging_listeners:
-            try:
-                listener(reason, size)
-            except Exception:  # a listener's bug must not break the release that called it
-                logger.exception("staging listener failed on a %s release", reason)
+    def close(self) -> None:
+        """Release everything staged (``closed``); the pulls end with the messenger's tasks."""
+        self._store.close()

@@ -17,10 +17,11 @@ import asyncio
 import logging
 
 from ..ids import InstanceId
-from ..messenger import Messenger, batch_handler_name
+from ..messenger import Messenger
 from ..streaming.errors import ChannelClosed
 from ..transport import SendAdmission, TransportError
 from .egress import EgressBatcher, EgressSlot, OutgoingBatch, SlotOwner
+from .handlers import BATCH_HANDLER_NAMES
 
 __all__ = ["BatcherDriver", "MuxChannel"]
 
@@ -34,7 +35,7 @@ class BatcherDriver:
         self.messenger = messenger
         self.peer = peer
         self.batcher = batcher
-        self.handler = batch_handler_name(batcher.lane)
+        self.handler = BATCH_HANDLER_NAMES[batcher.lane]
         self._loop = asyncio.get_running_loop()
         self._wake: asyncio.Handle | None = None
         self._timer: asyncio.TimerHandle | None = None

@@ -28,8 +28,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Final
 
-from ..messenger.envelope import MUX_SLOT_HEADER, MalformedEnvelope, MuxSlotRef
-from ..messenger.registry import BATCH_HANDLER_NAMES
+from ..errors import MalformedEnvelope
+from .handlers import BATCH_LANES, MUX_SLOT, MuxSlotRef
 
 if TYPE_CHECKING:
     from ..ids import InstanceId
@@ -52,8 +52,6 @@ REFUSAL_OUTCOMES: Final = ("applied", "waiting", "stale", "malformed")
 ``waiting``: parked on a bind whose OpenSlot had not arrived; ``stale``: the named stream
 no longer exists (nothing done); ``malformed``: a refused batch without a readable
 ``_mux_slot`` header (nothing done)."""
-
-_BATCH_LANES: Final[dict[str, int]] = {name: lane for lane, name in enumerate(BATCH_HANDLER_NAMES)}
 
 PendingRefusal = tuple[int, int, str]
 """A refusal waiting on a bind: (sender epoch, full slot id, the consumer's error message)."""
@@ -81,7 +79,7 @@ class SingletonCounters:
 
 def singleton_headers(epoch: int, slot_id: int, session: int) -> dict[str, str]:
     """The messenger headers of a staged singleton: its stream, as ``_mux_slot`` names it."""
-    return {MUX_SLOT_HEADER: MuxSlotRef(epoch, slot_id, session).format()}
+    return MUX_SLOT.write(MuxSlotRef(epoch, slot_id, session))
 
 
 def refusal_message(size: int, limit: int) -> str:
@@ -110,12 +108,11 @@ def apply_staged_refusal(
     lane, so it can overtake the OpenSlot), the refusal waits on the bind, one per
     (peer, lane): another peer naming the same session can neither replace nor block it.
     """
-    lane = _BATCH_LANES.get(refusal.handler)
+    lane = BATCH_LANES.get(refusal.handler)
     if lane is None:
         return None  # some other handler's staged payload: not the mux's business
-    value = refusal.headers.get(MUX_SLOT_HEADER) if refusal.headers else None
     try:
-        ref = MuxSlotRef.parse(value) if value is not None else None
+        ref = MUX_SLOT.read(refusal.headers)
     except MalformedEnvelope:
         ref = None
     if ref is None:

@@ -23,7 +23,6 @@ from prometheus_client.registry import Collector
 
 from ..ids import InstanceId
 from ..messenger import Context, Messenger
-from ..messenger.envelope import MUX_SLOT_HEADER
 from ..streaming.errors import ChannelClosed
 from ..streaming.frames import DETACHED
 from ..streaming.transports import AttachTerms, BindTerms
@@ -32,6 +31,7 @@ from .config import MuxConfig
 from .credit import IngressSlot, PeerBudget
 from .driver import BatcherDriver, MuxChannel
 from .egress import RECORDS_PER_BATCH_BUCKETS, EgressBatcher
+from .handlers import BATCH_HANDLER_NAMES, MUX_SLOT, MUX_SLOT_HEADER
 from .health import PeerHealth
 from .ingress import IngressTable, MuxIngressStats
 from .protocol import (
@@ -126,8 +126,11 @@ class MuxTransport(Collector):
         self._egress_retired = [0] * 4  # batches, records, control_refused, epoch_deaths
         self._dropped_batches = 0
         self._closed = False
-        for lane in range(MAX_LANES):
-            messenger.install_batch_handler(lane, partial(self._on_batch, lane))
+        # The mux's batches reach it through the messenger's generic hooks: one inline
+        # handler per lane under its reserved names, and its one header's codec.
+        for lane, name in enumerate(BATCH_HANDLER_NAMES):
+            messenger.register_system(name, partial(self._on_batch, lane), dispatch="inline")
+        messenger.register_header(MUX_SLOT)
         messenger.add_lane_reset_hook(self._lane_reset)
         self._singletons = SingletonCounters()
         messenger.add_staged_refusal_hook(self._on_staged_refusal)
