@@ -19,13 +19,12 @@ __all__ = ["PendingCalls"]
 
 
 class _Call:
-    __slots__ = ("future", "handler", "peer", "started", "timer")
+    __slots__ = ("future", "handler", "peer", "timer")
 
     def __init__(self, peer: InstanceId, handler: str, future: asyncio.Future[Any]) -> None:
         self.peer = peer
         self.handler = handler
         self.future = future
-        self.started = 0.0
         self.timer: asyncio.TimerHandle | None = None
 
 
@@ -46,7 +45,6 @@ class PendingCalls:
         message_id = next(self._ids) & 0xFFFF_FFFF_FFFF_FFFF or next(self._ids)
         future: asyncio.Future[Any] = loop.create_future()
         call = _Call(peer, handler, future)
-        call.started = loop.time()
         call.timer = loop.call_later(timeout, self._timed_out, message_id, timeout)
         self._calls[message_id] = call
         future.add_done_callback(lambda _: self._forget(message_id))

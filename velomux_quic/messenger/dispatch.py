@@ -63,13 +63,13 @@ class OrderedDispatcher:
         self._spawned: set[asyncio.Task[None]] = set()
         self._closed = False
 
-    def queues(self, handler: str | None = None) -> int:
-        return sum(1 for q in self._queues.values() if handler is None or q.handler == handler)
+    def queues(self) -> int:
+        """Live (handler, sender, lane) queues: only those with work exist."""
+        return len(self._queues)
 
-    def depth(self, handler: str | None = None) -> int:
-        return sum(
-            len(q.items) for q in self._queues.values() if handler is None or q.handler == handler
-        )
+    def depth(self) -> int:
+        """Messages waiting in every queue, not yet handled."""
+        return sum(len(q.items) for q in self._queues.values())
 
     def submit(self, handler: str, sender: InstanceId, lane: int, job: Job) -> None:
         if self._closed:

@@ -91,9 +91,6 @@ CAPABILITIES = ("rendezvous", "lanes")
 ENVELOPE_RESERVE = 2048
 """Bytes kept out of the eager budget for the envelope: fixed header, name, small headers."""
 
-ErrorHandler = Callable[[InstanceId, int, TransportError], None]
-"""Told of admitted data a connection lost: ``(peer, lane, error)``."""
-
 Job = tuple[HandlerSpec, Context, Kind, int]
 """One message for a handler: its registration, context, kind and message id."""
 
@@ -144,7 +141,6 @@ class Messenger(TransportHandler):
         )
         self._prefixes: dict[str, bytes] = {}
         self._lane_reset_hooks: list[Callable[[InstanceId, int], None]] = []
-        self._error_handler: ErrorHandler | None = None
         self._background: set[asyncio.Future[None]] = set()
         self._closed = False
         self._discovery: PeerDiscovery | None = None
@@ -357,10 +353,6 @@ class Messenger(TransportHandler):
         """Be told ``(reason, size)`` whenever a payload this node staged is released
         (``pulled``, ``refused``, ``expired``, ``unsent`` or ``closed``)."""
         self._rendezvous.add_staging_listener(listener)
-
-    def set_error_handler(self, handler: ErrorHandler) -> None:
-        """Where failures *after* admission go (the node-wide error handler)."""
-        self._error_handler = handler
 
     # -- introspection -------------------------------------------------------------------
 
@@ -856,13 +848,6 @@ class Messenger(TransportHandler):
                 handler=handler,
             ),
         )
-
-    def send_failed(self, peer: InstanceId, lane: int, error: TransportError) -> None:
-        """Admitted data was lost: to the error handler if one is set, else logged."""
-        if self._error_handler is not None:
-            self._error_handler(peer, lane, error)
-        else:
-            super().send_failed(peer, lane, error)
 
     async def serve_request(self, peer: InstanceId, request: bytes) -> bytes:
         """A peer's request stream: a pull or release of a payload staged for it."""
