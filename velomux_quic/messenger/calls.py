@@ -41,6 +41,8 @@ class PendingCalls:
     def start(
         self, peer: InstanceId, handler: str, timeout: float
     ) -> tuple[int, asyncio.Future[Any]]:
+        """Register a call to ``peer``'s ``handler``: its message id and the future its answer
+        (or its UnaryTimeout after ``timeout`` s) completes."""
         loop = asyncio.get_running_loop()
         message_id = next(self._ids) & 0xFFFF_FFFF_FFFF_FFFF or next(self._ids)
         future: asyncio.Future[Any] = loop.create_future()
@@ -51,6 +53,8 @@ class PendingCalls:
         return message_id, future
 
     def resolve(self, peer: InstanceId, message_id: int, result: Any) -> bool:
+        """Complete the call ``message_id`` with ``result``; False when no call of ``peer``'s
+        has that id."""
         call = self._calls.get(message_id)
         if call is None or call.peer != peer:
             return False
@@ -59,6 +63,8 @@ class PendingCalls:
         return True
 
     def fail(self, peer: InstanceId, message_id: int, error: CallError) -> bool:
+        """Fail the call ``message_id`` with ``error``; False when no call of ``peer``'s has
+        that id."""
         call = self._calls.get(message_id)
         if call is None or call.peer != peer:
             return False
@@ -76,6 +82,7 @@ class PendingCalls:
         return failed
 
     def fail_all(self, make_error: Callable[[str], CallError]) -> None:
+        """Fail every waiting call (the messenger closed)."""
         for call in list(self._calls.values()):
             if not call.future.done():
                 call.future.set_exception(make_error(call.handler))

@@ -30,7 +30,7 @@ from typing import Final
 
 import msgpack
 
-from ..errors import MalformedEnvelope
+from ..errors import ConfigurationError, MalformedEnvelope
 
 __all__ = [
     "DESCRIPTOR_SIZE",
@@ -87,7 +87,7 @@ def encode_error(code: ErrorCode, message: str) -> bytes:
     """
     code = ErrorCode(code)  # ValueError for a string that is not a code
     if not isinstance(message, str):
-        raise ValueError(f"message must be a str, got {type(message).__name__}")
+        raise ConfigurationError(f"message must be a str, got {type(message).__name__}")
     try:
         packed: bytes = _packb([code.value, message])
     except UnicodeEncodeError:
@@ -143,7 +143,7 @@ class StagedDescriptor:
     def __post_init__(self) -> None:
         for name, value in (("staged_id", self.staged_id), ("size", self.size)):
             if not isinstance(value, int) or not 0 <= value <= _U64_MAX:
-                raise ValueError(f"{name} must be a u64, got {value!r}")
+                raise ConfigurationError(f"{name} must be a u64, got {value!r}")
 
     def encode(self) -> bytes:
         """The 16-byte payload of a STAGED envelope."""

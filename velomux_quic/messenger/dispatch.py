@@ -72,6 +72,8 @@ class OrderedDispatcher:
         return sum(len(q.items) for q in self._queues.values())
 
     def submit(self, handler: str, sender: InstanceId, lane: int, job: Job) -> None:
+        """Queue ``job`` behind the earlier messages of (handler, sender, lane); pause the lane
+        at the backlog bound."""
         if self._closed:
             return
         key = (handler, sender, lane)

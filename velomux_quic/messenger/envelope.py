@@ -58,6 +58,7 @@ from typing import Final
 
 import msgpack
 
+from ..errors import ConfigurationError
 from .contents import (
     DESCRIPTOR_SIZE,
     BytesLike,
@@ -345,22 +346,24 @@ def _check_kind(kind: Kind | int) -> Kind:
         return kind
     if isinstance(kind, int) and not isinstance(kind, bool) and 0 <= kind < len(_KINDS):
         return _KINDS[kind]
-    raise ValueError(f"unknown envelope kind {kind!r}")
+    raise ConfigurationError(f"unknown envelope kind {kind!r}")
 
 
 def _check_handler(kind: Kind, handler: str) -> bytes:
     if not isinstance(handler, str):
-        raise ValueError(f"handler must be a str, got {type(handler).__name__}")
+        raise ConfigurationError(f"handler must be a str, got {type(handler).__name__}")
     if not _NAMED[kind]:
         if handler:
-            raise ValueError(f"{kind.name} must not name a handler, got {handler!r}")
+            raise ConfigurationError(f"{kind.name} must not name a handler, got {handler!r}")
         return b""
     try:
         name = handler.encode()
     except UnicodeEncodeError as exc:
-        raise ValueError(f"handler {handler!r} cannot be encoded as UTF-8: {exc.reason}") from None
+        raise ConfigurationError(
+            f"handler {handler!r} cannot be encoded as UTF-8: {exc.reason}"
+        ) from None
     if not 0 < len(name) <= MAX_HANDLER_NAME_SIZE:
-        raise ValueError(
+        raise ConfigurationError(
             f"{kind.name} needs a handler name of 1 to {MAX_HANDLER_NAME_SIZE} UTF-8 bytes,"
             f" got {len(name)}"
         )
@@ -374,9 +377,9 @@ def _id_bounds(kind: Kind) -> tuple[int, int]:
 def _check_message_id(kind: Kind, message_id: int) -> None:
     low, high = _id_bounds(kind)
     if isinstance(message_id, bool) or not isinstance(message_id, int):
-        raise ValueError(f"message_id must be an int, got {type(message_id).__name__}")
+        raise ConfigurationError(f"message_id must be an int, got {type(message_id).__name__}")
     if not low <= message_id <= high:
-        raise ValueError(_id_problem(kind, message_id))
+        raise ConfigurationError(_id_problem(kind, message_id))
 
 
 def _id_problem(kind: Kind, message_id: int) -> str:
@@ -388,19 +391,21 @@ def _id_problem(kind: Kind, message_id: int) -> str:
 def _encode_headers(headers: Mapping[str, str]) -> bytes:
     for name, value in headers.items():
         if not isinstance(name, str) or not isinstance(value, str):
-            raise ValueError(f"header {name!r}: names and values must be str")
+            raise ConfigurationError(f"header {name!r}: names and values must be str")
         try:
             value_size = len(value.encode())
             name.encode()
         except UnicodeEncodeError as exc:
-            raise ValueError(f"header {name!r} cannot be encoded as UTF-8: {exc.reason}") from None
+            raise ConfigurationError(
+                f"header {name!r} cannot be encoded as UTF-8: {exc.reason}"
+            ) from None
         if value_size > MAX_HEADER_VALUE_SIZE:
-            raise ValueError(
+            raise ConfigurationError(
                 f"header {name!r}: value of {value_size} bytes, over {MAX_HEADER_VALUE_SIZE}"
             )
     packed: bytes = _packb(headers if type(headers) is dict else dict(headers))
     if len(packed) > MAX_HEADERS_SIZE:
-        raise ValueError(f"headers encode to {len(packed)} bytes, over {MAX_HEADERS_SIZE}")
+        raise ConfigurationError(f"headers encode to {len(packed)} bytes, over {MAX_HEADERS_SIZE}")
     return packed
 
 
@@ -413,7 +418,7 @@ def encode_envelope(
     payload: BytesLike = b"",
     staged: bool = False,
 ) -> bytes:
-    """Encode any envelope; ``ValueError`` if the arguments do not make a valid one.
+    """Encode any envelope; ConfigurationError (a ValueError) if the arguments do not make one.
 
     An empty ``headers`` map is the same as ``None``: the HAS_HEADERS flag is
     left clear, so the receiver skips MessagePack entirely. With ``staged``,
@@ -434,10 +439,10 @@ def encode_envelope(
         flags |= HAS_HEADERS
     if staged:
         if not _STAGEABLE[kind]:
-            raise ValueError(f"{kind.name} cannot be STAGED")
+            raise ConfigurationError(f"{kind.name} cannot be STAGED")
         size = payload.nbytes if isinstance(payload, memoryview) else len(payload)
         if size != DESCRIPTOR_SIZE:
-            raise ValueError(
+            raise ConfigurationError(
                 f"a STAGED payload is one {DESCRIPTOR_SIZE}-byte descriptor, got {size} bytes"
             )
         flags |= STAGED
@@ -487,19 +492,19 @@ class MessagePrefix:
     def header(self, message_id: int) -> bytes:
         """Everything before the payload, for ``message_id``."""
         if not self._low <= message_id <= self._high:
-            raise ValueError(_id_problem(self._kind, message_id))
+            raise ConfigurationError(_id_problem(self._kind, message_id))
         return self._pack(VERSION, self._kind, 0, len(self._name), message_id, self._name)
 
     def encode(self, message_id: int, payload: BytesLike = b"") -> bytes:
         """One whole envelope."""
         if not self._low <= message_id <= self._high:
-            raise ValueError(_id_problem(self._kind, message_id))
+            raise ConfigurationError(_id_problem(self._kind, message_id))
         return self._pack(VERSION, self._kind, 0, len(self._name), message_id, self._name) + payload
 
     def pack_into(self, buffer: bytearray | memoryview, offset: int, message_id: int) -> int:
         """Write the prefix into ``buffer`` at ``offset``; return where the payload starts."""
         if not self._low <= message_id <= self._high:
-            raise ValueError(_id_problem(self._kind, message_id))
+            raise ConfigurationError(_id_problem(self._kind, message_id))
         self._pack_into(
             buffer, offset, VERSION, self._kind, 0, len(self._name), message_id, self._name
         )
@@ -519,5 +524,7 @@ def message_prefix(kind: Kind, handler: str) -> bytes:
     """
     kind = _check_kind(kind)
     if kind is not Kind.MESSAGE:
-        raise ValueError(f"only MESSAGE has a constant prefix; use MessagePrefix for {kind.name}")
+        raise ConfigurationError(
+            f"only MESSAGE has a constant prefix; use MessagePrefix for {kind.name}"
+        )
     return MessagePrefix(kind, handler).header(0)

@@ -19,6 +19,8 @@ LATENCY_BUCKETS = tuple(0.0005 * 2**i for i in range(16))
 
 
 class MessengerMetrics:
+    """The messenger's and rendezvous' Prometheus series, in one node's registry."""
+
     def __init__(self, registry: CollectorRegistry) -> None:
         r = registry
         self.handler_requests = Counter(
@@ -122,6 +124,8 @@ class MessengerMetrics:
         staged_bytes: Callable[[], float],
         staged_count: Callable[[], float],
     ) -> None:
+        """Read the gauges from the messenger's live state at scrape time (nothing to keep in
+        step)."""
         self.pending_responses.set_function(pending)
         self.ordered_lanes.set_function(lanes)
         self.ordered_lane_depth.set_function(depth)
@@ -150,6 +154,8 @@ class MessengerMetrics:
         children[2].inc(size)
 
     def count_message(self, handler: str, direction: str, size: int) -> None:
+        """One message and its payload bytes, by handler and direction (labelled children
+        cached)."""
         cache = self._in if direction == "inbound" else self._out
         children = cache.get(handler)
         if children is None:

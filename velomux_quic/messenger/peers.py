@@ -29,7 +29,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeGuard, runtime_checkable
 
-from velomux_quic.errors import PeerRecordError, WorkerIdCollision
+from velomux_quic.errors import (
+    ConfigurationError,
+    PeerRecordError,
+    UsageError,
+    WorkerIdCollision,
+)
 from velomux_quic.ids import InstanceId, WorkerId, worker_id_of
 from velomux_quic.security._files import write_public
 from velomux_quic.transport.config import MAX_LANES
@@ -241,6 +246,7 @@ class PeerRegistry:
         return record
 
     def get(self, instance_id: InstanceId) -> PeerRecord | None:
+        """The record of ``instance_id``, or None when the node is not known."""
         return self._records.get(instance_id)
 
     def by_worker(self, worker_id: WorkerId) -> InstanceId | None:
@@ -323,26 +329,33 @@ class StaticPeers:
         self._closed = False
         for record in records:
             if record.instance_id in self._records:
-                raise ValueError(f"peer {record.instance_id} is listed twice")
+                raise ConfigurationError(
+                    f"peer {record.instance_id} is listed twice: list each node once"
+                )
             self._records[record.instance_id] = record
 
     async def publish(self, record: PeerRecord) -> None:
+        """Add or replace ``record`` in the list."""
         if self._closed:
-            raise RuntimeError("StaticPeers is closed")
+            raise UsageError("StaticPeers is closed: make a new one")
         self._records[record.instance_id] = record
         self._published.add(record.instance_id)
 
     async def withdraw(self, instance_id: InstanceId) -> None:
+        """Drop the record of ``instance_id``, if any."""
         self._records.pop(instance_id, None)
         self._published.discard(instance_id)
 
     async def lookup(self, instance_id: InstanceId) -> PeerRecord | None:
+        """The record of ``instance_id``, or None."""
         return self._records.get(instance_id)
 
     async def snapshot(self) -> list[PeerRecord]:
+        """Every record in the list."""
         return sorted(self._records.values(), key=lambda record: record.instance_id)
 
     async def close(self) -> None:
+        """Withdraw the records this object published."""
         self._closed = True
         for instance_id in list(self._published):
             await self.withdraw(instance_id)
@@ -381,7 +394,9 @@ class DirectoryPeers:
         clock: Callable[[], float] = time.time,
     ) -> None:
         if stale_after is not None and not (math.isfinite(stale_after) and stale_after > 0):
-            raise ValueError(f"stale_after must be a positive number of seconds: {stale_after}")
+            raise ConfigurationError(
+                f"stale_after must be a positive number of seconds: {stale_after}"
+            )
         self._directory = Path(directory)
         self._stale_after = stale_after
         self._clock = clock
@@ -393,6 +408,7 @@ class DirectoryPeers:
 
     @property
     def directory(self) -> Path:
+        """The directory the records are files in."""
         return self._directory
 
     def path_of(self, instance_id: InstanceId) -> Path:
@@ -400,20 +416,24 @@ class DirectoryPeers:
         return self._directory / f"{instance_id}{_RECORD_SUFFIX}"
 
     async def publish(self, record: PeerRecord) -> None:
+        """Write ``record`` as this node's file, atomically (withdrawn again at close)."""
         if self._closed:
-            raise RuntimeError("DirectoryPeers is closed")
+            raise UsageError("DirectoryPeers is closed: make a new one")
         data = (json.dumps(record.to_json(), sort_keys=True) + "\n").encode()
         await asyncio.to_thread(write_public, self.path_of(record.instance_id), data)
         self._published[record.instance_id] = record
 
     async def withdraw(self, instance_id: InstanceId) -> None:
+        """Remove the file of ``instance_id``, if any."""
         self._published.pop(instance_id, None)
         await asyncio.to_thread(self.path_of(instance_id).unlink, missing_ok=True)
 
     async def lookup(self, instance_id: InstanceId) -> PeerRecord | None:
+        """The record in the file of ``instance_id``, or None when missing or unusable."""
         return await asyncio.to_thread(self._read, self.path_of(instance_id), instance_id)
 
     async def snapshot(self) -> list[PeerRecord]:
+        """Every usable record in the directory (unreadable or stale files skipped)."""
         return await asyncio.to_thread(self._scan)
 
     async def close(self) -> None:

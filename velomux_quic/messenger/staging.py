@@ -25,11 +25,14 @@ _PULL = struct.Struct(">BQ")
 
 
 class PullOp(IntEnum):
+    """What a request stream asks of the node that staged a payload."""
+
     PULL = 1
     RELEASE = 2
 
 
 def encode_pull(op: PullOp, staged_id: int) -> bytes:
+    """The 9-byte body of a pull or release request for ``staged_id``."""
     return _PULL.pack(op, staged_id)
 
 
@@ -66,6 +69,7 @@ class StagingStore:
         return len(self._items)
 
     def stage(self, payload: bytes, peer: InstanceId) -> int:
+        """Hold ``payload`` for ``peer`` under a fresh random id; StagingFull past ``max_bytes``."""
         size = len(payload)
         if self.bytes_held + size > self._max_bytes:
             raise StagingFull(
@@ -86,6 +90,8 @@ class StagingStore:
         return item.payload if item is not None else None
 
     def release(self, staged_id: int, peer: InstanceId, reason: str = "refused") -> bool:
+        """Drop a payload staged for ``peer`` (``reason`` goes to the release hook); False if
+        unknown."""
         return self._pop(staged_id, peer, reason) is not None
 
     def _pop(self, staged_id: int, peer: InstanceId | None, reason: str) -> _Staged | None:
@@ -102,5 +108,6 @@ class StagingStore:
         self._pop(staged_id, None, "expired")
 
     def close(self) -> None:
+        """Release everything still held (``closed``)."""
         for staged_id in list(self._items):
             self._pop(staged_id, None, "closed")
