@@ -291,6 +291,8 @@ async def test_unary_failures_are_typed_and_arrive_within_the_timeout(start: Sta
         b.register("broken", broken)
 
     await b.close()  # the peer goes away
+    after = b.snapshot()
+    assert after.closed and after.pending_calls == 0 and after.pulls_outstanding == 0
     async with asyncio.timeout(8):
         with pytest.raises(PeerGone):
             await a.unary(b.instance_id, "broken", b"", timeout=5)

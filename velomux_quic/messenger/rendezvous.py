@@ -292,5 +292,7 @@ class Rendezvous:
             logger.debug("could not tell %s to release staged %x: %r", peer, staged_id, exc)
 
     def close(self) -> None:
-        """Release everything staged (``closed``); the pulls end with the messenger's tasks."""
+        """Release everything staged (``closed``); the pulls ended with the messenger's
+        tasks (one cancelled before it ran never counted itself out: nothing is left)."""
         self._store.close()
+        self.pulls_outstanding = self.pull_bytes_outstanding = 0
