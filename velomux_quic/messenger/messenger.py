@@ -316,7 +316,7 @@ class Messenger(TransportHandler):
         As :meth:`register`, but only for reserved names; HandlerExists when another layer
         holds the name already.
         """
-        if not name.startswith(RESERVED_PREFIX):
+        if not isinstance(name, str) or not name.startswith(RESERVED_PREFIX):
             raise ConfigurationError(
                 f"register_system is for reserved '_' names, got {name!r}: use register()"
             )
