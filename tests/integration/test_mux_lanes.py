@@ -237,7 +237,7 @@ async def test_a_killed_consumer_fails_the_health_check_and_releases_a_starved_p
                 with pytest.raises(ChannelClosed):
                     while True:  # queues until the slot's byte budget is full, then waits
                         await sender.send("never")
-            assert sender.cancelled.is_set()
+            assert sender.is_cancelled
     finally:
         if process.returncode is None:
             process.kill()
@@ -268,7 +268,7 @@ async def test_evicting_a_peer_ends_the_streams_produced_to_it(start_nodes: Star
     other = await a.attach_anchor(other_anchor.handle)
     a.remove_peer(b.instance_id)  # discovery dropped it, or the application did
     for sender in senders:
-        assert sender.cancelled.is_set()
+        assert sender.is_cancelled
         with pytest.raises(ChannelClosed):
             await sender.send("after eviction")
     await other.send("unaffected")  # streams to other peers go on

@@ -158,7 +158,7 @@ async def test_closing_the_producer_node_releases_a_waiting_sender_with_channel_
     async with asyncio.timeout(10):
         with pytest.raises(ChannelClosed):
             await pump.task
-    assert pump.sender.cancelled.is_set()
+    assert pump.sender.is_cancelled
 
 
 async def test_a_consumer_cancel_releases_a_waiting_sender_with_channel_closed(
