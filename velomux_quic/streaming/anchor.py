@@ -220,42 +220,40 @@ class StreamAnchor(_AnchorBase, Generic[T]):
 
     async def __anext__(self) -> T:
         """The next item; StopAsyncIteration at the end, a StreamError if it broke."""
+        # The loop is inline, not a helper coroutine: this runs once per item.
         if self._reading:
             raise UsageError(_ONE_READER)
         self._reading = True
         try:
-            return await self._next_item()
+            entry = self._entry
+            while True:
+                taken = self._take()
+                if taken is not None:
+                    sender_id, kind, value = taken
+                    if kind is FrameKind.ITEM:
+                        return value  # type: ignore[no-any-return]  # the producer's item
+                    if kind is FrameKind.HEARTBEAT:
+                        continue
+                    if kind is FrameKind.SENDER_ERROR:
+                        raise SenderError(str(value))
+                    if kind is FrameKind.DETACHED:
+                        self._owner.sender_detached(entry.local_id, sender_id)
+                        continue
+                    if kind is FrameKind.FINALIZED:
+                        self._end("finished")
+                        raise StopAsyncIteration
+                    if kind is FrameKind.DROPPED:
+                        self._end("the producer went away")
+                        raise SenderDropped("the producer went away without finishing the stream")
+                    self._end("a transport error")
+                    raise StreamTransportError(str(value))
+                if self._owner.feed_exhausted(entry, 0):
+                    continue  # it injected Dropped into the channel: read it next
+                if entry.finished:
+                    self._ended_finished()
+                await entry.inbox.wait()
         finally:
             self._reading = False
-
-    async def _next_item(self) -> T:
-        entry = self._entry
-        while True:
-            taken = self._take()
-            if taken is not None:
-                sender_id, kind, value = taken
-                if kind is FrameKind.ITEM:
-                    return value  # type: ignore[no-any-return]  # the producer's item
-                if kind is FrameKind.HEARTBEAT:
-                    continue
-                if kind is FrameKind.SENDER_ERROR:
-                    raise SenderError(str(value))
-                if kind is FrameKind.DETACHED:
-                    self._owner.sender_detached(entry.local_id, sender_id)
-                    continue
-                if kind is FrameKind.FINALIZED:
-                    self._end("finished")
-                    raise StopAsyncIteration
-                if kind is FrameKind.DROPPED:
-                    self._end("the producer went away")
-                    raise SenderDropped("the producer went away without finishing the stream")
-                self._end("a transport error")
-                raise StreamTransportError(str(value))
-            if self._owner.feed_exhausted(entry, 0):
-                continue  # it injected Dropped into the channel: read it next
-            if entry.finished:
-                self._ended_finished()
-            await entry.inbox.wait()
 
     async def next(self, *, timeout: float | None = None) -> T:
         """The next item (``anext(anchor)``), raising StopAsyncIteration at the end.
@@ -298,30 +296,25 @@ class StreamAnchor(_AnchorBase, Generic[T]):
         taken, those items are returned first and the ending is raised on the next call.
         ``timeout`` bounds the wait for the first item (:class:`ReadTimeout`).
         """
-        if self._reading:
+        if self._reading:  # checked before taking anything; __anext__ checks it again
             raise UsageError(_ONE_READER)
-        self._reading = True
-        try:
-            items: list[T] = []
+        items: list[T] = []
+        self._take_items(items, limit)
+        if not items:
+            # Nothing ready, or a sentinel or undecodable record comes first: __anext__
+            # waits for the first item or raises the ending, exactly as iteration would.
+            if timeout is None:
+                items.append(await self.__anext__())
+            else:
+                try:
+                    async with asyncio.timeout(timeout):
+                        items.append(await self.__anext__())
+                except TimeoutError:
+                    raise ReadTimeout(
+                        f"no item from {self._entry.handle} within {timeout} s; the stream goes on"
+                    ) from None
             self._take_items(items, limit)
-            if not items:
-                # Nothing ready, or a sentinel or undecodable record comes first: the
-                # reader waits for the first item or raises the ending, as iteration would.
-                if timeout is None:
-                    items.append(await self._next_item())
-                else:
-                    try:
-                        async with asyncio.timeout(timeout):
-                            items.append(await self._next_item())
-                    except TimeoutError:
-                        raise ReadTimeout(
-                            f"no item from {self._entry.handle} within {timeout} s; "
-                            "the stream goes on"
-                        ) from None
-                self._take_items(items, limit)
-            return items
-        finally:
-            self._reading = False
+        return items
 
     def _take_items(self, items: list[T], limit: int) -> None:
         """Append the items ready now, up to ``limit``, skipping heartbeats; stop before
@@ -382,7 +375,26 @@ class MpscAnchor(_AnchorBase):
             raise UsageError(_ONE_READER)
         self._reading = True
         try:
-            return await self._next_record()
+            entry = self._entry
+            while True:
+                taken = self._take()
+                if taken is not None:
+                    sender_id, kind, value = taken
+                    if kind is FrameKind.ITEM:
+                        return MpscItem(sender_id, value)
+                    if kind is FrameKind.HEARTBEAT:
+                        continue
+                    if kind is FrameKind.SENDER_ERROR:
+                        return MpscEvent("sender_error", sender_id, str(value))
+                    self._owner.sender_detached(entry.local_id, sender_id)
+                    if kind in (FrameKind.FINALIZED, FrameKind.DETACHED):
+                        return MpscEvent("detached", sender_id)
+                    return MpscEvent("dropped", sender_id, "" if value is None else str(value))
+                if self._owner.feed_exhausted(entry, None):
+                    continue
+                if entry.finished:
+                    self._ended_finished()
+                await entry.inbox.wait()
         finally:
             self._reading = False
 
@@ -397,25 +409,3 @@ class MpscAnchor(_AnchorBase):
             raise ReadTimeout(
                 f"nothing from {self._entry.handle} within {timeout} s; the stream goes on"
             ) from None
-
-    async def _next_record(self) -> MpscItem | MpscEvent:
-        entry = self._entry
-        while True:
-            taken = self._take()
-            if taken is not None:
-                sender_id, kind, value = taken
-                if kind is FrameKind.ITEM:
-                    return MpscItem(sender_id, value)
-                if kind is FrameKind.HEARTBEAT:
-                    continue
-                if kind is FrameKind.SENDER_ERROR:
-                    return MpscEvent("sender_error", sender_id, str(value))
-                self._owner.sender_detached(entry.local_id, sender_id)
-                if kind in (FrameKind.FINALIZED, FrameKind.DETACHED):
-                    return MpscEvent("detached", sender_id)
-                return MpscEvent("dropped", sender_id, "" if value is None else str(value))
-            if self._owner.feed_exhausted(entry, None):
-                continue
-            if entry.finished:
-                self._ended_finished()
-            await entry.inbox.wait()
