@@ -76,7 +76,8 @@ class StreamingSnapshot:
     anchors: tuple[AnchorSnapshot, ...]
     bound_senders: tuple[BoundSenderSnapshot, ...]
     senders: tuple[SenderSnapshot, ...]
-    """This node's live senders (ended ones are forgotten once their terminal left)."""
+    """This node's live senders; one is forgotten as it ends (``StreamSender.state`` then
+    says how)."""
     pending_attaches: int
     """Attach requests this node sent that have no answer yet."""
     attaches_served: int
