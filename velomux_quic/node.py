@@ -122,7 +122,7 @@ class Node:
 
     # -- streams -------------------------------------------------------------------------
 
-    def create_anchor(self, *, unattached_timeout: float | None = None) -> StreamAnchor:
+    def create_anchor(self, *, unattached_timeout: float | None = None) -> StreamAnchor[Any]:
         return self.anchors.create_anchor(unattached_timeout=unattached_timeout)
 
     def create_mpsc_anchor(self, **options: Any) -> MpscAnchor:
@@ -144,13 +144,14 @@ class Node:
 
     # -- zero-RTT streams ----------------------------------------------------------------
 
-    def prebind_anchor(self, handle: StreamAnchorHandle) -> StreamOpenTicket | None:
+    def prebind_anchor(self, handle: StreamAnchorHandle) -> StreamOpenTicket:
         """Bind the anchor's mux slot now and return the ticket a producer opens it with
-        (:meth:`open_anchor_stream`), saving the attach round trip. None without a mux, or
-        when the anchor cannot be pre-bound (MPSC, already attached, another node's)."""
+        (:meth:`open_anchor_stream`), saving the attach round trip. Raises TicketError
+        without a mux, or when the anchor cannot be pre-bound (MPSC, already attached,
+        another node's)."""
         return self.anchors.prebind_anchor(handle)
 
-    def prebind_anchor_keyed(self, handle: StreamAnchorHandle, key: int) -> StreamOpenTicket | None:
+    def prebind_anchor_keyed(self, handle: StreamAnchorHandle, key: int) -> StreamOpenTicket:
         return self.anchors.prebind_anchor(handle, key=key)
 
     async def open_anchor_stream(

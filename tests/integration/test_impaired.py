@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from typing import Any
 
 import pytest
 
@@ -63,7 +64,7 @@ async def produce(senders: list[StreamSender]) -> list[Retired]:
     return list(await asyncio.gather(*(sender.finalize() for sender in senders)))
 
 
-async def drain(anchor: StreamAnchor) -> list[object]:
+async def drain(anchor: StreamAnchor[Any]) -> list[object]:
     return [received async for received in anchor]
 
 

@@ -335,7 +335,7 @@ async def test_a_receiver_refuses_an_oversized_item_and_only_that_stream_ends(
         await asyncio.wait_for(doomed_anchor.next(), 30)
     assert str(stated) in str(refused.value) and str(limit) in str(refused.value)
     async with asyncio.timeout(30):
-        await doomed.cancelled.wait()  # LifecycleSlot{cancel} reached the producer
+        await doomed.wait_cancelled()  # LifecycleSlot{cancel} reached the producer
     with pytest.raises(ChannelClosed):
         await doomed.send("next")
     results = await asyncio.gather(*(drain(x) for x in anchors))
@@ -366,8 +366,8 @@ async def test_lifecycle_stop_then_cancel_reach_the_producer_by_session(
     session = sender._state.channel.slot.session_id  # type: ignore[attr-defined]
     b.mux.post_lifecycle(a.instance_id, 0, session, LifecycleAction.STOP)
     async with asyncio.timeout(30):
-        await sender.stop_requested.wait()
-    assert not sender.cancelled.is_set()
+        await sender.wait_stop_requested()
+    assert not sender.is_cancelled
     await sender.send(2)  # a stop leaves the slot open for the remaining output
     assert await anchor.next() == 2
     stale = session ^ (1 << 62)  # a session no stream of this producer has
@@ -375,7 +375,7 @@ async def test_lifecycle_stop_then_cancel_reach_the_producer_by_session(
     b.mux.post_lifecycle(a.instance_id, 0, stale, LifecycleAction.CANCEL)
     b.mux.post_lifecycle(a.instance_id, 0, session, LifecycleAction.CANCEL)
     async with asyncio.timeout(30):
-        await sender.cancelled.wait()
+        await sender.wait_cancelled()
     with pytest.raises(ChannelClosed):
         await sender.send(3)
     await other.send("untouched")

@@ -11,6 +11,7 @@ import sys
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -56,7 +57,9 @@ def metric(node: Node, name: str, labels: str = "") -> float:
     return 0.0 if match is None else float(match.group(1))
 
 
-async def finish(senders: list[StreamSender], anchors: list[StreamAnchor], records: int) -> None:
+async def finish(
+    senders: list[StreamSender], anchors: list[StreamAnchor[Any]], records: int
+) -> None:
     """Every stream carries its own numbers, in order, exactly once."""
 
     async def produce(index: int, sender: StreamSender) -> None:
@@ -64,7 +67,7 @@ async def finish(senders: list[StreamSender], anchors: list[StreamAnchor], recor
             await sender.send([index, n])
         sender.finalize()
 
-    async def consume(index: int, anchor: StreamAnchor) -> None:
+    async def consume(index: int, anchor: StreamAnchor[Any]) -> None:
         assert [item async for item in anchor] == [[index, n] for n in range(records)]
 
     async with asyncio.timeout(60):
@@ -74,7 +77,7 @@ async def finish(senders: list[StreamSender], anchors: list[StreamAnchor], recor
         )
 
 
-async def first_records(senders: list[StreamSender], anchors: list[StreamAnchor]) -> None:
+async def first_records(senders: list[StreamSender], anchors: list[StreamAnchor[Any]]) -> None:
     """One record through every stream: each slot is open on the consumer afterwards."""
     for index, sender in enumerate(senders):
         await sender.send(["first", index])
@@ -237,7 +240,7 @@ async def test_a_killed_consumer_fails_the_health_check_and_releases_a_starved_p
                 with pytest.raises(ChannelClosed):
                     while True:  # queues until the slot's byte budget is full, then waits
                         await sender.send("never")
-            assert sender.cancelled.is_set()
+            assert sender.is_cancelled
     finally:
         if process.returncode is None:
             process.kill()
@@ -268,7 +271,7 @@ async def test_evicting_a_peer_ends_the_streams_produced_to_it(start_nodes: Star
     other = await a.attach_anchor(other_anchor.handle)
     a.remove_peer(b.instance_id)  # discovery dropped it, or the application did
     for sender in senders:
-        assert sender.cancelled.is_set()
+        assert sender.is_cancelled
         with pytest.raises(ChannelClosed):
             await sender.send("after eviction")
     await other.send("unaffected")  # streams to other peers go on

@@ -11,6 +11,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @asynccontextmanager
 async def producer(
-    credentials: Path, consumer: Node, anchors: list[StreamAnchor], lanes: int
+    credentials: Path, consumer: Node, anchors: list[StreamAnchor[Any]], lanes: int
 ) -> AsyncIterator[asyncio.subprocess.Process]:
     """A producer process attached to every anchor; killed (and reaped) on the way out."""
     arguments = ["--credentials", str(credentials), "--lanes", str(lanes), "--interval", "0.02"]
@@ -50,7 +51,7 @@ async def producer(
         await process.wait()
 
 
-async def read_some(anchors: list[StreamAnchor], count: int) -> None:
+async def read_some(anchors: list[StreamAnchor[Any]], count: int) -> None:
     async with asyncio.timeout(20):
         for anchor in anchors:
             for _ in range(count):
@@ -74,7 +75,7 @@ async def test_a_killed_producer_node_drops_every_stream_and_a_restart_streams_a
         process.send_signal(signal.SIGKILL)
         killed_at = time.monotonic()
 
-        async def dropped(anchor: StreamAnchor) -> float:
+        async def dropped(anchor: StreamAnchor[Any]) -> float:
             with pytest.raises(SenderDropped):
                 while True:
                     await anchor.next()
@@ -136,7 +137,7 @@ async def test_a_batch_lost_after_admission_is_a_gap_the_watchdog_ends(
         await sender.send(["after", index])
         sender.finalize()
 
-    async def outcome(anchor: StreamAnchor) -> object:
+    async def outcome(anchor: StreamAnchor[Any]) -> object:
         try:
             return [item async for item in anchor]
         except SenderDropped:

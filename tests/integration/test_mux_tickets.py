@@ -12,7 +12,6 @@ import pytest
 
 from tests.conftest import StartNode
 from velomux_quic.mux.config import MuxConfig
-from velomux_quic.mux.driver import MuxChannel
 from velomux_quic.node import Node
 from velomux_quic.streaming.control import MESSENGER_MUX_KEY, PER_STREAM_KEY, StreamOpenTicket
 from velomux_quic.streaming.errors import (
@@ -21,6 +20,7 @@ from velomux_quic.streaming.errors import (
     ChannelClosed,
     SenderDropped,
     StreamCancelled,
+    TicketError,
 )
 from velomux_quic.streaming.sender import StreamSender
 
@@ -40,34 +40,19 @@ def metric(node: Node, name: str, labels: str = "") -> float:
 
 def ticket_of(node: Node, handle: Any) -> StreamOpenTicket:
     ticket = node.prebind_anchor(handle)
-    assert ticket is not None
     return StreamOpenTicket.decode(ticket.encode())  # it travels in the app's envelope
-
-
-def count_attaches(node: Node) -> list[int]:
-    """Wrap the attach handler's work so a test can assert it never ran."""
-    calls = [0]
-    original = node.anchors._attach
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        calls[0] += 1
-        return original(*args, **kwargs)
-
-    node.anchors._attach = counted  # type: ignore[method-assign]
-    return calls
 
 
 async def test_a_ticket_opens_5000_streams_with_no_attach_message(start_nodes: StartNode) -> None:
     a, b = await pair(start_nodes)
-    attaches = count_attaches(b)
+    served_before = b.anchors.snapshot().attaches_served
 
     async def one(index: int) -> None:
         anchor = b.create_anchor()
         ticket = ticket_of(b, anchor.handle)
         sender = await a.open_anchor_stream(anchor.handle, ticket)
         assert sender.negotiated_transport() == MESSENGER_MUX_KEY
-        channel = sender._state.channel
-        assert isinstance(channel, MuxChannel) and channel.slot.credit == ticket.initial_credit
+        assert sender.credit == ticket.initial_credit
         await sender.send(index)
         sender.finalize()
         assert [item async for item in anchor] == [index]
@@ -75,7 +60,7 @@ async def test_a_ticket_opens_5000_streams_with_no_attach_message(start_nodes: S
     async with asyncio.timeout(120):
         for start in range(0, 5000, 100):
             await asyncio.gather(*(one(i) for i in range(start, start + 100)))
-    assert attaches == [0]
+    assert b.anchors.snapshot().attaches_served == served_before  # no attach handler ran
     assert metric(b, "velo_streaming_mux_live_slots") == 0
     assert metric(b, "velo_streaming_mux_unclaimed_binds") == 0
     assert metric(b, "velo_streaming_mux_records_sent_total", 'record_type="credit_update"') >= 0
@@ -95,20 +80,32 @@ async def test_the_accept_window_reaps_an_unclaimed_ticket(start_nodes: StartNod
     assert metric(b, "velo_streaming_mux_unclaimed_binds") == 0
 
 
-async def test_prebind_refusals_return_none(start_nodes: StartNode) -> None:
+async def test_prebind_refusals_raise_a_ticket_error_that_says_why(
+    start_nodes: StartNode,
+) -> None:
     a, b = await pair(start_nodes)
-    assert b.prebind_anchor(b.create_mpsc_anchor().handle) is None
-    assert b.prebind_anchor(a.create_anchor().handle) is None  # another node's handle
+    with pytest.raises(TicketError, match=r"MPSC anchor.*attach_mpsc_anchor"):
+        b.prebind_anchor(b.create_mpsc_anchor().handle)
+    with pytest.raises(TicketError, match=r"no live anchor .* on this node"):
+        b.prebind_anchor(a.create_anchor().handle)  # another node's handle
     anchor = b.create_anchor()
-    assert b.prebind_anchor(anchor.handle) is not None
-    assert b.prebind_anchor(anchor.handle) is None  # already pre-bound
+    b.prebind_anchor(anchor.handle)
+    with pytest.raises(TicketError, match="already pre-bound"):
+        b.prebind_anchor(anchor.handle)
     attached = b.create_anchor()
     await a.attach_anchor(attached.handle)
-    assert b.prebind_anchor(attached.handle) is None  # already attached
+    with pytest.raises(TicketError, match="already has a sender"):
+        b.prebind_anchor(attached.handle)
+    gone = b.create_anchor()
+    gone.cancel()
+    with pytest.raises(TicketError, match="no live anchor"):
+        b.prebind_anchor(gone.handle)
     no_mux = await start_nodes("plain", mux=MuxConfig(enabled=False))
-    assert no_mux.prebind_anchor(no_mux.create_anchor().handle) is None
+    with pytest.raises(TicketError, match=r"no mux.*enabled"):
+        no_mux.prebind_anchor(no_mux.create_anchor().handle)
     labels = 'operation="prebind",outcome="error",transport_scheme="none"'
-    assert metric(b, "velo_streaming_anchor_operations_total", labels) == 4
+    assert metric(b, "velo_streaming_anchor_operations_total", labels) == 5
+    assert metric(no_mux, "velo_streaming_anchor_operations_total", labels) == 1
     with pytest.raises(AttachRefused, match="minted on this node"):
         await b.open_anchor_stream(anchor.handle, ticket_of(b, b.create_anchor().handle))
 
@@ -123,9 +120,10 @@ async def test_an_attach_adopts_an_unclaimed_prebind_and_is_refused_after_a_clai
     ticket = ticket_of(b, anchor.handle)
     sender = await a.attach_anchor(anchor.handle)  # adopts: same slot, same session
     assert sender.negotiated_transport() == MESSENGER_MUX_KEY
-    channel = sender._state.channel
-    assert isinstance(channel, MuxChannel)
-    assert channel.slot.session_id == ticket.routing_session_id
+    bound = [s for s in b.anchors.snapshot().bound_senders if s.handle == anchor.handle]
+    assert [(s.node, s.routing_session_id) for s in bound] == [
+        (a.instance_id, ticket.routing_session_id)
+    ]
     await sender.send("adopted")
     sender.finalize()
     async with asyncio.timeout(20):
@@ -185,7 +183,7 @@ async def test_a_dropped_request_gives_the_bind_back_and_the_late_ticket_fails(
     assert metric(b, "velo_streaming_mux_unclaimed_binds") == 0
     sender = await a.open_anchor_stream(handle, ticket)  # the OpenSlot finds no bind
     async with asyncio.timeout(20):
-        await sender.cancelled.wait()  # CloseSlot{UnknownSlot} reached the producer
+        await sender.wait_cancelled()  # CloseSlot{UnknownSlot} reached the producer
     with pytest.raises(ChannelClosed):
         await sender.send("nobody")
 
@@ -202,8 +200,8 @@ async def test_cancel_reaches_an_idle_ticket_producer(start_nodes: StartNode) ->
     sender = await a.open_anchor_stream(anchor.handle, ticket_of(b, anchor.handle))
     await wait_idle_then(sender, anchor, "cancel")
     async with asyncio.timeout(20):
-        await sender.cancelled.wait()  # the producer sent nothing more to learn of it
-    assert sender.stop_requested.is_set()
+        await sender.wait_cancelled()  # the producer sent nothing more to learn of it
+    assert sender.is_stop_requested
     with pytest.raises(ChannelClosed):
         await sender.send("late")
     with pytest.raises(StreamCancelled):
@@ -218,8 +216,8 @@ async def test_stop_reaches_an_idle_ticket_producer_which_then_finishes(
     sender = await a.open_anchor_stream(anchor.handle, ticket_of(b, anchor.handle))
     await wait_idle_then(sender, anchor, "request_stop")
     async with asyncio.timeout(20):
-        await sender.stop_requested.wait()
-    assert not sender.cancelled.is_set()
+        await sender.wait_stop_requested()
+    assert not sender.is_cancelled
     await sender.send("last words")
     sender.finalize()
     async with asyncio.timeout(20):
@@ -233,10 +231,26 @@ async def test_a_detached_ticket_sender_gives_the_slot_back(start_nodes: StartNo
     anchor = b.create_anchor()
     first = await a.open_anchor_stream(anchor.handle, ticket_of(b, anchor.handle))
     await first.send(1)
-    handle = first.detach()
+    first.detach()
+    handle = first.handle
     second = await c.attach_anchor(handle)
     await second.send(2)
     second.finalize()
     async with asyncio.timeout(20):
         assert [item async for item in anchor] == [1, 2]
     assert metric(b, "velo_streaming_mux_live_slots") == 0
+
+
+async def test_a_ticket_opens_one_stream_and_its_reuse_is_refused(
+    start_nodes: StartNode,
+) -> None:
+    a, b = await pair(start_nodes)
+    anchor = b.create_anchor()
+    ticket = ticket_of(b, anchor.handle)
+    sender = await a.open_anchor_stream(anchor.handle, ticket)
+    with pytest.raises(TicketError, match="already opened a stream"):
+        await a.open_anchor_stream(anchor.handle, StreamOpenTicket.decode(ticket.encode()))
+    await sender.send("first and only")  # the first stream is untouched by the refusal
+    sender.finalize()
+    async with asyncio.timeout(20):
+        assert [item async for item in anchor] == ["first and only"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 from aioquic.quic.events import StreamDataReceived
@@ -50,7 +51,7 @@ async def per_stream_pair(start_nodes: StartNode, **options: object) -> tuple[No
     return a, b
 
 
-async def collect(anchor: StreamAnchor, timeout: float = 20) -> list[object]:
+async def collect(anchor: StreamAnchor[Any], timeout: float = 20) -> list[object]:
     async with asyncio.timeout(timeout):
         return [item async for item in anchor]
 
@@ -77,7 +78,7 @@ class Pump:
         await self.sender.finalize()
 
 
-async def stuck_stream(a: Node, b: Node, total: int) -> tuple[StreamAnchor, Pump]:
+async def stuck_stream(a: Node, b: Node, total: int) -> tuple[StreamAnchor[Any], Pump]:
     """A pump whose consumer never reads, proven stuck: another stream's records all
     arrive meanwhile (QUIC had every chance to move the stuck one's)."""
     stalled, flowing = b.create_anchor(), b.create_anchor()
@@ -158,7 +159,7 @@ async def test_closing_the_producer_node_releases_a_waiting_sender_with_channel_
     async with asyncio.timeout(10):
         with pytest.raises(ChannelClosed):
             await pump.task
-    assert pump.sender.cancelled.is_set()
+    assert pump.sender.is_cancelled
 
 
 async def test_a_consumer_cancel_releases_a_waiting_sender_with_channel_closed(

@@ -48,10 +48,11 @@ def open_fds() -> int:
 
 
 async def heartbeats_settled(node: Node) -> None:
-    """Wait for the producer's heartbeat task to end: it does once no sender is left."""
-    task = node.anchors._heartbeat_task
-    if task is not None:
-        await asyncio.wait_for(asyncio.shield(task), 5 * HEARTBEAT)
+    """Wait for the producer's heartbeat task to end: it does once no sender is left
+    (within one heartbeat interval; the snapshot is polled, the task is not public)."""
+    async with asyncio.timeout(5 * HEARTBEAT):
+        while node.anchors.snapshot().heartbeat_task_running:
+            await asyncio.sleep(HEARTBEAT / 20)
 
 
 async def lifetimes(producer: Node, consumer: Node, transport: str, numbers: Iterator[int]) -> None:
@@ -98,9 +99,10 @@ def stream_state(producer: Node, consumer: Node, transport: str) -> dict[str, An
     connection = producer.messenger.transport.outbound_connection(consumer.instance_id)
     assert connection is not None
     state: dict[str, Any] = {
-        "consumer anchors": dict(consumer.anchors._anchors),
-        "producer senders": dict(producer.anchors._senders),
-        "consumer senders": dict(consumer.anchors._senders),
+        "consumer anchors": consumer.anchors.snapshot().anchors,
+        "consumer bound senders": consumer.anchors.snapshot().bound_senders,
+        "producer senders": producer.anchors.snapshot().senders,
+        "consumer senders": consumer.anchors.snapshot().senders,
         "pending requests": dict(connection.requests_out._pending),
         "producer calls": len(producer.messenger._calls),
         "consumer calls": len(consumer.messenger._calls),

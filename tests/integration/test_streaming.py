@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,16 +19,19 @@ from tests.conftest import StartNode
 from velomux_quic.mux.config import MuxConfig
 from velomux_quic.node import Node
 from velomux_quic.security.certs import NodeCredentials
-from velomux_quic.streaming.anchor import MpscEvent, MpscItem
+from velomux_quic.streaming.anchor import MpscEvent, MpscItem, StreamAnchor
 from velomux_quic.streaming.control import MESSENGER_MUX_KEY, PER_STREAM_KEY
 from velomux_quic.streaming.errors import (
     AlreadyAttached,
     AnchorNotFound,
     AttachRefused,
     ChannelClosed,
+    ReadTimeout,
     SenderDropped,
     SenderError,
+    SendTimeout,
     StreamCancelled,
+    UsageError,
     WrongHandleKind,
 )
 from velomux_quic.streaming.manager import StreamingConfig
@@ -152,12 +156,14 @@ async def test_detach_then_another_sender_continues_the_stream(start_node: Start
     first = await a.attach_anchor(anchor.handle)
     for i in range(5):
         await first.send(i)
-    handle = first.detach()
-    second = await c.attach_anchor(handle)  # may attach before the consumer read anything
+    retired = first.detach()  # the retirement, as finalize() returns it
+    assert first.state == "detached"
+    second = await c.attach_anchor(first.handle)  # may attach before the consumer read
     for i in range(5, 10):
         await second.send(i)
     second.finalize()
     assert await collect(anchor) == list(range(10))
+    assert await asyncio.wait_for(retired, 10) is Retired.SENT
 
 
 async def test_a_second_attach_while_one_is_live_is_refused(start_node: StartNode) -> None:
@@ -184,8 +190,8 @@ async def test_cancel_from_the_consumer_reaches_an_idle_producer(start_node: Sta
     await sender.send("one")
     assert await anchor.next() == "one"
     anchor.cancel()
-    await asyncio.wait_for(sender.cancelled.wait(), 10)  # idle: it sent nothing since
-    assert sender.stop_requested.is_set()
+    await asyncio.wait_for(sender.wait_cancelled(), 10)  # idle: it sent nothing since
+    assert sender.is_stop_requested
     with pytest.raises(ChannelClosed):
         await sender.send("two")
     assert await asyncio.wait_for(sender.retired(), 10) is Retired.DISCARDED
@@ -198,8 +204,8 @@ async def test_stop_request_lets_the_producer_finish_gracefully(start_node: Star
     anchor = b.create_anchor()
     sender = await a.attach_anchor(anchor.handle)
     anchor.request_stop()
-    await asyncio.wait_for(sender.stop_requested.wait(), 10)
-    assert not sender.cancelled.is_set()
+    await asyncio.wait_for(sender.wait_stop_requested(), 10)
+    assert not sender.is_cancelled
     await sender.send("last words")
     sender.finalize()
     assert await collect(anchor) == ["last words"]
@@ -380,3 +386,154 @@ async def test_batches_yields_every_buffered_item_per_step_and_ends_like_iterati
             async for items in dropped.batches():
                 got.extend(items)
     assert got == ["last"]
+
+
+async def test_an_anchor_has_one_reader_and_is_read_once(start_node: StartNode) -> None:
+    a, b = await pair(start_node)
+    anchor: StreamAnchor[str] = b.create_anchor()
+    sender = await a.attach_anchor(anchor.handle)
+    first = asyncio.ensure_future(anchor.next())
+    await asyncio.sleep(0)  # the first reader runs up to its wait for an item
+    with pytest.raises(UsageError, match="already reading this anchor"):
+        await anchor.next()
+    with pytest.raises(UsageError, match="already reading this anchor"):
+        await anchor.take_ready()
+    with pytest.raises(UsageError, match="already reading this anchor"):
+        async for _ in anchor:
+            pass
+    await sender.send("only")
+    assert await asyncio.wait_for(first, 10) == "only"  # the refused readers took nothing
+    sender.finalize()
+    assert await collect(anchor) == []  # the first loop ends normally
+    with pytest.raises(UsageError, match="already ended"):
+        async for _ in anchor:
+            pass
+    with pytest.raises(UsageError, match="already ended"):
+        async for _ in anchor.batches():
+            pass
+
+
+async def test_reads_time_out_and_the_stream_goes_on(start_node: StartNode) -> None:
+    a, b = await pair(start_node)
+    anchor = b.create_anchor()
+    sender = await a.attach_anchor(anchor.handle)
+    with pytest.raises(ReadTimeout):
+        await anchor.next(timeout=0.05)
+    with pytest.raises(ReadTimeout):
+        await anchor.take_ready(timeout=0.05)
+    await sender.send("after")
+    assert await anchor.take_ready(timeout=10) == ["after"]
+    sender.finalize()
+    assert await collect(anchor) == []
+
+
+async def test_a_send_times_out_on_a_full_stream_and_the_stream_goes_on(
+    start_node: StartNode, path: str
+) -> None:
+    a, b = await pair(start_node)
+    anchor = b.create_anchor()
+    sender = await a.attach_anchor(anchor.handle)
+    waits_before = a.anchors.metrics.producer_send_backpressure
+    sent = 0
+    for _ in range(10_000):  # bounded: the consumer reads nothing, so the window closes
+        try:
+            await sender.send(bytes(1000), timeout=0.5)
+        except SendTimeout:
+            break
+        sent += 1
+    else:
+        pytest.fail("the stream never filled")
+    # Counted on every path, the mux's included.
+    assert a.anchors.metrics.producer_send_backpressure > waits_before
+    assert sender.queued_bytes > 0  # staged, not on the wire
+    if path == MESSENGER_MUX_KEY:
+        assert sender.credit == 0  # the consumer's window is used up
+    else:
+        assert sender.credit is None  # QUIC's window is in bytes
+    assert sender.state == "open"
+    reader = asyncio.ensure_future(collect(anchor, 60))
+    await sender.send("after", timeout=30)  # reading again releases the producer
+    sender.finalize()
+    got = await reader
+    assert len(got) == sent + 1 and got[-1] == "after"  # the timed-out item was not taken
+
+
+async def test_a_local_sender_shows_its_credit_and_times_out_when_full(
+    start_node: StartNode,
+) -> None:
+    b = await start_node("b")
+    anchor = b.create_anchor()
+    sender = await b.attach_anchor(anchor.handle)
+    assert sender.credit == 256 and sender.queued_bytes == 0
+    for i in range(256):
+        await sender.send(i, timeout=5)
+    assert sender.credit == 0
+    waits_before = b.anchors.metrics.producer_send_backpressure
+    with pytest.raises(SendTimeout, match="not sent"):
+        await sender.send("dropped", timeout=0.05)
+    assert b.anchors.metrics.producer_send_backpressure == waits_before + 1
+    assert await anchor.next() == 0
+    assert sender.credit == 1
+    await sender.send("kept", timeout=5)
+    sender.finalize()
+    assert await collect(anchor) == [*range(1, 256), "kept"]
+
+
+async def test_cancelling_an_anchor_cancels_its_same_node_sender(start_node: StartNode) -> None:
+    b = await start_node("b")
+    anchor = b.create_anchor()
+    sender = await b.attach_anchor(anchor.handle)
+    anchor.cancel()
+    assert sender.is_cancelled and sender.is_stop_requested
+    assert sender.state == "cancelled"
+    await asyncio.wait_for(sender.wait_cancelled(), 1)
+    with pytest.raises(ChannelClosed):
+        await sender.send("late")
+
+
+async def test_attaching_to_a_node_that_is_not_a_peer_names_the_fix(
+    start_node: StartNode,
+) -> None:
+    b = await start_node("b")
+    stranger = await start_node("stranger")  # never told where b is
+    anchor = b.create_anchor()
+    with pytest.raises(AttachRefused, match=r"no known node has WorkerId 0x.*add_peer"):
+        await stranger.attach_anchor(anchor.handle)
+
+
+async def test_the_snapshot_shows_anchors_senders_and_heartbeats(
+    start_node: StartNode, path: str
+) -> None:
+    a, b = await pair(start_node)
+    anchor = b.create_anchor()
+    mpsc = b.create_mpsc_anchor()
+    sender = await a.attach_anchor(anchor.handle)
+    local = await b.attach_mpsc_anchor(mpsc.handle)
+    await local.send("buffered")
+
+    consumer = b.anchors.snapshot()
+    by_handle: dict[Any, Any] = {entry.handle: entry for entry in consumer.anchors}
+    spsc_view, mpsc_view = by_handle[anchor.handle], by_handle[mpsc.handle]
+    assert (spsc_view.kind, spsc_view.attached, spsc_view.senders) == ("spsc", True, 1)
+    assert (mpsc_view.kind, mpsc_view.senders, mpsc_view.buffered_records) == ("mpsc", 1, 1)
+    assert not spsc_view.finished and not spsc_view.cancelled and not spsc_view.prebound
+    assert [(s.handle, s.node, s.transport_key) for s in consumer.bound_senders] == [
+        (anchor.handle, a.instance_id, path)
+    ]
+    assert consumer.bound_per_transport == {path: 1}
+    assert consumer.attaches_served == 1
+    assert consumer.senders_per_transport == {"local": 1}
+
+    producer = a.anchors.snapshot()
+    [mine] = producer.senders
+    assert (mine.handle, mine.state, mine.target) == (anchor.handle, "open", b.instance_id)
+    assert mine.transport_key == path and mine.queued_bytes >= 0
+    assert producer.heartbeat_task_running and producer.pending_attaches == 0
+    assert producer.senders_per_transport == {path: 1}
+
+    sender.finalize()
+    assert await collect(anchor) == []
+    mpsc.cancel()
+    assert local.state == "cancelled"
+    assert b.anchors.snapshot().anchors == ()
+    assert a.anchors.snapshot().senders == ()

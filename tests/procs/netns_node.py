@@ -78,7 +78,7 @@ async def consume(args: argparse.Namespace) -> int:
         results: list[dict[str, Any]] = [{} for _ in anchors]
         flowing = 0
 
-        async def read(index: int, anchor: StreamAnchor) -> None:
+        async def read(index: int, anchor: StreamAnchor[Any]) -> None:
             nonlocal flowing
             count, in_order, outcome = 0, True, "timeout"
             try:

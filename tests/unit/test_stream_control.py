@@ -598,3 +598,18 @@ def test_every_truncation_and_byte_corruption(message: Any, wire: bytes) -> None
             got = decode_as(type(message), corrupted)
             if got is not None:
                 assert isinstance(got, type(message))
+
+
+def test_the_documented_differences_from_the_rust_encoding_hold() -> None:
+    """The module docstring says where these bytes differ from a Rust peer's, which writes
+    every ``#[serde(default)]`` field and leaves out only ``lane`` / ``lane_key``; a Rust
+    peer's longer form decodes here to the same message."""
+    per_stream = AnchorAttachOk(PER_STREAM_KEY, 5000, 7, 0, 0, 0)
+    assert msgpack.unpackb(per_stream.encode()) == {"Ok": [PER_STREAM_KEY, 5000, 7]}
+    rust_form = msgpack.packb({"Ok": [PER_STREAM_KEY, 5000, 7, 0, 0]})
+    assert AnchorAttachResponse.decode(rust_form) == per_stream
+    handle = StreamAnchorHandle.pack(3, 9)
+    no_offer = AnchorAttachRequest(handle, 1, (3, 2), [], None)
+    assert len(msgpack.unpackb(no_offer.encode())) == 3  # Rust writes the empty list: 4
+    rust_request = msgpack.packb([handle.to_wire(), 1, {"hi": 3, "lo": 2}, []])
+    assert AnchorAttachRequest.decode(rust_request) == no_offer

@@ -245,15 +245,15 @@ def test_encode_item_from_many_threads() -> None:
 
 def test_pool_does_not_keep_a_grown_packer() -> None:
     """A packer keeps the largest buffer it grew to; one that grew is not pooled again."""
-    pool = frames_module._packer_pool
-    big = b"x" * (frames_module._PACKER_BUFFER + 1)
+    big = b"x" * (frames_module.PACKER_BUFFER + 1)
     for encode in (encode_item, lambda item: encode_items([item])):
         encode_item(1)  # at least one packer is idle, and it is the next one taken
-        used = pool[-1]
-        encode(big)
-        assert all(packer is not used for packer in pool)
+        idle = frames_module.pooled_packers()
+        assert idle >= 1
+        encode(big)  # takes an idle packer, grows it, and drops it
+        assert frames_module.pooled_packers() == idle - 1
         assert encode_item(b"small") == ITEM_PREFIX + msgpack.packb(b"small")
-        assert len(pool) <= frames_module._POOL_MAX
+        assert 1 <= frames_module.pooled_packers() <= frames_module.POOL_MAX
 
 
 @given(st.text())

@@ -201,6 +201,18 @@ class MuxChannel:
     def closed(self) -> bool:
         return not self._slot.live or self._slot.terminal_queued
 
+    @property
+    def credit(self) -> int | None:
+        """The slot's data credit: records the receiver lets this stream put on the wire
+        now (0 once the slot closed)."""
+        slot = self._slot
+        return slot.credit if slot.live else 0
+
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes staged in the slot, not yet in a batch handed to the messenger."""
+        return self._slot.queued_bytes
+
     def try_send(self, body: bytes) -> bool:
         slot = self._slot
         if not slot.live or slot.terminal_queued:  # self.closed, inlined

@@ -15,6 +15,14 @@ into the end of iteration or a typed :class:`StreamError`:
 =================  ===========================================================
 
 Dropping (garbage-collecting) an anchor cancels it, as ``cancel()`` does.
+
+An anchor has one reader: a second ``async for`` (or ``next()``, ``take_ready()``) while
+one is waiting raises :class:`UsageError` instead of splitting the items between the two,
+and a new iteration after the stream ended says so instead of yielding nothing. Reads
+take ``timeout=`` (:class:`ReadTimeout`; the stream goes on).
+
+The anchor reaches its node's manager only through :class:`AnchorOwner`, the few calls
+this module needs, so it imports nothing above it.
 """
 
 from __future__ import annotations
@@ -23,23 +31,32 @@ import asyncio
 import weakref
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Generic, NoReturn, Protocol, TypeVar
 
 from ..ids import InstanceId, StreamAnchorHandle
 from .errors import (
     DeserializationError,
+    ReadTimeout,
     SenderDropped,
     SenderError,
     StreamCancelled,
     StreamTransportError,
+    UsageError,
 )
 from .frames import FrameDecodeError, FrameKind, decode_frame
 from .inbox import Inbox
 
-if TYPE_CHECKING:
-    from .manager import AnchorManager
+__all__ = [
+    "AnchorEntry",
+    "AnchorOwner",
+    "MpscAnchor",
+    "MpscEvent",
+    "MpscItem",
+    "RemoteSender",
+    "StreamAnchor",
+]
 
-__all__ = ["AnchorEntry", "MpscAnchor", "MpscEvent", "MpscItem", "RemoteSender", "StreamAnchor"]
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -91,31 +108,75 @@ class AnchorEntry:
 
     @property
     def sender_count(self) -> int:
+        """Live senders, remote (and an unclaimed pre-bind) and on this node."""
         return len(self.senders) + len(self.local_senders)
 
 
+class AnchorOwner(Protocol):
+    """What an anchor asks of its node's manager (the manager satisfies it)."""
+
+    def anchor_dropped(self, local_id: int) -> None:
+        """The anchor object was garbage-collected (maybe on another thread): cancel it."""
+
+    def cancel_anchor(self, local_id: int) -> None:
+        """Remove the anchor and tell its producers."""
+
+    def request_stop(self, local_id: int) -> None:
+        """Ask the anchor's producers to finish gracefully."""
+
+    def finish_anchor(self, local_id: int) -> None:
+        """The stream is over (its terminal was read): forget the anchor."""
+
+    def sender_detached(self, local_id: int, sender_id: int) -> None:
+        """The reader took a sender's Detached (or an MPSC sender's terminal)."""
+
+    def feed_exhausted(self, entry: AnchorEntry, sender_id: int | None) -> bool:
+        """Whether a feed ran dry for good; if so its Dropped was injected to be read."""
+
+
+_ONE_READER = (
+    "another task is already reading this anchor; an anchor has one reader: read it from "
+    "one task and hand the items on (an asyncio.Queue), or use an MPSC anchor per reader"
+)
+
+
 class _AnchorBase:
-    def __init__(self, manager: AnchorManager, entry: AnchorEntry) -> None:
-        self._manager = manager
+    __slots__ = ("__weakref__", "_ended", "_entry", "_finalizer", "_owner", "_reading")
+
+    def __init__(self, owner: AnchorOwner, entry: AnchorEntry) -> None:
+        self._owner = owner
         self._entry = entry
-        self._finalizer = weakref.finalize(self, manager.anchor_dropped, entry.local_id)
+        self._reading = False
+        self._ended: str | None = None
+        """How the stream ended for this reader (None while it goes on)."""
+        self._finalizer = weakref.finalize(self, owner.anchor_dropped, entry.local_id)
 
     @property
     def handle(self) -> StreamAnchorHandle:
+        """The handle producers attach with; send it to them (it is 16 bytes)."""
         return self._entry.handle
 
     @property
     def finished(self) -> bool:
+        """True once the stream is over (read to its end, cancelled or removed)."""
         return self._entry.finished
 
     def cancel(self) -> None:
         """Remove the anchor and tell its producers; idempotent. Buffered records are lost."""
         self._finalizer.detach()
-        self._manager.cancel_anchor(self._entry.local_id)
+        self._owner.cancel_anchor(self._entry.local_id)
 
     def request_stop(self) -> None:
-        """Ask the producers to finish gracefully (their ``stop_requested`` fires)."""
-        self._manager.request_stop(self._entry.local_id)
+        """Ask the producers to finish gracefully (their ``wait_stop_requested()`` returns)."""
+        self._owner.request_stop(self._entry.local_id)
+
+    def _begin_iteration(self) -> None:
+        """A new ``async for``: refused once the stream ended (it would yield nothing)."""
+        if self._ended is not None:
+            raise UsageError(
+                f"the stream of {self._entry.handle} already ended ({self._ended}); an "
+                "anchor is read once: create a new anchor for a new stream"
+            )
 
     def _take(self) -> tuple[int, FrameKind, Any] | None:
         item = self._entry.inbox.take()
@@ -125,55 +186,92 @@ class _AnchorBase:
         try:
             kind, value = decode_frame(body)
         except FrameDecodeError as exc:
-            self._end()
+            self._end("a record did not decode")
             raise DeserializationError(str(exc)) from exc
         return sender_id, kind, value
 
-    def _end(self) -> None:
+    def _end(self, how: str) -> None:
+        self._ended = how
         self._finalizer.detach()
-        self._manager.finish_anchor(self._entry.local_id)
+        self._owner.finish_anchor(self._entry.local_id)
+
+    def _ended_finished(self) -> NoReturn:
+        """The reader found the anchor finished with nothing left: raise its ending."""
+        if self._entry.cancelled:
+            self._ended = self._ended or "cancelled"
+            raise StreamCancelled("the anchor was cancelled")
+        self._ended = self._ended or "finished"
+        raise StopAsyncIteration
 
 
-class StreamAnchor(_AnchorBase):
-    """A single-sender stream's consumer. ``async for item in anchor`` reads it."""
+class StreamAnchor(_AnchorBase, Generic[T]):
+    """A single-sender stream's consumer. ``async for item in anchor`` reads it.
 
-    def __aiter__(self) -> AsyncIterator[Any]:
+    Typed by its items for the reader's benefit (``StreamAnchor[dict[str, int]]``); the
+    items are what the producer sent, decoded from MessagePack, and are not checked.
+    """
+
+    __slots__ = ()
+
+    def __aiter__(self) -> AsyncIterator[T]:
+        """Start reading; :class:`UsageError` if the stream already ended."""
+        self._begin_iteration()
         return self
 
-    async def __anext__(self) -> Any:
-        entry = self._entry
-        while True:
-            taken = self._take()
-            if taken is not None:
-                sender_id, kind, value = taken
-                if kind is FrameKind.ITEM:
-                    return value
-                if kind is FrameKind.HEARTBEAT:
-                    continue
-                if kind is FrameKind.SENDER_ERROR:
-                    raise SenderError(str(value))
-                if kind is FrameKind.DETACHED:
-                    self._manager.sender_detached(entry.local_id, sender_id)
-                    continue
-                self._end()
-                if kind is FrameKind.FINALIZED:
-                    raise StopAsyncIteration
-                if kind is FrameKind.DROPPED:
-                    raise SenderDropped("the producer went away without finishing the stream")
-                raise StreamTransportError(str(value))
-            if self._manager.feed_exhausted(entry, 0):
-                continue  # it injected Dropped into the channel: read it next
-            if entry.finished:
-                if entry.cancelled:
-                    raise StreamCancelled("the anchor was cancelled")
-                raise StopAsyncIteration
-            await entry.inbox.wait()
+    async def __anext__(self) -> T:
+        """The next item; StopAsyncIteration at the end, a StreamError if it broke."""
+        # The loop is inline, not a helper coroutine: this runs once per item.
+        if self._reading:
+            raise UsageError(_ONE_READER)
+        self._reading = True
+        try:
+            entry = self._entry
+            while True:
+                taken = self._take()
+                if taken is not None:
+                    sender_id, kind, value = taken
+                    if kind is FrameKind.ITEM:
+                        return value  # type: ignore[no-any-return]  # the producer's item
+                    if kind is FrameKind.HEARTBEAT:
+                        continue
+                    if kind is FrameKind.SENDER_ERROR:
+                        raise SenderError(str(value))
+                    if kind is FrameKind.DETACHED:
+                        self._owner.sender_detached(entry.local_id, sender_id)
+                        continue
+                    if kind is FrameKind.FINALIZED:
+                        self._end("finished")
+                        raise StopAsyncIteration
+                    if kind is FrameKind.DROPPED:
+                        self._end("the producer went away")
+                        raise SenderDropped("the producer went away without finishing the stream")
+                    self._end("a transport error")
+                    raise StreamTransportError(str(value))
+                if self._owner.feed_exhausted(entry, 0):
+                    continue  # it injected Dropped into the channel: read it next
+                if entry.finished:
+                    self._ended_finished()
+                await entry.inbox.wait()
+        finally:
+            self._reading = False
 
-    async def next(self) -> Any:
-        """The next item (``anext(anchor)``), raising StopAsyncIteration at the end."""
-        return await self.__anext__()
+    async def next(self, *, timeout: float | None = None) -> T:
+        """The next item (``anext(anchor)``), raising StopAsyncIteration at the end.
 
-    async def batches(self, limit: int = 1 << 16) -> AsyncIterator[list[Any]]:
+        ``timeout`` bounds the wait: :class:`ReadTimeout` when no item came in time; the
+        stream goes on and the next read continues it.
+        """
+        if timeout is None:
+            return await self.__anext__()
+        try:
+            async with asyncio.timeout(timeout):
+                return await self.__anext__()
+        except TimeoutError:
+            raise ReadTimeout(
+                f"no item from {self._entry.handle} within {timeout} s; the stream goes on"
+            ) from None
+
+    async def batches(self, limit: int = 1 << 16) -> AsyncIterator[list[T]]:
         """``async for items in anchor.batches()``: every item already buffered per step.
 
         The same stream as ``async for item in anchor``, in the same order, ending the same
@@ -182,6 +280,7 @@ class StreamAnchor(_AnchorBase):
         request that relays tokens keeps up with a decode engine's forward passes for less
         CPU. ``limit`` caps a list's length.
         """
+        self._begin_iteration()
         while True:
             try:
                 items = await self.take_ready(limit)
@@ -189,23 +288,35 @@ class StreamAnchor(_AnchorBase):
                 return
             yield items
 
-    async def take_ready(self, limit: int = 1 << 16) -> list[Any]:
+    async def take_ready(self, limit: int = 1 << 16, *, timeout: float | None = None) -> list[T]:
         """Every item already buffered (at least one: waits for the first), in one await.
 
         A frontend task per request pays one wake-up per call instead of one per item.
         Sentinels behave as in ``__anext__``; if one ends the stream after some items were
         taken, those items are returned first and the ending is raised on the next call.
+        ``timeout`` bounds the wait for the first item (:class:`ReadTimeout`).
         """
-        items: list[Any] = []
+        if self._reading:  # checked before taking anything; __anext__ checks it again
+            raise UsageError(_ONE_READER)
+        items: list[T] = []
         self._take_items(items, limit)
         if not items:
             # Nothing ready, or a sentinel or undecodable record comes first: __anext__
             # waits for the first item or raises the ending, exactly as iteration would.
-            items.append(await self.__anext__())
+            if timeout is None:
+                items.append(await self.__anext__())
+            else:
+                try:
+                    async with asyncio.timeout(timeout):
+                        items.append(await self.__anext__())
+                except TimeoutError:
+                    raise ReadTimeout(
+                        f"no item from {self._entry.handle} within {timeout} s; the stream goes on"
+                    ) from None
             self._take_items(items, limit)
         return items
 
-    def _take_items(self, items: list[Any], limit: int) -> None:
+    def _take_items(self, items: list[T], limit: int) -> None:
         """Append the items ready now, up to ``limit``, skipping heartbeats; stop before
         anything else (given back to be read next), so the items before it come first."""
         inbox = self._entry.inbox
@@ -217,10 +328,10 @@ class StreamAnchor(_AnchorBase):
             try:
                 kind, value = decode_frame(body)
             except FrameDecodeError:
-                inbox.push_front(sender_id, body)  # the next __anext__ raises it, in order
+                inbox.push_front(sender_id, body)  # the next read raises it, in order
                 return
             if kind is FrameKind.ITEM:
-                items.append(value)
+                items.append(value)  # type: ignore[arg-type]  # the producer's item
             elif kind is not FrameKind.HEARTBEAT:
                 inbox.push_front(sender_id, body)
                 return
@@ -228,6 +339,8 @@ class StreamAnchor(_AnchorBase):
 
 @dataclass(frozen=True, slots=True)
 class MpscItem:
+    """One item of an MPSC stream, with the id of the producer that sent it."""
+
     sender_id: int
     value: Any
 
@@ -249,29 +362,50 @@ class MpscAnchor(_AnchorBase):
     the unattached timeout fires after every producer left.
     """
 
+    __slots__ = ()
+
     def __aiter__(self) -> AsyncIterator[MpscItem | MpscEvent]:
+        """Start reading; :class:`UsageError` if the stream already ended."""
+        self._begin_iteration()
         return self
 
     async def __anext__(self) -> MpscItem | MpscEvent:
-        entry = self._entry
-        while True:
-            taken = self._take()
-            if taken is not None:
-                sender_id, kind, value = taken
-                if kind is FrameKind.ITEM:
-                    return MpscItem(sender_id, value)
-                if kind is FrameKind.HEARTBEAT:
+        """The next item or producer event; StopAsyncIteration once the stream ended."""
+        if self._reading:
+            raise UsageError(_ONE_READER)
+        self._reading = True
+        try:
+            entry = self._entry
+            while True:
+                taken = self._take()
+                if taken is not None:
+                    sender_id, kind, value = taken
+                    if kind is FrameKind.ITEM:
+                        return MpscItem(sender_id, value)
+                    if kind is FrameKind.HEARTBEAT:
+                        continue
+                    if kind is FrameKind.SENDER_ERROR:
+                        return MpscEvent("sender_error", sender_id, str(value))
+                    self._owner.sender_detached(entry.local_id, sender_id)
+                    if kind in (FrameKind.FINALIZED, FrameKind.DETACHED):
+                        return MpscEvent("detached", sender_id)
+                    return MpscEvent("dropped", sender_id, "" if value is None else str(value))
+                if self._owner.feed_exhausted(entry, None):
                     continue
-                if kind is FrameKind.SENDER_ERROR:
-                    return MpscEvent("sender_error", sender_id, str(value))
-                self._manager.sender_detached(entry.local_id, sender_id)
-                if kind in (FrameKind.FINALIZED, FrameKind.DETACHED):
-                    return MpscEvent("detached", sender_id)
-                return MpscEvent("dropped", sender_id, "" if value is None else str(value))
-            if self._manager.feed_exhausted(entry, None):
-                continue
-            if entry.finished:
-                if entry.cancelled:
-                    raise StreamCancelled("the anchor was cancelled")
-                raise StopAsyncIteration
-            await entry.inbox.wait()
+                if entry.finished:
+                    self._ended_finished()
+                await entry.inbox.wait()
+        finally:
+            self._reading = False
+
+    async def next(self, *, timeout: float | None = None) -> MpscItem | MpscEvent:
+        """The next item or event; ``timeout`` bounds the wait (:class:`ReadTimeout`)."""
+        if timeout is None:
+            return await self.__anext__()
+        try:
+            async with asyncio.timeout(timeout):
+                return await self.__anext__()
+        except TimeoutError:
+            raise ReadTimeout(
+                f"nothing from {self._entry.handle} within {timeout} s; the stream goes on"
+            ) from None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import Protocol
 
+from .errors import ChannelClosed
 from .inbox import Inbox
 
 __all__ = ["InboxChannel", "ProducerChannel"]
@@ -30,6 +31,17 @@ class ProducerChannel(Protocol):
     @property
     def closed(self) -> bool: ...
 
+    @property
+    def credit(self) -> int | None:
+        """Records the channel would take now without waiting, as far as it knows (the mux
+        slot's credit window, the local inbox's free room); None when the channel cannot
+        say in records (the per-stream path's window is in bytes). Read on demand only."""
+
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes handed to the channel that are not on the wire yet (staged in the mux
+        slot, written to the QUIC stream but untransmitted); 0 when nothing waits."""
+
     def abort(self) -> None:
         """Close at once without a terminal (the consumer cancelled)."""
 
@@ -46,15 +58,28 @@ class InboxChannel:
         self._tasks: set[asyncio.Task[None]] = set()
 
     @property
+    def sender_id(self) -> int:
+        """The id this sender's records carry in the anchor's inbox."""
+        return self._sender_id
+
+    @property
     def closed(self) -> bool:
         return self._closed or self._inbox.closed
+
+    @property
+    def credit(self) -> int | None:
+        """The anchor's free room: the records a send puts in without waiting."""
+        return 0 if self.closed else self._inbox.space
+
+    @property
+    def queued_bytes(self) -> int:
+        """Always 0: a record goes straight into the anchor's inbox, nothing is staged."""
+        return 0
 
     def try_send(self, body: bytes) -> bool:
         return not self.closed and self._inbox.try_put(body, self._sender_id)
 
     async def send(self, body: bytes) -> None:
-        from .errors import ChannelClosed
-
         if self.closed:
             raise ChannelClosed("the anchor is gone")
         await self._inbox.put(body, self._sender_id)

@@ -1,11 +1,35 @@
 """Attach control messages and the zero-RTT open ticket, in positional MessagePack (sans-IO).
 
 A message is the MessagePack array of its fields in declaration order, the
-layout ``rmp_serde`` gives a struct, so these are the same bytes as a Rust
-peer's. Handles are u128s, which MessagePack cannot hold, so a handle is the
-map ``{"hi": u64, "lo": u64}`` (see :class:`StreamAnchorHandle`); the stream
-cancel handle uses the same map. Attach responses are externally tagged enums:
+layout ``rmp_serde`` gives a struct, with the fields and order of the design's
+Rust types (``AnchorAttachRequest``, ``AnchorAttachResponse``, the MPSC pair and
+``StreamOpenTicket``). Handles are u128s, which MessagePack cannot hold, so a
+handle is the map ``{"hi": u64, "lo": u64}`` (see :class:`StreamAnchorHandle`),
+the fixmap the Rust ``StreamAnchorHandleWire`` documents; the stream cancel
+handle uses the same map. Attach responses are externally tagged enums:
 ``{"Ok": [fields...]}`` or ``{"Err": [reason]}``.
+
+Each side decodes the other's messages, but the bytes are not always the same
+as a Rust peer's. What differs, checked against the Rust sources:
+
+* Trailing defaults. The Rust types leave out only the fields marked
+  ``skip_serializing_if`` (an attach request's ``lane_key`` when None, a
+  response's or ticket's ``lane`` when 0) and always write the fields that are
+  merely ``#[serde(default)]``. This module leaves out *every* trailing field
+  that holds its default, so its encoding is shorter where those are at their
+  defaults: a per-stream ``Ok`` (``initial_credit`` and ``slot_byte_budget``
+  0) is ``[key, heartbeat, session]`` here and ``[key, heartbeat, session, 0,
+  0]`` from Rust; a request offering no transport key ends before
+  ``supported_transport_keys`` here where Rust writes ``[]``; an ``Ok`` with
+  the 5000 ms heartbeat and no session ends after the key. Rust fills the
+  missing values with the same defaults, so both read the other.
+* Refusal reasons. An ``Err`` here says ``code: words``
+  (``anchor_not_found: ...``), and the producer maps the code to its typed
+  error; a Rust peer's reasons are free text (``mpsc anchor ... not found``),
+  so its refusals arrive as :class:`~velomux_quic.errors.AttachRefused`.
+* Handles as maps. This module reads and writes a handle only as the
+  ``{"hi", "lo"}`` map, never as the two-element array rmp_serde's compact
+  struct form would give the same wire struct.
 
 Positional arrays evolve only at the end, so every message follows one rule:
 a new field is appended, has a default that means "the behaviour from before

@@ -47,6 +47,8 @@ __all__ = [
     "FINALIZED",
     "HEARTBEAT",
     "ITEM_PREFIX",
+    "PACKER_BUFFER",
+    "POOL_MAX",
     "TERMINAL_KINDS",
     "FrameDecodeError",
     "FrameKind",
@@ -58,6 +60,7 @@ __all__ = [
     "encode_transport_error",
     "is_heartbeat",
     "is_terminal_sentinel",
+    "pooled_packers",
 ]
 
 
@@ -130,9 +133,15 @@ _ITEM_PREFIX_OBJ: Final[object] = ITEM_PREFIX
 # resetting the buffer under the outer call. A packer keeps its buffer at the
 # largest size it ever grew to, so one that packed more than its initial buffer
 # is dropped rather than pooled, and the pool holds at most a few.
-_PACKER_BUFFER: Final = 256 << 10
-_POOL_MAX: Final = 16
-_packer_pool: Final[list[Any]] = [_Packer(buf_size=_PACKER_BUFFER)]
+PACKER_BUFFER: Final = 256 << 10
+POOL_MAX: Final = 16
+_packer_pool: Final[list[Any]] = [_Packer(buf_size=PACKER_BUFFER)]
+
+
+def pooled_packers() -> int:
+    """How many idle packers the pool keeps now (at most :data:`POOL_MAX`): a packer that
+    grew past :data:`PACKER_BUFFER` is dropped, not pooled, so the count shows it."""
+    return len(_packer_pool)
 
 
 def _serialization_error(item: object, exc: Exception) -> SerializationError:
@@ -151,13 +160,13 @@ def encode_item(item: object) -> bytes:
     try:
         packer = pool.pop()
     except IndexError:
-        packer = _Packer(buf_size=_PACKER_BUFFER)
+        packer = _Packer(buf_size=PACKER_BUFFER)
     try:
         packed: bytes = packer.pack(item)
     except (TypeError, ValueError, OverflowError) as exc:
         # The failed packer is not returned: a fresh one costs little on this rare path.
         raise _serialization_error(item, exc) from exc
-    if len(packed) <= _PACKER_BUFFER and len(pool) < _POOL_MAX:
+    if len(packed) <= PACKER_BUFFER and len(pool) < POOL_MAX:
         pool.append(packer)
     return ITEM_PREFIX + packed
 
@@ -174,7 +183,7 @@ def encode_items(items: Iterable[object]) -> list[bytes]:
     try:
         packer = pool.pop()
     except IndexError:
-        packer = _Packer(buf_size=_PACKER_BUFFER)
+        packer = _Packer(buf_size=PACKER_BUFFER)
     pack = packer.pack
     prefix = ITEM_PREFIX
     out: list[bytes] = []
@@ -185,10 +194,10 @@ def encode_items(items: Iterable[object]) -> list[bytes]:
             packed: bytes = pack(item)
         except (TypeError, ValueError, OverflowError) as exc:
             raise _serialization_error(item, exc) from exc
-        if len(packed) > _PACKER_BUFFER:
+        if len(packed) > PACKER_BUFFER:
             grew = True
         append(prefix + packed)
-    if not grew and len(pool) < _POOL_MAX:
+    if not grew and len(pool) < POOL_MAX:
         pool.append(packer)
     return out
 

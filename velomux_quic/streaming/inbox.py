@@ -81,8 +81,13 @@ class Inbox:
     def closed(self) -> bool:
         return self._closed
 
-    def has_space(self) -> bool:
-        return len(self._channel) < self._capacity
+    @property
+    def space(self) -> int:
+        """Records the channel takes now without waiting (0 when full or closed)."""
+        if self._closed:
+            return 0
+        free = self._capacity - len(self._channel)
+        return free if free > 0 else 0
 
     def try_put(self, body: bytes, sender_id: int = 0) -> bool:
         """Put without waiting; False when the channel is full or closed."""

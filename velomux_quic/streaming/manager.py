@@ -1,16 +1,23 @@
 """AnchorManager: a node's anchors and senders, the attach protocol, heartbeats, watchdogs.
 
-Consumer side: it creates anchors, answers ``_anchor_attach`` / ``_mpsc_anchor_attach``
-(negotiating the transport), binds the per-stream QUIC streams that arrive to their anchors,
-and runs one watchdog timer per remote sender. Producer side: it attaches to anchors
-(locally with no transport at all, remotely over the negotiated transport), sends every
-remote sender's heartbeats from one task, and applies the consumer's cancel and stop.
+Consumer side (this class): it creates anchors, answers ``_anchor_attach`` /
+``_mpsc_anchor_attach`` (negotiating the transport), binds the streams that arrive to
+their anchors, runs one watchdog timer per remote sender, and sends the consumer's
+cancels and stops to remote producers. It owns the transports and their negotiation.
 
-This module owns the manager's state and lifecycle, the transports and their negotiation,
-and the consumer side: the anchors, the attach handlers, the watchdogs, and the cancels and
-stops sent to a remote producer. The producer side lives in :mod:`.producer`, mixed into
-:class:`AnchorManager` (see there for why it is separate and why a mixin), and the zero-RTT
-pre-bind and open in :mod:`.zero_rtt`.
+Producer side (:class:`~velomux_quic.streaming.producer.AnchorProducer`, owned here): it
+attaches this node's senders to anchors, here or on another node, keeps them, and sends
+their heartbeats. The manager hands it the two calls a same-node attach needs
+(:class:`~velomux_quic.streaming.producer.LocalAnchors`) and forwards the public attach
+calls to it.
+
+Zero-RTT pre-binds (:class:`~velomux_quic.streaming.zero_rtt.ZeroRtt`, owned here) reach
+the anchors through :class:`~velomux_quic.streaming.zero_rtt.PrebindHost`, five calls of
+this class; the ticket's open is the producer's.
+
+Anchors and senders call back only through the Protocols their modules define
+(:class:`~velomux_quic.streaming.anchor.AnchorOwner`,
+:class:`~velomux_quic.streaming.sender.SenderOwner`), so no module below imports this one.
 """
 
 from __future__ import annotations
@@ -20,12 +27,12 @@ import contextlib
 import logging
 import os
 import time
+from collections import Counter
 from functools import partial
 from typing import Any
 
 from ..ids import InstanceId, StreamAnchorHandle, WorkerId, worker_id_of
 from ..messenger import Context, Messenger
-from ..transport import TransportHandler
 from .anchor import AnchorEntry, MpscAnchor, RemoteSender, StreamAnchor
 from .config import StreamingConfig
 from .control import (
@@ -40,14 +47,15 @@ from .control import (
     StreamControl,
     StreamOpenTicket,
 )
+from .errors import AlreadyAttached, AnchorNotFound, MaxSendersReached, UsageError
 from .frames import DROPPED
 from .inbox import Inbox
 from .metrics import StreamingMetrics
 from .perstream import PerStreamTransport
-from .producer import _ERRORS as _ERRORS
 from .producer import AnchorProducer
-from .sender import SenderState, StreamSender
-from .transports import BindTerms, StreamTransport, TransportRegistry
+from .sender import StreamSender
+from .snapshot import AnchorSnapshot, BoundSenderSnapshot, StreamingSnapshot
+from .transports import BindTerms, PrebindTransport, StreamTransport, TransportRegistry
 from .zero_rtt import ZeroRtt
 
 __all__ = ["DETECTION_MULTIPLIER", "AnchorManager", "StreamingConfig"]
@@ -60,8 +68,9 @@ DETECTION_MULTIPLIER = 3
 MPSC_BIT = 1 << 63
 
 
-class AnchorManager(AnchorProducer, TransportHandler):
-    """One per node. See the module docstring."""
+class AnchorManager:
+    """One per node: its anchors, the attach protocol, and (through the producer it owns)
+    its senders. See the module docstring."""
 
     def __init__(
         self,
@@ -73,38 +82,38 @@ class AnchorManager(AnchorProducer, TransportHandler):
         self.messenger = messenger
         self.config = config or StreamingConfig()
         self.worker_id: WorkerId = worker_id_of(messenger.instance_id)
-        self.metrics = StreamingMetrics(messenger.registry, lambda: len(self._anchors))
+        self._metrics = StreamingMetrics(messenger.registry, lambda: len(self._anchors))
         self._loop = asyncio.get_running_loop()
         self._anchors: dict[int, AnchorEntry] = {}
-        self._senders: dict[int, SenderState] = {}
-        self._next_sender_stream = 1
         self._next_session = int.from_bytes(os.urandom(4), "big") << 16 | 1
-        self._heartbeat_task: asyncio.Task[None] | None = None
-        self._heartbeat_wake = asyncio.Event()
+        self._attaches_served = 0
         self._background: set[asyncio.Task[None]] = set()
         self._closed = False
+        self.transports = TransportRegistry(default_key=PER_STREAM_KEY)
+        self._zero_rtt = ZeroRtt(self)
+        self._producer = AnchorProducer(
+            messenger, self.config, self._metrics, self.transports, self
+        )
         messenger.register_system("_anchor_attach", partial(self._attach_handler, mpsc=False))
         messenger.register_system("_mpsc_anchor_attach", partial(self._attach_handler, mpsc=True))
-        messenger.register_system("_stream_cancel", self._cancel_handler)
-        messenger.register_system("_stream_stop", self._stop_handler)
-        self._zero_rtt = ZeroRtt(self)
-        self.transports = TransportRegistry(default_key=PER_STREAM_KEY)
         if per_stream:  # a mux-only node installs no per-stream listener
-            stream_path = PerStreamTransport(messenger, self.config, self.metrics)
+            stream_path = PerStreamTransport(messenger, self.config, self._metrics)
             self.transports.install(stream_path)
             messenger.set_stream_acceptor(stream_path)
+
+    @property
+    def metrics(self) -> StreamingMetrics:
+        """The node's ``velo_streaming_*`` metrics."""
+        return self._metrics
 
     # -- transports ----------------------------------------------------------------------
 
     def install_transport(self, transport: StreamTransport) -> None:
         """Add a streaming transport (the node installs the mux here when it is enabled)."""
         self.transports.install(transport)
-        if hasattr(transport, "on_bind_expired"):  # the mux's accept window reaps here
+        if isinstance(transport, PrebindTransport):  # the mux: pre-binds, its accept window
             transport.on_bind_expired = self._zero_rtt.bind_expired
-
-    def _mux(self) -> Any:
-        """The installed mux transport (pre-binds, lanes, lifecycle), or None."""
-        return self.transports.get(MESSENGER_MUX_KEY)
+            self._zero_rtt.mux = transport
 
     @property
     def transport_keys(self) -> list[str]:
@@ -127,7 +136,12 @@ class AnchorManager(AnchorProducer, TransportHandler):
 
     # -- consumer: anchors ---------------------------------------------------------------
 
-    def create_anchor(self, *, unattached_timeout: float | None = None) -> StreamAnchor:
+    def create_anchor(self, *, unattached_timeout: float | None = None) -> StreamAnchor[Any]:
+        """A new single-sender anchor; send its ``handle`` to the producer.
+
+        ``unattached_timeout`` (seconds) ends the stream if no sender is attached for that
+        long (from now, and again after each detach); None waits forever.
+        """
         entry = self._new_entry(mpsc=False, unattached_timeout=unattached_timeout)
         return StreamAnchor(self, entry)
 
@@ -138,6 +152,12 @@ class AnchorManager(AnchorProducer, TransportHandler):
         unattached_timeout: float | None = None,
         channel_capacity: int | None = None,
     ) -> MpscAnchor:
+        """A new anchor many producers write into at once.
+
+        ``max_senders`` caps the live senders (None: no cap); ``unattached_timeout`` ends
+        the stream once no sender was attached for that long; ``channel_capacity`` sizes
+        its own channel in records (default ``StreamingConfig.anchor_capacity``).
+        """
         entry = self._new_entry(
             mpsc=True,
             unattached_timeout=unattached_timeout,
@@ -155,7 +175,7 @@ class AnchorManager(AnchorProducer, TransportHandler):
         capacity: int | None = None,
     ) -> AnchorEntry:
         if self._closed:
-            raise RuntimeError("the anchor manager is closed")
+            raise UsageError("the node is closed: anchors are created on a running node")
         while True:
             local_id = int.from_bytes(os.urandom(8), "big") & (MPSC_BIT - 1)
             if mpsc:
@@ -200,13 +220,14 @@ class AnchorManager(AnchorProducer, TransportHandler):
         entry.inbox.close()
 
     def cancel_anchor(self, local_id: int) -> None:
+        """Remove the anchor and tell every producer (remote ones by message); idempotent."""
         entry = self._anchors.get(local_id)
         if entry is None:
             return
         entry.cancelled = True
         remote = list(entry.senders.values())
-        local = list(entry.local_senders)
-        mux = self._mux()
+        local = set(entry.local_senders)
+        mux = self._zero_rtt.mux
         for sender in remote:  # a claimed ticket sender learns of it through the mux
             if mux is not None and not sender.sender_stream_id:
                 mux.post_stream_lifecycle(entry, sender, stop=False)
@@ -214,28 +235,21 @@ class AnchorManager(AnchorProducer, TransportHandler):
         for sender in remote:
             if sender.node is not None and sender.sender_stream_id:
                 self._notify(sender.node, "_stream_cancel", sender.sender_stream_id)
-        for state in list(self._senders.values()):
-            if (
-                state.target is None
-                and state.handle.local_id == local_id
-                and state.sender_id in local
-            ):
-                state.cancel()
-        self.metrics.anchor_operations.labels("cancel", "success", "local").inc()
+        self._producer.cancel_local_senders(local_id, local)
+        self._metrics.anchor_operations.labels("cancel", "success", "local").inc()
 
     def request_stop(self, local_id: int) -> None:
+        """Ask every producer of the anchor to finish gracefully."""
         entry = self._anchors.get(local_id)
         if entry is None:
             return
-        mux = self._mux()
+        mux = self._zero_rtt.mux
         for sender in entry.senders.values():
             if sender.node is not None and sender.sender_stream_id:
                 self._notify(sender.node, "_stream_stop", sender.sender_stream_id)
             elif mux is not None and not sender.sender_stream_id:
                 mux.post_stream_lifecycle(entry, sender, stop=True)
-        for state in self._senders.values():
-            if state.target is None and state.handle.local_id == local_id:
-                state.stop_requested.set()
+        self._producer.stop_local_senders(local_id)
 
     def anchor_dropped(self, local_id: int) -> None:
         """An anchor object was garbage-collected: cancel it (possibly from another thread)."""
@@ -283,11 +297,105 @@ class AnchorManager(AnchorProducer, TransportHandler):
                 inbox.inject(DROPPED, feed_id)
         return True
 
+    # -- consumer: what the pre-bind uses (PrebindHost) and a same-node attach -----------
+
+    def local_anchor(self, handle: StreamAnchorHandle) -> AnchorEntry | None:
+        """The live anchor of ``handle`` on this node, or None (another node's, gone)."""
+        if handle.worker_id != self.worker_id:
+            return None
+        entry = self._anchors.get(handle.local_id)
+        return None if entry is None or entry.finished else entry
+
+    def bind_remote(
+        self,
+        entry: AnchorEntry,
+        transport: StreamTransport,
+        *,
+        peer: InstanceId | None,
+        lane_key: int | None,
+    ) -> tuple[RemoteSender, BindTerms]:
+        """Register a remote sender of ``entry`` with a fresh routing session (``peer``
+        None: a pre-bind, whose sender is not known yet), bind it on ``transport`` and arm
+        its watchdog."""
+        session_id = self._next_session
+        self._next_session += 1
+        sender_id = entry.next_sender_id
+        entry.next_sender_id += 1
+        remote = RemoteSender(
+            node=peer,
+            sender_stream_id=0,
+            session_id=session_id,
+            transport_key=transport.key,
+            sender_id=sender_id,
+            last_arrival=self._loop.time(),
+            lane_key=lane_key,
+            prebound=peer is None,
+        )
+        entry.senders[sender_id] = remote
+        if peer is not None:
+            entry.attached = True
+        if entry.unattached_timer is not None:
+            entry.unattached_timer.cancel()
+            entry.unattached_timer = None
+        terms = transport.bind(entry, remote)
+        self._arm_watchdog(entry, remote, entry.heartbeat_interval)
+        return remote, terms
+
+    def end_remote(self, entry: AnchorEntry, remote: RemoteSender, *, dropped: bool) -> None:
+        """Forget a remote sender (its bind, watchdog and feed). ``dropped``: the reader
+        reads Dropped next; otherwise the anchor may be attached again."""
+        entry.senders.pop(remote.sender_id, None)
+        self._forget_sender(entry, remote)
+        entry.inbox.withdraw_feed(remote.sender_id)
+        if dropped:
+            entry.inbox.inject(DROPPED, remote.sender_id)
+        elif entry.sender_count == 0:
+            entry.attached = False
+            self._arm_unattached(entry)
+
+    def attach_local(self, handle: StreamAnchorHandle, *, mpsc: bool) -> tuple[Inbox, int]:
+        """Register a same-node sender on the anchor (its inbox, the sender's feed id)."""
+        entry = self.local_anchor(handle)
+        if entry is None:
+            raise AnchorNotFound(
+                f"no anchor {handle} on this node (finished, cancelled or never created)",
+                handle,
+            )
+        prebound = entry.prebind
+        if prebound is not None:
+            if self._zero_rtt.claimed(entry, prebound):
+                raise AlreadyAttached(f"{handle}'s pre-bind was claimed by a ticket", handle)
+            # A same-worker sender writes into the anchor directly and never claims the slot.
+            self._zero_rtt.release(entry, prebound)
+        if not mpsc and entry.attached:
+            raise AlreadyAttached(
+                f"{handle} has a live sender: a single-sender anchor takes one at a time "
+                "(detach it first, or use an MPSC anchor)",
+                handle,
+            )
+        if mpsc and entry.max_senders is not None and entry.sender_count >= entry.max_senders:
+            raise MaxSendersReached(f"{handle} allows {entry.max_senders} senders", handle)
+        sender_id = entry.next_sender_id
+        entry.next_sender_id += 1
+        entry.local_senders.add(sender_id)
+        entry.attached = True
+        if entry.unattached_timer is not None:
+            entry.unattached_timer.cancel()
+            entry.unattached_timer = None
+        return entry.inbox, sender_id
+
+    def local_sender_finished(self, handle: StreamAnchorHandle) -> None:
+        """A same-node sender handed over its terminal: a single-sender anchor is free."""
+        entry = self._anchors.get(handle.local_id)
+        if entry is not None and not entry.mpsc:
+            entry.attached = False
+
     # -- consumer: the attach handlers ---------------------------------------------------
 
     def _attach_handler(self, ctx: Context, *, mpsc: bool) -> bytes:
         """``_anchor_attach`` and ``_mpsc_anchor_attach`` (an Err is the same for both)."""
         started = time.monotonic()
+        self._attaches_served += 1
         request_type = MpscAnchorAttachRequest if mpsc else AnchorAttachRequest
         try:
             request = request_type.decode(ctx.payload)
@@ -301,8 +409,8 @@ class AnchorManager(AnchorProducer, TransportHandler):
         ok = not isinstance(answer, str)
         scheme = getattr(answer, "streaming_transport_key", "none")
         outcome = "success" if ok else "error"
-        self.metrics.anchor_operations.labels("attach", outcome, scheme).inc()
-        self.metrics.anchor_operation_duration.labels("attach", outcome, scheme).observe(
+        self._metrics.anchor_operations.labels("attach", outcome, scheme).inc()
+        self._metrics.anchor_operation_duration.labels("attach", outcome, scheme).observe(
             time.monotonic() - started
         )
 
@@ -315,13 +423,17 @@ class AnchorManager(AnchorProducer, TransportHandler):
     ) -> AnchorAttachOk | MpscAnchorAttachOk | str:
         """The Ok answer, or the refusal reason (``code: words``)."""
         handle = request.handle
-        entry = self._anchors.get(handle.local_id) if handle.worker_id == self.worker_id else None
-        if entry is None or entry.finished:
+        entry = self.local_anchor(handle)
+        if entry is None:
             return f"anchor_not_found: no anchor {handle} on this node"
         if entry.mpsc != mpsc:
             return f"wrong_handle_kind: {handle} is {'MPSC' if entry.mpsc else 'SPSC'}"
-        if entry.prebind is not None:
-            return self._zero_rtt.adopt(peer, entry, entry.prebind, request)
+        prebound = entry.prebind
+        if prebound is not None:
+            adopted = self._zero_rtt.adopt(peer, entry, prebound, request)
+            if isinstance(adopted, str):
+                return adopted
+            return self._attach_ok(entry, prebound, adopted, mpsc=mpsc)
         if not mpsc and entry.attached:
             return f"already_attached: {handle} has a live sender"
         if mpsc and entry.max_senders is not None and entry.sender_count >= entry.max_senders:
@@ -332,40 +444,11 @@ class AnchorManager(AnchorProducer, TransportHandler):
                 f"no_common_transport: offered {list(request.supported_transport_keys)}, "
                 f"this node binds {self.transport_keys}"
             )
-        remote = self._new_remote(entry, peer, key, request.lane_key)
-        remote.sender_stream_id = request.stream_cancel_handle[1]
         transport = self.transports.get(key)
         assert transport is not None
-        terms = transport.bind(entry, remote)
-        self._arm_watchdog(entry, remote, entry.heartbeat_interval)
+        remote, terms = self.bind_remote(entry, transport, peer=peer, lane_key=request.lane_key)
+        remote.sender_stream_id = request.stream_cancel_handle[1]
         return self._attach_ok(entry, remote, terms, mpsc=mpsc)
-
-    def _new_remote(
-        self, entry: AnchorEntry, peer: InstanceId | None, key: str, lane_key: int | None
-    ) -> RemoteSender:
-        """A new remote sender of ``entry`` with a fresh routing session (``peer`` None: a
-        pre-bind, whose sender is not known yet)."""
-        session_id = self._next_session
-        self._next_session += 1
-        sender_id = entry.next_sender_id
-        entry.next_sender_id += 1
-        remote = RemoteSender(
-            node=peer,
-            sender_stream_id=0,
-            session_id=session_id,
-            transport_key=key,
-            sender_id=sender_id,
-            last_arrival=self._loop.time(),
-            lane_key=lane_key,
-            prebound=peer is None,
-        )
-        entry.senders[sender_id] = remote
-        if peer is not None:
-            entry.attached = True
-        if entry.unattached_timer is not None:
-            entry.unattached_timer.cancel()
-            entry.unattached_timer = None
-        return remote
 
     def _attach_ok(
         self, entry: AnchorEntry, remote: RemoteSender, terms: BindTerms, *, mpsc: bool
@@ -414,7 +497,7 @@ class AnchorManager(AnchorProducer, TransportHandler):
             return
         remote.watchdog = None
         if not entry.mpsc:
-            self.metrics.heartbeat_watchdog_firings += 1
+            self._metrics.heartbeat_watchdog_firings += 1
             logger.info(
                 "stream_watchdog: no frame from %s for %d windows of %.3f s; local_id=%x",
                 remote.node,
@@ -422,10 +505,7 @@ class AnchorManager(AnchorProducer, TransportHandler):
                 window,
                 local_id,
             )
-        entry.senders.pop(remote.sender_id, None)
-        self._forget_sender(entry, remote)
-        entry.inbox.withdraw_feed(remote.sender_id)
-        entry.inbox.inject(DROPPED, remote.sender_id)
+        self.end_remote(entry, remote, dropped=True)
         if remote.node is not None and remote.sender_stream_id:
             self._notify(remote.node, "_stream_cancel", remote.sender_stream_id)
 
@@ -445,32 +525,112 @@ class AnchorManager(AnchorProducer, TransportHandler):
             self._background.add(task)
             task.add_done_callback(self._background.discard)
 
-    # -- zero-RTT: pre-bind (consumer) and open (producer), see zero_rtt.py --------------
+    # -- zero-RTT: pre-bind (consumer) and open (producer) -------------------------------
 
     def prebind_anchor(
         self, handle: StreamAnchorHandle, *, key: int | None = None
-    ) -> StreamOpenTicket | None:
-        """Bind the anchor's mux slot now and return the ticket a producer opens it with,
-        saving the attach round trip (None without a mux; see :meth:`ZeroRtt.prebind`)."""
+    ) -> StreamOpenTicket:
+        """Bind the anchor's mux slot now and return the ticket a producer opens it with
+        (:meth:`open_anchor_stream`), saving the attach round trip.
+
+        Raises :class:`~velomux_quic.errors.TicketError` saying why and what to do: no
+        mux on this node, an MPSC anchor, another node's handle, an anchor already
+        attached or pre-bound, or one that is gone. ``key`` places the stream as in
+        :meth:`attach_anchor`.
+        """
         return self._zero_rtt.prebind(handle, key=key)
 
     async def open_anchor_stream(
         self, handle: StreamAnchorHandle, ticket: StreamOpenTicket
     ) -> StreamSender:
-        """Producer side of a ticket: open the stream with no attach message."""
-        return await self._zero_rtt.open(handle, ticket)
+        """Producer side of a ticket: open the stream with no attach message.
+
+        A ticket opens one stream: opening it again raises
+        :class:`~velomux_quic.errors.TicketError`.
+        """
+        return await self._producer.open_with_ticket(handle, ticket)
+
+    # -- producer: attach (see producer.py) ----------------------------------------------
+
+    async def attach_anchor(
+        self,
+        handle: StreamAnchorHandle,
+        *,
+        key: int | None = None,
+        offer: list[str] | None = None,
+    ) -> StreamSender:
+        """Attach a producer to a single-sender anchor, on this node or another.
+
+        ``key`` (a u64) asks the receiver to put the stream on lane ``splitmix64(key) %
+        lanes``, so streams with one key share a lane; without it the receiver picks the
+        lane with the least load from this node. ``offer`` overrides the transport keys
+        advertised (compatibility testing only). A refusal raises its
+        :class:`~velomux_quic.errors.AttachError` subclass.
+        """
+        return await self._producer.attach(handle, mpsc=False, key=key, offer=offer)
+
+    async def attach_mpsc_anchor(
+        self,
+        handle: StreamAnchorHandle,
+        *,
+        key: int | None = None,
+        offer: list[str] | None = None,
+    ) -> StreamSender:
+        """Attach one more producer to an MPSC anchor; ``key`` and ``offer`` as in
+        :meth:`attach_anchor`. The sender's ``sender_id`` tags its records."""
+        return await self._producer.attach(handle, mpsc=True, key=key, offer=offer)
+
+    # -- introspection -------------------------------------------------------------------
+
+    def snapshot(self) -> StreamingSnapshot:
+        """A copy of this node's streaming state now (see :mod:`.snapshot`)."""
+        anchors: list[AnchorSnapshot] = []
+        bound: list[BoundSenderSnapshot] = []
+        for entry in self._anchors.values():
+            anchors.append(
+                AnchorSnapshot(
+                    handle=entry.handle,
+                    kind="mpsc" if entry.mpsc else "spsc",
+                    attached=entry.attached,
+                    senders=entry.sender_count,
+                    buffered_records=len(entry.inbox),
+                    prebound=entry.prebind is not None,
+                    finished=entry.finished,
+                    cancelled=entry.cancelled,
+                )
+            )
+            bound.extend(
+                BoundSenderSnapshot(
+                    handle=entry.handle,
+                    sender_id=remote.sender_id,
+                    node=remote.node,
+                    transport_key=remote.transport_key,
+                    lane=remote.lane,
+                    routing_session_id=remote.session_id,
+                )
+                for remote in entry.senders.values()
+            )
+        producer = self._producer
+        return StreamingSnapshot(
+            anchors=tuple(anchors),
+            bound_senders=tuple(bound),
+            senders=producer.sender_snapshots(),
+            pending_attaches=producer.pending_attaches,
+            attaches_served=self._attaches_served,
+            heartbeat_task_running=producer.heartbeat_task_running,
+            senders_per_transport=producer.senders_per_transport(),
+            bound_per_transport=dict(Counter(remote.transport_key for remote in bound)),
+        )
 
     # -- shutdown ------------------------------------------------------------------------
 
     async def close(self) -> None:
+        """Cancel every sender, finish every anchor, close the transports; idempotent."""
         self._closed = True
-        for state in list(self._senders.values()):
-            state.cancel()
+        await self._producer.close()
         for local_id in list(self._anchors):
             self.finish_anchor(local_id)
         tasks = list(self._background)
-        if self._heartbeat_task is not None:
-            tasks.append(self._heartbeat_task)
         for task in tasks:
             task.cancel()
         if tasks:

@@ -80,6 +80,17 @@ class PerStreamChannel:
     def closed(self) -> bool:
         return self._closed or self._stream.gate.closed
 
+    @property
+    def credit(self) -> int | None:
+        """None: this path's window is QUIC's, in bytes, not a count of records."""
+        return None
+
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes written to the QUIC stream that aioquic has not transmitted yet."""
+        stream = self._stream
+        return stream.connection.quic.stream_unsent(stream.stream_id)
+
     def try_send(self, body: bytes) -> bool:
         """Write now or return False (full, or closed); never waits, never queues.
 
@@ -104,8 +115,7 @@ class PerStreamChannel:
             raise ChannelClosed("the stream's channel is closed")
         outcome = self._stream.send(body)
         if isinstance(outcome, SendAdmission):
-            if not outcome.done():
-                self._metrics.producer_send_backpressure += 1
+            # A wait here is counted once by StreamSender.send, alike on every channel.
             try:
                 await outcome
             except AdmissionError as exc:

@@ -1,28 +1,21 @@
-"""The producer side of the AnchorManager: senders attached to anchors, and their heartbeats.
+"""The producer side of a node's streaming: senders attached to anchors, and their heartbeats.
 
-:class:`AnchorProducer` is the half of :class:`~velomux_quic.streaming.manager.AnchorManager`
-that a node's producers use. It attaches a sender to an anchor: on this node directly into
-the anchor's inbox with no transport at all, on another node by the ``_anchor_attach`` /
-``_mpsc_anchor_attach`` round trip, whose answer names the transport to connect on (a
-refusal raised as its typed :class:`~velomux_quic.streaming.errors.AttachError`). It keeps
-the node's live senders, forgets one when it hands over its terminal, applies the
-consumer's ``_stream_cancel`` and ``_stream_stop`` (only from the node the sender is
-attached to), and sends every remote sender's heartbeats from one task.
+:class:`AnchorProducer` is what a node's producers use, owned by the
+:class:`~velomux_quic.streaming.manager.AnchorManager`. It attaches a sender to an anchor:
+on this node directly into the anchor's inbox with no transport at all (through
+:class:`LocalAnchors`, the manager's two calls for it), on another node by the
+``_anchor_attach`` / ``_mpsc_anchor_attach`` round trip, whose answer names the transport
+to connect on (a refusal raised as its typed
+:class:`~velomux_quic.errors.AttachError`), or with a zero-RTT ticket. It keeps the node's
+live senders, forgets one when it hands over its terminal, applies the consumer's
+``_stream_cancel`` and ``_stream_stop`` (only from the node the sender is attached to),
+and sends every remote sender's heartbeats from one task.
 
-:mod:`.manager` keeps the rest: the transports and their negotiation, and the consumer side
-(the anchors, the attach handlers that answer the requests sent from here, the watchdogs,
-and the cancels and stops sent to a remote producer), with the zero-RTT pre-bind and open
-handed to :mod:`.zero_rtt`. The two are separate because they change for different reasons
-(what a producer does with an anchor it writes to against what a consumer does with the
-anchors it owns and the senders it watches), and each stays small enough to read whole.
-
-They are one class at runtime: ``AnchorManager`` inherits this mixin, so a method here
-reaching the manager's state, or the manager's reaching these, costs exactly what it did
-in a single class, with no other object to load and no forwarding call. This class
-declares, for the type checker, the state the manager's constructor sets and the methods
-of the manager it calls. A :class:`~velomux_quic.streaming.sender.SenderState` names the
-:class:`~velomux_quic.streaming.manager.AnchorManager` these methods are mixed into, which
-the type checker cannot see from here: hence the ``type: ignore`` where one is built.
+It is separate from the manager because it changes for different reasons: what a producer
+does with an anchor it writes to, against what a consumer does with the anchors it owns
+and the senders it watches. Nothing on the per-record path crosses between the two: a
+sender writes into its channel, and the producer is reached only when a sender starts or
+ends and once per heartbeat interval.
 """
 
 from __future__ import annotations
@@ -31,11 +24,11 @@ import asyncio
 import contextlib
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from collections import Counter
+from typing import Protocol
 
 from ..ids import InstanceId, StreamAnchorHandle, WorkerId, worker_id_of
 from ..messenger import CallError, Context, Messenger
-from .anchor import AnchorEntry
 from .channels import InboxChannel
 from .config import StreamingConfig
 from .control import (
@@ -47,6 +40,7 @@ from .control import (
     MpscAnchorAttachRequest,
     MpscAnchorAttachResponse,
     StreamControl,
+    StreamOpenTicket,
 )
 from .errors import (
     AlreadyAttached,
@@ -54,19 +48,19 @@ from .errors import (
     AttachError,
     AttachRefused,
     MaxSendersReached,
+    TicketError,
     WrongHandleKind,
 )
 from .frames import HEARTBEAT
+from .inbox import Inbox
 from .metrics import StreamingMetrics
 from .sender import SenderState, StreamSender
+from .snapshot import SenderSnapshot
 from .transports import AttachTerms, StreamTransport, TransportRegistry
 
-if TYPE_CHECKING:
-    from .zero_rtt import ZeroRtt
+__all__ = ["ATTACH_ERRORS", "TICKETS_REMEMBERED", "AnchorProducer", "LocalAnchors"]
 
-__all__ = ["AnchorProducer"]
-
-_ERRORS: dict[str, type[AttachError]] = {
+ATTACH_ERRORS: dict[str, type[AttachError]] = {
     "anchor_not_found": AnchorNotFound,
     "already_attached": AlreadyAttached,
     "max_senders_reached": MaxSendersReached,
@@ -74,109 +68,123 @@ _ERRORS: dict[str, type[AttachError]] = {
 }
 """The attach refusal's code (the reason up to its first colon) to the error it raises."""
 
+TICKETS_REMEMBERED = 1 << 16
+"""Tickets a node remembers having opened, to refuse a second open of one. A reused
+ticket would open a second stream on a slot the first one claimed: the consumer drops its
+records as stale and the stream ends cancelled, so it is refused before anything is sent.
+The oldest are forgotten first; 64 Ki at ~100 bytes each bounds the memory."""
+
+
+class LocalAnchors(Protocol):
+    """What a same-node attach needs from the consumer side (the manager satisfies it)."""
+
+    def attach_local(self, handle: StreamAnchorHandle, *, mpsc: bool) -> tuple[Inbox, int]:
+        """Register a sender on this node's anchor; its inbox and the sender's feed id.
+        Raises the attach's typed error (gone, already attached, full)."""
+
+    def local_sender_finished(self, handle: StreamAnchorHandle) -> None:
+        """A same-node sender handed over its terminal: a single-sender anchor may be
+        attached again."""
+
+
+def _no_peer(handle: StreamAnchorHandle) -> AttachRefused:
+    return AttachRefused(
+        f"no known node has WorkerId {handle.worker_id:#x} (the node of {handle}): "
+        "register it with node.add_peer(instance_id, address) or configure discovery, "
+        "then attach again",
+        handle,
+    )
+
 
 class AnchorProducer:
-    """The producer methods of :class:`~velomux_quic.streaming.manager.AnchorManager`."""
+    """This node's senders; see the module docstring."""
 
-    # Set by AnchorManager.__init__; declared here because the producer side uses them.
-    messenger: Messenger
-    config: StreamingConfig
-    worker_id: WorkerId
-    metrics: StreamingMetrics
-    transports: TransportRegistry
-    _loop: asyncio.AbstractEventLoop
-    _anchors: dict[int, AnchorEntry]
-    _senders: dict[int, SenderState]
-    _next_sender_stream: int
-    _heartbeat_task: asyncio.Task[None] | None
-    _heartbeat_wake: asyncio.Event
-    _closed: bool
-    _zero_rtt: ZeroRtt
-
-    if TYPE_CHECKING:
-        # Defined by AnchorManager; declared here because the producer side calls them.
-
-        def _mux(self) -> Any: ...
-
-        @property
-        def transport_keys(self) -> list[str]: ...
-
-    # -- producer: attach ----------------------------------------------------------------
-
-    async def attach_anchor(
+    def __init__(
         self,
-        handle: StreamAnchorHandle,
-        *,
-        key: int | None = None,
-        offer: list[str] | None = None,
-    ) -> StreamSender:
-        """Attach a producer to a single-sender anchor, on this node or another.
+        messenger: Messenger,
+        config: StreamingConfig,
+        metrics: StreamingMetrics,
+        transports: TransportRegistry,
+        local: LocalAnchors,
+    ) -> None:
+        self._messenger = messenger
+        self._config = config
+        self._metrics = metrics
+        self._transports = transports
+        self._local = local
+        self._worker_id: WorkerId = worker_id_of(messenger.instance_id)
+        self._loop = asyncio.get_running_loop()
+        self._senders: dict[int, SenderState] = {}
+        self._next_sender_stream = 1
+        self._pending_attaches = 0
+        self._opened_tickets: dict[tuple[int, int], None] = {}
+        self._heartbeat_task: asyncio.Task[None] | None = None
+        self._heartbeat_wake = asyncio.Event()
+        self._closed = False
+        messenger.register_system("_stream_cancel", self._cancel_handler)
+        messenger.register_system("_stream_stop", self._stop_handler)
 
-        ``key`` (a u64) asks the receiver to put the stream on lane ``splitmix64(key) %
-        lanes``, so streams with one key share a lane; without it the receiver picks the
-        lane with the least load from this node. ``offer`` overrides the transport keys
-        advertised (compatibility testing only).
-        """
-        return await self._attach_sender(handle, mpsc=False, offer=offer, lane_key=key)
+    # -- attach ----------------------------------------------------------------------
 
-    async def attach_mpsc_anchor(
-        self,
-        handle: StreamAnchorHandle,
-        *,
-        key: int | None = None,
-        offer: list[str] | None = None,
-    ) -> StreamSender:
-        return await self._attach_sender(handle, mpsc=True, offer=offer, lane_key=key)
-
-    async def _attach_sender(
+    async def attach(
         self,
         handle: StreamAnchorHandle,
         *,
         mpsc: bool,
-        offer: list[str] | None,
-        lane_key: int | None = None,
+        key: int | None = None,
+        offer: list[str] | None = None,
     ) -> StreamSender:
+        """Attach a sender to ``handle``'s anchor (see ``AnchorManager.attach_anchor``)."""
         if handle.is_mpsc != mpsc:
             raise WrongHandleKind(
-                f"{handle} is {'an MPSC' if handle.is_mpsc else 'a single-sender'} handle", handle
+                f"{handle} is {'an MPSC' if handle.is_mpsc else 'a single-sender'} handle: "
+                f"use {'attach_mpsc_anchor' if handle.is_mpsc else 'attach_anchor'}",
+                handle,
             )
-        if handle.worker_id == self.worker_id:
+        if handle.worker_id == self._worker_id:
             return self._attach_local(handle, mpsc)
-        peer = self._peer_of(handle.worker_id)
+        peer = self.peer_of(handle.worker_id)
         if peer is None:
-            raise AttachRefused(f"no known node has WorkerId {handle.worker_id:#x}", handle)
-        sender_stream_id = self._next_sender_stream
-        self._next_sender_stream += 1
+            raise _no_peer(handle)
+        sender_stream_id = self._new_sender_stream()
         request_type = MpscAnchorAttachRequest if mpsc else AnchorAttachRequest
         request = request_type(
             handle=handle,
             session_id=int.from_bytes(os.urandom(8), "big"),
-            stream_cancel_handle=(self.worker_id, sender_stream_id),
-            supported_transport_keys=sorted(self.transport_keys if offer is None else offer),
-            lane_key=lane_key,
+            stream_cancel_handle=(self._worker_id, sender_stream_id),
+            supported_transport_keys=sorted(self._transports.keys() if offer is None else offer),
+            lane_key=key,
         )
         started = time.monotonic()
+        self._pending_attaches += 1
         try:
-            raw = await self.messenger.unary(
+            raw = await self._messenger.unary(
                 peer,
                 "_mpsc_anchor_attach" if mpsc else "_anchor_attach",
                 request.encode(),
-                timeout=self.config.attach_timeout,
+                timeout=self._config.attach_timeout,
             )
             response = (MpscAnchorAttachResponse if mpsc else AnchorAttachResponse).decode(raw)
         except (CallError, ControlDecodeError) as exc:
-            self.metrics.attach_rtt.labels("error", "none").observe(time.monotonic() - started)
+            self._metrics.attach_rtt.labels("error", "none").observe(time.monotonic() - started)
             raise AttachRefused(f"attach to {handle} failed: {exc}", handle) from exc
+        finally:
+            self._pending_attaches -= 1
         if not isinstance(response, (AnchorAttachOk, MpscAnchorAttachOk)):
-            self.metrics.attach_rtt.labels("error", "none").observe(time.monotonic() - started)
+            self._metrics.attach_rtt.labels("error", "none").observe(time.monotonic() - started)
             reason = getattr(response, "reason", "unexpected answer")
             code = reason.partition(":")[0]
-            raise _ERRORS.get(code, AttachRefused)(reason, handle)
-        key = response.streaming_transport_key
-        self.metrics.attach_rtt.labels("success", key).observe(time.monotonic() - started)
-        transport = self.transports.get(key)
+            raise ATTACH_ERRORS.get(code, AttachRefused)(reason, handle)
+        transport_key = response.streaming_transport_key
+        self._metrics.attach_rtt.labels("success", transport_key).observe(
+            time.monotonic() - started
+        )
+        transport = self._transports.get(transport_key)
         if transport is None:
-            raise AttachRefused(f"the receiver chose {key!r}, which this node cannot connect on")
+            raise AttachRefused(
+                f"the receiver chose {transport_key!r}, which this node cannot connect on",
+                handle,
+            )
         terms = AttachTerms(
             peer=peer,
             handle=handle,
@@ -189,12 +197,65 @@ class AnchorProducer:
         )
         return await self._connect(transport, terms, sender_stream_id)
 
+    async def open_with_ticket(
+        self, handle: StreamAnchorHandle, ticket: StreamOpenTicket
+    ) -> StreamSender:
+        """Open a stream on a pre-bound anchor with its ticket: the first batch carries the
+        OpenSlot that claims the bind; no ``_anchor_attach`` crosses the wire. A ticket
+        opens one stream: a second open of it on this node raises :class:`TicketError`."""
+        if handle.is_mpsc:
+            raise WrongHandleKind(
+                f"{handle} is an MPSC handle; tickets are single-sender: use attach_mpsc_anchor",
+                handle,
+            )
+        if handle.worker_id == self._worker_id:
+            raise AttachRefused(
+                f"{handle} was minted on this node: use attach_anchor here, not a ticket", handle
+            )
+        used = (handle.local_id, ticket.routing_session_id)
+        if used in self._opened_tickets:
+            raise TicketError(
+                f"this ticket for {handle} already opened a stream, and a ticket opens one: "
+                "ask the consumer for a new prebind_anchor ticket, or attach_anchor(handle)",
+                handle,
+            )
+        transport = self._transports.get(ticket.streaming_transport_key)
+        if transport is None:
+            raise AttachRefused(
+                f"the ticket names {ticket.streaming_transport_key!r}, which this node cannot "
+                "connect on: enable the mux on this node",
+                handle,
+            )
+        peer = self.peer_of(handle.worker_id)
+        if peer is None:
+            raise _no_peer(handle)
+        self._opened_tickets[used] = None
+        if len(self._opened_tickets) > TICKETS_REMEMBERED:
+            del self._opened_tickets[next(iter(self._opened_tickets))]
+        terms = AttachTerms(
+            peer=peer,
+            handle=handle,
+            routing_session_id=ticket.routing_session_id,
+            heartbeat_interval=ticket.heartbeat_interval_ms / 1000.0,
+            sender_id=0,
+            initial_credit=ticket.initial_credit,
+            slot_byte_budget=ticket.slot_byte_budget,
+            lane=ticket.lane,
+        )
+        return await self._connect(transport, terms, self._new_sender_stream())
+
+    def _new_sender_stream(self) -> int:
+        sender_stream_id = self._next_sender_stream
+        self._next_sender_stream += 1
+        return sender_stream_id
+
     async def _connect(
         self, transport: StreamTransport, terms: AttachTerms, sender_stream_id: int
     ) -> StreamSender:
         channel = await transport.connect(terms)
         state = SenderState(
-            self,  # type: ignore[arg-type]  # an AnchorManager at runtime
+            self,
+            self._metrics,
             terms.handle,
             channel,
             sender_stream_id=sender_stream_id,
@@ -210,64 +271,56 @@ class AnchorProducer:
         self._start_heartbeats()
         return StreamSender(state)
 
-    # -- producer: a same-node attach, and a sender's end --------------------------------
-
     def _attach_local(self, handle: StreamAnchorHandle, mpsc: bool) -> StreamSender:
-        entry = self._anchors.get(handle.local_id)
-        if entry is None or entry.finished:
-            raise AnchorNotFound(f"no anchor {handle} on this node", handle)
-        prebound = entry.prebind
-        if prebound is not None:
-            mux = self._mux()
-            if mux is not None and mux.claimed(entry, prebound):
-                raise AlreadyAttached(f"{handle}'s pre-bind was claimed by a ticket", handle)
-            # A same-worker sender writes into the anchor directly and never claims the slot.
-            self._zero_rtt.release(entry, prebound)
-        if not mpsc and entry.attached:
-            raise AlreadyAttached(f"{handle} has a live sender", handle)
-        if mpsc and entry.max_senders is not None and entry.sender_count >= entry.max_senders:
-            raise MaxSendersReached(f"{handle} allows {entry.max_senders} senders", handle)
-        sender_id = entry.next_sender_id
-        entry.next_sender_id += 1
-        entry.local_senders.add(sender_id)
-        entry.attached = True
-        if entry.unattached_timer is not None:
-            entry.unattached_timer.cancel()
-            entry.unattached_timer = None
-        sender_stream_id = self._next_sender_stream
-        self._next_sender_stream += 1
+        inbox, sender_id = self._local.attach_local(handle, mpsc=mpsc)
         state = SenderState(
-            self,  # type: ignore[arg-type]  # an AnchorManager at runtime
+            self,
+            self._metrics,
             handle,
-            InboxChannel(entry.inbox, sender_id),
-            sender_stream_id=sender_stream_id,
+            InboxChannel(inbox, sender_id),
+            sender_stream_id=self._new_sender_stream(),
             transport_key=None,
             target=None,
             heartbeat_interval=None,
             sender_id=sender_id if mpsc else 0,
         )
-        self._senders[sender_stream_id] = state
+        self._senders[state.sender_stream_id] = state
         return StreamSender(state)
 
-    def _peer_of(self, worker_id: WorkerId) -> InstanceId | None:
-        known = self.messenger.peers.by_worker(worker_id)
+    def peer_of(self, worker_id: WorkerId) -> InstanceId | None:
+        """The known node with this WorkerId (peer table first, then the transport's)."""
+        known = self._messenger.peers.by_worker(worker_id)
         if known is not None:
             return known
-        for peer in self.messenger.transport.known_peers():
+        for peer in self._messenger.transport.known_peers():
             if worker_id_of(peer) == worker_id:
                 return peer
         return None
+
+    # -- a sender's end, and the consumer's cancel and stop ----------------------------
 
     def sender_finished(self, state: SenderState) -> None:
         """A sender handed over its terminal (or was cancelled): no more heartbeats."""
         self._senders.pop(state.sender_stream_id, None)
         if state.target is None:
-            entry = self._anchors.get(state.handle.local_id)
-            if entry is not None and not entry.mpsc:
-                # Same-worker: the sentinel is in the channel now; a re-attach may follow.
-                entry.attached = False
+            # Same-worker: the sentinel is in the channel now; a re-attach may follow.
+            self._local.local_sender_finished(state.handle)
 
-    # -- producer: control from the consumer ---------------------------------------------
+    def cancel_local_senders(self, local_id: int, sender_ids: set[int]) -> None:
+        """This node's anchor ``local_id`` was cancelled: cancel its same-node senders."""
+        for state in list(self._senders.values()):
+            if (
+                state.target is None
+                and state.handle.local_id == local_id
+                and _feed_id(state) in sender_ids
+            ):
+                state.cancel()
+
+    def stop_local_senders(self, local_id: int) -> None:
+        """This node's anchor ``local_id`` asks its same-node senders to stop."""
+        for state in self._senders.values():
+            if state.target is None and state.handle.local_id == local_id:
+                state.request_stop()
 
     def _cancel_handler(self, ctx: Context) -> None:
         state = self._own_sender(ctx)
@@ -277,7 +330,7 @@ class AnchorProducer:
     def _stop_handler(self, ctx: Context) -> None:
         state = self._own_sender(ctx)
         if state is not None:
-            state.stop_requested.set()
+            state.request_stop()
 
     def _own_sender(self, ctx: Context) -> SenderState | None:
         try:
@@ -290,7 +343,7 @@ class AnchorProducer:
             return None
         return state
 
-    # -- producer: heartbeats (one task for every remote sender) -------------------------
+    # -- heartbeats (one task for every remote sender) ---------------------------------
 
     def _start_heartbeats(self) -> None:
         self._heartbeat_wake.set()
@@ -308,9 +361,9 @@ class AnchorProducer:
                     continue
                 if state.next_heartbeat <= now:
                     if state.channel.try_send(HEARTBEAT):
-                        self.metrics.heartbeats_sent += 1
+                        self._metrics.heartbeats_sent += 1
                     else:  # a full channel drops the heartbeat: saturation shows as silence
-                        self.metrics.heartbeats_dropped += 1
+                        self._metrics.heartbeats_dropped += 1
                     state.next_heartbeat = now + interval
                 if next_due is None or state.next_heartbeat < next_due:
                     next_due = state.next_heartbeat
@@ -318,3 +371,50 @@ class AnchorProducer:
                 return  # nobody to heartbeat: the task ends, the next attach restarts it
             with contextlib.suppress(TimeoutError):  # the next heartbeat is due
                 await asyncio.wait_for(self._heartbeat_wake.wait(), max(0.001, next_due - now))
+
+    # -- introspection and shutdown ----------------------------------------------------
+
+    @property
+    def pending_attaches(self) -> int:
+        """Attach requests sent that have no answer yet."""
+        return self._pending_attaches
+
+    @property
+    def heartbeat_task_running(self) -> bool:
+        """Whether the heartbeat task runs (it ends when no remote sender is left)."""
+        return self._heartbeat_task is not None and not self._heartbeat_task.done()
+
+    def sender_snapshots(self) -> tuple[SenderSnapshot, ...]:
+        """Every live sender of this node, copied."""
+        return tuple(
+            SenderSnapshot(
+                handle=state.handle,
+                sender_id=state.sender_id,
+                state=state.state,
+                target=state.target,
+                transport_key=state.transport_key,
+                credit=state.channel.credit,
+                queued_bytes=state.channel.queued_bytes,
+            )
+            for state in self._senders.values()
+        )
+
+    def senders_per_transport(self) -> dict[str, int]:
+        """Live senders by transport key (``local`` for a same-node anchor)."""
+        return dict(Counter(state.transport_key or "local" for state in self._senders.values()))
+
+    async def close(self) -> None:
+        """Cancel every sender and stop the heartbeat task (the node is closing)."""
+        self._closed = True
+        for state in list(self._senders.values()):
+            state.cancel()
+        task = self._heartbeat_task
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+def _feed_id(state: SenderState) -> int:
+    """The id a same-node sender writes under in the anchor's inbox."""
+    channel = state.channel
+    return channel.sender_id if isinstance(channel, InboxChannel) else state.sender_id

@@ -1,9 +1,14 @@
 """The producer's end of a stream: StreamSender.
 
 ``await send(item)`` stages a record, waiting only while the stream's channel is full (that
-wait is the backpressure). ``finalize()`` and ``detach()`` hand the terminal over without
-blocking and return a future of the stream's retirement; dropping a sender without a
-terminal still ends the stream: the consumer sees ``SenderDropped``.
+wait is the backpressure; ``timeout=`` bounds it). ``finalize()`` and ``detach()`` hand the
+terminal over without blocking and both return the future of the stream's retirement
+(:class:`Retired`); dropping a sender without a terminal still ends the stream: the
+consumer sees ``SenderDropped``.
+
+The consumer's cancel and graceful stop reach the producer as two read-only conditions:
+``is_cancelled`` / ``await wait_cancelled()`` and ``is_stop_requested`` /
+``await wait_stop_requested()``. Only the library sets them.
 """
 
 from __future__ import annotations
@@ -13,19 +18,26 @@ import contextlib
 import enum
 import logging
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal, Protocol
 
 from ..ids import InstanceId, StreamAnchorHandle
 from .channels import ProducerChannel
-from .errors import ChannelClosed
+from .errors import ChannelClosed, SendTimeout
 from .frames import DETACHED, DROPPED, FINALIZED, encode_item, encode_sender_error
+from .metrics import StreamingMetrics
 
-if TYPE_CHECKING:
-    from .manager import AnchorManager
-
-__all__ = ["Retired", "SenderState", "StreamSender"]
+__all__ = ["Retired", "SenderOwner", "SenderState", "SenderStateName", "StreamSender"]
 
 logger = logging.getLogger(__name__)
+
+SenderStateName = Literal["open", "finished", "detached", "dropped", "cancelled"]
+"""Where a sender is in its life: sending (``open``) or how its stream ended here."""
+
+_TERMINAL_STATES: dict[bytes, SenderStateName] = {
+    FINALIZED: "finished",
+    DETACHED: "detached",
+    DROPPED: "dropped",
+}
 
 
 class Retired(enum.Enum):
@@ -35,6 +47,13 @@ class Retired(enum.Enum):
     """The terminal was handed on (admitted by the transport)."""
     DISCARDED = "discarded"
     """The terminal never left: channel closed, consumer cancelled, teardown."""
+
+
+class SenderOwner(Protocol):
+    """What a sender's state tells the node's producer side (the only call back up)."""
+
+    def sender_finished(self, state: SenderState) -> None:
+        """The sender handed over its terminal or was cancelled: forget it, no heartbeats."""
 
 
 class SenderState:
@@ -48,11 +67,13 @@ class SenderState:
         "handle",
         "heartbeat_interval",
         "loop",
-        "manager",
+        "metrics",
         "next_heartbeat",
+        "owner",
         "retired",
         "sender_id",
         "sender_stream_id",
+        "state",
         "stop_requested",
         "target",
         "terminal_sent",
@@ -61,7 +82,8 @@ class SenderState:
 
     def __init__(
         self,
-        manager: AnchorManager,
+        owner: SenderOwner,
+        metrics: StreamingMetrics,
         handle: StreamAnchorHandle,
         channel: ProducerChannel,
         *,
@@ -71,7 +93,8 @@ class SenderState:
         heartbeat_interval: float | None,
         sender_id: int = 0,
     ) -> None:
-        self.manager = manager
+        self.owner = owner
+        self.metrics = metrics
         self.handle = handle
         self.channel = channel
         self.sender_stream_id = sender_stream_id
@@ -85,13 +108,15 @@ class SenderState:
         self.cancelled = asyncio.Event()
         self.stop_requested = asyncio.Event()
         self.terminal_sent = False
+        self.state: SenderStateName = "open"
 
     def terminal(self, body: bytes) -> asyncio.Future[Retired]:
         """Hand over the stream's last record once; later calls return the same future."""
         if self.terminal_sent:
             return self.retired
         self.terminal_sent = True
-        self.manager.sender_finished(self)
+        self.state = _TERMINAL_STATES.get(body, "dropped")
+        self.owner.sender_finished(self)
         if self.cancelled.is_set() or self.channel.closed:
             self._retire(Retired.DISCARDED)
             return self.retired
@@ -103,14 +128,19 @@ class SenderState:
         return self.retired
 
     def cancel(self) -> None:
-        """The consumer cancelled: fire both tokens, stop writing."""
+        """The consumer cancelled: fire both conditions, stop writing."""
         self.cancelled.set()
         self.stop_requested.set()
         if not self.terminal_sent:
             self.terminal_sent = True
+            self.state = "cancelled"
             self.channel.abort()
-            self.manager.sender_finished(self)
+            self.owner.sender_finished(self)
             self._retire(Retired.DISCARDED)
+
+    def request_stop(self) -> None:
+        """The consumer asked for a graceful stop (``_stream_stop`` or a local anchor's)."""
+        self.stop_requested.set()
 
     # The mux's slot owner: what the consumer or the peer's health did to this stream.
     def slot_stopped(self) -> None:
@@ -119,7 +149,7 @@ class SenderState:
 
     def slot_closed(self, reason: object) -> None:
         """The slot closed under the sender (consumer cancel, peer gone, protocol error):
-        both tokens fire and later sends fail, as a ``_stream_cancel`` would do."""
+        both conditions fire and later sends fail, as a ``_stream_cancel`` would do."""
         self.cancel()
 
     def _retire(self, outcome: Retired) -> None:
@@ -135,7 +165,8 @@ class SenderState:
 
 
 class StreamSender:
-    """A producer attached to one anchor. Create with ``AnchorManager.attach_anchor``."""
+    """A producer attached to one anchor. Create with ``AnchorManager.attach_anchor``
+    (or ``attach_mpsc_anchor``, or ``open_anchor_stream`` with a ticket)."""
 
     def __init__(self, state: SenderState) -> None:
         self._state = state
@@ -143,6 +174,7 @@ class StreamSender:
 
     @property
     def handle(self) -> StreamAnchorHandle:
+        """The handle of the anchor this sender writes to."""
         return self._state.handle
 
     @property
@@ -155,16 +187,56 @@ class StreamSender:
         return self._state.transport_key
 
     @property
-    def cancelled(self) -> asyncio.Event:
-        """Set when the consumer cancelled or dropped the stream; later sends fail."""
-        return self._state.cancelled
+    def state(self) -> SenderStateName:
+        """``open`` while it may send; else how it ended (finished, detached, dropped,
+        cancelled)."""
+        return self._state.state
+
+    # -- the consumer's cancel and stop, read-only ---------------------------------------
 
     @property
-    def stop_requested(self) -> asyncio.Event:
-        """Set on a graceful stop request (or a cancel): send what remains, then finalize."""
-        return self._state.stop_requested
+    def is_cancelled(self) -> bool:
+        """True once the consumer cancelled or dropped the stream; later sends fail."""
+        return self._state.cancelled.is_set()
 
-    async def send(self, item: Any) -> None:
+    async def wait_cancelled(self) -> None:
+        """Return once the consumer cancelled or dropped the stream (at once if it has)."""
+        await self._state.cancelled.wait()
+
+    @property
+    def is_stop_requested(self) -> bool:
+        """True once the consumer asked for a graceful stop (or cancelled): send what
+        remains, then finalize."""
+        return self._state.stop_requested.is_set()
+
+    async def wait_stop_requested(self) -> None:
+        """Return once the consumer asked for a graceful stop or cancelled."""
+        await self._state.stop_requested.wait()
+
+    # -- flow ----------------------------------------------------------------------------
+
+    @property
+    def credit(self) -> int | None:
+        """Records this sender may send now without waiting, as its channel knows it: the
+        mux slot's credit window, a local anchor's free room; None on the per-stream
+        path, whose QUIC window is in bytes. A snapshot: it changes as records move."""
+        return self._state.channel.credit
+
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes sent into the channel that are not on the wire yet (staged in the mux
+        slot, or written to the QUIC stream and not transmitted)."""
+        return self._state.channel.queued_bytes
+
+    async def send(self, item: Any, *, timeout: float | None = None) -> None:
+        """Send one item, waiting while the stream has no room (the backpressure).
+
+        ``timeout`` bounds that wait: :class:`SendTimeout` when no room opened in time;
+        the item was not taken and the stream goes on. Raises :class:`ChannelClosed` once
+        the stream ended or the consumer cancelled it, and :class:`SerializationError`
+        (nothing sent) for an item MessagePack cannot encode. A send that has to wait is
+        counted in ``velo_streaming_producer_send_backpressure_total``.
+        """
         state = self._state
         if state.terminal_sent:  # a cancel sets it too, so one flag guards the hot path
             raise ChannelClosed(
@@ -175,7 +247,18 @@ class StreamSender:
         if not channel.try_send(body):
             if channel.closed:
                 raise ChannelClosed("the stream's channel is closed")
-            await channel.send(body)
+            state.metrics.producer_send_backpressure += 1
+            if timeout is None:
+                await channel.send(body)
+                return
+            try:
+                async with asyncio.timeout(timeout):
+                    await channel.send(body)
+            except TimeoutError:
+                raise SendTimeout(
+                    f"no room on the stream to {state.handle} within {timeout} s; the item "
+                    "was not sent: retry, shed it, or raise the consumer's read rate"
+                ) from None
 
     async def send_err(self, message: str) -> None:
         """A soft error: the consumer's iteration raises SenderError, the stream goes on."""
@@ -184,16 +267,20 @@ class StreamSender:
             raise ChannelClosed("the stream has ended")
         await state.channel.send(encode_sender_error(message))
 
+    # -- the end -------------------------------------------------------------------------
+
     def finalize(self) -> asyncio.Future[Retired]:
-        """End the stream normally. Never blocks; await the result to learn its retirement."""
+        """End the stream normally (the consumer's iteration ends). Never blocks; the
+        returned future resolves with the stream's :class:`Retired` outcome."""
         self._finalizer.detach()
         return self._state.terminal(FINALIZED)
 
-    def detach(self) -> StreamAnchorHandle:
-        """Leave without finishing: another sender may attach and continue the stream."""
+    def detach(self) -> asyncio.Future[Retired]:
+        """Leave without finishing: another sender may attach to :attr:`handle` and
+        continue the stream. Never blocks; the returned future resolves with this
+        sender's :class:`Retired` outcome (its Detached handed on, or discarded)."""
         self._finalizer.detach()
-        self._state.terminal(DETACHED)
-        return self._state.handle
+        return self._state.terminal(DETACHED)
 
     async def aclose(self) -> None:
         """End the stream as dropped if it was not finalized or detached."""
@@ -201,6 +288,7 @@ class StreamSender:
         self._state.terminal(DROPPED)
 
     async def __aenter__(self) -> StreamSender:
+        """``async with sender:`` finalizes on leaving (see :meth:`__aexit__`)."""
         return self
 
     async def __aexit__(self, exc_type: object, *_: object) -> None:

@@ -10,9 +10,9 @@ messenger mux (``messenger-mux-v2``).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from ..ids import InstanceId, StreamAnchorHandle
 
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from .anchor import AnchorEntry, RemoteSender
     from .channels import ProducerChannel
 
-__all__ = ["AttachTerms", "BindTerms", "StreamTransport", "TransportRegistry"]
+__all__ = ["AttachTerms", "BindTerms", "PrebindTransport", "StreamTransport", "TransportRegistry"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +47,8 @@ class AttachTerms:
 
 
 class StreamTransport(Protocol):
+    """One way of moving a stream's records (see the module docstring)."""
+
     @property
     def key(self) -> str:
         """The transport key negotiated in the attach (``quic-stream-v1``, ...)."""
@@ -62,6 +64,27 @@ class StreamTransport(Protocol):
 
     async def close(self) -> None:
         """Release everything (the node is closing)."""
+
+
+@runtime_checkable
+class PrebindTransport(StreamTransport, Protocol):
+    """A transport that can bind a stream before any sender asks (the mux): what the
+    zero-RTT pre-bind, its adoption by an attach, and stops and cancels of a stream opened
+    with a ticket (whose producer has no cancel handle) need from it."""
+
+    on_bind_expired: Callable[[AnchorEntry, RemoteSender], None] | None
+    """Called when a pre-bind's accept window closed unclaimed (the manager reaps it)."""
+
+    def adopt(self, entry: AnchorEntry, remote: RemoteSender, peer: InstanceId) -> BindTerms:
+        """An ordinary attach from ``peer`` takes over the unclaimed pre-bind ``remote``."""
+
+    def claimed(self, entry: AnchorEntry, remote: RemoteSender) -> bool:
+        """Whether a ticket's first batch already claimed the bind of ``remote``."""
+
+    def post_stream_lifecycle(
+        self, entry: AnchorEntry, remote: RemoteSender, *, stop: bool
+    ) -> None:
+        """Tell a ticket-opened stream's producer to stop (gracefully) or cancel."""
 
 
 class TransportRegistry:
