@@ -1,5 +1,24 @@
 """velomux_quic: batched, credit-controlled streaming between cluster nodes over mutual-TLS QUIC.
 
+Everything an application uses is importable from here, and ``__all__`` is the contract;
+the subpackages are the implementation and may change::
+
+    from velomux_quic import open_node, StreamError
+
+    async with open_node("certs/dev/node-b") as b, \\
+               open_node("certs/dev/node-a", peers=[b.record]) as a:
+        anchor = b.create_anchor()
+        sender = await a.attach_anchor(anchor.handle)
+        await sender.send({"token": 1})
+        await sender.finalize()
+        async for item in anchor:   # raises a StreamError subclass if the stream breaks
+            ...
+
+Every exception the library raises on purpose derives from :class:`VelomuxError`; the
+branches (``ConfigurationError``, ``TransportError``, ``CallError``, ``AttachError``,
+``StreamError``, ``SendError``, ``UsageError``, ``ProtocolError``, ...) are listed in
+:mod:`velomux_quic.errors` and docs/errors.md.
+
 The package logs through ``logging.getLogger(__name__)`` loggers and installs a
 NullHandler, so an application that does not configure logging hears nothing.
 """
@@ -8,6 +27,182 @@ from __future__ import annotations
 
 import logging
 
+from .errors import (
+    AdmissionCancelled,
+    AdmissionError,
+    AlreadyAttached,
+    AnchorNotFound,
+    AttachError,
+    AttachRefused,
+    CallError,
+    CapacityError,
+    ChannelClosed,
+    ConfigurationError,
+    ConnectionReplaced,
+    ControlDecodeError,
+    CredentialsError,
+    DeserializationError,
+    DialError,
+    FrameDecodeError,
+    FrameTooLarge,
+    FramingError,
+    HandlerExists,
+    HandlerFailed,
+    LaneError,
+    MalformedBatch,
+    MalformedEnvelope,
+    MaxSendersReached,
+    MessageTooLarge,
+    MessengerClosed,
+    PeerGone,
+    PeerNotRegistered,
+    PeerRecordError,
+    PeerVerificationError,
+    ProtocolError,
+    ProtocolErrorCode,
+    ReadTimeout,
+    RefusalReason,
+    RemoteRefused,
+    RequestRefused,
+    ResponseTooLarge,
+    SenderDropped,
+    SenderError,
+    SendError,
+    SendTimeout,
+    SerializationError,
+    SlotsExhausted,
+    StagingFull,
+    StreamCancelled,
+    StreamError,
+    StreamTransportError,
+    TicketError,
+    TransportClosed,
+    TransportError,
+    UnaryTimeout,
+    UnknownHandler,
+    UsageError,
+    VelomuxError,
+    WorkerIdCollision,
+    WrongHandleKind,
+)
+from .ids import InstanceId, StreamAnchorHandle, WorkerId
+from .messenger import (
+    DirectoryPeers,
+    MessengerConfig,
+    PeerDiscovery,
+    PeerRecord,
+    PeerRegistry,
+    StaticPeers,
+)
+from .messenger.registry import Context, Dispatch
+from .mux.config import (
+    AutoFlush,
+    FlushPolicy,
+    Manual,
+    MuxConfig,
+)
+from .node import Node, NodeSnapshot, open_node
+from .security.certs import NodeCredentials, ensure_dev_cluster
+from .streaming.anchor import (
+    MpscAnchor,
+    MpscEvent,
+    MpscItem,
+    StreamAnchor,
+)
+from .streaming.config import StreamingConfig
+from .streaming.control import StreamOpenTicket
+from .streaming.sender import Retired, StreamSender
+from .transport.config import TransportConfig
+
 __version__ = "0.1.0"
+
+__all__ = [
+    "AdmissionCancelled",
+    "AdmissionError",
+    "AlreadyAttached",
+    "AnchorNotFound",
+    "AttachError",
+    "AttachRefused",
+    "AutoFlush",
+    "CallError",
+    "CapacityError",
+    "ChannelClosed",
+    "ConfigurationError",
+    "ConnectionReplaced",
+    "Context",
+    "ControlDecodeError",
+    "CredentialsError",
+    "DeserializationError",
+    "DialError",
+    "DirectoryPeers",
+    "Dispatch",
+    "FlushPolicy",
+    "FrameDecodeError",
+    "FrameTooLarge",
+    "FramingError",
+    "HandlerExists",
+    "HandlerFailed",
+    "InstanceId",
+    "LaneError",
+    "MalformedBatch",
+    "MalformedEnvelope",
+    "Manual",
+    "MaxSendersReached",
+    "MessageTooLarge",
+    "MessengerClosed",
+    "MessengerConfig",
+    "MpscAnchor",
+    "MpscEvent",
+    "MpscItem",
+    "MuxConfig",
+    "Node",
+    "NodeCredentials",
+    "NodeSnapshot",
+    "PeerDiscovery",
+    "PeerGone",
+    "PeerNotRegistered",
+    "PeerRecord",
+    "PeerRecordError",
+    "PeerRegistry",
+    "PeerVerificationError",
+    "ProtocolError",
+    "ProtocolErrorCode",
+    "ReadTimeout",
+    "RefusalReason",
+    "RemoteRefused",
+    "RequestRefused",
+    "ResponseTooLarge",
+    "Retired",
+    "SendError",
+    "SendTimeout",
+    "SenderDropped",
+    "SenderError",
+    "SerializationError",
+    "SlotsExhausted",
+    "StagingFull",
+    "StaticPeers",
+    "StreamAnchor",
+    "StreamAnchorHandle",
+    "StreamCancelled",
+    "StreamError",
+    "StreamOpenTicket",
+    "StreamSender",
+    "StreamTransportError",
+    "StreamingConfig",
+    "TicketError",
+    "TransportClosed",
+    "TransportConfig",
+    "TransportError",
+    "UnaryTimeout",
+    "UnknownHandler",
+    "UsageError",
+    "VelomuxError",
+    "WorkerId",
+    "WorkerIdCollision",
+    "WrongHandleKind",
+    "__version__",
+    "ensure_dev_cluster",
+    "open_node",
+]
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())

@@ -19,4 +19,5 @@ def test_demo_streams_every_token_in_order_between_two_processes(tmp_path: Path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "demo OK" in result.stdout
     assert "640 tokens" in result.stdout and "every stream in order: True" in result.stdout
+    assert "opened 32 streams (32 with zero-RTT tickets)" in result.stdout
     assert (tmp_path / "certs" / "node-a" / "node.key").stat().st_mode & 0o777 == 0o600

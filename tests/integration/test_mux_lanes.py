@@ -94,7 +94,7 @@ async def test_eight_lanes_keyed_and_unkeyed_streams_spread_as_specified(
     keys = list(range(40))
     keyed = [b.create_anchor() for _ in keys]
     keyed_senders = [
-        await a.attach_anchor_keyed(x.handle, k) for x, k in zip(keyed, keys, strict=True)
+        await a.attach_anchor(x.handle, key=k) for x, k in zip(keyed, keys, strict=True)
     ]
     expected = Counter(splitmix64(k) % 8 for k in keys)
     assert [lane_of(s) for s in keyed_senders] == [splitmix64(k) % 8 for k in keys]
@@ -123,7 +123,7 @@ async def test_unkeyed_prebinds_spread_by_node_load_and_one_key_shares_a_lane(
     # Eight streams with one key share its lane...
     key = 12345
     shared = [b.create_anchor() for _ in range(8)]
-    shared_senders = [await a.attach_anchor_keyed(x.handle, key) for x in shared]
+    shared_senders = [await a.attach_anchor(x.handle, key=key) for x in shared]
     assert {lane_of(s) for s in shared_senders} == {splitmix64(key) % 8}
     # ...and pre-binds, which know no sender, weigh the node's live slots: the next seven
     # go to the seven other lanes, lowest first.
@@ -131,7 +131,7 @@ async def test_unkeyed_prebinds_spread_by_node_load_and_one_key_shares_a_lane(
     tickets = [b.prebind_anchor(x.handle) for x in anchors]
     lanes = [t.lane for t in tickets if t is not None]
     assert lanes == sorted(set(range(8)) - {splitmix64(key) % 8})
-    keyed_ticket = b.prebind_anchor_keyed(b.create_anchor().handle, 7)
+    keyed_ticket = b.prebind_anchor(b.create_anchor().handle, key=7)
     assert keyed_ticket is not None and keyed_ticket.lane == splitmix64(7) % 8
     opened = [
         await a.open_anchor_stream(x.handle, t) for x, t in zip(anchors, tickets, strict=True) if t
@@ -164,7 +164,7 @@ async def test_a_batch_for_lane_one_sent_on_lane_two_is_dropped_and_counted(
     a, b = await pair(start_nodes, lanes=4)
     key = next(k for k in range(100) if splitmix64(k) % 4 == 2)
     anchor = b.create_anchor()
-    sender = await a.attach_anchor_keyed(anchor.handle, key)  # a real stream on lane 2
+    sender = await a.attach_anchor(anchor.handle, key=key)  # a real stream on lane 2
     assert lane_of(sender) == 2
     await sender.send("before")
     assert await asyncio.wait_for(anchor.next(), 20) == "before"
@@ -186,7 +186,7 @@ async def test_a_reset_lane_ends_only_its_own_slots(start_nodes: StartNode) -> N
     a, b = await pair(start_nodes, lanes=4)
     anchors = [b.create_anchor() for _ in range(8)]
     senders = [
-        await a.attach_anchor_keyed(x.handle, key) for x, key in zip(anchors, range(8), strict=True)
+        await a.attach_anchor(x.handle, key=key) for x, key in zip(anchors, range(8), strict=True)
     ]
     by_lane = [lane_of(s) for s in senders]
     cut = by_lane[0]

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
 
-import msgpack
+import msgpack  # type: ignore[import-untyped]
 
 from ..errors import ConfigurationError, MalformedEnvelope
 

@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Final
 
-import msgpack
+import msgpack  # type: ignore[import-untyped]
 
 from ..errors import ConfigurationError
 from .contents import (

@@ -34,7 +34,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-import msgpack
+import msgpack  # type: ignore[import-untyped]
 from aioquic.quic.events import StreamDataReceived
 from prometheus_client.registry import CollectorRegistry
 

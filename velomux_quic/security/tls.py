@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import Literal
 
 from aioquic import tls
-from aioquic.buffer import Buffer
+from aioquic._buffer import Buffer  # typed there; aioquic.buffer re-exports it untyped
 from aioquic.quic.configuration import QuicConfiguration
 
 from ..ids import InstanceId

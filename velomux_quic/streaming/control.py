@@ -64,7 +64,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final, NamedTuple, Self
 
-import msgpack
+import msgpack  # type: ignore[import-untyped]
 
 from ..errors import ControlDecodeError
 from ..ids import StreamAnchorHandle

@@ -37,7 +37,7 @@ from collections.abc import Iterable
 from enum import IntEnum
 from typing import Any, Final
 
-import msgpack
+import msgpack  # type: ignore[import-untyped]
 
 from ..errors import FrameDecodeError, SerializationError
 

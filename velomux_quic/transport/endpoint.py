@@ -14,7 +14,7 @@ import logging
 from collections.abc import Iterable
 from typing import cast
 
-from aioquic.buffer import Buffer
+from aioquic._buffer import Buffer  # typed there; aioquic.buffer re-exports it untyped
 from aioquic.quic.configuration import SMALLEST_MAX_DATAGRAM_SIZE
 from aioquic.quic.events import StreamDataReceived
 from aioquic.quic.packet import (

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from typing import Any
 
 from aioquic import tls
-from aioquic.buffer import Buffer
+from aioquic._buffer import Buffer  # typed there; aioquic.buffer re-exports it untyped
 from aioquic.quic.connection import (
     MAX_STREAM_DATA_FRAME_CAPACITY,
     Limit,
