@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 
 import pytest
 from prometheus_client import generate_latest
 
 from tests.conftest import NodeFactory, Recorder, wait_admitted
+from velomux_quic.errors import ConfigurationError
 from velomux_quic.ids import new_instance_id
 from velomux_quic.transport.admission import ADMITTED, AdmissionState, SendAdmission
 from velomux_quic.transport.config import TransportConfig
@@ -68,10 +70,18 @@ async def test_stopped_reader_drives_its_lane_to_pending_while_another_lane_flow
     await b_seen.wait_until(lambda: len(b_seen.frames[(a.instance_id, 0)]) == 2000)
     assert pending.state is AdmissionState.PENDING
     assert len(b_seen.frames[(a.instance_id, 1)]) < len(sent_on_1)
+    held = a.snapshot().to(b.instance_id)
+    assert held is not None and held.state == "established" and held.open_lanes == (0, 1)
+    # Lane 1 waits on b's window, which nothing a transmits can open.
+    assert held.blocked_streams == 1 and held.held_by_peer_window == 1
+    (inbound,) = b.snapshot().inbound_from(a.instance_id)
+    assert not inbound.outbound and inbound.open_lanes == (0, 1)
 
     b.resume_reading(a.instance_id, 1)
     await asyncio.wait_for(_await(pending), 20)
     await b_seen.wait_until(lambda: len(b_seen.frames[(a.instance_id, 1)]) == len(sent_on_1))
+    released = a.snapshot().to(b.instance_id)
+    assert released is not None and released.blocked_streams == 0
 
 
 async def _await(admission: SendAdmission) -> None:
@@ -161,6 +171,26 @@ async def test_health_check_answers_for_a_live_peer_and_fails_for_a_dead_one(
         await a.check_health(b.instance_id, timeout=1.5)
 
 
+async def test_health_check_waits_as_long_as_the_configuration_says(
+    start_node: NodeFactory,
+) -> None:
+    with pytest.raises(ConfigurationError, match="health_check_timeout"):
+        TransportConfig(health_check_timeout=0)
+    config = TransportConfig(handshake_timeout=30.0, health_check_timeout=0.5)
+    a, _ = await start_node("a", config=config)
+    silent = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # bound, never answers
+    try:
+        silent.bind(("127.0.0.1", 0))
+        peer = new_instance_id()
+        a.register_peer(peer, silent.getsockname())
+        async with asyncio.timeout(4) as outer:  # the old fixed default was 5 s
+            with pytest.raises(TimeoutError):
+                await a.check_health(peer)
+        assert not outer.expired()
+    finally:
+        silent.close()
+
+
 async def test_lane_reset_reaches_the_receiver_and_other_lanes_continue(
     start_node: NodeFactory,
 ) -> None:
@@ -170,9 +200,9 @@ async def test_lane_reset_reaches_the_receiver_and_other_lanes_continue(
     a.register_peer(b.instance_id, b.address)
     await wait_admitted([a.send(b.instance_id, lane, b"hello") for lane in (0, 1)])
     await b_seen.wait_until(lambda: b_seen.count() == 2)
-    connection = a.outbound_connection(b.instance_id)
-    assert connection is not None
-    connection.reset_lane(1)
+    with pytest.raises(LaneError):
+        a.reset_lane(b.instance_id, 16)
+    a.reset_lane(b.instance_id, 1)
     await b_seen.wait_until(lambda: b_seen.resets == [(a.instance_id, 1)])
     await wait_admitted([a.send(b.instance_id, 0, b"still here")])
     await b_seen.wait_until(lambda: b_seen.frames[(a.instance_id, 0)][-1] == b"still here")
@@ -216,8 +246,7 @@ async def test_closed_transports_leave_no_task_timer_or_socket(
     assert _open_fds() - fds_before == set()
     assert asyncio.all_tasks() == tasks_before
     for transport in (a, b):
-        for connection in transport._all_connections():  # nothing left to hold timers
-            pytest.fail(f"connection left open: {connection}")
+        assert transport.snapshot().connections == ()  # nothing left to hold timers
 
 
 class Server(Recorder):
