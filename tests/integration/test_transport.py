@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+from collections.abc import Callable
 
 import pytest
 from prometheus_client import generate_latest
@@ -12,6 +13,15 @@ from prometheus_client import generate_latest
 from tests.conftest import NodeFactory, Recorder, wait_admitted
 from velomux_quic.errors import ConfigurationError
 from velomux_quic.ids import new_instance_id
+from velomux_quic.security.certs import NodeCredentials
+from velomux_quic.transport import (
+    CloseCode,
+    PeerLink,
+    QuicTransport,
+    StreamData,
+    StreamReset,
+    StreamStopped,
+)
 from velomux_quic.transport.admission import ADMITTED, AdmissionState, SendAdmission
 from velomux_quic.transport.config import TransportConfig
 from velomux_quic.transport.errors import (
@@ -304,3 +314,64 @@ async def test_request_stream_pulls_from_the_dialer_without_touching_lanes(
         server.gate.set()
     finally:
         await a.close()
+
+
+class StreamRecorder(Recorder):
+    """Claims every non-lane stream and records its events with the link they came on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[tuple[PeerLink, StreamData | StreamReset | StreamStopped | None]] = []
+
+    def _note(self, link: PeerLink, event: StreamData | StreamReset | StreamStopped | None) -> None:
+        self.events.append((link, event))
+        self._changed.set()
+
+    def stream_received(self, link: PeerLink, event: StreamData) -> bool:
+        self._note(link, event)
+        return True
+
+    def stream_reset(self, link: PeerLink, event: StreamReset) -> None:
+        self._note(link, event)
+
+    def stream_stopped(self, link: PeerLink, event: StreamStopped) -> None:
+        self._note(link, event)
+
+    def connection_lost(self, link: PeerLink) -> None:
+        self._note(link, None)
+
+
+async def test_non_lane_streams_reach_the_handler_as_transport_events_with_one_link(
+    make_credentials: Callable[..., NodeCredentials],
+) -> None:
+    b_seen = StreamRecorder()
+    b = await QuicTransport.start(make_credentials("b"), handler=b_seen)
+    a_seen = StreamRecorder()
+    a = await QuicTransport.start(make_credentials("a"), handler=a_seen)
+    try:
+        a.register_peer(b.instance_id, b.address)
+        first, second = a.open_stream(b.instance_id), a.open_stream(b.instance_id)
+        await wait_admitted([first.send(b"one"), second.send(b"two")])
+        await b_seen.wait_until(lambda: len(b_seen.events) >= 2)
+        link = b_seen.events[0][0]
+        assert link.peer == a.instance_id and not link.outbound
+        assert {link for link, _ in b_seen.events} == {link}  # one link per connection
+        data = {e.stream_id: e.data for _, e in b_seen.events if isinstance(e, StreamData)}
+        assert data == {first.stream_id: b"\0\0\0\x03one", second.stream_id: b"\0\0\0\x03two"}
+
+        first.abort()  # RESET_STREAM: the receiver hears it as the transport's event
+        await b_seen.wait_until(lambda: isinstance(b_seen.events[-1][1], StreamReset))
+        assert b_seen.events[-1] == (link, StreamReset(first.stream_id, CloseCode.SHUTDOWN))
+
+        link.stop_receiving(second.stream_id)  # STOP_SENDING: the writer's stream is reset
+        await a_seen.wait_until(lambda: bool(a_seen.events))
+        (a_link, stopped) = a_seen.events[0]
+        assert a_link.peer == b.instance_id and a_link.outbound
+        assert stopped == StreamStopped(second.stream_id)
+        assert second.gate.closed
+
+        a.disconnect(b.instance_id)
+        await b_seen.wait_until(lambda: b_seen.events[-1] == (link, None))
+    finally:
+        await a.close()
+        await b.close()

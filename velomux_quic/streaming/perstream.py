@@ -341,13 +341,16 @@ class PerStreamTransport(TransportHandler):
     # -- StreamTransport -----------------------------------------------------------------
 
     def bind(self, entry: AnchorEntry, remote: RemoteSender) -> BindTerms:
+        """Expect the attach's stream: its opening frame will name this anchor and session."""
         self._binds[(remote.node, entry.local_id, remote.session_id)] = (entry, remote)
         return BindTerms()
 
     def unbind(self, entry: AnchorEntry, remote: RemoteSender) -> None:
+        """The attach failed or its sender left before its stream came: forget the bind."""
         self._binds.pop((remote.node, entry.local_id, remote.session_id), None)
 
     async def connect(self, terms: AttachTerms) -> PerStreamChannel:
+        """The producer's side of an accepted attach: a QUIC stream of its own to the consumer."""
         stream = self._messenger.transport.open_stream(
             terms.peer, send_buffer=self._config.per_stream_send_buffer
         )
@@ -356,6 +359,7 @@ class PerStreamTransport(TransportHandler):
         )
 
     async def close(self) -> None:
+        """The node is closing: forget every bind and receiver (their connections close too)."""
         self._binds.clear()
         self._receivers.clear()
 

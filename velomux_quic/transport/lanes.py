@@ -74,8 +74,8 @@ def lane_of_stream(stream_id: int) -> int | None:
 class OutboundStream:
     """The write side of one unidirectional stream: what its admission gate asks of QUIC.
 
-    Lanes are such streams (ids ``4k + 2``, k < 16); so is every stream of the per-stream
-    path (ids from ``4 * 16 + 2`` up), each with its own gate and ``send_buffer``.
+    Lanes are such streams (ids ``4k + 2``, k < MAX_LANES); so is every stream of the per-stream
+    path (ids from ``4 * MAX_LANES + 2`` up), each with its own gate and ``send_buffer``.
     """
 
     __slots__ = (
