@@ -390,7 +390,8 @@ class PeerConnection:
     # -- stream data, resets and stops ---------------------------------------------------
 
     def _stream_data(self, event: quic_events.StreamDataReceived) -> None:
-        if self.state is not ConnectionState.ESTABLISHED or self.peer is None:
+        link = self.link
+        if self.state is not ConnectionState.ESTABLISHED or link is None:
             # Defence in depth: the handshake cannot complete unverified, but never let
             # bytes from an unverified connection near a handler.
             self.transport.stats.rejections["unverified_data"] += 1
@@ -409,7 +410,7 @@ class PeerConnection:
             if self.requests_out.owns(stream_id):
                 self.requests_out.data(stream_id, event.data, event.end_stream)
             elif not self.transport.handler.stream_received(
-                self._link(), StreamData(stream_id, event.data, event.end_stream)
+                link, StreamData(stream_id, event.data, event.end_stream)
             ):
                 # Not a lane: the layers above may claim such streams (the per-stream
                 # path); until one does, refuse the stream without harming the connection.
@@ -480,11 +481,6 @@ class PeerConnection:
         """Grant the peer ``consumed() + window`` on a stream it writes (see :class:`PeerLink`)."""
         self.quic.manage_receive_window(stream_id, consumed, window)
 
-    def _link(self) -> PeerLink:
-        link = self.link
-        assert link is not None  # set on establishment, before any stream data is taken
-        return link
-
     # -- events from aioquic -------------------------------------------------------------
 
     def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
@@ -508,25 +504,25 @@ class PeerConnection:
         quic = self.quic
         event = quic.next_event()
         while event is not None:
-            kind = type(event)
-            if kind is quic_events.StreamDataReceived:
-                self._stream_data(event)  # type: ignore[arg-type]
-            elif kind is quic_events.ConnectionIdIssued:
-                self.transport.register_cid(event.connection_id, self)  # type: ignore[attr-defined]
-            elif kind is quic_events.ConnectionIdRetired:
-                self.transport.unregister_cid(event.connection_id)  # type: ignore[attr-defined]
-            elif kind is quic_events.HandshakeCompleted:
+            # Most frequent first: a STREAM event per frame, the rest now and then.
+            if isinstance(event, quic_events.StreamDataReceived):
+                self._stream_data(event)
+            elif isinstance(event, quic_events.ConnectionIdIssued):
+                self.transport.register_cid(event.connection_id, self)
+            elif isinstance(event, quic_events.ConnectionIdRetired):
+                self.transport.unregister_cid(event.connection_id)
+            elif isinstance(event, quic_events.HandshakeCompleted):
                 self._handshake_completed()
-            elif kind is quic_events.PingAcknowledged:
-                waiter = self._ping_waiters.pop(event.uid, None)  # type: ignore[attr-defined]
+            elif isinstance(event, quic_events.PingAcknowledged):
+                waiter = self._ping_waiters.pop(event.uid, None)
                 if waiter is not None and not waiter.done():
                     waiter.set_result(None)
-            elif kind is quic_events.StreamReset:
-                self._stream_reset(event.stream_id, event.error_code)  # type: ignore[attr-defined]
-            elif kind is quic_events.StopSendingReceived:
-                self._stop_sending(event.stream_id)  # type: ignore[attr-defined]
-            elif kind is quic_events.ConnectionTerminated:
-                self._terminated(event)  # type: ignore[arg-type]
+            elif isinstance(event, quic_events.StreamReset):
+                self._stream_reset(event.stream_id, event.error_code)
+            elif isinstance(event, quic_events.StopSendingReceived):
+                self._stop_sending(event.stream_id)
+            elif isinstance(event, quic_events.ConnectionTerminated):
+                self._terminated(event)
                 return
             event = quic.next_event()
         if self._unacked_pending_drain():
