@@ -45,10 +45,10 @@ from .transport import TransportConfig
 
 if TYPE_CHECKING:
     # The layers' snapshot types. Each layer defines its own next to its state.
-    from .messenger import MessengerSnapshot  # type: ignore[attr-defined]
-    from .mux import MuxSnapshot  # type: ignore[attr-defined]
-    from .streaming.snapshot import StreamingSnapshot  # type: ignore[import-not-found]
-    from .transport import TransportSnapshot  # type: ignore[attr-defined]
+    from .messenger import MessengerSnapshot
+    from .mux import MuxSnapshot
+    from .streaming.snapshot import StreamingSnapshot
+    from .transport import TransportSnapshot
 
 __all__ = ["Node", "NodeSnapshot", "open_node"]
 
@@ -460,10 +460,10 @@ class Node:
             worker_id=self.worker_id,
             address=self.address,
             peers=tuple(self.messenger.peers),
-            transport=self.messenger.transport.snapshot(),  # type: ignore[attr-defined]
-            messenger=self.messenger.snapshot(),  # type: ignore[attr-defined]
-            streaming=self.anchors.snapshot(),  # type: ignore[attr-defined]
-            mux=self.mux.snapshot() if self.mux is not None else None,  # type: ignore[attr-defined]
+            transport=self.messenger.transport.snapshot(),
+            messenger=self.messenger.snapshot(),
+            streaming=self.anchors.snapshot(),
+            mux=self.mux.snapshot() if self.mux is not None else None,
         )
 
     def metrics_text(self) -> str:

@@ -116,9 +116,8 @@ async def test_client_without_a_certificate_is_refused(start_node: NodeFactory) 
     with pytest.raises(ConnectionError):
         async with aioquic_connect(host, port, configuration=configuration) as client:
             # TLS 1.3 lets the client finish first; the refusal closes the connection.
-            stream = client._quic.get_next_available_stream_id(is_unidirectional=True)
-            client._quic.send_stream_data(stream, b"\x00\x00\x00\x05hello")
-            client.transmit()
+            _, writer = await client.create_stream(is_unidirectional=True)
+            writer.write(b"\x00\x00\x00\x05hello")  # aioquic's public stream API
             await asyncio.wait_for(client.wait_closed(), 10)
             raise ConnectionError("closed by the server")
     await b_seen.wait_until(lambda: b.stats.peer_refusals["no_certificate"] == 1)

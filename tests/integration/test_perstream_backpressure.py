@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
-from aioquic.quic.events import StreamDataReceived
 
 from tests.conftest import StartNode
 from velomux_quic.mux.config import MuxConfig
@@ -23,14 +22,21 @@ from velomux_quic.security.certs import NodeCredentials
 from velomux_quic.streaming.anchor import StreamAnchor
 from velomux_quic.streaming.control import PER_STREAM_KEY
 from velomux_quic.streaming.errors import ChannelClosed
-from velomux_quic.streaming.frames import HEARTBEAT, encode_item
+from velomux_quic.streaming.frames import HEARTBEAT
 from velomux_quic.streaming.manager import StreamingConfig
-from velomux_quic.streaming.perstream import PerStreamChannel
 from velomux_quic.streaming.sender import Retired, StreamSender
-from velomux_quic.transport import ADMITTED, SendAdmission, TransportConfig
+from velomux_quic.transport import (
+    ADMITTED,
+    ConnectionSnapshot,
+    PeerLink,
+    PerStreamOutbound,
+    QuicTransport,
+    SendAdmission,
+    StreamData,
+    TransportConfig,
+    TransportHandler,
+)
 from velomux_quic.transport import ChannelClosed as TransportChannelClosed
-from velomux_quic.transport.connection import PeerConnection, PerStreamOutbound
-from velomux_quic.transport.endpoint import QuicTransport, TransportHandler
 
 RECORD = bytes(1000)
 """A record about a kilobyte on the wire: a few fill a 4 KiB window."""
@@ -56,10 +62,22 @@ async def collect(anchor: StreamAnchor[Any], timeout: float = 20) -> list[object
         return [item async for item in anchor]
 
 
-def channel_of(sender: StreamSender) -> PerStreamChannel:
-    channel = sender._state.channel
-    assert isinstance(channel, PerStreamChannel)
-    return channel
+def producer_connection(a: Node, b: Node) -> ConnectionSnapshot:
+    """The producer's connection to the consumer, as its transport sees it now."""
+    connection = a.messenger.transport.snapshot().to(b.instance_id)
+    assert connection is not None
+    return connection
+
+
+def held_by_the_window(connection: ConnectionSnapshot) -> bool:
+    return connection.held_by_peer_window == 1 and connection.send_backlog == 0
+
+
+async def until(condition: Callable[[], bool], timeout: float = 20) -> None:
+    """Wait for a state the library signals with no event of its own (polled)."""
+    async with asyncio.timeout(timeout):
+        while not condition():
+            await asyncio.sleep(0.005)
 
 
 class Pump:
@@ -90,6 +108,9 @@ async def stuck_stream(a: Node, b: Node, total: int) -> tuple[StreamAnchor[Any],
         await free.send(n)
     free.finalize()
     assert await collect(flowing) == list(range(200))
+    # Held by the consumer's window: nothing the connection transmits can release it,
+    # and everything inside that window has been transmitted.
+    await until(lambda: held_by_the_window(producer_connection(a, b)))
     assert not pump.task.done()
     # The consumer's window (4 records) and the producer's own bound (2 more) at most.
     assert 3 <= pump.sent <= 8, pump.sent
@@ -101,8 +122,8 @@ async def test_a_sender_whose_consumer_stopped_waits_while_its_neighbours_flow(
 ) -> None:
     a, b = await per_stream_pair(start_nodes, streaming=SMALL_STREAMING, transport=SMALL_TRANSPORT)
     stalled, pump = await stuck_stream(a, b, total=40)
-    channel = channel_of(pump.sender)
-    assert not channel.try_send(encode_item("one more"))  # full: would have to wait
+    held = producer_connection(a, b)
+    assert held.blocked_streams == 1 and held.send_backlog == 0  # it holds up nobody else
     assert a.anchors.metrics.producer_send_backpressure >= 1
     assert "velo_streaming_producer_send_backpressure_total" in a.metrics_text()
 
@@ -146,8 +167,9 @@ async def test_a_burst_over_hundreds_of_streams_arrives_exactly_once_in_order(
     assert "velo_streaming_heartbeat_watchdog_firings_total 0.0" in b.metrics_text()
     # ~850 KB written without a yield: the connection's bound made the producer wait.
     assert a.anchors.metrics.producer_send_backpressure > 0
-    connection = a.messenger.transport.outbound_connection(b.instance_id)
-    assert connection is not None and connection.quic.send_backlog == 0
+    connection = producer_connection(a, b)
+    assert connection.send_backlog == 0 and connection.blocked_streams == 0
+    assert connection.extra_streams == 0  # every stream finished and forgotten
 
 
 async def test_closing_the_producer_node_releases_a_waiting_sender_with_channel_closed(
@@ -183,7 +205,7 @@ class Sink(TransportHandler):
     def __init__(self) -> None:
         self.data: dict[int, bytearray] = defaultdict(bytearray)
 
-    def stream_received(self, connection: PeerConnection, event: StreamDataReceived) -> bool:
+    def stream_received(self, link: PeerLink, event: StreamData) -> bool:
         self.data[event.stream_id] += event.data
         return True
 
@@ -219,7 +241,6 @@ async def test_the_connection_bound_queues_streams_in_turn_and_a_close_refuses_t
     second = two.send(bytes(800))  # 196 bytes of room left: waits for a transmit
     assert isinstance(second, SendAdmission) and not second.done()
     assert not three.gate.try_send(b"x")  # would fit, but would overtake the waiting one
-    assert isinstance(three, PerStreamOutbound)
     assert three.try_send(HEARTBEAT, shared=False)  # a heartbeat needs only its own room
     third = three.send(bytes(10))
     assert isinstance(third, SendAdmission)

@@ -35,6 +35,7 @@ from velomux_quic.streaming.errors import (
     WrongHandleKind,
 )
 from velomux_quic.streaming.manager import StreamingConfig
+from velomux_quic.streaming.perstream import PerStreamTransport
 from velomux_quic.streaming.sender import Retired
 
 
@@ -322,29 +323,48 @@ async def test_a_consumer_that_stops_reading_holds_only_its_own_producer(
     stalled, flowing = b.create_anchor(), b.create_anchor()
     stuck = await a.attach_anchor(stalled.handle)
     free = await a.attach_anchor(flowing.handle)
-    blocked: asyncio.Future[None] | None = None
     sent = 0
-    for _ in range(10_000):  # bounded: window + send buffer hold ~130 such records
-        before = a.anchors.metrics.producer_send_backpressure
-        task = asyncio.ensure_future(stuck.send(bytes(1000)))
-        await asyncio.sleep(0)  # let the send run up to its first await
-        if a.anchors.metrics.producer_send_backpressure > before:
-            blocked = task  # it is waiting on the stream's admission gate
-            break
-        await task
-        sent += 1
-    assert blocked is not None and sent < 1000
-    for n in range(500):
-        await free.send(n)
-    free.finalize()
-    assert await collect(flowing) == list(range(500))  # the other stream never waited
-    assert not blocked.done()
-    assert "velo_streaming_reader_pump_backpressure_total 1.0" in b.metrics_text()
-    assert await stalled.next() == bytes(1000)  # reading again releases the producer
-    async with asyncio.timeout(20):
-        while not blocked.done():
-            await stalled.next()
-    await blocked
+
+    async def pump() -> None:
+        nonlocal sent
+        while True:
+            await stuck.send(bytes(1000))
+            sent += 1
+
+    def held_by_the_window() -> bool:
+        # A send may also wait on the connection (its congestion window, a transmit
+        # not yet run) and then completes without the consumer reading; only a stream
+        # whose unsent bytes lie beyond the consumer's window, with nothing left to
+        # transmit inside it, waits for the consumer.
+        connection = a.messenger.transport.snapshot().to(b.instance_id)
+        assert connection is not None
+        return connection.held_by_peer_window == 1 and connection.send_backlog == 0
+
+    blocked = asyncio.ensure_future(pump())
+    try:
+        async with asyncio.timeout(20):
+            while not held_by_the_window():  # no event says so: polled
+                assert not blocked.done()
+                await asyncio.sleep(0.005)
+        held_at = sent
+        assert held_at < 1000  # window + send buffer hold ~130 such records
+        for n in range(500):
+            await free.send(n)
+        free.finalize()
+        assert await collect(flowing) == list(range(500))  # the other stream never waited
+        assert sent == held_at and not blocked.done()
+        per_stream = b.anchors.transports.get(PER_STREAM_KEY)
+        assert isinstance(per_stream, PerStreamTransport)
+        async with asyncio.timeout(20):  # the consumer's window fills (polled, as above)
+            while "velo_streaming_reader_pump_backpressure_total 1.0" not in b.metrics_text():
+                await asyncio.sleep(0.005)
+        assert per_stream.snapshot().receivers == 1  # the stalled stream's, still open
+        assert await stalled.next() == bytes(1000)  # reading again releases the producer
+        async with asyncio.timeout(20):
+            while sent == held_at:
+                await stalled.next()
+    finally:
+        blocked.cancel()
     stalled.cancel()
 
 

@@ -4,12 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
+from collections.abc import Callable
 
 import pytest
 from prometheus_client import generate_latest
 
 from tests.conftest import NodeFactory, Recorder, wait_admitted
+from velomux_quic.errors import ConfigurationError
 from velomux_quic.ids import new_instance_id
+from velomux_quic.security.certs import NodeCredentials
+from velomux_quic.transport import (
+    CloseCode,
+    PeerLink,
+    QuicTransport,
+    StreamData,
+    StreamReset,
+    StreamStopped,
+)
 from velomux_quic.transport.admission import ADMITTED, AdmissionState, SendAdmission
 from velomux_quic.transport.config import TransportConfig
 from velomux_quic.transport.errors import (
@@ -68,10 +80,18 @@ async def test_stopped_reader_drives_its_lane_to_pending_while_another_lane_flow
     await b_seen.wait_until(lambda: len(b_seen.frames[(a.instance_id, 0)]) == 2000)
     assert pending.state is AdmissionState.PENDING
     assert len(b_seen.frames[(a.instance_id, 1)]) < len(sent_on_1)
+    held = a.snapshot().to(b.instance_id)
+    assert held is not None and held.state == "established" and held.open_lanes == (0, 1)
+    # Lane 1 waits on b's window, which nothing a transmits can open.
+    assert held.blocked_streams == 1 and held.held_by_peer_window == 1
+    (inbound,) = b.snapshot().inbound_from(a.instance_id)
+    assert not inbound.outbound and inbound.open_lanes == (0, 1)
 
     b.resume_reading(a.instance_id, 1)
     await asyncio.wait_for(_await(pending), 20)
     await b_seen.wait_until(lambda: len(b_seen.frames[(a.instance_id, 1)]) == len(sent_on_1))
+    released = a.snapshot().to(b.instance_id)
+    assert released is not None and released.blocked_streams == 0
 
 
 async def _await(admission: SendAdmission) -> None:
@@ -161,6 +181,26 @@ async def test_health_check_answers_for_a_live_peer_and_fails_for_a_dead_one(
         await a.check_health(b.instance_id, timeout=1.5)
 
 
+async def test_health_check_waits_as_long_as_the_configuration_says(
+    start_node: NodeFactory,
+) -> None:
+    with pytest.raises(ConfigurationError, match="health_check_timeout"):
+        TransportConfig(health_check_timeout=0)
+    config = TransportConfig(handshake_timeout=30.0, health_check_timeout=0.5)
+    a, _ = await start_node("a", config=config)
+    silent = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # bound, never answers
+    try:
+        silent.bind(("127.0.0.1", 0))
+        peer = new_instance_id()
+        a.register_peer(peer, silent.getsockname())
+        async with asyncio.timeout(4) as outer:  # the old fixed default was 5 s
+            with pytest.raises(TimeoutError):
+                await a.check_health(peer)
+        assert not outer.expired()
+    finally:
+        silent.close()
+
+
 async def test_lane_reset_reaches_the_receiver_and_other_lanes_continue(
     start_node: NodeFactory,
 ) -> None:
@@ -170,9 +210,9 @@ async def test_lane_reset_reaches_the_receiver_and_other_lanes_continue(
     a.register_peer(b.instance_id, b.address)
     await wait_admitted([a.send(b.instance_id, lane, b"hello") for lane in (0, 1)])
     await b_seen.wait_until(lambda: b_seen.count() == 2)
-    connection = a.outbound_connection(b.instance_id)
-    assert connection is not None
-    connection.reset_lane(1)
+    with pytest.raises(LaneError):
+        a.reset_lane(b.instance_id, 16)
+    a.reset_lane(b.instance_id, 1)
     await b_seen.wait_until(lambda: b_seen.resets == [(a.instance_id, 1)])
     await wait_admitted([a.send(b.instance_id, 0, b"still here")])
     await b_seen.wait_until(lambda: b_seen.frames[(a.instance_id, 0)][-1] == b"still here")
@@ -216,8 +256,7 @@ async def test_closed_transports_leave_no_task_timer_or_socket(
     assert _open_fds() - fds_before == set()
     assert asyncio.all_tasks() == tasks_before
     for transport in (a, b):
-        for connection in transport._all_connections():  # nothing left to hold timers
-            pytest.fail(f"connection left open: {connection}")
+        assert transport.snapshot().connections == ()  # nothing left to hold timers
 
 
 class Server(Recorder):
@@ -275,3 +314,64 @@ async def test_request_stream_pulls_from_the_dialer_without_touching_lanes(
         server.gate.set()
     finally:
         await a.close()
+
+
+class StreamRecorder(Recorder):
+    """Claims every non-lane stream and records its events with the link they came on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[tuple[PeerLink, StreamData | StreamReset | StreamStopped | None]] = []
+
+    def _note(self, link: PeerLink, event: StreamData | StreamReset | StreamStopped | None) -> None:
+        self.events.append((link, event))
+        self._changed.set()
+
+    def stream_received(self, link: PeerLink, event: StreamData) -> bool:
+        self._note(link, event)
+        return True
+
+    def stream_reset(self, link: PeerLink, event: StreamReset) -> None:
+        self._note(link, event)
+
+    def stream_stopped(self, link: PeerLink, event: StreamStopped) -> None:
+        self._note(link, event)
+
+    def connection_lost(self, link: PeerLink) -> None:
+        self._note(link, None)
+
+
+async def test_non_lane_streams_reach_the_handler_as_transport_events_with_one_link(
+    make_credentials: Callable[..., NodeCredentials],
+) -> None:
+    b_seen = StreamRecorder()
+    b = await QuicTransport.start(make_credentials("b"), handler=b_seen)
+    a_seen = StreamRecorder()
+    a = await QuicTransport.start(make_credentials("a"), handler=a_seen)
+    try:
+        a.register_peer(b.instance_id, b.address)
+        first, second = a.open_stream(b.instance_id), a.open_stream(b.instance_id)
+        await wait_admitted([first.send(b"one"), second.send(b"two")])
+        await b_seen.wait_until(lambda: len(b_seen.events) >= 2)
+        link = b_seen.events[0][0]
+        assert link.peer == a.instance_id and not link.outbound
+        assert {link for link, _ in b_seen.events} == {link}  # one link per connection
+        data = {e.stream_id: e.data for _, e in b_seen.events if isinstance(e, StreamData)}
+        assert data == {first.stream_id: b"\0\0\0\x03one", second.stream_id: b"\0\0\0\x03two"}
+
+        first.abort()  # RESET_STREAM: the receiver hears it as the transport's event
+        await b_seen.wait_until(lambda: isinstance(b_seen.events[-1][1], StreamReset))
+        assert b_seen.events[-1] == (link, StreamReset(first.stream_id, CloseCode.SHUTDOWN))
+
+        link.stop_receiving(second.stream_id)  # STOP_SENDING: the writer's stream is reset
+        await a_seen.wait_until(lambda: bool(a_seen.events))
+        (a_link, stopped) = a_seen.events[0]
+        assert a_link.peer == b.instance_id and a_link.outbound
+        assert stopped == StreamStopped(second.stream_id)
+        assert second.gate.closed
+
+        a.disconnect(b.instance_id)
+        await b_seen.wait_until(lambda: b_seen.events[-1] == (link, None))
+    finally:
+        await a.close()
+        await b.close()

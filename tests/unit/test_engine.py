@@ -1,20 +1,18 @@
 """EngineConnection without sockets: two connections exchange datagrams in memory.
 
-These tests pin what we rely on inside aioquic (private names, the stream limits, the
-receive-window override), so an aioquic upgrade that moves them fails here first.
+These tests check what EngineConnection does with aioquic (verified peers, the stream
+limits, the receive-window override, the ACK deadline); the private names of aioquic it
+relies on are pinned one by one in ``test_aioquic_assumptions.py``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-import aioquic
 import pytest
 from aioquic import tls
 from aioquic.quic import events
 from aioquic.quic.connection import QuicConnection
-from aioquic.quic.recovery import QuicPacketSpace
-from aioquic.quic.stream import QuicStreamSender
 
 from velomux_quic.security.certs import NodeCredentials
 from velomux_quic.security.tls import make_quic_configuration
@@ -24,33 +22,6 @@ from velomux_quic.transport.engine import EngineConnection
 CLIENT = ("127.0.0.1", 1111)
 SERVER = ("127.0.0.1", 2222)
 WINDOW = 64 * 1024
-
-
-def test_pinned_aioquic_internals_still_exist() -> None:
-    major, minor = (int(x) for x in aioquic.__version__.split(".")[:2])
-    assert (major, minor) == (1, 7), "re-run this suite before widening the aioquic pin"
-    for name in (
-        "_server_handle_certificate",
-        "_server_handle_certificate_verify",
-        "_client_handle_certificate_verify",
-    ):
-        assert callable(getattr(tls.Context, name))
-    context = tls.Context(is_client=False)
-    assert context._request_client_certificate is False
-    assert context._peer_certificate is None and context._peer_certificate_chain == []
-    for name in (
-        "_initialize",
-        "_write_stream_limits",
-        "_on_max_stream_data_delivery",
-        "_get_or_create_stream_for_send",
-        "_stream_is_discarded",
-        "_confirm_handshake",
-    ):
-        assert callable(getattr(QuicConnection, name))
-    sender = QuicStreamSender(stream_id=2, writable=True)
-    assert sender._buffer_start == 0 and sender._buffer_stop == 0
-    space = QuicPacketSpace()
-    assert space.ack_at is None  # EngineConnection.ack_due reads it on the ONE_RTT space
 
 
 def _pair(

@@ -35,22 +35,24 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import msgpack  # type: ignore[import-untyped]
-from aioquic.quic.events import StreamDataReceived
 from prometheus_client.registry import CollectorRegistry
 
 from ..errors import ConfigurationError, SendTimeout
 from ..ids import InstanceId
 from ..security.certs import NodeCredentials
 from ..transport import (
+    PeerLink,
     PeerNotRegistered,
     QuicTransport,
     SendAdmission,
     SendOutcome,
+    StreamData,
+    StreamReset,
+    StreamStopped,
     TransportConfig,
     TransportError,
     TransportHandler,
 )
-from ..transport.connection import PeerConnection
 from .calls import PendingCalls
 from .config import MessengerConfig
 from .dispatch import OrderedDispatcher
@@ -813,21 +815,25 @@ class Messenger(TransportHandler):
 
     # -- transport events ----------------------------------------------------------------
 
-    def stream_received(self, connection: PeerConnection, event: StreamDataReceived) -> bool:
+    def stream_received(self, link: PeerLink, event: StreamData) -> bool:
+        """A non-lane stream's data: the stream acceptor's (the per-stream path), if any."""
         acceptor = self._stream_acceptor
-        return acceptor is not None and acceptor.stream_received(connection, event)
+        return acceptor is not None and acceptor.stream_received(link, event)
 
-    def stream_reset(self, connection: PeerConnection, stream_id: int, error_code: int) -> None:
+    def stream_reset(self, link: PeerLink, event: StreamReset) -> None:
+        """A non-lane stream the peer reset: the stream acceptor's to handle."""
         if self._stream_acceptor is not None:
-            self._stream_acceptor.stream_reset(connection, stream_id, error_code)
+            self._stream_acceptor.stream_reset(link, event)
 
-    def stream_stopped(self, connection: PeerConnection, stream_id: int) -> None:
+    def stream_stopped(self, link: PeerLink, event: StreamStopped) -> None:
+        """A stream we opened that the peer stopped: the stream acceptor's to forget."""
         if self._stream_acceptor is not None:
-            self._stream_acceptor.stream_stopped(connection, stream_id)
+            self._stream_acceptor.stream_stopped(link, event)
 
-    def connection_lost(self, connection: PeerConnection) -> None:
+    def connection_lost(self, link: PeerLink) -> None:
+        """A connection ended: its non-lane streams (the stream acceptor's) are over."""
         if self._stream_acceptor is not None:
-            self._stream_acceptor.connection_lost(connection)
+            self._stream_acceptor.connection_lost(link)
 
     def lane_reset(self, peer: InstanceId, lane: int) -> None:
         """The peer cut one lane's stream: its frames in flight are lost; tell the hooks."""

@@ -60,6 +60,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Final
 
+from ..transport.config import MAX_LANES
 from .records import (
     _CONTROL_BODY_SIZES,
     _DATA,
@@ -161,8 +162,6 @@ COALESCE_THRESHOLD: Final = 64 * 1024
 """The largest frame the coalescing writer packs into one buffered write; a
 bigger batch is written in segments and gives back the syscall saving."""
 
-MAX_LANES: Final = 16
-"""The lane lives in four bits of ``flags``."""
 
 BATCH_HANDLER: Final = "_stream_batch"
 """The batch handler of lane 0; lane k (1..15) uses ``_stream_batch.k``."""

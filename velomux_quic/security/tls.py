@@ -18,9 +18,11 @@ never installed and not one application byte of that connection can be decrypted
 reach a handler. Session tickets are never issued or accepted (no PSK, no 0-RTT), so every
 connection runs the certificate path.
 
-The hook overrides three private methods of ``aioquic.tls.Context`` (see
-:class:`VerifyingContext`); the aioquic version range is pinned in ``pyproject.toml`` and
-``tests/unit/test_aioquic_assumptions.py`` fails if those methods move.
+The hook overrides three private methods of ``aioquic.tls.Context`` and reads or sets
+three of its private attributes (``_peer_certificate``, ``_peer_certificate_chain``,
+``_request_client_certificate``; see :class:`VerifyingContext`); the aioquic version range
+is pinned in ``pyproject.toml`` and ``tests/unit/test_aioquic_assumptions.py`` pins each of
+those names, so it fails first if one moves.
 """
 
 from __future__ import annotations

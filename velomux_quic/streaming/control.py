@@ -68,6 +68,7 @@ import msgpack  # type: ignore[import-untyped]
 
 from ..errors import ControlDecodeError
 from ..ids import StreamAnchorHandle
+from ..transport.config import MAX_LANES
 
 __all__ = [
     "DEFAULT_HEARTBEAT_INTERVAL_MS",
@@ -98,8 +99,6 @@ PER_STREAM_KEY: Final = "quic-stream-v1"
 DEFAULT_HEARTBEAT_INTERVAL_MS: Final = 5000
 """What an attach response without ``heartbeat_interval_ms`` means: the cadence before the field."""
 
-MAX_LANES: Final = 16
-"""Lanes per peer; the lane rides in four bits of the batch flags, so a lane is below 16."""
 
 _U16_MAX: Final = (1 << 16) - 1
 _U32_MAX: Final = (1 << 32) - 1

@@ -25,15 +25,23 @@ import asyncio
 import logging
 import struct
 from collections import deque
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from aioquic.quic.events import StreamDataReceived
-
+from ..errors import FrameTooLarge
 from ..ids import InstanceId
-from ..transport import AdmissionError, SendAdmission, TransportHandler
-from ..transport.connection import CloseCode, PeerConnection, PerStreamOutbound
-from ..transport.framing import FrameDecoder, FrameTooLarge
-from ..transport.lanes import lane_of_stream
+from ..transport import (
+    AdmissionError,
+    CloseCode,
+    FrameDecoder,
+    PeerLink,
+    PerStreamOutbound,
+    SendAdmission,
+    StreamData,
+    StreamReset,
+    TransportHandler,
+    lane_of_stream,
+)
 from .config import StreamingConfig
 from .control import PER_STREAM_KEY
 from .errors import ChannelClosed
@@ -45,7 +53,13 @@ if TYPE_CHECKING:
     from .anchor import AnchorEntry, RemoteSender
     from .metrics import StreamingMetrics
 
-__all__ = ["OPENING", "PerStreamChannel", "PerStreamReceiver", "PerStreamTransport"]
+__all__ = [
+    "OPENING",
+    "PerStreamChannel",
+    "PerStreamReceiver",
+    "PerStreamSnapshot",
+    "PerStreamTransport",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -88,8 +102,7 @@ class PerStreamChannel:
     @property
     def queued_bytes(self) -> int:
         """Bytes written to the QUIC stream that aioquic has not transmitted yet."""
-        stream = self._stream
-        return stream.connection.quic.stream_unsent(stream.stream_id)
+        return self._stream.unsent_bytes
 
     def try_send(self, body: bytes) -> bool:
         """Write now or return False (full, or closed); never waits, never queues.
@@ -160,9 +173,9 @@ class PerStreamReceiver:
     """
 
     __slots__ = (
-        "_connection",
         "_decoder",
         "_frames",
+        "_link",
         "_loop",
         "_metrics",
         "_saturated",
@@ -180,13 +193,13 @@ class PerStreamReceiver:
 
     def __init__(
         self,
-        connection: PeerConnection,
+        link: PeerLink,
         stream_id: int,
         window: int,
         max_message_size: int,
         metrics: StreamingMetrics,
     ) -> None:
-        self._connection = connection
+        self._link = link
         self.stream_id = stream_id
         self._window = window
         self._decoder = FrameDecoder(max_message_size)
@@ -202,14 +215,14 @@ class PerStreamReceiver:
         self.ended = False
         self.withdrawn = False
         self.last_arrival = self._loop.time()
-        connection.quic.manage_receive_window(stream_id, self._consumed, window)
+        link.manage_receive_window(stream_id, self._consumed, window)
 
     def _consumed(self) -> int:
         return self.consumed
 
     @property
-    def peer(self) -> InstanceId | None:
-        return self._connection.peer
+    def peer(self) -> InstanceId:
+        return self._link.peer
 
     def data(self, data: bytes, end_stream: bool) -> bool:
         """New stream data; returns True when frames became readable."""
@@ -226,14 +239,14 @@ class PerStreamReceiver:
                 self._frames.extend(exc.frames)
                 self._frames.append(encode_transport_error(f"per-stream frame refused: {exc}"))
                 self.ended = True
-                self._connection.stop_receiving(self.stream_id, CloseCode.FRAME_TOO_LARGE)
+                self._link.stop_receiving(self.stream_id, CloseCode.FRAME_TOO_LARGE)
                 return True
             if bodies and self.opening is None:
                 first = bodies.pop(0)
                 self.consumed += len(first) + 4
                 if len(first) != OPENING.size:
                     self.ended = True
-                    self._connection.stop_receiving(self.stream_id)
+                    self._link.stop_receiving(self.stream_id)
                     return False
                 self.opening = OPENING.unpack(first)
             if bodies:
@@ -274,7 +287,7 @@ class PerStreamReceiver:
         # Let QUIC grant the next quarter window promptly, without a transmit per record.
         quarter = self._window >> 2
         if before // quarter != self.consumed // quarter:
-            self._connection.transmit_soon()
+            self._link.grant_soon()
         return body
 
     @property
@@ -289,9 +302,21 @@ class PerStreamReceiver:
         if not self.ended:
             self.ended = True
             try:
-                self._connection.stop_receiving(self.stream_id)
+                self._link.stop_receiving(self.stream_id)
             except Exception:  # connection already gone
                 logger.debug("could not stop stream %d", self.stream_id, exc_info=True)
+
+
+@dataclass(frozen=True, slots=True)
+class PerStreamSnapshot:
+    """What the per-stream path holds on the consumer's side, at the moment of the call."""
+
+    binds: int
+    """Binds made by attaches whose stream has not arrived (or been refused) yet."""
+    receivers: int
+    """Streams arriving now: matched to an anchor, or still waiting for their opening."""
+    buffered_bytes: int
+    """Bytes those streams decoded that their anchors have not taken yet."""
 
 
 class PerStreamTransport(TransportHandler):
@@ -311,46 +336,54 @@ class PerStreamTransport(TransportHandler):
         self._metrics = metrics
         self._binds: dict[tuple[InstanceId | None, int, int], tuple[AnchorEntry, RemoteSender]] = {}
         self._receivers: dict[
-            tuple[PeerConnection, int], tuple[PerStreamReceiver, AnchorEntry | None]
+            tuple[PeerLink, int], tuple[PerStreamReceiver, AnchorEntry | None]
         ] = {}
+
+    def snapshot(self) -> PerStreamSnapshot:
+        """Live binds and receivers, for operators and for tests that prove none leak."""
+        return PerStreamSnapshot(
+            binds=len(self._binds),
+            receivers=len(self._receivers),
+            buffered_bytes=sum(receiver.buffered for receiver, _ in self._receivers.values()),
+        )
 
     # -- StreamTransport -----------------------------------------------------------------
 
     def bind(self, entry: AnchorEntry, remote: RemoteSender) -> BindTerms:
+        """Expect the attach's stream: its opening frame will name this anchor and session."""
         self._binds[(remote.node, entry.local_id, remote.session_id)] = (entry, remote)
         return BindTerms()
 
     def unbind(self, entry: AnchorEntry, remote: RemoteSender) -> None:
+        """The attach failed or its sender left before its stream came: forget the bind."""
         self._binds.pop((remote.node, entry.local_id, remote.session_id), None)
 
     async def connect(self, terms: AttachTerms) -> PerStreamChannel:
+        """The producer's side of an accepted attach: a QUIC stream of its own to the consumer."""
         stream = self._messenger.transport.open_stream(
             terms.peer, send_buffer=self._config.per_stream_send_buffer
         )
-        assert isinstance(stream, PerStreamOutbound)  # what a connection opens for this path
         return PerStreamChannel(
             stream, terms.handle.local_id, terms.routing_session_id, self._metrics
         )
 
     async def close(self) -> None:
+        """The node is closing: forget every bind and receiver (their connections close too)."""
         self._binds.clear()
         self._receivers.clear()
 
     # -- QUIC streams arriving (forwarded by the messenger) ------------------------------
 
-    def stream_received(self, connection: PeerConnection, event: StreamDataReceived) -> bool:
+    def stream_received(self, link: PeerLink, event: StreamData) -> bool:
+        """A per-stream stream's data: decode it into its receiver, bind it on its opening."""
         stream_id = event.stream_id
-        key = (connection, stream_id)
+        key = (link, stream_id)
         known = self._receivers.get(key)
         if known is None:
-            if (
-                connection.is_client
-                or stream_id & 0x3 != 0x2
-                or lane_of_stream(stream_id) is not None
-            ):
+            if link.outbound or stream_id & 0x3 != 0x2 or lane_of_stream(stream_id) is not None:
                 return False
             receiver = PerStreamReceiver(
-                connection,
+                link,
                 stream_id,
                 self._config.per_stream_window,
                 self._messenger.transport.config.max_message_size,
@@ -378,7 +411,7 @@ class PerStreamTransport(TransportHandler):
         return True
 
     def _bind_stream(self, receiver: PerStreamReceiver) -> AnchorEntry | None:
-        assert receiver.opening is not None and receiver.peer is not None
+        assert receiver.opening is not None
         local_id, session_id = receiver.opening
         bound = self._binds.pop((receiver.peer, local_id, session_id), None)
         if bound is None or bound[0].finished:
@@ -398,16 +431,18 @@ class PerStreamTransport(TransportHandler):
         entry.inbox.install_feed(receiver, remote.sender_id)
         return entry
 
-    def stream_reset(self, connection: PeerConnection, stream_id: int, error_code: int) -> None:
-        known = self._receivers.pop((connection, stream_id), None)
+    def stream_reset(self, link: PeerLink, event: StreamReset) -> None:
+        """The producer reset its stream: what its receiver buffered is all there is."""
+        known = self._receivers.pop((link, event.stream_id), None)
         if known is not None:
             receiver, entry = known
             receiver.lost()
             if entry is not None:
                 entry.inbox.wake()
 
-    def connection_lost(self, connection: PeerConnection) -> None:
-        for key in [k for k in self._receivers if k[0] is connection]:
+    def connection_lost(self, link: PeerLink) -> None:
+        """Every stream of the connection is over: their anchors read what is left, then end."""
+        for key in [k for k in self._receivers if k[0] is link]:
             receiver, entry = self._receivers.pop(key)
             receiver.lost()
             if entry is not None:

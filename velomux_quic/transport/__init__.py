@@ -1,12 +1,14 @@
 """The QUIC transport: one UDP endpoint per node, mutual TLS, ordered lanes, admission gates.
 
 Everything aioquic-specific stays inside this package and ``velomux_quic.security``; the
-layers above see :class:`QuicTransport`, :class:`TransportHandler` and the admission types.
+layers above see :class:`QuicTransport`, :class:`TransportHandler`, the admission types,
+the stream events of :mod:`.events` with their :class:`PeerLink`, the per-stream path's
+:class:`PerStreamOutbound` and the :class:`TransportSnapshot` of :meth:`QuicTransport.snapshot`.
 """
 
 from .admission import ADMITTED, AdmissionState, Admitted, SendAdmission, SendOutcome
 from .config import MAX_LANES, TransportConfig
-from .endpoint import Address, QuicTransport, TransportHandler
+from .endpoint import Address, QuicTransport
 from .errors import (
     AdmissionCancelled,
     AdmissionError,
@@ -21,6 +23,13 @@ from .errors import (
     TransportClosed,
     TransportError,
 )
+from .events import PeerLink, StreamData, StreamReset, StreamStopped
+from .framing import FrameDecoder
+from .handler import TransportHandler
+from .lanes import lane_of_stream
+from .perstream_send import PerStreamOutbound
+from .snapshot import ConnectionSnapshot, TransportSnapshot
+from .states import CloseCode
 
 __all__ = [
     "ADMITTED",
@@ -31,18 +40,28 @@ __all__ = [
     "AdmissionState",
     "Admitted",
     "ChannelClosed",
+    "CloseCode",
     "ConnectionReplaced",
+    "ConnectionSnapshot",
     "DialError",
+    "FrameDecoder",
     "LaneError",
     "MessageTooLarge",
+    "PeerLink",
     "PeerNotRegistered",
+    "PerStreamOutbound",
     "QuicTransport",
     "RequestRefused",
     "ResponseTooLarge",
     "SendAdmission",
     "SendOutcome",
+    "StreamData",
+    "StreamReset",
+    "StreamStopped",
     "TransportClosed",
     "TransportConfig",
     "TransportError",
     "TransportHandler",
+    "TransportSnapshot",
+    "lane_of_stream",
 ]

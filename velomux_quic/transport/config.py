@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import ConfigurationError
+
 __all__ = ["MAX_LANES", "TransportConfig"]
 
 MAX_LANES = 16
@@ -72,21 +74,29 @@ class TransportConfig:
     close_timeout: float = 1.0
     """On close, how long to wait for admitted data to be acknowledged before closing."""
 
+    health_check_timeout: float = 5.0
+    """How long ``check_health`` waits for the handshake and a PING answer by default."""
+
     def __post_init__(self) -> None:
         if not 1 <= self.lanes <= MAX_LANES:
-            raise ValueError(f"lanes must be 1 to {MAX_LANES}, got {self.lanes}")
+            raise ConfigurationError(f"lanes must be 1 to {MAX_LANES}, got {self.lanes}")
         if self.max_message_size < 1 or self.max_message_size > (1 << 32) - 1:
-            raise ValueError("max_message_size must fit the u32 frame length")
+            raise ConfigurationError("max_message_size must fit the u32 frame length")
         if not 1200 <= self.max_datagram_size <= 65000:
-            raise ValueError("max_datagram_size must be 1200 to 65000 bytes")
-        for name in ("idle_timeout", "keep_alive_interval", "handshake_timeout"):
+            raise ConfigurationError("max_datagram_size must be 1200 to 65000 bytes")
+        for name in (
+            "idle_timeout",
+            "keep_alive_interval",
+            "handshake_timeout",
+            "health_check_timeout",
+        ):
             if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive")
+                raise ConfigurationError(f"{name} must be positive")
         if self.keep_alive_interval >= self.idle_timeout:
-            raise ValueError("keep_alive_interval must be shorter than idle_timeout")
+            raise ConfigurationError("keep_alive_interval must be shorter than idle_timeout")
         if self.lane_window < 4 * KiB or self.stream_window < 4 * KiB or self.send_buffer < 0:
-            raise ValueError("lane_window and stream_window >= 4 KiB, send_buffer >= 0")
+            raise ConfigurationError("lane_window and stream_window >= 4 KiB, send_buffer >= 0")
         if self.streams_send_buffer < 0:
-            raise ValueError("streams_send_buffer must be >= 0")
+            raise ConfigurationError("streams_send_buffer must be >= 0")
         if self.max_concurrent_streams < MAX_LANES:
-            raise ValueError(f"max_concurrent_streams must be at least {MAX_LANES}")
+            raise ConfigurationError(f"max_concurrent_streams must be at least {MAX_LANES}")

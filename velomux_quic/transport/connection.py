@@ -1,17 +1,22 @@
-"""One QUIC connection to or from a peer: its lifecycle, events in, sending, timers.
+"""One QUIC connection to or from a peer: its lifecycle, its events, its streams, transmit.
 
 A node *sends* only on connections it dialed (client role: outbound lanes with admission
 gates) and *receives* only on connections it accepted (server role: inbound lanes with
 frame decoders), as ARCHITECTURE.md decides. Both roles share this class because the
 asyncio plumbing (timers, transmit, close) is the same.
 
-This module owns the connection's lifecycle (the dial's handshake deadline, peer
-verification, graceful and abrupt close, termination and what it reports), the datagrams
-in and the dispatch of aioquic's events, the send side (lanes and the per-stream path's
-streams, their gates), pings, keepalive, timers and transmit. What arrives on streams
-(lanes, request streams, the per-stream path's inbound streams) is :mod:`.receiving`,
-mixed into :class:`PeerConnection`; a per-stream stream's send gate is
-:mod:`.perstream_send`; the states and close codes both halves share are :mod:`.states`.
+:class:`PeerConnection` is one concern, a connection's lifecycle and what happens on it,
+so it is one class in one file: the dial's handshake deadline, peer verification,
+graceful and abrupt close, termination and what it reports; the datagrams in and the
+dispatch of aioquic's events; what arrives on streams (lanes into frames for the handler,
+request streams, the per-stream path's streams handed up as :mod:`.events`); the send side
+(lanes and the per-stream path's streams, their gates); pings, keepalive, timers and
+transmit. Its collaborators have narrow interfaces: the endpoint that owns it is a
+:class:`ConnectionOwner`, its streams see it as a :class:`~.lanes.StreamHost`, and the
+layers above see only its :class:`~.events.PeerLink`.
+
+``_stream_data`` and the lane path (``_lane_data``, ``_feed``, ``_deliver``) run once per
+STREAM frame: keep them free of extra calls and attribute lookups.
 :class:`CloseCode`, :class:`ConnectionState` and :class:`PerStreamOutbound` are re-exported
 here, where they have always been imported from.
 """
@@ -20,7 +25,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from collections import deque
+from collections.abc import Callable
+from typing import Protocol
 
 from aioquic.quic import events as quic_events
 from aioquic.quic.packet import QuicErrorCode
@@ -28,19 +35,26 @@ from aioquic.quic.packet import QuicErrorCode
 from ..ids import InstanceId
 from ..security.tls import parse_refusal_reason
 from .admission import SendOutcome, SharedRoom
-from .config import MAX_LANES
+from .config import MAX_LANES, TransportConfig
+from .engine import EngineConnection
 from .errors import ChannelClosed, ConnectionReplaced, DialError
-from .lanes import FIRST_EXTRA_STREAM, InboundLane, OutboundStream, stream_of_lane
+from .events import PeerLink, StreamData, StreamReset, StreamStopped
+from .framing import FrameTooLarge
+from .handler import TransportHandler
+from .lanes import (
+    FIRST_EXTRA_STREAM,
+    InboundLane,
+    OutboundStream,
+    lane_of_stream,
+    stream_of_lane,
+)
+from .metrics import TransportStats
 from .perstream_send import PerStreamOutbound
-from .receiving import ConnectionReceiving
 from .requests import IncomingRequests, OutgoingRequests
+from .snapshot import ConnectionSnapshot
 from .states import CloseCode, ConnectionState
 
-if TYPE_CHECKING:
-    from .endpoint import QuicTransport
-    from .engine import EngineConnection
-
-__all__ = ["CloseCode", "ConnectionState", "PeerConnection", "PerStreamOutbound"]
+__all__ = ["CloseCode", "ConnectionOwner", "ConnectionState", "PeerConnection", "PerStreamOutbound"]
 
 logger = logging.getLogger(__name__)
 
@@ -48,12 +62,40 @@ _CRYPTO_ERROR_FIRST = int(QuicErrorCode.CRYPTO_ERROR)
 _CRYPTO_ERROR_LAST = _CRYPTO_ERROR_FIRST + 0xFF
 
 
-class PeerConnection(ConnectionReceiving):
+class ConnectionOwner(Protocol):
+    """What a connection needs from the endpoint that owns it (the node's UDP endpoint)."""
+
+    @property
+    def config(self) -> TransportConfig: ...
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+
+    @property
+    def handler(self) -> TransportHandler: ...
+
+    @property
+    def stats(self) -> TransportStats: ...
+
+    def sendto(self, data: bytes, addr: tuple[str, int]) -> None: ...
+
+    def register_cid(self, cid: bytes, connection: PeerConnection) -> None: ...
+
+    def unregister_cid(self, cid: bytes) -> None: ...
+
+    def connection_established(self, connection: PeerConnection) -> None: ...
+
+    def connection_closed(self, connection: PeerConnection) -> None: ...
+
+    def is_reading_paused(self, peer: InstanceId, lane: int) -> bool: ...
+
+
+class PeerConnection:
     """Glue between one :class:`EngineConnection` and the node's UDP endpoint."""
 
     def __init__(
         self,
-        transport: QuicTransport,
+        transport: ConnectionOwner,
         quic: EngineConnection,
         *,
         is_client: bool,
@@ -68,6 +110,9 @@ class PeerConnection(ConnectionReceiving):
         self.remote_address: tuple[str, int] | None = None
         self.send_buffer = transport.config.send_buffer
         self.closed = asyncio.Event()
+        self.stats = transport.stats
+        self.link: PeerLink | None = None
+        """The layers above's handle on this connection, from its establishment on."""
         self._loop = transport.loop
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
@@ -219,6 +264,28 @@ class PeerConnection(ConnectionReceiving):
             if stream.gate.pending_count == 0:
                 self._blocked.discard(stream)
 
+    def snapshot(self) -> ConnectionSnapshot:
+        """What this connection holds now (see :class:`ConnectionSnapshot`); not for hot paths."""
+        streams = [lane for lane in self._outbound if lane is not None]
+        streams.extend(self._extra.values())
+        waiting = {s for s in streams if s.gate.pending_count}
+        if self.is_client:
+            lanes = tuple(lane.lane for lane in self._outbound if lane is not None)
+        else:
+            lanes = tuple(sorted(state.lane for state in self._inbound.values()))
+        return ConnectionSnapshot(
+            peer=self.peer,
+            outbound=self.is_client,
+            state=self.state.value,
+            open_lanes=lanes,
+            send_backlog=self.quic.send_backlog,
+            blocked_streams=len(waiting | self._blocked),
+            held_by_peer_window=sum(1 for s in waiting if s.held_by_peer_window),
+            extra_streams=len(self._extra),
+            pending_requests=self.requests_out.pending_count,
+            partial_requests=self.requests_in.partial_count + self.requests_in.serving_count,
+        )
+
     async def ping(self, timeout: float) -> None:
         uid = self._next_ping
         self._next_ping += 1
@@ -241,6 +308,178 @@ class PeerConnection(ConnectionReceiving):
         outbound.gate.close(ChannelClosed(f"lane {lane} to {self._peer_name()} was reset"))
         self.quic.reset_stream(outbound.stream_id, int(CloseCode.KILLED))
         self.transmit()
+
+    # -- receiving: lanes ------------------------------------------------------------------
+
+    def pause_reading(self, lane: int) -> None:
+        state = self._inbound.get(stream_of_lane(lane))
+        if state is not None:
+            state.paused = True
+
+    def resume_reading(self, lane: int) -> None:
+        state = self._inbound.get(stream_of_lane(lane))
+        if state is None or not state.paused:
+            return
+        state.paused = False
+        self._drain_inbound(state)
+        self.transmit_soon()  # the consumed bytes open the peer's window
+
+    def _inbound_lane(self, stream_id: int, lane: int) -> InboundLane:
+        state = self._inbound.get(stream_id)
+        if state is None:
+            assert self.peer is not None
+            paused = self.transport.is_reading_paused(self.peer, lane)
+            state = InboundLane(lane, stream_id, self.transport.config.max_message_size, paused)
+            self._inbound[stream_id] = state
+            self.quic.manage_receive_window(
+                stream_id, state.consumed_bytes, self.transport.config.lane_window
+            )
+        return state
+
+    def _lane_data(self, state: InboundLane, data: bytes) -> None:
+        if state.paused or state.held or state.backlog:
+            state.backlog.append(data)
+            return
+        self._feed(state, data)
+
+    def _feed(self, state: InboundLane, data: bytes) -> None:
+        state.consumed += len(data)
+        try:
+            bodies = state.decoder.feed(data)
+        except FrameTooLarge as exc:
+            if exc.frames:
+                self._deliver(state, exc.frames)
+            self.transport.stats.rejections["oversized_frame"] += 1
+            logger.warning(
+                "closing connection from %s: lane %d: %s", self._peer_name(), state.lane, exc
+            )
+            self.close(CloseCode.FRAME_TOO_LARGE, str(exc))
+            return
+        if not bodies:
+            return
+        stats = self.transport.stats
+        stats.frames_in += len(bodies)
+        stats.bytes_in += len(data)
+        self._deliver(state, bodies)
+
+    def _deliver(self, state: InboundLane, bodies: list[bytes] | deque[bytes]) -> None:
+        handler = self.transport.handler.frame_received
+        peer = self.peer
+        assert peer is not None
+        lane = state.lane
+        for index, body in enumerate(bodies):
+            try:
+                handler(peer, lane, body)
+            except Exception:
+                self.transport.stats.rejections["handler_error"] += 1
+                logger.exception("frame handler failed for a frame from %s lane %d", peer, lane)
+            if state.paused:
+                state.held.extend(list(bodies)[index + 1 :])
+                return
+
+    def _drain_inbound(self, state: InboundLane) -> None:
+        if state.held:
+            held = list(state.held)
+            state.held.clear()
+            self._deliver(state, held)
+        while state.backlog and not state.paused and not state.held:
+            self._feed(state, state.backlog.popleft())
+            if self.state is not ConnectionState.ESTABLISHED:
+                return
+
+    # -- stream data, resets and stops ---------------------------------------------------
+
+    def _stream_data(self, event: quic_events.StreamDataReceived) -> None:
+        link = self.link
+        if self.state is not ConnectionState.ESTABLISHED or link is None:
+            # Defence in depth: the handshake cannot complete unverified, but never let
+            # bytes from an unverified connection near a handler.
+            self.transport.stats.rejections["unverified_data"] += 1
+            self.close(CloseCode.UNVERIFIED_PEER, "data before verification")
+            return
+        stream_id = event.stream_id
+        if self.is_client:
+            if stream_id & 0x3 == 0x1:  # the accepting side asks us for something
+                self.requests_in.data(stream_id, event.data, event.end_stream)
+            else:
+                self.transport.stats.rejections["unexpected_stream"] += 1
+                self._refuse_stream(stream_id)
+            return
+        lane = lane_of_stream(stream_id)
+        if lane is None:
+            if self.requests_out.owns(stream_id):
+                self.requests_out.data(stream_id, event.data, event.end_stream)
+            elif not self.transport.handler.stream_received(
+                link, StreamData(stream_id, event.data, event.end_stream)
+            ):
+                # Not a lane: the layers above may claim such streams (the per-stream
+                # path); until one does, refuse the stream without harming the connection.
+                self.transport.stats.rejections["unexpected_stream"] += 1
+                self._refuse_stream(stream_id)
+            return
+        state = self._inbound_lane(stream_id, lane)
+        if event.data:
+            self._lane_data(state, event.data)
+        if event.end_stream:
+            self._lane_finished(state)
+
+    def _refuse_stream(self, stream_id: int, code: CloseCode = CloseCode.SHUTDOWN) -> None:
+        try:
+            self.quic.stop_stream(stream_id, int(code))
+        except Exception:  # stream already finished or not receivable: nothing to stop
+            logger.debug("could not stop stream %d", stream_id, exc_info=True)
+
+    def _lane_finished(self, state: InboundLane) -> None:
+        if state.decoder.buffered_bytes:
+            self.transport.stats.rejections["truncated_frame"] += 1
+        self._forget_inbound(state)
+
+    def _stop_sending(self, stream_id: int) -> None:
+        """The receiver no longer wants a stream we write (a cancelled per-stream stream)."""
+        stream = self._extra.pop(stream_id, None)
+        if stream is None:
+            self.requests_in.stopped(stream_id)
+            return
+        self._blocked.discard(stream)
+        stream.finished = True
+        stream.gate.close(ChannelClosed("the receiver stopped the stream"))
+        try:
+            self.quic.reset_stream(stream_id, int(CloseCode.SHUTDOWN))
+        except Exception:  # already finished: nothing to reset
+            logger.debug("could not reset stream %d", stream_id, exc_info=True)
+        self.transmit_soon()
+        if self.link is not None:
+            self.transport.handler.stream_stopped(self.link, StreamStopped(stream_id))
+
+    def stop_receiving(self, stream_id: int, code: CloseCode = CloseCode.SHUTDOWN) -> None:
+        """Ask the peer to stop a stream it writes to us (STOP_SENDING), and forget it."""
+        self.quic.forget_stream(stream_id)
+        self._refuse_stream(stream_id, code)
+        self.transmit_soon()
+
+    def _stream_reset(self, stream_id: int, error_code: int) -> None:
+        if self.requests_out.owns(stream_id):
+            self.requests_out.reset(stream_id, error_code)
+            return
+        if lane_of_stream(stream_id) is None and not self.is_client:
+            if self.link is not None:
+                self.transport.handler.stream_reset(self.link, StreamReset(stream_id, error_code))
+            return
+        state = self._inbound.get(stream_id)
+        if state is None or self.peer is None:
+            return
+        self._forget_inbound(state)
+        self.transport.handler.lane_reset(self.peer, state.lane)
+
+    def _forget_inbound(self, state: InboundLane) -> None:
+        self._inbound.pop(state.stream_id, None)
+        self.quic.forget_stream(state.stream_id)
+
+    def manage_receive_window(
+        self, stream_id: int, consumed: Callable[[], int], window: int
+    ) -> None:
+        """Grant the peer ``consumed() + window`` on a stream it writes (see :class:`PeerLink`)."""
+        self.quic.manage_receive_window(stream_id, consumed, window)
 
     # -- events from aioquic -------------------------------------------------------------
 
@@ -265,25 +504,25 @@ class PeerConnection(ConnectionReceiving):
         quic = self.quic
         event = quic.next_event()
         while event is not None:
-            kind = type(event)
-            if kind is quic_events.StreamDataReceived:
-                self._stream_data(event)  # type: ignore[arg-type]
-            elif kind is quic_events.ConnectionIdIssued:
-                self.transport.register_cid(event.connection_id, self)  # type: ignore[attr-defined]
-            elif kind is quic_events.ConnectionIdRetired:
-                self.transport.unregister_cid(event.connection_id)  # type: ignore[attr-defined]
-            elif kind is quic_events.HandshakeCompleted:
+            # Most frequent first: a STREAM event per frame, the rest now and then.
+            if isinstance(event, quic_events.StreamDataReceived):
+                self._stream_data(event)
+            elif isinstance(event, quic_events.ConnectionIdIssued):
+                self.transport.register_cid(event.connection_id, self)
+            elif isinstance(event, quic_events.ConnectionIdRetired):
+                self.transport.unregister_cid(event.connection_id)
+            elif isinstance(event, quic_events.HandshakeCompleted):
                 self._handshake_completed()
-            elif kind is quic_events.PingAcknowledged:
-                waiter = self._ping_waiters.pop(event.uid, None)  # type: ignore[attr-defined]
+            elif isinstance(event, quic_events.PingAcknowledged):
+                waiter = self._ping_waiters.pop(event.uid, None)
                 if waiter is not None and not waiter.done():
                     waiter.set_result(None)
-            elif kind is quic_events.StreamReset:
-                self._stream_reset(event.stream_id, event.error_code)  # type: ignore[attr-defined]
-            elif kind is quic_events.StopSendingReceived:
-                self._stop_sending(event.stream_id)  # type: ignore[attr-defined]
-            elif kind is quic_events.ConnectionTerminated:
-                self._terminated(event)  # type: ignore[arg-type]
+            elif isinstance(event, quic_events.StreamReset):
+                self._stream_reset(event.stream_id, event.error_code)
+            elif isinstance(event, quic_events.StopSendingReceived):
+                self._stop_sending(event.stream_id)
+            elif isinstance(event, quic_events.ConnectionTerminated):
+                self._terminated(event)
                 return
             event = quic.next_event()
         if self._unacked_pending_drain():
@@ -325,7 +564,9 @@ class PeerConnection(ConnectionReceiving):
             self._established()
 
     def _established(self) -> None:
+        assert self.peer is not None
         self.state = ConnectionState.ESTABLISHED
+        self.link = PeerLink(self.peer, self.is_client, self)
         self.established_once = True
         if self._handshake_deadline is not None:
             self._handshake_deadline.cancel()

@@ -16,7 +16,6 @@ from typing import cast
 
 from aioquic._buffer import Buffer  # typed there; aioquic.buffer re-exports it untyped
 from aioquic.quic.configuration import SMALLEST_MAX_DATAGRAM_SIZE
-from aioquic.quic.events import StreamDataReceived
 from aioquic.quic.packet import (
     QuicPacketType,
     encode_quic_version_negotiation,
@@ -37,12 +36,12 @@ from .errors import (
     LaneError,
     MessageTooLarge,
     PeerNotRegistered,
-    RequestRefused,
     TransportClosed,
-    TransportError,
 )
-from .lanes import OutboundStream
+from .handler import TransportHandler
 from .metrics import TransportCollector, TransportStats
+from .perstream_send import PerStreamOutbound
+from .snapshot import TransportSnapshot
 from .udp import BufferSizes, open_udp_socket
 
 __all__ = ["Address", "QuicTransport", "TransportHandler"]
@@ -54,50 +53,6 @@ Address = tuple[str, int]
 _CID_LENGTH = 8
 _MAX_HANDSHAKING = 256
 """Inbound connections allowed to be mid-handshake at once; more Initials are dropped."""
-
-
-class TransportHandler:
-    """What the layer above hears from the transport. Override what you need.
-
-    Every method is called on the event loop, synchronously, and must not block:
-    ``frame_received`` in particular runs once per frame on the receive path.
-    """
-
-    def frame_received(self, peer: InstanceId, lane: int, body: bytes) -> None:
-        """A whole frame arrived from a verified ``peer`` on ``lane``, in lane order."""
-
-    def lane_reset(self, peer: InstanceId, lane: int) -> None:
-        """The peer aborted one lane's stream; frames in flight on it are lost."""
-
-    def send_failed(self, peer: InstanceId, lane: int, error: TransportError) -> None:
-        """Admitted data was lost (its connection died before acknowledging it)."""
-        logger.warning("send to %s on lane %d failed after admission: %s", peer, lane, error)
-
-    def peer_connected(self, peer: InstanceId, outbound: bool) -> None:
-        """A connection to (outbound) or from (inbound) ``peer`` completed mutual TLS."""
-
-    def peer_disconnected(self, peer: InstanceId, outbound: bool) -> None:
-        """A connection to or from ``peer`` ended."""
-
-    def stream_received(self, connection: PeerConnection, event: StreamDataReceived) -> bool:
-        """Data on a stream that is not a lane; return True to claim it (default: refuse)."""
-        return False
-
-    def stream_reset(self, connection: PeerConnection, stream_id: int, error_code: int) -> None:
-        """The peer aborted a non-lane stream it was writing to us."""
-
-    def stream_stopped(self, connection: PeerConnection, stream_id: int) -> None:
-        """The peer asked us to stop writing a stream we opened (see ``open_stream``)."""
-
-    def connection_lost(self, connection: PeerConnection) -> None:
-        """An established connection ended (before ``peer_disconnected`` is called)."""
-
-    async def serve_request(self, peer: InstanceId, request: bytes) -> bytes:
-        """Answer a request stream the accepting side opened toward us (see :meth:`request`).
-
-        Raise to refuse: the requester gets :class:`RequestRefused`.
-        """
-        raise RequestRefused("this node serves no requests")
 
 
 class QuicTransport(asyncio.DatagramProtocol):
@@ -177,9 +132,11 @@ class QuicTransport(asyncio.DatagramProtocol):
         return transport
 
     async def __aenter__(self) -> QuicTransport:
+        """``async with`` closes the transport however the block ends."""
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        """Close (see :meth:`close`); an exception of the block propagates."""
         await self.close()
 
     # -- properties ----------------------------------------------------------------------
@@ -190,14 +147,30 @@ class QuicTransport(asyncio.DatagramProtocol):
         return self._address
 
     def lanes(self, peer: InstanceId) -> int:
-        """Ordered lanes to ``peer``: the configured count, the same for every peer."""
+        """Ordered lanes to ``peer``: the configured count, the same for every peer.
+
+        Asked per peer so a layer above spreads its traffic over what each peer has.
+        """
         return self.config.lanes
 
     def max_message_size(self, peer: InstanceId) -> int:
+        """The largest frame body ``peer`` is sent (larger ones raise MessageTooLarge).
+
+        Asked per peer so a layer above sizes its batches before it builds them.
+        """
         return self.config.max_message_size
 
     def connection_count(self) -> int:
+        """Connections in any state, either direction (the active-connections gauge)."""
         return len(self._cids)
+
+    def snapshot(self) -> TransportSnapshot:
+        """What every connection holds now: lanes, waiting streams, backlog, requests.
+
+        For operators and tests, in place of reading the connections' internals; it walks
+        every connection, so call it for a picture, not per message.
+        """
+        return TransportSnapshot(tuple(c.snapshot() for c in self._cids))
 
     # -- peers ---------------------------------------------------------------------------
 
@@ -208,11 +181,13 @@ class QuicTransport(asyncio.DatagramProtocol):
         self.stats.registered_peers = len(self._addresses)
 
     def unregister_peer(self, peer: InstanceId) -> None:
+        """Forget where ``peer`` listens (it left); a live connection is not closed."""
         self._addresses.pop(peer, None)
         self._learned.discard(peer)
         self.stats.registered_peers = len(self._addresses)
 
     def peer_address(self, peer: InstanceId) -> Address | None:
+        """Where ``peer`` is dialed: registered, or learned from its own connection."""
         return self._addresses.get(peer)
 
     # -- sending -------------------------------------------------------------------------
@@ -238,8 +213,16 @@ class QuicTransport(asyncio.DatagramProtocol):
             raise TransportClosed("the transport is closed")
         await self._outbound_connection(peer).wait_established()
 
-    async def check_health(self, peer: InstanceId, timeout: float = 5.0) -> None:
-        """Prove ``peer`` answers: complete the handshake if needed, then a PING round trip."""
+    async def check_health(self, peer: InstanceId, timeout: float | None = None) -> None:
+        """Prove ``peer`` answers: complete the handshake if needed, then a PING round trip.
+
+        A connection can look established long after its peer died (until the idle
+        timeout); this finds out now. ``timeout`` defaults to
+        ``TransportConfig.health_check_timeout``; raises TimeoutError, DialError or
+        ChannelClosed when the peer does not answer.
+        """
+        if timeout is None:
+            timeout = self.config.health_check_timeout
         connection = self._outbound_connection(peer)
         async with asyncio.timeout(timeout):
             await connection.wait_established()
@@ -262,11 +245,13 @@ class QuicTransport(asyncio.DatagramProtocol):
         future = connection.requests_out.start(request, max_response)
         return await asyncio.wait_for(future, timeout)
 
-    def open_stream(self, peer: InstanceId, *, send_buffer: int = 64 * 1024) -> OutboundStream:
+    def open_stream(self, peer: InstanceId, *, send_buffer: int = 64 * 1024) -> PerStreamOutbound:
         """A unidirectional stream of its own to ``peer`` (dialing if needed).
 
-        Frames on it are ordered and flow-controlled apart from every lane; its gate
-        admits like a lane's, with ``send_buffer`` bytes beyond the peer's window.
+        For a layer above that needs flow control per stream, apart from every lane (the
+        per-stream path): the peer's reader holds back this stream only. Its gate admits
+        while the stream holds at most ``send_buffer`` bytes not yet transmitted and the
+        connection's per-stream streams together at most ``streams_send_buffer``.
         """
         if self._closing:
             raise TransportClosed("the transport is closed")
@@ -277,10 +262,25 @@ class QuicTransport(asyncio.DatagramProtocol):
         return set(self._addresses) | set(self._inbound) | set(self._outbound)
 
     def outbound_connection(self, peer: InstanceId) -> PeerConnection | None:
+        """The live connection this node dialed to ``peer``, if any (no dial is started).
+
+        For operators and tests that act on one connection (``reset_lane``, ``close``);
+        to read its state, use :meth:`snapshot`.
+        """
         return self._outbound.get(peer)
 
-    def inbound_connections(self, peer: InstanceId) -> list[PeerConnection]:
-        return list(self._inbound.get(peer, ()))
+    def reset_lane(self, peer: InstanceId, lane: int) -> None:
+        """Abort one outbound lane to ``peer`` (RESET_STREAM); the next send opens it anew.
+
+        The peer's handler hears ``lane_reset`` and frames in flight on the lane are lost:
+        for operators cutting a stuck lane, and for tests of that path. Nothing happens
+        without a live connection or before the lane was used.
+        """
+        if not 0 <= lane < MAX_LANES:
+            raise LaneError(f"lane must be 0 to {MAX_LANES - 1}, got {lane}")
+        connection = self._outbound.get(peer)
+        if connection is not None:
+            connection.reset_lane(lane % self.config.lanes)
 
     def disconnect(self, peer: InstanceId, *, outbound: bool = True, inbound: bool = True) -> None:
         """Abruptly close connections to/from ``peer`` (operators, and fault tests)."""
@@ -327,29 +327,35 @@ class QuicTransport(asyncio.DatagramProtocol):
             connection.pause_reading(lane)
 
     def resume_reading(self, peer: InstanceId, lane: int) -> None:
+        """Take frames from ``peer`` on ``lane`` again: held frames first, then its window opens."""
         self._paused.discard((peer, lane))
         for connection in list(self._inbound.get(peer, ())):
             connection.resume_reading(lane)
 
     def is_reading_paused(self, peer: InstanceId, lane: int) -> bool:
+        """Whether :meth:`pause_reading` holds ``lane`` from ``peer`` (new connections too)."""
         return (peer, lane) in self._paused
 
     # -- asyncio.DatagramProtocol --------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        """asyncio: the socket is bound; learn the address peers dial."""
         self._udp = cast(asyncio.DatagramTransport, transport)
         sockname = self._udp.get_extra_info("sockname")
         self._address = (sockname[0], sockname[1])
 
     def connection_lost(self, exc: Exception | None) -> None:
+        """asyncio: the socket closed; :meth:`close` waits for this."""
         if not self._udp_closed.done():
             self._udp_closed.set_result(None)
 
     def error_received(self, exc: Exception) -> None:
+        """asyncio: an ICMP error on the socket; logged only."""
         # ICMP errors (port unreachable, ...) surface here; QUIC's own timers handle them.
         logger.debug("UDP error: %s", exc)
 
     def datagram_received(self, data: bytes, addr: Address) -> None:
+        """asyncio: route a datagram to its connection by connection ID, or accept a dial."""
         self.stats.datagrams_in += 1
         if data and not data[0] & 0x80:  # short header: the hot path after the handshake
             connection = self._by_cid.get(data[1 : 1 + _CID_LENGTH])
@@ -405,19 +411,23 @@ class QuicTransport(asyncio.DatagramProtocol):
     # -- called by connections -----------------------------------------------------------
 
     def sendto(self, data: bytes, addr: Address) -> None:
+        """Put one datagram on the shared socket (connections transmit through here)."""
         if self._udp is not None:
             self._udp.sendto(data, addr)
 
     def register_cid(self, cid: bytes, connection: PeerConnection) -> None:
+        """Route datagrams addressed to ``cid`` to ``connection`` (one socket, many connections)."""
         self._by_cid[cid] = connection
         self._cids.setdefault(connection, set()).add(cid)
 
     def unregister_cid(self, cid: bytes) -> None:
+        """Stop routing ``cid``: its connection retired it."""
         connection = self._by_cid.pop(cid, None)
         if connection is not None:
             self._cids.get(connection, set()).discard(cid)
 
     def connection_established(self, connection: PeerConnection) -> None:
+        """A connection verified its peer: index it, apply paused lanes, tell the handler."""
         assert connection.peer is not None
         if not connection.is_client:
             self._handshaking_inbound -= 1
@@ -448,6 +458,7 @@ class QuicTransport(asyncio.DatagramProtocol):
             stale.close(CloseCode.REPLACED, "the peer restarted at another address")
 
     def connection_closed(self, connection: PeerConnection) -> None:
+        """A connection ended: forget it, and tell the handler if it had been established."""
         for cid in self._cids.pop(connection, set()):
             if self._by_cid.get(cid) is connection:
                 del self._by_cid[cid]
@@ -466,7 +477,8 @@ class QuicTransport(asyncio.DatagramProtocol):
             self._handshaking_inbound -= 1
         if connection.established_once:
             assert peer is not None
-            self.handler.connection_lost(connection)
+            assert connection.link is not None
+            self.handler.connection_lost(connection.link)
             self.handler.peer_disconnected(peer, connection.is_client)
 
     # -- shutdown ------------------------------------------------------------------------
@@ -494,4 +506,5 @@ class QuicTransport(asyncio.DatagramProtocol):
 
     @property
     def closed(self) -> bool:
+        """True once :meth:`close` finished: every connection and the socket are closed."""
         return self._closing and self._udp_closed.done()

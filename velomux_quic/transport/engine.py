@@ -26,9 +26,10 @@ What aioquic does not offer through its public API, and we need:
   once.
 
 Peer verification is installed on the TLS context in :meth:`_initialize` (see
-``velomux_quic.security.tls``). The private names used are checked by
-``tests/unit/test_engine.py`` and ``tests/unit/test_shared_room.py`` against the pinned
-aioquic range.
+``velomux_quic.security.tls``). Every private name of aioquic used here is pinned by
+``tests/unit/test_aioquic_assumptions.py`` against the pinned aioquic range (see
+``pyproject.toml``); ``tests/unit/test_engine.py`` and ``tests/unit/test_shared_room.py``
+test what this class does with them.
 """
 
 from __future__ import annotations
@@ -181,6 +182,21 @@ class EngineConnection(QuicConnection):
             return 0
         sender = stream.sender
         return int(sender._buffer_stop) - int(sender.highest_offset)
+
+    def stream_beyond_window(self, stream_id: int) -> int:
+        """Bytes written on the stream past what the peer's window lets us transmit.
+
+        They leave only when the peer's reader grants more, so they measure what a stream
+        holds because its reader is slow, apart from what waits on the connection.
+        """
+        stream = self._streams.get(stream_id)
+        if stream is None:
+            return 0
+        return max(0, int(stream.sender._buffer_stop) - int(stream.max_stream_data_remote))
+
+    def tracks_send_backlog(self, stream_id: int) -> bool:
+        """Whether the stream still counts in :attr:`send_backlog` (not yet sent through)."""
+        return stream_id in self._backlog
 
     def track_send_backlog(self, stream_id: int) -> None:
         """Count this stream in :attr:`send_backlog` until it is sent through or reset."""

@@ -9,23 +9,46 @@ from __future__ import annotations
 
 import contextlib
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from .admission import ADMITTED, LaneGate, SendOutcome
 from .config import MAX_LANES
+from .engine import EngineConnection
 from .errors import ChannelClosed
 from .framing import FRAME_HEADER_SIZE, FrameDecoder, frame_header
-
-if TYPE_CHECKING:
-    from .connection import PeerConnection
+from .metrics import TransportStats
 
 __all__ = [
     "FIRST_EXTRA_STREAM",
     "InboundLane",
     "OutboundStream",
+    "StreamHost",
     "lane_of_stream",
     "stream_of_lane",
 ]
+
+
+class StreamHost(Protocol):
+    """What an outbound stream needs from its connection, and no more."""
+
+    @property
+    def quic(self) -> EngineConnection: ...
+
+    @property
+    def established(self) -> bool: ...
+
+    @property
+    def stats(self) -> TransportStats: ...
+
+    def stream_blocked(self, stream: OutboundStream) -> None:
+        """A send of ``stream`` waits: poll its gate when room may have opened."""
+
+    def stream_done(self, stream: OutboundStream) -> None:
+        """``stream`` was finished or aborted: forget it."""
+
+    def transmit_soon(self) -> None:
+        """Transmit what was written, once per loop iteration."""
+
 
 _SMALL_FRAME = 64 * 1024
 """Below this a frame's header and body are joined into one write; above, written apart."""
@@ -51,8 +74,8 @@ def lane_of_stream(stream_id: int) -> int | None:
 class OutboundStream:
     """The write side of one unidirectional stream: what its admission gate asks of QUIC.
 
-    Lanes are such streams (ids ``4k + 2``, k < 16); so is every stream of the per-stream
-    path (ids from ``4 * 16 + 2`` up), each with its own gate and ``send_buffer``.
+    Lanes are such streams (ids ``4k + 2``, k < MAX_LANES); so is every stream of the per-stream
+    path (ids from ``4 * MAX_LANES + 2`` up), each with its own gate and ``send_buffer``.
     """
 
     __slots__ = (
@@ -66,9 +89,7 @@ class OutboundStream:
         "stream_id",
     )
 
-    def __init__(
-        self, conn: PeerConnection, stream_id: int, send_buffer: int, lane: int = -1
-    ) -> None:
+    def __init__(self, conn: StreamHost, stream_id: int, send_buffer: int, lane: int = -1) -> None:
         self._conn = conn
         self._quic = conn.quic
         self._opened = False
@@ -78,10 +99,6 @@ class OutboundStream:
         self.finished = False
         self.gate = LaneGate(self.room, self.idle, self.write)
 
-    @property
-    def connection(self) -> PeerConnection:
-        return self._conn
-
     def send(self, body: bytes) -> SendOutcome:
         """Queue one frame; ``ADMITTED`` or a pending admission (see LaneGate)."""
         outcome = self.gate.send(body)
@@ -89,13 +106,26 @@ class OutboundStream:
             self._conn.stream_blocked(self)
         return outcome
 
-    def can_send_now(self, size: int) -> bool:
-        """Whether a frame of ``size`` would be admitted at once (heartbeats use this)."""
-        return (
-            self.gate.pending_count == 0
-            and not self.gate.closed
-            and (size <= self.room() or self.idle())
-        )
+    @property
+    def unsent_bytes(self) -> int:
+        """Bytes admitted to the stream that have not been transmitted yet (waiting for the
+        peer's window, the connection's window or the congestion controller)."""
+        return self._quic.stream_unsent(self.stream_id)
+
+    @property
+    def held_by_peer_window(self) -> bool:
+        """A send waits that only the peer's reader can release.
+
+        True when the bytes written beyond the peer's window for this stream, which leave
+        only when the peer grants more, leave no room for the first waiting frame: nothing
+        the connection transmits admits it. A send that waits on the connection (its
+        congestion window, a transmit not yet run) instead shows ``False`` here.
+        """
+        gate = self.gate
+        if not gate.pending_count:
+            return False
+        beyond = self._quic.stream_beyond_window(self.stream_id)
+        return beyond > 0 and beyond + gate.head_size > self.send_buffer
 
     def finish(self) -> None:
         """End the stream (FIN) after everything admitted; later sends are refused."""
@@ -148,7 +178,7 @@ class OutboundStream:
             quic.send_stream_data(self.stream_id, frame_header(size))
             quic.send_stream_data(self.stream_id, body)
         conn = self._conn
-        stats = conn.transport.stats
+        stats = conn.stats
         stats.frames_out += 1
         stats.bytes_out += size + FRAME_HEADER_SIZE
         conn.transmit_soon()

@@ -11,13 +11,8 @@ much one stream and all of them together may hold untransmitted), changed togeth
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from .admission import UNBOUNDED, SendAdmission, SendOutcome, SharedRoom
-from .lanes import OutboundStream
-
-if TYPE_CHECKING:
-    from .connection import PeerConnection
+from .lanes import OutboundStream, StreamHost
 
 __all__ = ["PerStreamOutbound"]
 
@@ -42,7 +37,7 @@ class PerStreamOutbound(OutboundStream):
     __slots__ = ("_shared",)
 
     def __init__(
-        self, conn: PeerConnection, stream_id: int, send_buffer: int, shared: SharedRoom
+        self, conn: StreamHost, stream_id: int, send_buffer: int, shared: SharedRoom
     ) -> None:
         self._shared = shared
         super().__init__(conn, stream_id, send_buffer)
@@ -52,7 +47,7 @@ class PerStreamOutbound(OutboundStream):
         outcome = self.gate.send(body)
         if isinstance(outcome, SendAdmission) and not outcome.done():
             self._shared.waiting(self.gate, len(body))
-            self._conn.transport.stats.send_backpressure += 1
+            self._conn.stats.send_backpressure += 1
         return outcome
 
     def try_send(self, body: bytes, *, shared: bool = True) -> bool:

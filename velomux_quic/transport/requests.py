@@ -65,6 +65,11 @@ class OutgoingRequests:
         self._transmit()
         return future
 
+    @property
+    def pending_count(self) -> int:
+        """Requests sent and not yet answered, refused or abandoned (for snapshots)."""
+        return len(self._pending)
+
     def owns(self, stream_id: int) -> bool:
         return stream_id in self._pending
 
@@ -129,6 +134,16 @@ class IncomingRequests:
         self._peer = peer
         self._partial: dict[int, list[bytes]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def partial_count(self) -> int:
+        """Requests whose bytes are still arriving (for snapshots)."""
+        return len(self._partial)
+
+    @property
+    def serving_count(self) -> int:
+        """Requests received whole and being answered (for snapshots)."""
+        return len(self._tasks)
 
     def data(self, stream_id: int, data: bytes, end_stream: bool) -> None:
         chunks = self._partial.setdefault(stream_id, [])

@@ -2,9 +2,9 @@
 
 :class:`ConnectionState` is the connection's lifecycle (handshaking, established, closing,
 closed) and :class:`CloseCode` the application error codes it puts in CONNECTION_CLOSE,
-RESET_STREAM and STOP_SENDING. Both are read by the connection's lifecycle
-(:mod:`.connection`) and by its receive side (:mod:`.receiving`), so they live in neither:
-each half imports them from here, and :mod:`.connection` re-exports them.
+RESET_STREAM and STOP_SENDING. They are read by the connection (:mod:`.connection`), its
+:class:`~.events.PeerLink` and the layers above that refuse a stream with a code, so they
+live apart from all of them; :mod:`.connection` re-exports them.
 """
 
 from __future__ import annotations

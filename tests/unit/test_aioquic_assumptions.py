@@ -1,0 +1,284 @@
+"""Every private part of aioquic the transport and security layers rely on, pinned.
+
+aioquic offers no API for receive-side backpressure, send-side occupancy, more concurrent
+streams, full-packet short cuts or client certificates, so ``velomux_quic.transport.engine``
+and ``velomux_quic.security.tls`` read and override a few of its private members (see their
+module docstrings). Each test here pins one of them, by name, signature and meaning, so an
+aioquic upgrade that moves one fails here, by name, before anything else breaks in a
+puzzling way. ``pyproject.toml`` pins the aioquic range: widen it only after this file
+passes on the new version. This is the only test module that reads aioquic's private names.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+
+import aioquic
+import pytest
+from aioquic import tls
+from aioquic.buffer import Buffer
+from aioquic.quic import connection as quic_connection
+from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.connection import QuicConnection
+from aioquic.quic.packet import QuicFrameType
+from aioquic.quic.packet_builder import QuicPacketBuilder
+from aioquic.quic.recovery import QuicPacketSpace
+from aioquic.quic.stream import QuicStream, QuicStreamSender
+
+from tests.unit.test_engine import SERVER, Clock, _drain, _exchange
+from velomux_quic.security.certs import NodeCredentials
+from velomux_quic.security.tls import make_quic_configuration
+
+STREAM = 2  # the first client-initiated unidirectional stream (lane 0)
+
+
+def _parameters(function: Callable[..., object]) -> list[str]:
+    return list(inspect.signature(function).parameters)
+
+
+def _configuration(
+    credentials: NodeCredentials, *, is_client: bool, window: int = 64 * 1024
+) -> QuicConfiguration:
+    return make_quic_configuration(
+        credentials,
+        is_client=is_client,
+        max_datagram_size=1452,
+        idle_timeout=15.0,
+        max_stream_data=window,
+        max_data=64 * 1024 * 1024,
+    )
+
+
+def _plain_pair(
+    make_credentials: Callable[..., NodeCredentials],
+) -> tuple[QuicConnection, QuicConnection]:
+    """Two of aioquic's own connections, handshaken, with nothing of ours installed."""
+    client_creds, server_creds = make_credentials("client"), make_credentials("server")
+    client = QuicConnection(configuration=_configuration(client_creds, is_client=True))
+    server = QuicConnection(
+        configuration=_configuration(server_creds, is_client=False),
+        original_destination_connection_id=client.original_destination_connection_id,
+    )
+    client.connect(SERVER, now=Clock.now)
+    _exchange(client, server)
+    _drain(client)
+    _drain(server)
+    return client, server
+
+
+def test_the_pinned_aioquic_minor_version_is_installed() -> None:
+    major, minor = (int(x) for x in aioquic.__version__.split(".")[:2])
+    assert (major, minor) == (1, 7), "re-run this file before widening the aioquic pin"
+
+
+# -- security/tls.py: the TLS context -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "_server_handle_certificate",
+        "_server_handle_certificate_verify",
+        "_client_handle_certificate_verify",
+    ],
+)
+def test_the_certificate_handlers_verification_overrides_exist(name: str) -> None:
+    """VerifyingContext runs the peer verifier right after each of these."""
+    method = getattr(tls.Context, name)
+    assert callable(method)
+    assert _parameters(method) == ["self", "input_buf"]
+
+
+def test_a_server_context_asks_for_no_client_certificate_until_told_to() -> None:
+    """install_peer_verification sets ``_request_client_certificate`` on the accepting side."""
+    context = tls.Context(is_client=False)
+    assert context._request_client_certificate is False
+
+
+def test_the_peer_certificate_and_chain_are_where_the_verifier_reads_them() -> None:
+    context = tls.Context(is_client=True)
+    assert context._peer_certificate is None
+    assert context._peer_certificate_chain == []
+
+
+def test_a_fresh_context_is_in_the_state_the_verification_hook_expects() -> None:
+    assert tls.Context(is_client=True).state is tls.State.CLIENT_HANDSHAKE_START
+    assert tls.Context(is_client=False).state is tls.State.SERVER_EXPECT_CLIENT_HELLO
+
+
+def test_the_tls_context_is_built_in_initialize_and_kept_as_tls(
+    make_credentials: Callable[..., NodeCredentials],
+) -> None:
+    """EngineConnection overrides ``_initialize`` to install the hook on ``self.tls``."""
+    assert _parameters(QuicConnection._initialize) == ["self", "peer_cid"]
+    client, _ = _plain_pair(make_credentials)
+    assert isinstance(client.tls, tls.Context)
+
+
+# -- transport/engine.py: handshake state -----------------------------------------------------
+
+
+def test_handshake_flags_and_the_one_rtt_space_ack_deadline(
+    make_credentials: Callable[..., NodeCredentials],
+) -> None:
+    """``handshake_confirmed`` and ``ack_due`` read these."""
+    client, server = _plain_pair(make_credentials)
+    assert client._handshake_complete is True and server._handshake_complete is True
+    assert client._handshake_confirmed is True
+    space = server._spaces[tls.Epoch.ONE_RTT]
+    assert isinstance(space, QuicPacketSpace)
+    assert QuicPacketSpace().ack_at is None
+
+
+# -- transport/engine.py: streams -------------------------------------------------------------
+
+
+def test_streams_are_kept_by_id_and_created_in_order(
+    make_credentials: Callable[..., NodeCredentials],
+) -> None:
+    """``open_send_stream`` creates lower ids first with these two."""
+    client, _ = _plain_pair(make_credentials)
+    assert _parameters(QuicConnection._get_or_create_stream_for_send) == ["self", "stream_id"]
+    assert _parameters(QuicConnection._stream_is_discarded) == ["self", "stream_id"]
+    assert STREAM not in client._streams and not client._stream_is_discarded(STREAM)
+    stream = client._get_or_create_stream_for_send(STREAM)
+    assert client._streams[STREAM] is stream and isinstance(stream, QuicStream)
+
+
+def test_the_peer_initial_window_for_unidirectional_streams(
+    make_credentials: Callable[..., NodeCredentials],
+) -> None:
+    """``stream_room`` of a stream not created yet is this plus the send buffer."""
+    client, _ = _plain_pair(make_credentials)
+    assert client._remote_max_stream_data_uni == 64 * 1024
+
+
+def test_the_sender_buffer_offsets_track_written_sent_and_acknowledged_bytes(
+    make_credentials: Callable[..., NodeCredentials],
+) -> None:
+    """``stream_room``, ``stream_unsent``, ``stream_unacked`` and the send backlog."""
+    client, server = _plain_pair(make_credentials)
+    sender = QuicStreamSender(stream_id=STREAM, writable=True)
+    assert sender._buffer_start == 0 and sender._buffer_stop == 0
+    assert sender.highest_offset == 0 and sender._buffer_fin is None
+    assert sender._reset_error_code is None
+
+    client.send_stream_data(STREAM, bytes(1000))
+    stream = client._streams[STREAM]
+    assert stream.sender._buffer_stop == 1000 and stream.sender.highest_offset == 0
+    assert stream.max_stream_data_remote == 64 * 1024
+    _exchange(client, server)
+    assert stream.sender.highest_offset == 1000  # transmitted
+    assert stream.sender._buffer_start == 1000  # acknowledged
+    client.send_stream_data(STREAM, b"", end_stream=True)
+    assert stream.sender._buffer_fin == 1000
+
+
+def test_a_reset_records_its_error_code_on_the_sender(
+    make_credentials: Callable[..., NodeCredentials],
+) -> None:
+    client, _ = _plain_pair(make_credentials)
+    client.send_stream_data(STREAM, bytes(10))
+    client.reset_stream(STREAM, 0x101)
+    assert client._streams[STREAM].sender._reset_error_code == 0x101
+
+
+def test_the_receive_window_fields_the_managed_window_sets(
+    make_credentials: Callable[..., NodeCredentials],
+) -> None:
+    """``_write_stream_limits`` of a managed window writes these two."""
+    client, server = _plain_pair(make_credentials)
+    client.send_stream_data(STREAM, bytes(10))
+    _exchange(client, server)
+    stream = server._streams[STREAM]
+    assert stream.stream_id == STREAM
+    assert stream.max_stream_data_local == 64 * 1024
+    assert stream.max_stream_data_local_sent == 64 * 1024
+
+
+# -- transport/engine.py: the overridden frame writers and handlers ----------------------------
+
+
+def test_the_stream_limits_writer_and_its_delivery_handler() -> None:
+    assert _parameters(QuicConnection._write_stream_limits) == [
+        "self",
+        "builder",
+        "space",
+        "stream",
+    ]
+    assert _parameters(QuicConnection._on_max_stream_data_delivery) == [
+        "self",
+        "delivery",
+        "stream",
+    ]
+    assert isinstance(quic_connection.MAX_STREAM_DATA_FRAME_CAPACITY, int)
+    assert _parameters(QuicPacketBuilder.start_frame) == [
+        "self",
+        "frame_type",
+        "capacity",
+        "handler",
+        "handler_args",
+    ]
+
+
+def test_the_stream_frame_writer_and_the_room_left_in_a_packet() -> None:
+    assert _parameters(QuicConnection._write_stream_frame) == [
+        "self",
+        "builder",
+        "space",
+        "stream",
+        "max_offset",
+    ]
+    assert isinstance(QuicPacketBuilder.remaining_flight_space, property)
+
+
+@pytest.mark.parametrize("name", ["_handle_max_stream_data_frame", "_handle_stop_sending_frame"])
+def test_the_frame_handlers_the_send_backlog_follows(name: str) -> None:
+    method = getattr(QuicConnection, name)
+    assert _parameters(method) == ["self", "context", "frame_type", "buf"]
+    assert hasattr(quic_connection, "QuicReceiveContext")
+
+
+def test_frame_handlers_are_looked_up_on_the_instance(
+    make_credentials: Callable[..., NodeCredentials],
+) -> None:
+    """aioquic dispatches frames through a table of bound methods built per connection,
+    so an override in a subclass is what runs (not the base class's function)."""
+
+    class Probe(QuicConnection):
+        seen = 0
+
+        def _handle_max_stream_data_frame(
+            self, context: quic_connection.QuicReceiveContext, frame_type: int, buf: Buffer
+        ) -> None:
+            Probe.seen += 1
+            super()._handle_max_stream_data_frame(context, frame_type, buf)
+
+    client_creds, server_creds = make_credentials("client"), make_credentials("server")
+    client = Probe(configuration=_configuration(client_creds, is_client=True, window=4096))
+    server = QuicConnection(
+        configuration=_configuration(server_creds, is_client=False, window=4096),
+        original_destination_connection_id=client.original_destination_connection_id,
+    )
+    client.connect(SERVER, now=Clock.now)
+    _exchange(client, server)
+    client.send_stream_data(STREAM, bytes(3 * 4096))  # past the window: aioquic raises it
+    _exchange(client, server)
+    _drain(server)
+    _exchange(client, server)
+    assert Probe.seen >= 1
+
+
+def test_the_stream_limits_are_limit_objects_the_constructor_may_replace(
+    make_credentials: Callable[..., NodeCredentials],
+) -> None:
+    """EngineConnection replaces ``_local_max_streams_bidi``/``_uni`` before they are sent."""
+    client, _ = _plain_pair(make_credentials)
+    for limit, frame_type in (
+        (client._local_max_streams_bidi, QuicFrameType.MAX_STREAMS_BIDI),
+        (client._local_max_streams_uni, QuicFrameType.MAX_STREAMS_UNI),
+    ):
+        assert isinstance(limit, quic_connection.Limit)
+        assert limit.frame_type == frame_type and limit.value == 128
+    assert _parameters(quic_connection.Limit) == ["frame_type", "name", "value"]

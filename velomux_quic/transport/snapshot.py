@@ -1,0 +1,59 @@
+"""A read-only picture of a transport's connections, for operators and tests.
+
+:meth:`QuicTransport.snapshot <velomux_quic.transport.endpoint.QuicTransport.snapshot>`
+builds one on demand (it walks every connection, so it is not for the hot path). The
+values are copies: holding a snapshot keeps nothing alive and changes nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..ids import InstanceId
+
+__all__ = ["ConnectionSnapshot", "TransportSnapshot"]
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionSnapshot:
+    """One connection, either direction, at the moment of the snapshot."""
+
+    peer: InstanceId | None
+    """The verified peer (the expected one while a dial is still handshaking)."""
+    outbound: bool
+    """Dialed by this node (it sends on it) rather than accepted (it receives on it)."""
+    state: str
+    """``handshaking``, ``established``, ``closing`` or ``closed``."""
+    open_lanes: tuple[int, ...]
+    """Lanes with a stream: written on an outbound connection, read on an inbound one."""
+    send_backlog: int
+    """Bytes the per-stream streams wrote inside their peer windows, not yet transmitted."""
+    blocked_streams: int
+    """Outbound streams (lanes and per-stream) with sends waiting in their gates."""
+    held_by_peer_window: int
+    """Of those, the streams whose waiting send only the peer's reader can release: the
+    bytes written beyond the peer's window leave no room for it, whatever is transmitted."""
+    extra_streams: int
+    """Outbound per-stream streams (not lanes) still open."""
+    pending_requests: int
+    """Request streams this node opened on the connection, still unanswered."""
+    partial_requests: int
+    """Request streams the peer opened toward this node, not yet answered."""
+
+
+@dataclass(frozen=True, slots=True)
+class TransportSnapshot:
+    """Every connection of one transport (those closed are gone from it)."""
+
+    connections: tuple[ConnectionSnapshot, ...]
+
+    def to(self, peer: InstanceId) -> ConnectionSnapshot | None:
+        """The live outbound connection to ``peer``, if there is one."""
+        for connection in self.connections:
+            if connection.outbound and connection.peer == peer:
+                return connection
+        return None
+
+    def inbound_from(self, peer: InstanceId) -> tuple[ConnectionSnapshot, ...]:
+        """The connections ``peer`` dialed to this node (more than one while it reconnects)."""
+        return tuple(c for c in self.connections if not c.outbound and c.peer == peer)
