@@ -23,7 +23,7 @@ from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING
 
 from .credit import IngressSlot
-from .ingress import InMemoryBindRegistry
+from .contracts import InMemoryBindRegistry
 from .placement import LaneLoads, Placement
 
 if TYPE_CHECKING:

@@ -31,7 +31,7 @@ from .binds import Bind, BindBook
 from .config import MuxConfig
 from .credit import IngressSlot, PeerBudget
 from .driver import BatcherDriver, MuxChannel
-from .egress import RECORDS_PER_BATCH_BUCKETS, EgressBatcher
+from .egress import RECORDS_PER_BATCH_BUCKETS, EgressBatcher, wall_clock_epochs
 from .health import PeerHealth
 from .ingress import IngressTable, MuxIngressStats
 from .protocol import (
@@ -119,6 +119,9 @@ class MuxTransport(Collector):
         self.on_bind_expired: Callable[[AnchorEntry, RemoteSender], None] | None = None
         """Set by the anchor manager: reap a bind whose accept window closed unclaimed."""
         self._drivers: dict[tuple[InstanceId, int], BatcherDriver] = {}
+        self._epochs = wall_clock_epochs()
+        """One epoch source for every batcher this node makes, so a batcher re-created
+        after idle eviction never reuses an epoch of its predecessor."""
         self._tables: dict[tuple[InstanceId, int], IngressTable] = {}
         self._budgets: dict[InstanceId, PeerBudget] = {}
         self._visits: dict[tuple[InstanceId, int], asyncio.Handle] = {}
@@ -260,7 +263,12 @@ class MuxTransport(Collector):
         if driver is None or driver.closed:
             cap = self._messenger.eager_budget(peer)
             batcher = EgressBatcher(
-                lane, self.config, byte_cap=cap, eager_budget=cap, counters=self._singletons
+                lane,
+                self.config,
+                byte_cap=cap,
+                eager_budget=cap,
+                counters=self._singletons,
+                epochs=self._epochs,
             )
             driver = self._drivers[key] = BatcherDriver(self._messenger, peer, batcher)
         return driver
