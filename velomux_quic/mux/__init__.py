@@ -20,3 +20,21 @@ sans-IO, tested and fuzzed with bytes and explicit clocks alone:
 :mod:`.health` covers peers that stop answering, and :mod:`.snapshot` is the read-only
 view operators and tests take of it all (:meth:`MuxTransport.snapshot`).
 """
+
+from .config import AutoFlush, FlushPolicy, Manual, MuxConfig
+from .slots import SLOT_TRANSITIONS, SlotEvent, SlotState
+from .snapshot import EgressLaneSnapshot, IngressLaneSnapshot, MuxSnapshot, PeerBudgetSnapshot
+
+__all__ = [
+    "SLOT_TRANSITIONS",
+    "AutoFlush",
+    "EgressLaneSnapshot",
+    "FlushPolicy",
+    "IngressLaneSnapshot",
+    "Manual",
+    "MuxConfig",
+    "MuxSnapshot",
+    "PeerBudgetSnapshot",
+    "SlotEvent",
+    "SlotState",
+]

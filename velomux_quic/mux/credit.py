@@ -32,6 +32,8 @@ from collections import deque
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING
 
+from ..errors import UsageError
+
 if TYPE_CHECKING:
     from ..streaming.inbox import Feed
 
@@ -250,7 +252,7 @@ class IngressSlot:
         starts here, so the claim counts as an arrival.
         """
         if self.opened:
-            raise RuntimeError("an ingress slot is opened once")
+            raise UsageError("an ingress slot is opened once; a second OpenSlot needs a new bind")
         self.opened = True
         self.slot_id = slot_id
         self.index = slot_id >> 8

@@ -64,6 +64,7 @@ import itertools
 import time
 from collections import deque
 from collections.abc import Callable
+from types import MappingProxyType
 from typing import Any, Final
 
 from ..errors import UsageError
@@ -93,6 +94,7 @@ from .slots import (
     SlotsExhausted,
     SlotState,
 )
+from .snapshot import EgressLaneSnapshot
 
 __all__ = [
     "RECORDS_PER_BATCH_BUCKETS",
@@ -413,6 +415,30 @@ class EgressBatcher:
                 withheld += len(slot.queue)
         return staged, withheld
 
+    def snapshot(self) -> EgressLaneSnapshot:
+        """A frozen picture of this batcher. O(live slots): never on the hot path."""
+        states: dict[SlotState, int] = {state: 0 for state in SlotState if state is not _CLOSED}
+        fenced = queued_bytes = 0
+        for slot in self._slots:
+            if slot is None:
+                continue
+            states[slot.state] += 1
+            fenced += slot.fenced
+            queued_bytes += slot.queued_bytes
+        staged, withheld = self.queued_records()
+        return EgressLaneSnapshot(
+            epoch=self.epoch,
+            batch_seq=self.batch_seq,
+            live_slots=self._live,
+            slot_states=MappingProxyType(states),
+            fenced_slots=fenced,
+            queued_records=staged,
+            withheld_records=withheld,
+            queued_bytes=queued_bytes,
+            parked=self.parked,
+            epoch_deaths=self.stats.epoch_deaths,
+        )
+
     def pending_closes(self) -> int:
         return len(self._reply_close)
 
@@ -518,7 +544,7 @@ class EgressBatcher:
             self._last_data_write = now
         return out
 
-    # -- packing: what one poll writes, record by record ------------------------------
+    # -- packing: what one poll writes, record by record ---------------------------------
 
     def _pack_ready(
         self, out: list[OutgoingBatch], guards: list[Any], carries_data: bool

@@ -84,6 +84,7 @@ from .protocol import (
     decode_open_slot,
     seq_distance,
 )
+from .snapshot import IngressLaneSnapshot
 
 __all__ = [
     "DROP_REASONS",
@@ -218,6 +219,31 @@ class IngressTable:
         if self._last_visit is None or not self._visit_floor:
             return None
         return self._last_visit + self._visit_floor
+
+    def snapshot(self) -> IngressLaneSnapshot:
+        """A frozen picture of this table. O(live slots): never on the hot path."""
+        held = held_bytes = buffered = buffered_bytes = 0
+        for route in self._live_routes():
+            if route.hold:
+                held += len(route.hold)
+            held_bytes += route.hold_bytes
+            slot = route.slot
+            buffered += len(slot)
+            buffered_bytes += slot.bytes_buffered
+        return IngressLaneSnapshot(
+            epoch=self._epoch,
+            live_slots=self._live,
+            held_records=held,
+            held_bytes=held_bytes,
+            buffered_records=buffered,
+            buffered_bytes=buffered_bytes,
+        )
+
+    def _live_routes(self) -> list[_Route]:
+        """Every live slot's route, at its index or aside."""
+        routes = [route for route in self._routes if route is not None]
+        routes.extend(self._aside.values())
+        return routes
 
     def slot(self, slot_id: int) -> IngressSlot | None:
         """The live slot with exactly this id, wherever it is kept."""

@@ -16,6 +16,7 @@ import logging
 import math
 from collections.abc import Callable, Iterator
 from functools import partial
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -43,6 +44,7 @@ from .protocol import (
     decode_batch,
 )
 from .singleton import REFUSAL_OUTCOMES, SingletonCounters, apply_staged_refusal
+from .snapshot import MuxSnapshot, PeerBudgetSnapshot
 
 if TYPE_CHECKING:
     from ..messenger import StagedRefusal
@@ -438,6 +440,39 @@ class MuxTransport(Collector):
             table.retire_all()
         with contextlib.suppress(KeyError):
             self._messenger.registry.unregister(self)
+
+    # -- introspection ---------------------------------------------------------------------
+
+    def snapshot(self) -> MuxSnapshot:
+        """A frozen picture of this node's mux: every batcher and ingress table by
+        (peer, lane), the binds still waiting, the peers' byte budgets and lane loads.
+
+        O(live slots + binds): for operators and tests, never per record. Holding the
+        result keeps nothing alive and changes nothing."""
+        pending, prebinds = self._binds.waiting_by_kind()
+        loads = self._binds.loads
+        return MuxSnapshot(
+            egress=MappingProxyType(
+                {key: driver.batcher.snapshot() for key, driver in self._drivers.items()}
+            ),
+            ingress=MappingProxyType(
+                {key: table.snapshot() for key, table in self._tables.items()}
+            ),
+            pending_binds=pending,
+            unclaimed_prebinds=prebinds,
+            peer_budgets=MappingProxyType(
+                {
+                    peer: PeerBudgetSnapshot(used=budget.used, limit=budget.limit)
+                    for peer, budget in self._budgets.items()
+                }
+            ),
+            lane_loads=MappingProxyType(
+                {
+                    peer: tuple(loads.peer_loads(peer, self.lanes_to(peer)))  # type: ignore[arg-type]
+                    for peer in loads.peers
+                }
+            ),
+        )
 
     # -- metrics (velo_streaming_mux_*) ----------------------------------------------------
 
