@@ -162,7 +162,7 @@ async def test_bad_batches_from_a_peer_cost_only_what_the_chapter_says(
     # A wrong generation for the real stream's live slot (index 0), in the producer's live
     # epoch, on the real lane: dropped and counted, the stream itself untouched.
     assert a.mux is not None
-    real_epoch = a.mux._drivers[(b.instance_id, 0)].batcher.epoch
+    real_epoch = a.mux.snapshot().egress[(b.instance_id, 0)].epoch
     wrong_generation = batch(
         (RecordType.DATA, slot_id(0, 1), 2, encode_item("x")), epoch=real_epoch
     )
@@ -363,7 +363,7 @@ async def test_lifecycle_stop_then_cancel_reach_the_producer_by_session(
     await sender.send(1)
     assert await anchor.next() == 1
     assert b.mux is not None
-    session = sender._state.channel.slot.session_id  # type: ignore[attr-defined]
+    session = sender._state.channel.session_id  # type: ignore[attr-defined]
     b.mux.post_lifecycle(a.instance_id, 0, session, LifecycleAction.STOP)
     async with asyncio.timeout(30):
         await sender.stop_requested.wait()
@@ -371,7 +371,7 @@ async def test_lifecycle_stop_then_cancel_reach_the_producer_by_session(
     await sender.send(2)  # a stop leaves the slot open for the remaining output
     assert await anchor.next() == 2
     stale = session ^ (1 << 62)  # a session no stream of this producer has
-    assert stale != other._state.channel.slot.session_id  # type: ignore[attr-defined]
+    assert stale != other._state.channel.session_id  # type: ignore[attr-defined]
     b.mux.post_lifecycle(a.instance_id, 0, stale, LifecycleAction.CANCEL)
     b.mux.post_lifecycle(a.instance_id, 0, session, LifecycleAction.CANCEL)
     async with asyncio.timeout(30):
