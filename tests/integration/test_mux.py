@@ -8,6 +8,7 @@ import re
 import pytest
 
 from tests.conftest import StartNode
+from velomux_quic.mux import SlotState
 from velomux_quic.mux.config import DISABLE_ENV, Manual, MuxConfig
 from velomux_quic.mux.protocol import (
     BatchHeader,
@@ -162,7 +163,7 @@ async def test_bad_batches_from_a_peer_cost_only_what_the_chapter_says(
     # A wrong generation for the real stream's live slot (index 0), in the producer's live
     # epoch, on the real lane: dropped and counted, the stream itself untouched.
     assert a.mux is not None
-    real_epoch = a.mux._drivers[(b.instance_id, 0)].batcher.epoch
+    real_epoch = a.mux.snapshot().egress[(b.instance_id, 0)].epoch
     wrong_generation = batch(
         (RecordType.DATA, slot_id(0, 1), 2, encode_item("x")), epoch=real_epoch
     )
@@ -363,7 +364,7 @@ async def test_lifecycle_stop_then_cancel_reach_the_producer_by_session(
     await sender.send(1)
     assert await anchor.next() == 1
     assert b.mux is not None
-    session = sender._state.channel.slot.session_id  # type: ignore[attr-defined]
+    session = sender._state.channel.session_id  # type: ignore[attr-defined]
     b.mux.post_lifecycle(a.instance_id, 0, session, LifecycleAction.STOP)
     async with asyncio.timeout(30):
         await sender.wait_stop_requested()
@@ -371,7 +372,7 @@ async def test_lifecycle_stop_then_cancel_reach_the_producer_by_session(
     await sender.send(2)  # a stop leaves the slot open for the remaining output
     assert await anchor.next() == 2
     stale = session ^ (1 << 62)  # a session no stream of this producer has
-    assert stale != other._state.channel.slot.session_id  # type: ignore[attr-defined]
+    assert stale != other._state.channel.session_id  # type: ignore[attr-defined]
     b.mux.post_lifecycle(a.instance_id, 0, stale, LifecycleAction.CANCEL)
     b.mux.post_lifecycle(a.instance_id, 0, session, LifecycleAction.CANCEL)
     async with asyncio.timeout(30):
@@ -401,3 +402,31 @@ async def test_an_item_over_the_batch_cap_but_within_the_eager_budget_goes_inlin
     assert metric(a, "velo_streaming_mux_singletons_total", 'path="inline"') == 1
     assert metric(a, "velo_streaming_mux_singletons_total", 'path="staged"') == 0
     assert metric(a, "velo_streaming_mux_fences_raised_total") == 0
+
+
+async def test_the_snapshot_follows_a_stream_from_its_attach_to_its_end(
+    start_node: StartNode,
+) -> None:
+    a, b = await pair(start_node)
+    assert a.mux is not None and b.mux is not None
+    anchor = b.create_anchor()
+    sender = await a.attach_anchor(anchor.handle)
+    await sender.send(1)
+    assert await anchor.next() == 1
+    egress = a.mux.snapshot().egress[(b.instance_id, 0)]
+    assert egress.live_slots == 1 and egress.slot_states[SlotState.OPEN] == 1
+    assert (egress.queued_records, egress.withheld_records, egress.queued_bytes) == (0, 0, 0)
+    consumer = b.mux.snapshot()
+    assert consumer.ingress_slots(a.instance_id) == {0: 1}
+    assert consumer.pending_binds == 0  # the OpenSlot claimed the attach's bind
+    assert consumer.peer_budgets[a.instance_id].limit == MuxConfig().peer_byte_budget
+    assert sum(consumer.lane_loads[a.instance_id]) == 1
+    b.prebind_anchor(b.create_anchor().handle)
+    assert b.mux.snapshot().unclaimed_prebinds == 1
+    sender.finalize()
+    assert [item async for item in anchor] == []
+    assert a.mux.snapshot().egress_slots(b.instance_id) == 0
+    after = b.mux.snapshot()
+    assert after.ingress_slots(a.instance_id) == {}
+    assert after.peer_budgets[a.instance_id].used == 0
+    assert consumer.ingress_slots(a.instance_id) == {0: 1}  # an old snapshot never moves

@@ -47,8 +47,7 @@ def lane_of(sender: StreamSender) -> int:
 def consumer_lanes(b: Node, a: Node) -> Counter[int]:
     """Live ingress slots per arrival lane on the consumer, from ``a``."""
     assert b.mux is not None
-    tables = b.mux._tables.items()
-    return Counter({lane: t.live_slots for (peer, lane), t in tables if peer == a.instance_id})
+    return Counter(b.mux.snapshot().ingress_slots(a.instance_id))
 
 
 def metric(node: Node, name: str, labels: str = "") -> float:
@@ -154,7 +153,7 @@ async def test_a_sender_with_fewer_lanes_uses_the_chosen_lane_modulo_its_count(
     await first_records(senders, anchors)
     assert consumer_lanes(b, a) == Counter({0: 4, 1: 4})
     assert b.mux is not None
-    assert b.mux._binds.loads.peer_loads(a.instance_id, 8) == [1] * 8
+    assert b.mux.snapshot().lane_loads[a.instance_id] == (1,) * 8
     await finish(senders, anchors, records=10)
 
 

@@ -48,7 +48,7 @@ def test_a_load_counts_on_the_chosen_lane_and_empty_peers_are_forgotten() -> Non
     placement = loads.place("p", 5, 8)  # chosen lane, whatever lane its batches ride
     assert loads.peer_loads("p", 8)[placement.lane] == 1
     loads.release(placement)
-    assert loads._by_peer == {}
+    assert loads.peers == frozenset()
     assert loads.node_loads(8) == [0] * 8
 
 

@@ -20,6 +20,7 @@ from tests.unit.test_mux_ingress import (
     read,
     terminal,
 )
+from velomux_quic.errors import UsageError
 from velomux_quic.messenger.messenger import StagedRefusal
 from velomux_quic.mux.config import Manual, MuxConfig
 from velomux_quic.mux.credit import IngressSlot
@@ -275,7 +276,7 @@ def test_cancel_closes_the_slot_drops_its_queue_and_guard_and_tells_the_owner() 
     assert b.on_lifecycle(a.session_id, LifecycleAction.CANCEL) is a
     assert not a.live and not a.queue and b.live_slots == 0
     assert owner.events == [LifecycleAction.CANCEL] and dropped == ["retired"]
-    with pytest.raises(ValueError):
+    with pytest.raises(UsageError):
         b.offer(a, SMALL, 0.0)  # the MuxChannel turns a closed slot into ChannelClosed
     assert b.poll(0.0) == []
 

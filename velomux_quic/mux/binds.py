@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING
 
+from .contracts import InMemoryBindRegistry
 from .credit import IngressSlot
-from .ingress import InMemoryBindRegistry
 from .placement import LaneLoads, Placement
 
 if TYPE_CHECKING:
@@ -146,3 +146,15 @@ class BindBook(InMemoryBindRegistry):
     def waiting(self) -> int:
         """Binds registered and not yet claimed."""
         return len(self)
+
+    def waiting_by_kind(self) -> tuple[int, int]:
+        """(attach binds, pre-binds) not yet claimed. O(binds): for snapshots only."""
+        attaches = prebinds = 0
+        for bind in self._book.values():
+            if bind.slot.opened:
+                continue
+            if bind.remote.prebound:
+                prebinds += 1
+            else:
+                attaches += 1
+        return attaches, prebinds

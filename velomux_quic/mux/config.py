@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from ..errors import ConfigurationError
+
 __all__ = [
     "DISABLE_ENV",
     "AutoFlush",
@@ -49,11 +51,11 @@ class AutoFlush:
 
     def __post_init__(self) -> None:
         if self.max_linger is not None and self.max_linger < 0:
-            raise ValueError("max_linger must be >= 0")
+            raise ConfigurationError("max_linger must be >= 0")
         if self.at_bytes is not None and self.at_bytes < 1:
-            raise ValueError("at_bytes must be positive")
+            raise ConfigurationError("at_bytes must be positive")
         if not self.on_admission and self.max_linger is None:
-            raise ValueError("AutoFlush(on_admission=False) needs a max_linger window")
+            raise ConfigurationError("AutoFlush(on_admission=False) needs a max_linger window")
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +91,7 @@ class MuxConfig:
     health_check_interval: float = 5.0
     """While a batcher has live slots, ask its peer's messenger this often (0: never)."""
     health_check_timeout: float = 5.0
+    """How long one check waits for the peer's answer before the peer counts as lost."""
     prebind_timeout: float = 180.0
     """The accept window: how long a bind (attach or pre-bind ticket) waits for the
     OpenSlot that claims it before it is reaped and its consumer reads Dropped."""
@@ -96,32 +99,41 @@ class MuxConfig:
 
     def __post_init__(self) -> None:
         if not 0.0 < self.credit_return_below <= 1.0:
-            raise ValueError("credit_return_below must be a fraction in (0, 1]")
+            raise ConfigurationError("credit_return_below must be a fraction in (0, 1]")
         if self.initial_credit <= 0:
-            raise ValueError("initial_credit must be positive (0 on the wire means: no mux)")
+            raise ConfigurationError(
+                "initial_credit must be positive (0 on the wire means: no mux)"
+            )
         if self.credit_sweep_interval <= 0:
-            raise ValueError("credit_sweep_interval must be positive")
+            raise ConfigurationError("credit_sweep_interval must be positive")
         if not 0 <= self.drain_visit_floor <= 3600:
-            raise ValueError("drain_visit_floor must be 0 to 3600 s")
+            raise ConfigurationError("drain_visit_floor must be 0 to 3600 s")
         if self.max_batch_bytes < 29:
-            raise ValueError("max_batch_bytes must hold a header and one empty record (29 B)")
+            raise ConfigurationError(
+                "max_batch_bytes must hold a header and one empty record (29 B)"
+            )
         if self.slot_byte_budget <= 0 or self.peer_byte_budget <= 0:
-            raise ValueError("byte budgets must be positive")
+            raise ConfigurationError("byte budgets must be positive")
         if self.prebind_timeout <= 0 or self.health_check_interval < 0:
-            raise ValueError("prebind_timeout must be positive, health_check_interval >= 0")
+            raise ConfigurationError("prebind_timeout must be positive, health_check_interval >= 0")
+        if self.health_check_timeout <= 0:
+            raise ConfigurationError(
+                "health_check_timeout must be positive; turn the check off with "
+                "health_check_interval=0 instead"
+            )
         if self.reply_linger < 0 or self.batcher_idle_ttl <= 0:
-            raise ValueError("reply_linger >= 0 and batcher_idle_ttl > 0")
+            raise ConfigurationError("reply_linger >= 0 and batcher_idle_ttl > 0")
         if not 1 <= self.max_slots_per_table <= 1 << 24:
-            raise ValueError("max_slots_per_table must be 1 to 2**24 (the u24 slot index)")
+            raise ConfigurationError("max_slots_per_table must be 1 to 2**24 (the u24 slot index)")
         if self.initial_credit >= 1 << 32 or self.slot_byte_budget >= 1 << 32:
-            raise ValueError("initial_credit and slot_byte_budget travel as u32")
+            raise ConfigurationError("initial_credit and slot_byte_budget travel as u32")
 
     def effective_enabled(self, environ: dict[str, str] | None = None) -> bool:
         """Enabled in code and not disabled by the environment. A mux-only node cannot be
         rolled back this way: it would have no transport at all, so that is an error."""
         enabled = self.enabled and not mux_disabled_by_env(environ)
         if not enabled and self.mux_only:
-            raise ValueError(
+            raise ConfigurationError(
                 "the mux is disabled (MuxConfig.enabled=False or "
                 f"{DISABLE_ENV}) on a mux-only node; remove mux_only to roll back"
             )

@@ -19,10 +19,10 @@ from typing import Final, Protocol
 
 from .credit import IngressSlot
 from .protocol import CloseReason, LifecycleAction
-from .singleton import REFUSAL_OUTCOMES
 
 __all__ = [
     "DROP_REASONS",
+    "REFUSAL_OUTCOMES",
     "BindRegistry",
     "EgressControl",
     "InMemoryBindRegistry",
@@ -45,6 +45,14 @@ DROP_REASONS: Final = (
 """The ``reason`` labels of ``velo_streaming_mux_records_dropped_total``. ``withheld_overflow``
 is kept for dashboards and never counted; ``stale_singleton`` counts the records of a staged
 singleton that resolved after its slot had ended."""
+
+REFUSAL_OUTCOMES: Final = ("applied", "waiting", "stale", "malformed")
+"""The ``outcome`` labels of ``velo_streaming_mux_staged_refusals_total``.
+
+``applied``: a stream ended (at once, or when the OpenSlot a refusal waited for arrived);
+``waiting``: parked on a bind whose OpenSlot had not arrived; ``stale``: the named stream
+no longer exists (nothing done); ``malformed``: a refused batch without a readable
+``_mux_slot`` header (nothing done). See :mod:`.singleton`."""
 
 
 # -- metrics ------------------------------------------------------------------------------

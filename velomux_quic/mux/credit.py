@@ -32,11 +32,16 @@ from collections import deque
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING
 
+from ..errors import UsageError
+
 if TYPE_CHECKING:
     from ..streaming.inbox import Feed
-    from .singleton import PendingRefusal
 
-__all__ = ["DirtySet", "IngressSlot", "PeerBudget"]
+__all__ = ["DirtySet", "IngressSlot", "PeerBudget", "PendingRefusal"]
+
+PendingRefusal = tuple[int, int, str]
+"""A staged refusal waiting on a bind (:attr:`IngressSlot.refusals`): (sender epoch, full
+slot id, the consumer's error message). See :mod:`.singleton`."""
 
 
 class PeerBudget:
@@ -97,10 +102,6 @@ class DirtySet:
     @property
     def capacity(self) -> int:
         return len(self._bits) << 3
-
-    def set_doorbell(self, doorbell: Callable[[], None] | None) -> None:
-        """What a newly set bit calls: the sweep task's wake for this (peer, lane)."""
-        self._doorbell = doorbell
 
     def mark(self, index: int) -> bool:
         """List ``index``; True only for the mark that set its bit (and posted the doorbell)."""
@@ -239,10 +240,6 @@ class IngressSlot:
         """Staged refusals that arrived before the OpenSlot claiming this bind, one per
         (peer, lane); the claiming OpenSlot applies the one from its own (peer, lane)."""
 
-    def set_wake(self, wake: Callable[[], None] | None) -> None:
-        """What a delivery calls when the buffer goes from empty to readable (the inbox)."""
-        self._wake = wake
-
     # -- ingress side ------------------------------------------------------------------------
 
     def open(
@@ -255,7 +252,7 @@ class IngressSlot:
         starts here, so the claim counts as an arrival.
         """
         if self.opened:
-            raise RuntimeError("an ingress slot is opened once")
+            raise UsageError("an ingress slot is opened once; a second OpenSlot needs a new bind")
         self.opened = True
         self.slot_id = slot_id
         self.index = slot_id >> 8

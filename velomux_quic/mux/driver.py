@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Final
 
 from ..ids import InstanceId
 from ..messenger import Messenger
@@ -22,10 +23,14 @@ from ..streaming.errors import ChannelClosed
 from ..transport import SendAdmission, TransportError
 from .egress import EgressBatcher, EgressSlot, OutgoingBatch, SlotOwner
 from .handlers import BATCH_HANDLER_NAMES
+from .slots import SlotState
 
 __all__ = ["BatcherDriver", "MuxChannel"]
 
 logger = logging.getLogger(__name__)
+
+_OPEN: Final = SlotState.OPEN
+_OPENING: Final = SlotState.OPENING
 
 
 class BatcherDriver:
@@ -40,7 +45,8 @@ class BatcherDriver:
         self._wake: asyncio.Handle | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
-        self._space: dict[int, asyncio.Future[None]] = {}
+        self._space: dict[int, tuple[EgressSlot, asyncio.Future[None]]] = {}
+        """Producers waiting for room, by slot index: the slot they wait on, and its future."""
         self._pending = 0
         self.wakes = [0, 0]
         """Real wakes by source: [wake (records, control, kick), linger/reply timer]."""
@@ -139,17 +145,21 @@ class BatcherDriver:
     # -- producers waiting on a full slot ------------------------------------------------
 
     def wait_space(self, slot: EgressSlot) -> asyncio.Future[None]:
-        future = self._space.get(slot.index)
-        if future is None or future.done():
-            future = self._space[slot.index] = self._loop.create_future()
+        """A future that resolves once ``slot`` has room again, or is closed."""
+        waiting = self._space.get(slot.index)
+        if waiting is not None and waiting[0] is slot and not waiting[1].done():
+            return waiting[1]
+        future = self._loop.create_future()
+        self._space[slot.index] = (slot, future)
         return future
 
     def _release_space(self) -> None:
+        """Wake the producers whose slot has room or closed. The waiter keeps its own slot,
+        so a slot index the batcher reused for a later stream wakes nobody by mistake."""
         if not self._space:
             return
-        for index, future in list(self._space.items()):
-            slot = self.batcher._slots[index] if index < len(self.batcher._slots) else None
-            if slot is None or not slot.live or slot.has_room():
+        for index, (slot, future) in list(self._space.items()):
+            if not slot.live or slot.has_room():
                 del self._space[index]
                 if not future.done():
                     future.set_result(None)
@@ -159,7 +169,7 @@ class BatcherDriver:
         for handle in (self._wake, self._timer):
             if handle is not None:
                 handle.cancel()
-        for future in self._space.values():
+        for _, future in self._space.values():
             if not future.done():
                 future.set_result(None)
         self._space.clear()
@@ -188,6 +198,23 @@ class MuxChannel:
         return self._slot
 
     @property
+    def session_id(self) -> int:
+        """The routing session that names this stream to the consumer (in LifecycleSlot)."""
+        return self._slot.session_id
+
+    @property
+    def credit(self) -> int:
+        """Data records the consumer will still take before it grants more (its window);
+        0 once the slot closed."""
+        slot = self._slot
+        return slot.credit if slot.live else 0
+
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes of this stream's records waiting in the batcher, not yet written."""
+        return self._slot.queued_bytes
+
+    @property
     def lane(self) -> int:
         """The lane this stream rides (the receiver's choice modulo this node's lanes)."""
         return self._driver.batcher.lane
@@ -199,23 +226,13 @@ class MuxChannel:
 
     @property
     def closed(self) -> bool:
-        return not self._slot.live or self._slot.terminal_queued
-
-    @property
-    def credit(self) -> int | None:
-        """The slot's data credit: records the receiver lets this stream put on the wire
-        now (0 once the slot closed)."""
-        slot = self._slot
-        return slot.credit if slot.live else 0
-
-    @property
-    def queued_bytes(self) -> int:
-        """Bytes staged in the slot, not yet in a batch handed to the messenger."""
-        return self._slot.queued_bytes
+        """The stream takes no more records: its terminal is queued, or its slot closed."""
+        return self._slot.state > _OPEN
 
     def try_send(self, body: bytes) -> bool:
         slot = self._slot
-        if not slot.live or slot.terminal_queued:  # self.closed, inlined
+        state = slot.state
+        if state is not _OPEN and state is not _OPENING:  # self.closed, inlined
             return False
         if not self._offer(slot, body, self._clock()):
             return False
@@ -243,6 +260,6 @@ class MuxChannel:
         driver.wake()
 
     def abort(self) -> None:
-        if self._slot.live and not self._slot.terminal_queued:
+        if self._slot.state <= _OPEN:
             self._driver.batcher.cancel_slot(self._slot)
             self._driver.wake()

@@ -47,6 +47,11 @@ class LaneLoads:
         self._node = [0] * MAX_LANES
         self._by_peer: dict[Hashable, list[int]] = {}
 
+    @property
+    def peers(self) -> frozenset[Hashable]:
+        """The peers with at least one stream counted (a peer with none is forgotten)."""
+        return frozenset(self._by_peer)
+
     def node_loads(self, lanes: int) -> list[int]:
         return self._node[:lanes]
 

@@ -18,21 +18,18 @@ refusals, :class:`MalformedBatch`, with the two that are about a record's conten
 are separate because they change for different reasons (a new control record or enum
 value against the byte layout of a batch and its once-per-record hot path), and each
 stays small enough to read whole. :mod:`.protocol` re-exports every public name here, so
-callers keep importing the whole codec from there; this module never imports it at run
-time (``MalformedBatch.header`` names :class:`~velomux_quic.mux.protocol.BatchHeader` for
-the type checker only).
+callers keep importing the whole codec from there; this module never imports it, not even
+for the type checker (a refusal's ``header`` is whatever :mod:`.protocol` parsed, typed
+``object`` here), so the two have no import cycle.
 """
 
 from __future__ import annotations
 
 import struct
 from enum import IntEnum
-from typing import TYPE_CHECKING, Final, NoReturn
+from typing import Final, NoReturn
 
 from ..errors import MalformedBatch
-
-if TYPE_CHECKING:
-    from .protocol import BatchHeader
 
 __all__ = [
     "BadRecordBody",
@@ -128,7 +125,8 @@ class BadRecordBody(MalformedBatch):
     """A control record's body has the wrong length or an unknown enum value."""
 
 
-def _fail(cls: type[MalformedBatch], message: str, header: BatchHeader | None) -> NoReturn:
+def _fail(cls: type[MalformedBatch], message: str, header: object) -> NoReturn:
+    """Raise ``cls(message)`` with the batch header parsed so far (None: none parsed)."""
     exc = cls(message)
     exc.header = header
     raise exc

@@ -26,15 +26,17 @@ the named stream no longer exists.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
 
 from ..errors import MalformedEnvelope
+from .contracts import REFUSAL_OUTCOMES, InMemoryBindRegistry, MuxIngressStats
+from .credit import PendingRefusal
 from .handlers import BATCH_LANES, MUX_SLOT, MuxSlotRef
 
 if TYPE_CHECKING:
     from ..ids import InstanceId
     from ..messenger import StagedRefusal
-    from .ingress import IngressTable, InMemoryBindRegistry, MuxIngressStats
+    from .ingress import IngressTable
 
 __all__ = [
     "REFUSAL_OUTCOMES",
@@ -45,16 +47,6 @@ __all__ = [
     "singleton_headers",
 ]
 
-REFUSAL_OUTCOMES: Final = ("applied", "waiting", "stale", "malformed")
-"""The ``outcome`` labels of ``velo_streaming_mux_staged_refusals_total``.
-
-``applied``: a stream ended (at once, or when the OpenSlot a refusal waited for arrived);
-``waiting``: parked on a bind whose OpenSlot had not arrived; ``stale``: the named stream
-no longer exists (nothing done); ``malformed``: a refused batch without a readable
-``_mux_slot`` header (nothing done)."""
-
-PendingRefusal = tuple[int, int, str]
-"""A refusal waiting on a bind: (sender epoch, full slot id, the consumer's error message)."""
 
 
 class SingletonCounters:

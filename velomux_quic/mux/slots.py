@@ -1,29 +1,125 @@
 """The egress side's per-stream state and what a poll hands the driver.
 
 :class:`EgressSlot` is one stream on one (peer, lane) as the producing node sees it (its
-queue, credit, sequence, fence, retirement guard and owner); :class:`OutgoingBatch` is one
-encoded batch and what depends on its admission; :class:`EgressStats` the plain counters.
-The state machine that moves records from slots into batches is
-:class:`~velomux_quic.mux.egress.EgressBatcher`.
+lifecycle state, queue, credit, sequence, fence, retirement guard and owner);
+:class:`OutgoingBatch` is one encoded batch and what depends on its admission;
+:class:`EgressStats` the plain counters. The batcher that moves records from slots into
+batches is :class:`~velomux_quic.mux.egress.EgressBatcher`.
+
+A slot's lifecycle is explicit, in the habit of h11's ``_state.py``: a :class:`SlotState`,
+the :class:`SlotEvent` s that move it, and one table, :data:`SLOT_TRANSITIONS`, that says
+which event takes which state where. :meth:`EgressSlot.advance` is the only way a state
+changes, and an event the table does not list for the current state raises
+:class:`~velomux_quic.errors.UsageError` instead of leaving the slot half-changed::
+
+    OPENING ──open written──▶ OPEN ──terminal queued──▶ ENDING ──terminal written──▶ CLOSED
+       │                                                  ▲
+       └──terminal queued──▶ ENDING_UNOPENED ──open written┘
+    (every state but CLOSED) ──closed──▶ CLOSED
+
+The fence of a staged singleton is not a state: it pauses a slot's later records while
+leaving its lifecycle where it is (an OPEN slot and an ENDING one can both be fenced), so
+it stays a flag beside the state.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from enum import Enum, IntEnum
+from types import MappingProxyType
+from typing import Any, Final, Protocol
 
-from ..errors import SlotsExhausted
+from ..errors import SlotsExhausted, UsageError
 from .protocol import slot_id
 
 __all__ = [
     "RECORDS_PER_BATCH_BUCKETS",
+    "SLOT_TRANSITIONS",
     "EgressSlot",
     "EgressStats",
     "OutgoingBatch",
+    "SlotEvent",
     "SlotOwner",
+    "SlotState",
     "SlotsExhausted",
+    "next_slot_state",
 ]
+
+
+class SlotState(IntEnum):
+    """Where an egress slot is in its life.
+
+    Ordered by progress: a state above OPEN takes no more records."""
+
+    OPENING = 0
+    """Allocated; its OpenSlot is not written yet. Takes records, which wait behind it."""
+    OPEN = 1
+    """Its OpenSlot is written. Takes records."""
+    ENDING_UNOPENED = 2
+    """Its terminal is queued before its OpenSlot was written. Takes nothing more."""
+    ENDING = 3
+    """Its terminal is queued (not yet written). Takes nothing more; sends what it holds."""
+    CLOSED = 4
+    """Freed: its terminal and close were written, or it closed without them."""
+
+
+class SlotEvent(Enum):
+    """What moves an egress slot from one :class:`SlotState` to the next."""
+
+    OPEN_WRITTEN = "open_written"
+    """Its OpenSlot was packed into a batch."""
+    TERMINAL_QUEUED = "terminal_queued"
+    """The producer offered its terminal (finalize, detach, error)."""
+    TERMINAL_WRITTEN = "terminal_written"
+    """Its terminal and ``CloseSlot{TerminalSent}`` were packed into a batch."""
+    CLOSED = "closed"
+    """It ended without its own terminal: the producer aborted, the consumer cancelled, the
+    peer closed it, or its epoch died."""
+
+
+_State = SlotState
+_Event = SlotEvent
+
+SLOT_TRANSITIONS: Final[Mapping[SlotState, Mapping[SlotEvent, SlotState]]] = MappingProxyType(
+    {
+        _State.OPENING: {
+            _Event.OPEN_WRITTEN: _State.OPEN,
+            _Event.TERMINAL_QUEUED: _State.ENDING_UNOPENED,
+            _Event.CLOSED: _State.CLOSED,
+        },
+        _State.OPEN: {
+            _Event.TERMINAL_QUEUED: _State.ENDING,
+            _Event.CLOSED: _State.CLOSED,
+        },
+        _State.ENDING_UNOPENED: {
+            _Event.OPEN_WRITTEN: _State.ENDING,
+            _Event.CLOSED: _State.CLOSED,
+        },
+        _State.ENDING: {
+            _Event.TERMINAL_WRITTEN: _State.CLOSED,
+            _Event.CLOSED: _State.CLOSED,
+        },
+        _State.CLOSED: {},
+    }
+)
+"""Every legal transition of an egress slot, and nothing else: state -> event -> next state."""
+
+
+def next_slot_state(state: SlotState, event: SlotEvent) -> SlotState:
+    """The state ``event`` takes ``state`` to; UsageError when the table has no such move.
+
+    An illegal move is a bug in the caller (a record offered to a closed slot, a second
+    terminal, a slot freed twice): failing loudly keeps one stream's bug from corrupting
+    the table's accounting for every other stream on the lane."""
+    target = SLOT_TRANSITIONS[state].get(event)
+    if target is None:
+        raise UsageError(
+            f"an egress slot in state {state.name} cannot take {event.name}: "
+            "the slot is closed or ending; open a new stream instead"
+        )
+    return target
 
 
 RECORDS_PER_BATCH_BUCKETS = tuple(2**i for i in range(12))
@@ -82,16 +178,14 @@ class EgressSlot:
         "generation",
         "guard",
         "index",
-        "live",
         "next_seq",
-        "open_pending",
         "owner",
         "queue",
         "queued_bytes",
         "reserve",
         "session_id",
         "slot_id",
-        "terminal_queued",
+        "state",
     )
 
     def __init__(
@@ -108,9 +202,8 @@ class EgressSlot:
         self.next_seq = 1
         self.queue: deque[tuple[bytes, bool]] = deque()
         self.queued_bytes = 0
-        self.open_pending = True
-        self.terminal_queued = False
-        self.live = True
+        self.state = SlotState.OPENING
+        """Where the slot is in its life; moved only by :meth:`advance`."""
         self.exhausted_once = False
         self.guard: Any = None
         """Opaque retirement guard handed back with the batch that carries the terminal."""
@@ -119,11 +212,36 @@ class EgressSlot:
         self.fenced = False
         """A staged singleton of this slot awaits admission: its later records wait."""
 
+    def advance(self, event: SlotEvent) -> SlotState:
+        """Move the slot by ``event`` through :data:`SLOT_TRANSITIONS`; returns the new
+        state. Raises UsageError (and changes nothing) for a move the table does not have."""
+        state = self.state = next_slot_state(self.state, event)
+        return state
+
+    @property
+    def live(self) -> bool:
+        """Not closed yet (its index and generation still belong to it)."""
+        return self.state is not SlotState.CLOSED
+
+    @property
+    def open_pending(self) -> bool:
+        """Its OpenSlot is not written yet."""
+        state = self.state
+        return state is SlotState.OPENING or state is SlotState.ENDING_UNOPENED
+
+    @property
+    def terminal_queued(self) -> bool:
+        """It takes no more records: its terminal is queued, or it is closed."""
+        return self.state > SlotState.OPEN
+
     @property
     def sendable(self) -> bool:
         """The head of the queue can go now (data with credit, or the terminal)."""
-        if not self.queue or self.open_pending or self.fenced:
+        if not self.queue or self.fenced:
             return False
+        state = self.state
+        if state is not SlotState.OPEN and state is not SlotState.ENDING:
+            return False  # not announced yet, or closed
         return self.queue[0][1] or self.credit > 0
 
     def has_room(self) -> bool:

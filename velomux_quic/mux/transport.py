@@ -16,6 +16,7 @@ import logging
 import math
 from collections.abc import Callable, Iterator
 from functools import partial
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -30,7 +31,7 @@ from .binds import Bind, BindBook
 from .config import MuxConfig
 from .credit import IngressSlot, PeerBudget
 from .driver import BatcherDriver, MuxChannel
-from .egress import RECORDS_PER_BATCH_BUCKETS, EgressBatcher
+from .egress import RECORDS_PER_BATCH_BUCKETS, EgressBatcher, wall_clock_epochs
 from .handlers import BATCH_HANDLER_NAMES, MUX_SLOT, MUX_SLOT_HEADER
 from .health import PeerHealth
 from .ingress import IngressTable, MuxIngressStats
@@ -43,6 +44,7 @@ from .protocol import (
     decode_batch,
 )
 from .singleton import REFUSAL_OUTCOMES, SingletonCounters, apply_staged_refusal
+from .snapshot import MuxSnapshot, PeerBudgetSnapshot
 
 if TYPE_CHECKING:
     from ..messenger import StagedRefusal
@@ -119,6 +121,9 @@ class MuxTransport(Collector):
         self.on_bind_expired: Callable[[AnchorEntry, RemoteSender], None] | None = None
         """Set by the anchor manager: reap a bind whose accept window closed unclaimed."""
         self._drivers: dict[tuple[InstanceId, int], BatcherDriver] = {}
+        self._epochs = wall_clock_epochs()
+        """One epoch source for every batcher this node makes, so a batcher re-created
+        after idle eviction never reuses an epoch of its predecessor."""
         self._tables: dict[tuple[InstanceId, int], IngressTable] = {}
         self._budgets: dict[InstanceId, PeerBudget] = {}
         self._visits: dict[tuple[InstanceId, int], asyncio.Handle] = {}
@@ -263,7 +268,12 @@ class MuxTransport(Collector):
         if driver is None or driver.closed:
             cap = self._messenger.eager_budget(peer)
             batcher = EgressBatcher(
-                lane, self.config, byte_cap=cap, eager_budget=cap, counters=self._singletons
+                lane,
+                self.config,
+                byte_cap=cap,
+                eager_budget=cap,
+                counters=self._singletons,
+                epochs=self._epochs,
             )
             driver = self._drivers[key] = BatcherDriver(self._messenger, peer, batcher)
         return driver
@@ -433,6 +443,39 @@ class MuxTransport(Collector):
             table.retire_all()
         with contextlib.suppress(KeyError):
             self._messenger.registry.unregister(self)
+
+    # -- introspection ---------------------------------------------------------------------
+
+    def snapshot(self) -> MuxSnapshot:
+        """A frozen picture of this node's mux: every batcher and ingress table by
+        (peer, lane), the binds still waiting, the peers' byte budgets and lane loads.
+
+        O(live slots + binds): for operators and tests, never per record. Holding the
+        result keeps nothing alive and changes nothing."""
+        pending, prebinds = self._binds.waiting_by_kind()
+        loads = self._binds.loads
+        return MuxSnapshot(
+            egress=MappingProxyType(
+                {key: driver.batcher.snapshot() for key, driver in self._drivers.items()}
+            ),
+            ingress=MappingProxyType(
+                {key: table.snapshot() for key, table in self._tables.items()}
+            ),
+            pending_binds=pending,
+            unclaimed_prebinds=prebinds,
+            peer_budgets=MappingProxyType(
+                {
+                    peer: PeerBudgetSnapshot(used=budget.used, limit=budget.limit)
+                    for peer, budget in self._budgets.items()
+                }
+            ),
+            lane_loads=MappingProxyType(
+                {
+                    peer: tuple(loads.peer_loads(peer, self.lanes_to(peer)))  # type: ignore[arg-type]
+                    for peer in loads.peers
+                }
+            ),
+        )
 
     # -- metrics (velo_streaming_mux_*) ----------------------------------------------------
 
