@@ -8,6 +8,7 @@ import re
 import pytest
 
 from tests.conftest import StartNode
+from velomux_quic.ids import StreamAnchorHandle
 from velomux_quic.mux import SlotState
 from velomux_quic.mux.config import DISABLE_ENV, Manual, MuxConfig
 from velomux_quic.mux.protocol import (
@@ -351,6 +352,12 @@ async def test_a_receiver_refuses_an_oversized_item_and_only_that_stream_ends(
         assert metric(node, "velo_streaming_mux_epoch_deaths_total") == 0
 
 
+def routing_session(consumer: Node, handle: StreamAnchorHandle) -> int:
+    """The session the consumer's attach answer named for the stream to ``handle``."""
+    (bound,) = [s for s in consumer.snapshot().streaming.bound_senders if s.handle == handle]
+    return bound.routing_session_id
+
+
 async def test_lifecycle_stop_then_cancel_reach_the_producer_by_session(
     start_node: StartNode,
 ) -> None:
@@ -364,7 +371,7 @@ async def test_lifecycle_stop_then_cancel_reach_the_producer_by_session(
     await sender.send(1)
     assert await anchor.next() == 1
     assert b.mux is not None
-    session = sender._state.channel.session_id  # type: ignore[attr-defined]
+    session = routing_session(b, anchor.handle)
     b.mux.post_lifecycle(a.instance_id, 0, session, LifecycleAction.STOP)
     async with asyncio.timeout(30):
         await sender.wait_stop_requested()
@@ -372,7 +379,7 @@ async def test_lifecycle_stop_then_cancel_reach_the_producer_by_session(
     await sender.send(2)  # a stop leaves the slot open for the remaining output
     assert await anchor.next() == 2
     stale = session ^ (1 << 62)  # a session no stream of this producer has
-    assert stale != other._state.channel.session_id  # type: ignore[attr-defined]
+    assert stale != routing_session(b, bystander.handle)
     b.mux.post_lifecycle(a.instance_id, 0, stale, LifecycleAction.CANCEL)
     b.mux.post_lifecycle(a.instance_id, 0, session, LifecycleAction.CANCEL)
     async with asyncio.timeout(30):

@@ -18,7 +18,6 @@ import pytest
 from tests.conftest import StartNode
 from velomux_quic.ids import InstanceId, StreamAnchorHandle
 from velomux_quic.mux.config import MuxConfig
-from velomux_quic.mux.driver import MuxChannel
 from velomux_quic.mux.lanes import splitmix64
 from velomux_quic.mux.protocol import BatchHeader, RecordType, encode_batch
 from velomux_quic.node import Node
@@ -39,9 +38,9 @@ async def pair(start_nodes: StartNode, lanes: int = 8, **options: object) -> tup
 
 
 def lane_of(sender: StreamSender) -> int:
-    channel = sender._state.channel
-    assert isinstance(channel, MuxChannel)
-    return channel.lane
+    lane = sender.lane
+    assert lane is not None, "the stream is not on the mux"
+    return lane
 
 
 def consumer_lanes(b: Node, a: Node) -> Counter[int]:
@@ -193,8 +192,7 @@ async def test_a_reset_lane_ends_only_its_own_slots(start_nodes: StartNode) -> N
         await sender.send(index)
     for index, anchor in enumerate(anchors):
         assert await asyncio.wait_for(anchor.next(), 20) == index
-    connection = a.messenger.transport._outbound_connection(b.instance_id)
-    connection.reset_lane(cut)
+    a.messenger.transport.reset_lane(b.instance_id, cut)
     for index, (sender, anchor) in enumerate(zip(senders, anchors, strict=True)):
         if by_lane[index] == cut:
             with pytest.raises(SenderDropped):

@@ -28,10 +28,6 @@ from velomux_quic import (
     VelomuxError,
     open_node,
 )
-from velomux_quic.messenger import Messenger
-from velomux_quic.mux.transport import MuxTransport
-from velomux_quic.streaming.manager import AnchorManager
-from velomux_quic.transport import QuicTransport
 
 MakeCredentials = Callable[..., NodeCredentials]
 
@@ -170,25 +166,14 @@ async def test_prebind_raises_a_ticket_error_that_says_what_to_do(
     ):
         anchor = b.create_anchor()
         b.prebind_anchor(anchor.handle)
-        with pytest.raises(TicketError, match="attach_anchor"):
-            b.prebind_anchor(anchor.handle)  # already pre-bound
-        with pytest.raises(TicketError):
+        with pytest.raises(TicketError, match="already pre-bound: hand out the ticket"):
+            b.prebind_anchor(anchor.handle)
+        with pytest.raises(TicketError, match="attach_mpsc_anchor"):
             b.prebind_anchor(b.create_mpsc_anchor(max_senders=2).handle)
-        with pytest.raises(TicketError):
-            plain.prebind_anchor(plain.create_anchor().handle)  # no mux
+        with pytest.raises(TicketError, match="mux enabled, or let the producer attach_anchor"):
+            plain.prebind_anchor(plain.create_anchor().handle)
 
 
-# The layers' snapshot() methods arrive with the introspection work of each layer; the
-# node's snapshot is built from them, so this test waits for all four.
-LAYERS_HAVE_SNAPSHOTS = all(
-    hasattr(layer, "snapshot") for layer in (QuicTransport, Messenger, AnchorManager, MuxTransport)
-)
-
-
-@pytest.mark.skipif(
-    not LAYERS_HAVE_SNAPSHOTS,
-    reason="needs snapshot() on QuicTransport, Messenger, AnchorManager and MuxTransport",
-)
 async def test_snapshot_reports_the_node_and_each_of_its_layers(
     make_credentials: MakeCredentials,
 ) -> None:
@@ -199,6 +184,8 @@ async def test_snapshot_reports_the_node_and_each_of_its_layers(
     ):
         anchor = b.create_anchor()
         sender = await a.attach_anchor(anchor.handle)
+        await sender.send("first")
+        assert await anchor.next(timeout=20) == "first"
         snapshot = a.snapshot()
         assert isinstance(snapshot, NodeSnapshot)
         assert (snapshot.instance_id, snapshot.worker_id, snapshot.address) == (
@@ -207,8 +194,22 @@ async def test_snapshot_reports_the_node_and_each_of_its_layers(
             a.address,
         )
         assert [p.instance_id for p in snapshot.peers] == [b.instance_id]
-        assert snapshot.mux is not None
+        # Each layer reports the one live stream from its own side.
+        (mine,) = snapshot.streaming.senders
+        assert (mine.handle, mine.state, mine.target) == (anchor.handle, "open", b.instance_id)
+        assert mine.lane == sender.lane == 0
+        (connection,) = [c for c in snapshot.transport.connections if c.outbound]
+        assert connection.peer == b.instance_id and connection.open_lanes == (0,)
+        assert snapshot.mux is not None and snapshot.mux.egress_slots(b.instance_id) == 1
+        consumer = b.snapshot()
+        (bound,) = consumer.streaming.bound_senders
+        assert (bound.handle, bound.node) == (anchor.handle, a.instance_id)
+        assert consumer.mux is not None
+        assert consumer.mux.ingress_slots(a.instance_id) == {0: 1}
+        assert "_anchor_attach" in consumer.messenger.handlers
         assert plain.snapshot().mux is None
         with pytest.raises(AttributeError):
             snapshot.peers = ()  # type: ignore[misc]  # frozen
         await sender.finalize()
+        assert [item async for item in anchor] == []
+        assert a.snapshot().streaming.senders == ()

@@ -51,7 +51,7 @@ async def heartbeats_settled(node: Node) -> None:
     """Wait for the producer's heartbeat task to end: it does once no sender is left
     (within one heartbeat interval; the snapshot is polled, the task is not public)."""
     async with asyncio.timeout(5 * HEARTBEAT):
-        while node.anchors.snapshot().heartbeat_task_running:
+        while node.snapshot().streaming.heartbeat_task_running:
             await asyncio.sleep(HEARTBEAT / 20)
 
 
@@ -95,30 +95,37 @@ def metric(node: Node, name: str) -> float:
 
 
 def stream_state(producer: Node, consumer: Node, transport: str) -> dict[str, Any]:
-    """What the nodes keep per stream or per attach call (all empty once they are over)."""
-    connection = producer.messenger.transport.outbound_connection(consumer.instance_id)
-    assert connection is not None
+    """What the nodes keep per stream or per attach call (all empty once they are over),
+    read from their snapshots."""
+    produced, consumed = producer.snapshot(), consumer.snapshot()
+    (connection,) = [c for c in produced.transport.connections if c.outbound]
+    assert connection.peer == consumer.instance_id
     state: dict[str, Any] = {
-        "consumer anchors": consumer.anchors.snapshot().anchors,
-        "consumer bound senders": consumer.anchors.snapshot().bound_senders,
-        "producer senders": producer.anchors.snapshot().senders,
-        "consumer senders": consumer.anchors.snapshot().senders,
-        "pending requests": dict(connection.requests_out._pending),
-        "producer calls": len(producer.messenger._calls),
-        "consumer calls": len(consumer.messenger._calls),
+        "consumer anchors": consumed.streaming.anchors,
+        "consumer bound senders": consumed.streaming.bound_senders,
+        "producer senders": produced.streaming.senders,
+        "consumer senders": consumed.streaming.senders,
+        "pending attaches": produced.streaming.pending_attaches,
+        "pending requests": connection.pending_requests,
+        "producer calls": produced.messenger.pending_calls,
+        "consumer calls": consumed.messenger.pending_calls,
+        "producer pulls": produced.messenger.pulls_outstanding,
+        "consumer pulls": consumed.messenger.pulls_outstanding,
         "active anchors": metric(consumer, "velo_streaming_active_anchors"),
     }
     if transport == PER_STREAM_KEY:
-        per_stream = consumer.anchors.transports.get(PER_STREAM_KEY)
+        per_stream = consumed.streaming.per_stream
         assert per_stream is not None
-        state["binds"] = dict(per_stream._binds)  # type: ignore[attr-defined]
-        state["receivers"] = dict(per_stream._receivers)  # type: ignore[attr-defined]
-        state["outbound streams"] = dict(connection._extra)
-        state["blocked streams"] = set(connection._blocked)
+        state["binds"] = per_stream.binds
+        state["receivers"] = per_stream.receivers
+        state["buffered bytes"] = per_stream.buffered_bytes
+        state["outbound streams"] = connection.extra_streams
+        state["blocked streams"] = connection.blocked_streams
         state["refused streams"] = metric(consumer, "velo_streaming_refused_streams_total")
     else:
-        assert consumer.mux is not None
-        state["mux binds"] = len(consumer.mux._binds)
+        assert consumed.mux is not None
+        state["mux binds"] = consumed.mux.pending_binds
+        state["mux unclaimed pre-binds"] = consumed.mux.unclaimed_prebinds
         for name, node in (("producer", producer), ("consumer", consumer)):
             for gauge in (
                 "live_slots",

@@ -206,7 +206,7 @@ def test_constants() -> None:
 def test_field_table_matches_the_dataclass(cls: type[Any]) -> None:
     """The wire order is the declaration order, and wire defaults are the Python defaults."""
     declared = dataclasses.fields(cls)
-    spec = cls._FIELDS
+    spec = cls.FIELDS
     assert [f.name for f in declared] == [f.name for f in spec]
     for field, wire in zip(declared, spec, strict=True):
         has_default = field.default is not dataclasses.MISSING
@@ -283,13 +283,13 @@ def test_missing_required_response_fields_are_refused(cls: type[Any], outer: obj
 def test_an_extra_trailing_field_is_refused(message: Any, wire: bytes) -> None:
     """A field this version does not know carries a meaning it cannot honour."""
     cls = type(message)
-    fields = list(cls._FIELDS)
+    fields = list(cls.FIELDS)
     full = [field.to_wire(getattr(message, field.name)) for field in fields]
     extras: list[object] = [0, None, "x", []]
     for extra in extras:
         body: Any = [*full, extra]
         if isinstance(message, AnchorAttachResponse | MpscAnchorAttachResponse):
-            body = {message._TAG: body}
+            body = {message.TAG: body}
         with pytest.raises(ControlDecodeError, match="knows"):
             cls.decode(msgpack.packb(body))
 
@@ -298,13 +298,13 @@ def test_pre_lane_worker_refuses_a_lane_ticket() -> None:
     """What the ticket compatibility rule relies on: six values where five are known fail."""
 
     @dataclasses.dataclass(frozen=True, slots=True)
-    class PreLaneTicket(control_module._Message):
+    class PreLaneTicket(control_module.ControlMessage):
         streaming_transport_key: str
         heartbeat_interval_ms: int
         routing_session_id: int
         initial_credit: int
         slot_byte_budget: int
-        _FIELDS = StreamOpenTicket._FIELDS[:5]
+        FIELDS = StreamOpenTicket.FIELDS[:5]
 
     lane0 = StreamOpenTicket(MESSENGER_MUX_KEY, 5000, 12, 64, 1 << 20)
     assert PreLaneTicket.decode(lane0.encode()).routing_session_id == 12
@@ -535,17 +535,17 @@ def test_round_trip(message: Any) -> None:
 @settings(max_examples=300)
 @given(MESSAGES)
 def test_only_trailing_defaults_are_left_out(message: Any) -> None:
-    fields = message._FIELDS
+    fields = message.FIELDS
     values = [getattr(message, field.name) for field in fields]
     sent = msgpack.unpackb(message.encode())
     if isinstance(message, AnchorAttachResponse | MpscAnchorAttachResponse):
-        sent = sent[message._TAG]
+        sent = sent[message.TAG]
     # Everything left out holds its default, and the last value sent is either
     # required or not its default: nothing more could have been left out.
     omitted = zip(fields[len(sent) :], values[len(sent) :], strict=True)
     assert all(field.default == value for field, value in omitted)
-    assert len(sent) >= message._REQUIRED
-    if len(sent) > message._REQUIRED:
+    assert len(sent) >= message.REQUIRED
+    if len(sent) > message.REQUIRED:
         assert values[len(sent) - 1] != fields[len(sent) - 1].default
 
 

@@ -48,7 +48,6 @@ __all__ = [
 ]
 
 
-
 class SingletonCounters:
     """Node-wide producer-side counts of singletons and fences (exported at scrape time).
 

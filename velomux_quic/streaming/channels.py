@@ -42,6 +42,10 @@ class ProducerChannel(Protocol):
         """Bytes handed to the channel that are not on the wire yet (staged in the mux
         slot, written to the QUIC stream but untransmitted); 0 when nothing waits."""
 
+    @property
+    def lane(self) -> int | None:
+        """The lane the stream rides to its peer under the mux; None on other paths."""
+
     def abort(self) -> None:
         """Close at once without a terminal (the consumer cancelled)."""
 
@@ -75,6 +79,11 @@ class InboxChannel:
     def queued_bytes(self) -> int:
         """Always 0: a record goes straight into the anchor's inbox, nothing is staged."""
         return 0
+
+    @property
+    def lane(self) -> None:
+        """None: a same-worker stream crosses no lane."""
+        return None
 
     def try_send(self, body: bytes) -> bool:
         return not self.closed and self._inbox.try_put(body, self._sender_id)

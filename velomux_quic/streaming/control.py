@@ -206,7 +206,7 @@ def _cancel_handle_to_wire(value: tuple[int, int]) -> dict[str, int]:
     return {"hi": value[0], "lo": value[1]}
 
 
-class _Field(NamedTuple):
+class ControlField(NamedTuple):
     name: str
     check: Callable[[str, object], object]
     to_wire: Callable[[Any], object]
@@ -215,14 +215,14 @@ class _Field(NamedTuple):
     default: object = None
 
 
-def _required(name: str, kind: str) -> _Field:
+def _required(name: str, kind: str) -> ControlField:
     check, to_wire, from_wire = _KINDS[kind]
-    return _Field(name, check, to_wire, from_wire)
+    return ControlField(name, check, to_wire, from_wire)
 
 
-def _optional(name: str, kind: str, default: object) -> _Field:
+def _optional(name: str, kind: str, default: object) -> ControlField:
     check, to_wire, from_wire = _KINDS[kind]
-    return _Field(name, check, to_wire, from_wire, required=False, default=default)
+    return ControlField(name, check, to_wire, from_wire, required=False, default=default)
 
 
 _KINDS: Final[
@@ -262,23 +262,29 @@ def _unpack(data: bytes | memoryview, what: str) -> object:
 # -- the positional message base ------------------------------------------------------
 
 
-class _Message:
-    """Positional encoding shared by every message; subclasses list ``_FIELDS`` in order."""
+class ControlMessage:
+    """Positional encoding shared by every message; subclasses list ``FIELDS`` in order.
+
+    The schema is public (``FIELDS``: name, checks and default of each position in wire
+    order; ``REQUIRED``: how many leading fields a peer must send; ``TAG`` on answers: the
+    enum variant's key) so that tests and tools can reason about the wire layout without
+    reaching into the codec.
+    """
 
     __slots__ = ()
-    _FIELDS: ClassVar[tuple[_Field, ...]] = ()
-    _REQUIRED: ClassVar[int] = 0
+    FIELDS: ClassVar[tuple[ControlField, ...]] = ()
+    REQUIRED: ClassVar[int] = 0
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        required = sum(1 for field in cls._FIELDS if field.required)
+        required = sum(1 for field in cls.FIELDS if field.required)
         # Only a trailing field can be left out, so nothing required may follow a default.
-        if any(field.required for field in cls._FIELDS[required:]):
+        if any(field.required for field in cls.FIELDS[required:]):
             raise TypeError(f"{cls.__name__}: a required field follows an optional one")
-        cls._REQUIRED = required
+        cls.REQUIRED = required
 
     def __post_init__(self) -> None:
-        for field in self._FIELDS:
+        for field in self.FIELDS:
             value = getattr(self, field.name)
             checked = field.check(field.name, value)
             if checked is not value:
@@ -289,20 +295,20 @@ class _Message:
         """Rules across fields or beyond a field's type; raises ``ValueError``."""
 
     def _wire_fields(self) -> list[object]:
-        values = [getattr(self, field.name) for field in self._FIELDS]
+        values = [getattr(self, field.name) for field in self.FIELDS]
         count = len(values)
-        while count > self._REQUIRED and values[count - 1] == self._FIELDS[count - 1].default:
+        while count > self.REQUIRED and values[count - 1] == self.FIELDS[count - 1].default:
             count -= 1
-        fields = self._FIELDS[:count]
+        fields = self.FIELDS[:count]
         return [field.to_wire(value) for field, value in zip(fields, values[:count], strict=True)]
 
     @classmethod
     def _from_fields(cls, fields: object, what: str) -> Self:
         if type(fields) is not list:
             raise ControlDecodeError(f"{what}: not an array of fields but {type(fields).__name__}")
-        known = len(cls._FIELDS)
-        if len(fields) < cls._REQUIRED:
-            missing = cls._FIELDS[len(fields)].name
+        known = len(cls.FIELDS)
+        if len(fields) < cls.REQUIRED:
+            missing = cls.FIELDS[len(fields)].name
             raise ControlDecodeError(f"{what}: corrupt, {len(fields)} fields, no {missing!r}")
         if len(fields) > known:
             raise ControlDecodeError(
@@ -312,7 +318,7 @@ class _Message:
         kwargs: dict[str, Any] = {}
         try:
             # Shorter is fine (trailing defaults); longer was refused above.
-            for field, raw in zip(cls._FIELDS, fields, strict=False):
+            for field, raw in zip(cls.FIELDS, fields, strict=False):
                 kwargs[field.name] = field.from_wire(raw)
             return cls(**kwargs)
         except (TypeError, ValueError) as exc:
@@ -329,7 +335,7 @@ class _Message:
         return cls._from_fields(_unpack(data, cls.__name__), cls.__name__)
 
 
-class _Response(_Message):
+class _Response(ControlMessage):
     """An externally tagged enum: ``{"Ok": [...]}`` or ``{"Err": [...]}``.
 
     ``Family.decode`` returns whichever variant arrived; ``Variant.decode``
@@ -337,11 +343,11 @@ class _Response(_Message):
     """
 
     __slots__ = ()
-    _TAG: ClassVar[str] = ""
+    TAG: ClassVar[str] = ""
     _VARIANTS: ClassVar[Mapping[str, type[_Response]]] = {}
 
     def encode(self) -> bytes:
-        packed: bytes = msgpack.packb({self._TAG: self._wire_fields()})
+        packed: bytes = msgpack.packb({self.TAG: self._wire_fields()})
         return packed
 
     @classmethod
@@ -373,7 +379,7 @@ class _Response(_Message):
             raise ControlDecodeError(f"{what}: unknown variant {str(tag)[:64]!r}")
         message = variant._from_fields(fields, variant.__name__)
         if not isinstance(message, cls):
-            raise ControlDecodeError(f"{what}: expected {cls._TAG or 'a response'}, got {tag}")
+            raise ControlDecodeError(f"{what}: expected {cls.TAG or 'a response'}, got {tag}")
         return message
 
 
@@ -381,7 +387,7 @@ class _Response(_Message):
 
 
 @dataclass(frozen=True, slots=True)
-class _AttachRequest(_Message):
+class _AttachRequest(ControlMessage):
     """The fields an SPSC and an MPSC attach request share."""
 
     handle: StreamAnchorHandle
@@ -395,7 +401,7 @@ class _AttachRequest(_Message):
     lane_key: int | None = None
     """Placement hint: streams with one key share a lane. ``None`` lets the receiver choose."""
 
-    _FIELDS: ClassVar[tuple[_Field, ...]] = (
+    FIELDS: ClassVar[tuple[ControlField, ...]] = (
         _required("handle", "handle"),
         _required("session_id", "u64"),
         _required("stream_cancel_handle", "cancel_handle"),
@@ -438,8 +444,8 @@ class AnchorAttachOk(AnchorAttachResponse):
     slot_byte_budget: int = 0
     lane: int = 0
 
-    _TAG: ClassVar[str] = "Ok"
-    _FIELDS: ClassVar[tuple[_Field, ...]] = (
+    TAG: ClassVar[str] = "Ok"
+    FIELDS: ClassVar[tuple[ControlField, ...]] = (
         _required("streaming_transport_key", "str"),
         _optional("heartbeat_interval_ms", "u64", DEFAULT_HEARTBEAT_INTERVAL_MS),
         _optional("routing_session_id", "u64", 0),
@@ -475,8 +481,8 @@ class MpscAnchorAttachOk(MpscAnchorAttachResponse):
     slot_byte_budget: int = 0
     lane: int = 0
 
-    _TAG: ClassVar[str] = "Ok"
-    _FIELDS: ClassVar[tuple[_Field, ...]] = (
+    TAG: ClassVar[str] = "Ok"
+    FIELDS: ClassVar[tuple[ControlField, ...]] = (
         _required("streaming_transport_key", "str"),
         _required("heartbeat_interval_ms", "u64"),
         _required("sender_id", "u64"),
@@ -498,8 +504,8 @@ class AnchorAttachErr(AnchorAttachResponse, MpscAnchorAttachResponse):
 
     reason: str
 
-    _TAG: ClassVar[str] = "Err"
-    _FIELDS: ClassVar[tuple[_Field, ...]] = (_required("reason", "str"),)
+    TAG: ClassVar[str] = "Err"
+    FIELDS: ClassVar[tuple[ControlField, ...]] = (_required("reason", "str"),)
 
 
 MpscAnchorAttachErr = AnchorAttachErr
@@ -511,7 +517,7 @@ MpscAnchorAttachResponse._VARIANTS = {"Ok": MpscAnchorAttachOk, "Err": AnchorAtt
 
 
 @dataclass(frozen=True, slots=True)
-class StreamOpenTicket(_Message):
+class StreamOpenTicket(ControlMessage):
     """What a pre-bound anchor hands the application to carry to the producing worker.
 
     The six values of an attach answer, for a slot the receiver bound before
@@ -532,7 +538,7 @@ class StreamOpenTicket(_Message):
     slot_byte_budget: int
     lane: int = 0
 
-    _FIELDS: ClassVar[tuple[_Field, ...]] = (
+    FIELDS: ClassVar[tuple[ControlField, ...]] = (
         _required("streaming_transport_key", "str"),
         _required("heartbeat_interval_ms", "u64"),
         _required("routing_session_id", "u64"),
@@ -552,30 +558,30 @@ class StreamOpenTicket(_Message):
 
 
 @dataclass(frozen=True, slots=True)
-class AnchorRef(_Message):
+class AnchorRef(ControlMessage):
     """``{handle}``: the body of ``_anchor_detach``, ``_anchor_finalize``, ``_anchor_cancel``
     and ``_mpsc_anchor_cancel``, which need nothing but the anchor."""
 
     handle: StreamAnchorHandle
 
-    _FIELDS: ClassVar[tuple[_Field, ...]] = (_required("handle", "handle"),)
+    FIELDS: ClassVar[tuple[ControlField, ...]] = (_required("handle", "handle"),)
 
 
 @dataclass(frozen=True, slots=True)
-class MpscSenderRef(_Message):
+class MpscSenderRef(ControlMessage):
     """``{handle, sender_id}``: the body of ``_mpsc_anchor_detach``, which detaches one sender."""
 
     handle: StreamAnchorHandle
     sender_id: int
 
-    _FIELDS: ClassVar[tuple[_Field, ...]] = (
+    FIELDS: ClassVar[tuple[ControlField, ...]] = (
         _required("handle", "handle"),
         _required("sender_id", "u64"),
     )
 
 
 @dataclass(frozen=True, slots=True)
-class StreamControl(_Message):
+class StreamControl(ControlMessage):
     """``{sender_stream_id}``: the body of ``_stream_cancel`` and ``_stream_stop``.
 
     Sent by the consumer to the producer's worker, which finds the sender by
@@ -584,4 +590,4 @@ class StreamControl(_Message):
 
     sender_stream_id: int
 
-    _FIELDS: ClassVar[tuple[_Field, ...]] = (_required("sender_stream_id", "u64"),)
+    FIELDS: ClassVar[tuple[ControlField, ...]] = (_required("sender_stream_id", "u64"),)

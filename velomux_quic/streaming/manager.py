@@ -96,10 +96,11 @@ class AnchorManager:
         )
         messenger.register_system("_anchor_attach", partial(self._attach_handler, mpsc=False))
         messenger.register_system("_mpsc_anchor_attach", partial(self._attach_handler, mpsc=True))
+        self._per_stream: PerStreamTransport | None = None
         if per_stream:  # a mux-only node installs no per-stream listener
-            stream_path = PerStreamTransport(messenger, self.config, self._metrics)
-            self.transports.install(stream_path)
-            messenger.set_stream_acceptor(stream_path)
+            self._per_stream = PerStreamTransport(messenger, self.config, self._metrics)
+            self.transports.install(self._per_stream)
+            messenger.set_stream_acceptor(self._per_stream)
 
     @property
     def metrics(self) -> StreamingMetrics:
@@ -620,6 +621,7 @@ class AnchorManager:
             heartbeat_task_running=producer.heartbeat_task_running,
             senders_per_transport=producer.senders_per_transport(),
             bound_per_transport=dict(Counter(remote.transport_key for remote in bound)),
+            per_stream=None if self._per_stream is None else self._per_stream.snapshot(),
         )
 
     # -- shutdown ------------------------------------------------------------------------

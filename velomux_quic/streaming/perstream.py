@@ -25,7 +25,6 @@ import asyncio
 import logging
 import struct
 from collections import deque
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import FrameTooLarge
@@ -46,6 +45,7 @@ from .config import StreamingConfig
 from .control import PER_STREAM_KEY
 from .errors import ChannelClosed
 from .frames import DETACHED, HEARTBEAT, encode_transport_error, is_terminal_sentinel
+from .snapshot import PerStreamSnapshot
 from .transports import AttachTerms, BindTerms
 
 if TYPE_CHECKING:
@@ -97,6 +97,11 @@ class PerStreamChannel:
     @property
     def credit(self) -> int | None:
         """None: this path's window is QUIC's, in bytes, not a count of records."""
+        return None
+
+    @property
+    def lane(self) -> None:
+        """None: a per-stream path stream has its own QUIC stream, not a lane."""
         return None
 
     @property
@@ -305,18 +310,6 @@ class PerStreamReceiver:
                 self._link.stop_receiving(self.stream_id)
             except Exception:  # connection already gone
                 logger.debug("could not stop stream %d", self.stream_id, exc_info=True)
-
-
-@dataclass(frozen=True, slots=True)
-class PerStreamSnapshot:
-    """What the per-stream path holds on the consumer's side, at the moment of the call."""
-
-    binds: int
-    """Binds made by attaches whose stream has not arrived (or been refused) yet."""
-    receivers: int
-    """Streams arriving now: matched to an anchor, or still waiting for their opening."""
-    buffered_bytes: int
-    """Bytes those streams decoded that their anchors have not taken yet."""
 
 
 class PerStreamTransport(TransportHandler):

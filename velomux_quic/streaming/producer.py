@@ -395,6 +395,7 @@ class AnchorProducer:
                 transport_key=state.transport_key,
                 credit=state.channel.credit,
                 queued_bytes=state.channel.queued_bytes,
+                lane=state.channel.lane,
             )
             for state in self._senders.values()
         )

@@ -223,6 +223,12 @@ class StreamSender:
         return self._state.channel.credit
 
     @property
+    def lane(self) -> int | None:
+        """The lane (0-15) the consumer placed this stream on under the mux (see
+        ``key=`` on attach); None for a same-node anchor or the per-stream path."""
+        return self._state.channel.lane
+
+    @property
     def queued_bytes(self) -> int:
         """Bytes sent into the channel that are not on the wire yet (staged in the mux
         slot, or written to the QUIC stream and not transmitted)."""

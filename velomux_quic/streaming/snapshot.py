@@ -16,7 +16,13 @@ from typing import Literal
 from ..ids import InstanceId, StreamAnchorHandle
 from .sender import SenderStateName
 
-__all__ = ["AnchorSnapshot", "BoundSenderSnapshot", "SenderSnapshot", "StreamingSnapshot"]
+__all__ = [
+    "AnchorSnapshot",
+    "BoundSenderSnapshot",
+    "PerStreamSnapshot",
+    "SenderSnapshot",
+    "StreamingSnapshot",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +73,20 @@ class SenderSnapshot:
     """Records it may send now without waiting (see ``StreamSender.credit``)."""
     queued_bytes: int
     """Bytes sent into its channel and not on the wire yet."""
+    lane: int | None
+    """The mux lane its stream rides (see ``StreamSender.lane``); None off the mux."""
+
+
+@dataclass(frozen=True, slots=True)
+class PerStreamSnapshot:
+    """What the per-stream path holds on the consumer's side, at the moment of the call."""
+
+    binds: int
+    """Binds made by attaches whose stream has not arrived (or been refused) yet."""
+    receivers: int
+    """Streams arriving now: matched to an anchor, or still waiting for their opening."""
+    buffered_bytes: int
+    """Bytes those streams decoded that their anchors have not taken yet."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,3 +108,5 @@ class StreamingSnapshot:
     """This node's live senders by transport key (``local`` for same-node anchors)."""
     bound_per_transport: Mapping[str, int]
     """Remote senders bound to this node's anchors, by transport key."""
+    per_stream: PerStreamSnapshot | None
+    """The per-stream path's consumer side; None on a mux-only node."""

@@ -89,18 +89,18 @@ class ZeroRtt:
             )
         elif entry is None:
             why = (
-                f"no live anchor {handle} on this node: pre-bind on the node that created "
+                "there is no such live anchor on this node: pre-bind on the node that created "
                 "the anchor, before it finished or was cancelled"
             )
         elif entry.mpsc:
             why = (
-                f"{handle} is an MPSC anchor, and a ticket opens a single-sender stream: "
+                "it is an MPSC anchor, and a ticket opens a single-sender stream: "
                 "let each producer attach_mpsc_anchor(handle)"
             )
         elif entry.prebind is not None:
-            why = f"{handle} is already pre-bound: hand out the ticket it returned"
+            why = "it is already pre-bound: hand out the ticket that call returned"
         elif entry.attached or entry.sender_count:
-            why = f"{handle} already has a sender: a ticket is for an anchor nobody attached"
+            why = "it already has a sender: a ticket is for an anchor nobody attached"
         if why is not None or mux is None or entry is None:
             logger.debug("prebind_anchor(%s) refused: %s", handle, why)
             host.metrics.anchor_operations.labels("prebind", "error", "none").inc()
