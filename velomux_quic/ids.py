@@ -52,6 +52,8 @@ class InstanceId:
 
     @property
     def worker_id(self) -> WorkerId:
+        """The node's WorkerId, the upper half of every handle it mints (see
+        :func:`worker_id_of`)."""
         return worker_id_of(self)
 
     def __str__(self) -> str:
@@ -92,6 +94,7 @@ class StreamAnchorHandle:
 
     @classmethod
     def pack(cls, worker_id: int, local_id: int) -> StreamAnchorHandle:
+        """The handle of anchor ``local_id`` on the node with ``worker_id`` (both u64)."""
         if not 0 <= worker_id <= U64_MAX:
             raise ValueError(f"worker_id must be a u64, got {worker_id}")
         if not 0 <= local_id <= U64_MAX:
@@ -99,21 +102,26 @@ class StreamAnchorHandle:
         return cls((worker_id << 64) | local_id)
 
     def unpack(self) -> tuple[WorkerId, int]:
+        """(WorkerId, local anchor id): the node that owns the anchor, and which one."""
         return WorkerId(self.value >> 64), self.value & U64_MAX
 
     @property
     def worker_id(self) -> WorkerId:
+        """The WorkerId of the node that owns the anchor: the mux batches by it."""
         return WorkerId(self.value >> 64)
 
     @property
     def local_id(self) -> int:
+        """The anchor's id on its node (the lower 64 bits)."""
         return self.value & U64_MAX
 
     @property
     def is_mpsc(self) -> bool:
+        """Whether the handle names an MPSC anchor (attach it with ``attach_mpsc_anchor``)."""
         return bool(self.local_id & MPSC_BIT)
 
     def to_wire(self) -> dict[str, int]:
+        """The MessagePack form ``{"hi": u64, "lo": u64}`` (MessagePack has no u128)."""
         return {"hi": self.value >> 64, "lo": self.value & U64_MAX}
 
     @classmethod

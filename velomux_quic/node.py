@@ -226,9 +226,11 @@ class Node:
         )
 
     async def __aenter__(self) -> Node:
+        """``async with node:`` for a node already started: it closes when the block ends."""
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        """Close the node (see :meth:`close`), whether or not the block raised."""
         await self.close()
 
     # -- identity and peers --------------------------------------------------------------

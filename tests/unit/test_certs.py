@@ -266,11 +266,17 @@ def test_node_load_refuses_metadata_naming_another_node(
         NodeCredentials.load(tmp_path)
 
 
-def test_node_load_reports_a_missing_file(ca: CertificateAuthority, tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["node.pem", "node.key", "ca.pem"])
+def test_node_load_says_which_file_is_missing_and_how_to_make_it(
+    ca: CertificateAuthority, tmp_path: Path, name: str
+) -> None:
     issue_node_certificate(ca, new_instance_id(), name="n").save(tmp_path)
-    (tmp_path / "node.pem").unlink()
-    with pytest.raises(CredentialsError, match="missing"):
+    (tmp_path / name).unlink()
+    with pytest.raises(CredentialsError) as refused:
         NodeCredentials.load(tmp_path)
+    message = str(refused.value)
+    assert f"{tmp_path / name} is missing" in message and "velomux certs issue" in message
+    assert "PEM" not in message  # not "unreadable": the file is not there
 
 
 def test_node_save_refuses_to_replace_a_key(ca: CertificateAuthority, tmp_path: Path) -> None:

@@ -267,6 +267,7 @@ class NodeCredentials:
 
     @property
     def spiffe_id(self) -> str:
+        """The node's identity as its certificate states it: ``spiffe://<domain>/instance/<uuid>``."""
         return spiffe_uri(self.instance_id, self.trust_domain)
 
     def save(self, directory: str | Path, *, overwrite: bool = False) -> Path:
