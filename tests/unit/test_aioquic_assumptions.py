@@ -72,6 +72,16 @@ def test_the_pinned_aioquic_minor_version_is_installed() -> None:
     assert (major, minor) == (1, 7), "re-run this file before widening the aioquic pin"
 
 
+def test_buffer_is_aioquics_typed_private_buffer_class() -> None:
+    """The layers import ``Buffer`` from ``aioquic._buffer``, where its type stubs are:
+    ``aioquic.buffer`` re-exports it without ``__all__``, which a user's ``mypy --strict``
+    that reads this package as source (``MYPYPATH``) refuses as an implicit re-export."""
+    import aioquic._buffer
+    import aioquic.buffer
+
+    assert aioquic.buffer.Buffer is aioquic._buffer.Buffer
+
+
 # -- security/tls.py: the TLS context -------------------------------------------------------
 
 
