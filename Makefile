@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install test test-slow demo certs lint perf clean
+.PHONY: install test test-slow demo certs lint docs perf clean
 
 # editable_mode=compat installs a plain .pth entry for the source tree: setuptools' default
 # editable install is an import hook, which mypy cannot see, so a user program's
@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,lint,perf]' --config-settings editable_mode=compat
+	$(PY) -m pip install --quiet -e '.[test,lint,perf,docs]' --config-settings editable_mode=compat
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -42,8 +42,13 @@ lint: $(STAMP)
 	cd examples && $(abspath $(VENV))/bin/mypy --config-file mypy.ini .
 	cd examples && MYPYPATH=$(CURDIR) $(abspath $(VENV))/bin/mypy --config-file mypy.ini .
 
+# The documentation site (mkdocs.yml): strict, so a broken link, a missing page or an API
+# entry that does not resolve fails the build. Output in site/ (git-ignored).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
 perf: $(STAMP)
 	$(PY) perf/run_all.py --short --out perf/results
 
 clean:
-	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache
+	rm -rf $(VENV) build site *.egg-info .mypy_cache .ruff_cache
