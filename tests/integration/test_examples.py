@@ -8,9 +8,8 @@ lines it prints: the examples check themselves too and end with ``<name> OK``.
 from __future__ import annotations
 
 import ast
-import asyncio
-import contextlib
 import re
+import selectors
 import subprocess
 import sys
 from pathlib import Path
@@ -61,6 +60,9 @@ def test_every_example_promised_is_there() -> None:
         "error_handling.py",
     }
     assert (EXAMPLES / "grpc_to_velomux.md").is_file()
+    index = (EXAMPLES / "README.md").read_text()
+    for name in [*PROGRAMS, "grpc_to_velomux.md"]:
+        assert f"]({name})" in index, f"examples/README.md does not list {name}"
 
 
 @pytest.mark.parametrize("name", PROGRAMS)
@@ -78,70 +80,67 @@ def test_the_quickstart_streams_a_requests_tokens_and_catches_the_misuses(tmp_pa
     assert lines[-1] == "quickstart OK"
 
 
-async def read_line(stream: asyncio.StreamReader, timeout: float) -> str:
-    line = await asyncio.wait_for(stream.readline(), timeout)
-    return line.decode().rstrip("\n")
+def first_line(process: subprocess.Popen[str], timeout: float) -> str:
+    """The first line ``process`` prints, waiting at most ``timeout`` seconds for it."""
+    assert process.stdout is not None
+    with selectors.DefaultSelector() as selector:
+        selector.register(process.stdout, selectors.EVENT_READ)
+        if not selector.select(timeout):
+            raise AssertionError(f"no line from {process.args} within {timeout} s")
+    return process.stdout.readline().rstrip("\n")
 
 
 @pytest.mark.timeout(120)
-async def test_an_engine_process_streams_tokens_to_a_frontend_process(tmp_path: Path) -> None:
+def test_an_engine_process_streams_tokens_to_a_frontend_process(tmp_path: Path) -> None:
     requests, tokens = 12, 20
     certs = tmp_path / "certs"
-    engine = await asyncio.create_subprocess_exec(
-        sys.executable,
-        str(EXAMPLES / "engine.py"),
-        "--certs",
-        str(certs),
-        "--exit-after",
-        str(requests),
+    engine_args = ["--certs", str(certs), "--exit-after", str(requests)]
+    with subprocess.Popen(
+        [sys.executable, str(EXAMPLES / "engine.py"), *engine_args],
         cwd=tmp_path,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        assert engine.stdout is not None and engine.stderr is not None
-        ready = await read_line(engine.stdout, 60)
-        found = re.fullmatch(
-            r"engine ready: python examples/frontend.py --certs (\S+) "
-            r"--engine ([0-9a-f-]{36}) --address (127\.0\.0\.1:\d+)",
-            ready,
-        )
-        assert found, ready
-        assert found[1] == str(certs)
-        frontend = await asyncio.create_subprocess_exec(
-            sys.executable,
-            str(EXAMPLES / "frontend.py"),
-            *("--certs", found[1], "--engine", found[2], "--address", found[3]),
-            *("--requests", str(requests), "--tokens", str(tokens)),
-            cwd=tmp_path,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as engine:
         try:
-            out, err = await asyncio.wait_for(frontend.communicate(), 90)
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                frontend.kill()
-            await frontend.wait()
-        lines = out.decode().splitlines()
-        assert frontend.returncode == 0, out.decode() + err.decode()
-        assert f"frontend: {requests} requests x {tokens} tokens from engine {found[2]}" in lines
-        delivered = [line for line in lines if line.startswith("delivered ")]
-        assert delivered and delivered[0].startswith(f"delivered {requests * tokens} tokens in ")
-        assert delivered[0].endswith("every stream complete and in order: True")
-        assert any(re.fullmatch(r"first token p50 [\d.]+ ms, p99 .* ms", line) for line in lines)
-        assert "live ingress slots after the run: 0" in lines
-        assert lines[-1] == "frontend OK"
+            ready = first_line(engine, 60)
+            found = re.fullmatch(
+                r"engine ready: python examples/frontend.py --certs (\S+) "
+                r"--engine ([0-9a-f-]{36}) --address (127\.0\.0\.1:\d+)",
+                ready,
+            )
+            assert found, ready
+            assert found[1] == str(certs)
+            lines = run_example(
+                "frontend.py",
+                tmp_path,
+                *("--certs", found[1], "--engine", found[2], "--address", found[3]),
+                *("--requests", str(requests), "--tokens", str(tokens)),
+            )
+            assert (
+                f"frontend: {requests} requests x {tokens} tokens from engine {found[2]}" in lines
+            )
+            everything = (
+                rf"delivered {requests * tokens} tokens in [\d.]+ s, "
+                r"every stream complete and in order: True"
+            )
+            assert any(re.fullmatch(everything, line) for line in lines), lines
+            assert any(
+                re.fullmatch(r"first token p50 [\d.]+ ms, p99 .* ms", line) for line in lines
+            )
+            assert "live ingress slots after the run: 0" in lines
+            assert lines[-1] == "frontend OK"
 
-        rest, engine_err = await asyncio.wait_for(engine.communicate(), 60)
-        assert engine.returncode == 0, engine_err.decode()
-        summary = rest.decode().splitlines()[-1]
-        assert summary.startswith(f"engine done: {requests} streams, {requests * tokens} tokens")
-        assert summary.endswith("live egress slots 0")
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            engine.kill()
-        await engine.wait()
+            rest, engine_err = engine.communicate(timeout=60)
+            assert engine.returncode == 0, engine_err
+            summary = rest.splitlines()[-1]
+            assert summary.startswith(
+                f"engine done: {requests} streams, {requests * tokens} tokens"
+            )
+            assert summary.endswith("live egress slots 0")
+        finally:
+            if engine.poll() is None:
+                engine.kill()
 
 
 @pytest.mark.timeout(120)
