@@ -20,9 +20,10 @@ What it shows:
   mux writes every token of the pass to one frontend in one batch (the engine runs
   ``MuxConfig(flush_policy=Manual())``, the policy a pass-structured producer wants).
 - **finding each other.** The engine prints its InstanceId and address; the frontend
-  takes them on its command line and adds its own address to each request, so the
-  engine can dial back (the identity is still the one its certificate proves:
-  ``ctx.sender``, never a field of the message).
+  takes them on its command line. The engine needs no address for the frontend: the
+  streams go back over the connection the frontend opened to send its requests (the
+  handle names the frontend's node, and the engine knows that node from the connection,
+  as its certificate proved it; that is also ``ctx.sender``).
 
 Both processes need certificates from one cluster CA: both are made on demand under
 ``--certs`` (the engine's ``engine`` and the frontend's ``frontend`` directory).
@@ -85,9 +86,6 @@ class Engine:
     async def generate(self, ctx: Context) -> bytes:
         """Admit one request: open its stream from the ticket it carries and answer."""
         request = json.loads(bytes(ctx.payload))
-        host, port = request["reply_address"]
-        # Where to dial the frontend; who it is comes from its certificate (ctx.sender).
-        self.node.add_peer(ctx.sender, (str(host), int(port)), name="frontend")
         handle = StreamAnchorHandle(int(request["handle"]))
         ticket = StreamOpenTicket.decode(bytes.fromhex(request["ticket"]))
         sender = await self.node.open_anchor_stream(handle, ticket)  # no attach round trip

@@ -66,7 +66,6 @@ async def run_request(
         "handle": str(anchor.handle.value),
         "ticket": ticket.encode().hex(),
         "tokens": tokens,
-        "reply_address": list(frontend.address),
     }
     result = RequestResult(request_id)
     started = time.perf_counter()
