@@ -15,7 +15,7 @@ What it shows, on two streams from one producer node to one consumer node:
 
 1. the slow stream's producer sends into a consumer that reads nothing: 8 records go out
    (credit 8 -> 0, 8 records buffered at the consumer), the next ones are staged until
-   the budget is full, and then ``send(..., timeout=0.3)`` raises ``SendTimeout`` (a
+   the budget is full, and then ``send(..., timeout=1.0)`` raises ``SendTimeout`` (a
    ``SendError``): the item was not taken, the stream goes on, the producer decides;
 2. meanwhile a second stream to the same peer delivers all of its records;
 3. the consumer reads again: credit comes back and a send that was waiting completes;
@@ -36,6 +36,8 @@ from velomux_quic import MuxConfig, Node, SendError, SendTimeout, ensure_dev_clu
 
 CREDIT = 8
 BUDGET = 512
+SEND_TIMEOUT = 1.0
+"""Long enough for the 8 credited records to reach the consumer even on a busy machine."""
 FAST_RECORDS = 200
 
 
@@ -71,7 +73,7 @@ async def main(certs: Path) -> int:
         sent = 0
         while True:  # the consumer reads nothing from slow_anchor yet
             try:
-                await slow.send({"slow": sent}, timeout=0.3)
+                await slow.send({"slow": sent}, timeout=SEND_TIMEOUT)
             except SendTimeout as error:
                 assert isinstance(error, SendError)
                 print(f"slow stream: send refused after {sent} records: {type(error).__name__}")
