@@ -142,7 +142,7 @@ class Node:
         """Start a node and return it running; the caller must :meth:`close` it.
 
         ``credentials`` is a :class:`NodeCredentials` or the directory holding
-        ``node.crt``, ``node.key`` and ``ca.crt`` (``velomux certs dev`` or
+        ``node.pem``, ``node.key``, ``ca.pem`` and ``node.json`` (``velomux certs dev`` or
         :func:`~velomux_quic.ensure_dev_cluster` make one). The node listens on
         ``host:port`` (port 0: any free port; read :attr:`address`).
 
