@@ -24,7 +24,6 @@ percentiles), ``report`` (text, table, plot), ``progress`` (the live display),
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 import tempfile
@@ -74,8 +73,8 @@ async def _demo(args: argparse.Namespace, impairment: Impairment | None) -> dict
     nodes = ensure_dev_cluster(args.certs, NODES)
     results: list[ArmResult] = []
     skipped: dict[str, str] = {}
-    say = (lambda text: None) if args.json else (lambda text: print(text, flush=True))
-    say(_headline(args, impairment))
+    if not args.json:
+        print(_headline(args, impairment), flush=True)
     with (
         tempfile.TemporaryDirectory(prefix="velomux-demo-") as tmp,
         display_for(not args.json) as display,
@@ -98,7 +97,10 @@ async def _demo(args: argparse.Namespace, impairment: Impairment | None) -> dict
     rows = [result.row for result in results]
     ok = all(arm_ok(row) for row in rows)
     if args.plot is not None:
-        plot_cdf(results, args.plot, _headline(args, impairment).split(";")[0])
+        title = (
+            f"{args.requests:,} requests x {args.tokens} tokens, a pass every {args.pace_ms:g} ms"
+        )
+        plot_cdf(results, args.plot, title + (f", {impairment.describe()}" if impairment else ""))
     document: dict[str, Any] = {
         "ok": ok,
         "config": {
@@ -189,7 +191,8 @@ def add_demo_commands(commands: argparse._SubParsersAction[argparse.ArgumentPars
                       help="the engine's mux flush policy: AutoFlush, or Manual with one "
                       "flush_batch() per pass (auto)")  # fmt: skip
     demo.add_argument("--compare", action="store_true",
-                      help="also run one QUIC stream per request and grpc.aio (if installed)")  # fmt: skip
+                      help="also run one QUIC stream per request, and grpc.aio where "
+                      "installed")  # fmt: skip
     demo.add_argument("--impair", metavar="SPEC",
                       help="through the UDP impairment proxy, e.g. loss=1%%,delay=5ms")  # fmt: skip
     demo.add_argument("--plot", type=Path, metavar="PNG",

@@ -239,12 +239,11 @@ async def run_quic_arm(
         try:
             async with _route(engine, impairment, timeout, proxy) as route:
                 for number in range(plan.frontends):
-                    await frontends.spawn(
-                        _frontend_arguments(
-                            plan, number, nodes[f"frontend-{number}"], engine, route,
-                            outs[number], timeout,
-                        )  # fmt: skip
+                    credentials = nodes[f"frontend-{number}"]
+                    arguments = _frontend_arguments(
+                        plan, number, credentials, engine, route, outs[number], timeout
                     )
+                    await frontends.spawn(arguments)
                 registered = time.perf_counter()
                 await frontends.watch(inbox.all_requests.wait(), "registering requests", timeout)
                 requests = sorted(inbox.requests, key=lambda pair: pair[0].index)
@@ -259,7 +258,9 @@ async def run_quic_arm(
                 cpu = CpuWindow.open()
                 before = read_counters(engine)
                 first_send = time.perf_counter()
-                order = [(request.index, s) for (request, _), s in zip(requests, senders, strict=True)]
+                order = [
+                    (request.index, s) for (request, _), s in zip(requests, senders, strict=True)
+                ]
                 streaming = timeout + 4 * plan.tokens * plan.pace_ms / 1e3
                 late = await frontends.watch(
                     _passes(engine, plan, order, inbox, display), "the forward passes", streaming
@@ -302,7 +303,9 @@ def _summarise(
     frontends_cpu = sum(float(report["cpu_s"]) for report in reports)
     frontends_out = sum(float(report["counters"]["datagrams_out"]) for report in reports)
     batches, records = counters["mux_batches_sent"], counters["mux_records_sent"]
-    first, later, gaps = (sorted(part) for part in (latencies.first, latencies.later, latencies.gaps))
+    first, later, gaps = (
+        sorted(part) for part in (latencies.first, latencies.later, latencies.gaps)
+    )
     tokens = max(delivered, 1)
     row: dict[str, Any] = {
         "arm": plan.arm,

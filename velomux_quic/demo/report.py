@@ -20,8 +20,10 @@ Row = dict[str, Any]
 
 def arm_ok(row: Row) -> bool:
     """Every token delivered, every stream complete and in order, nothing left live."""
-    return bool(row["all_complete_in_order"]) and row["live_slots_end"] in (0, None) and (
-        row["live_senders_end"] in (0, None)
+    return (
+        bool(row["all_complete_in_order"])
+        and row["live_slots_end"] in (0, None)
+        and (row["live_senders_end"] in (0, None))
     )
 
 
@@ -73,7 +75,9 @@ def arm_summary(row: Row) -> str:
     if "proxy" in row:
         dropped = sum(int(way.get("dropped_loss", 0)) for way in row["proxy"].values())
         forwarded = sum(int(way.get("forwarded", 0)) for way in row["proxy"].values())
-        lines.append(f"    impairment proxy     {forwarded:,} datagrams forwarded, {dropped:,} dropped")
+        lines.append(
+            f"    impairment proxy     {forwarded:,} datagrams forwarded, {dropped:,} dropped"
+        )
     if "note" in row:
         lines.append(f"    ({row['note']})")
     return "\n".join(lines)
