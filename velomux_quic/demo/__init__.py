@@ -178,7 +178,7 @@ def add_demo_commands(commands: argparse._SubParsersAction[argparse.ArgumentPars
     demo = commands.add_parser(
         "demo",
         help="an engine streams tokens to two frontend processes, measured",
-        description=(__doc__ or "").split("\n\n")[0],
+        description=(__doc__ or "").split("\n\n")[0].replace("``", ""),
     )
     demo.add_argument("--certs", type=Path, default=Path("certs/dev"),
                       help="where dev certificates live, made on demand (certs/dev)")  # fmt: skip

@@ -65,8 +65,8 @@ class _Rich:
         )
 
         self._progress = Progress(
-            TextColumn("{task.description:<28}"),
-            BarColumn(),
+            TextColumn("{task.description:<22}"),
+            BarColumn(bar_width=20),
             MofNCompleteColumn(),
             TaskProgressColumn(),
             TimeElapsedColumn(),
@@ -87,8 +87,8 @@ class _Rich:
     def arm(self, name: str, passes: int, tokens: int) -> None:
         import time
 
-        self._passes = self._progress.add_task(f"{name}: forward passes", total=passes, rate="")
-        self._tokens = self._progress.add_task(f"{name}: tokens delivered", total=tokens, rate="")
+        self._passes = self._progress.add_task(f"{name} forward passes", total=passes, rate="")
+        self._tokens = self._progress.add_task(f"{name} tokens read", total=tokens, rate="")
         self._started = time.perf_counter()
 
     def update(self, passes: int, delivered: int) -> None:
