@@ -65,6 +65,7 @@ def test_demo_json_every_token_in_order_slots_back_to_zero(tmp_path: Path) -> No
     assert document["ok"] is True
     [row] = document["arms"]
     assert row["arm"] == "mux" and row["transport"] == "messenger-mux-v2"
+    assert row["opened_with_tickets"] == 64  # every stream opened with no attach round trip
     check_quic_row(row, 64, 16)
     # 32 streams per frontend, one token each per pass: a wire write carries many records
     assert row["records_per_write"] > 1
@@ -80,6 +81,7 @@ def test_demo_compare_shows_every_arm_side_by_side(tmp_path: Path) -> None:
     check_quic_row(rows["per-stream"], 64, 16)
     assert rows["per-stream"]["transport"] == "quic-stream-v1"
     assert rows["per-stream"]["records_per_write"] is None  # no mux on that arm
+    assert rows["per-stream"]["opened_with_tickets"] == 0  # attached: no mux, no ticket
     assert document["ratios"]["per-stream"]["tokens_per_s"] > 0
     if importlib.util.find_spec("grpc") is None:
         assert "grpc" in document["skipped"] and "grpc" not in rows
@@ -134,3 +136,30 @@ def test_impairment_spec(spec: str, expected: tuple[float, float, float]) -> Non
 def test_impairment_spec_refused(spec: str) -> None:
     with pytest.raises(ConfigurationError, match="--impair"):
         parse_impairment(spec)
+
+
+@pytest.mark.timeout(60)
+def test_demo_summary_for_a_person_without_a_terminal_has_no_live_display(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "velomux_quic.cli", "demo", "--certs", str(tmp_path / "certs"),
+         *SMALL, "--flush", "manual", "--lanes", "2"],
+        capture_output=True, text=True, timeout=50, check=False, cwd=CHECKOUT,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "\x1b[" not in out  # stdout is a pipe: no progress bars, no escape codes
+    assert "1,024 of 1,024 tokens; 64 of 64 streams complete and in order" in out
+    assert "2 lanes, flush manual" in out
+    for label in ("tokens/s", "records per write", "datagrams per token", "first token",
+                  "inter-token", "CPU per token", "0 live mux slots, 0 live senders"):  # fmt: skip
+        assert label in out, label
+    assert out.rstrip().splitlines()[-1].startswith("demo OK in ")
+
+
+@pytest.mark.timeout(60)
+def test_demo_plot_draws_the_latency_cdf(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    plot = tmp_path / "cdf.png"
+    document = run_demo(tmp_path / "certs", *SMALL, "--plot", str(plot), "--json")
+    assert document["ok"] is True and document["plot"] == str(plot)
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

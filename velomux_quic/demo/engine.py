@@ -261,6 +261,7 @@ async def run_quic_arm(
                     timeout,
                 )
                 open_s = time.perf_counter() - registered
+                with_tickets = sum(request.ticket is not None for request, _ in requests)
                 transports = sorted({str(sender.negotiated_transport()) for sender in senders})
                 display.arm(plan.arm, plan.tokens, plan.requests * plan.tokens)
                 first_send = time.perf_counter()
@@ -293,6 +294,7 @@ async def run_quic_arm(
         plan, inbox.reports, counters, engine_cpu, first_send, late, open_s, transports,
         retired, engine_live, live_senders, latencies, proxy,
     )  # fmt: skip
+    row["opened_with_tickets"] = with_tickets
     return ArmResult(row, latencies)
 
 

@@ -67,6 +67,11 @@ def arm_summary(row: Row) -> str:
         f"    CPU per token        engine {row['engine_cpu_us_per_token']:.1f} µs, "
         f"frontends {row['frontends_cpu_us_per_token']:.1f} µs (getrusage)",
     ]
+    if row.get("opened_with_tickets") is not None:
+        lines.append(
+            f"    streams opened       {row['opened_with_tickets']:,} of {row['requests']:,} "
+            f"from zero-RTT tickets, in {row['open_s']:.2f} s after the last request"
+        )
     if row["live_slots_end"] is not None:
         lines.append(
             f"    at the end           {row['live_slots_end']} live mux slots, "
