@@ -163,3 +163,15 @@ def test_demo_plot_draws_the_latency_cdf(tmp_path: Path) -> None:
     document = run_demo(tmp_path / "certs", *SMALL, "--plot", str(plot), "--json")
     assert document["ok"] is True and document["plot"] == str(plot)
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.timeout(30)
+def test_a_load_beyond_the_memory_bound_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "velomux_quic.cli", "demo", "--certs", str(tmp_path),
+         "--requests", "100000", "--tokens", "1000"],
+        capture_output=True, text=True, timeout=25, check=False, cwd=CHECKOUT,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "lower --requests or --tokens" in result.stderr
+    assert not (tmp_path / "ca").exists()

@@ -46,6 +46,10 @@ __all__ = ["add_demo_commands"]
 
 NODES = ("engine", "frontend-0", "frontend-1")
 
+MAX_TOKENS = 1 << 22
+"""Tokens per arm at most (16 times the default load): the frontends keep three 8-byte
+latency samples per token, so this bounds the demo's memory to about 100 MB."""
+
 
 def _plans(args: argparse.Namespace) -> list[ArmPlan]:
     arms = ["mux", "per-stream", "grpc"] if args.compare else ["mux"]
@@ -144,6 +148,11 @@ def _checked(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Impai
         parser.error("--requests must be at least 2 (one per frontend)")
     if args.tokens < 1:
         parser.error("--tokens must be at least 1")
+    if args.requests * args.tokens > MAX_TOKENS:
+        parser.error(
+            f"at most {MAX_TOKENS:,} tokens per arm (--requests x --tokens): every token's "
+            "latency is kept for the percentiles; lower --requests or --tokens"
+        )
     if args.pace_ms <= 0 or args.timeout <= 0:
         parser.error("--pace-ms and --timeout must be positive")
     if not 1 <= args.lanes <= 16:

@@ -28,7 +28,9 @@ def arm_ok(row: Row) -> bool:
 
 
 def _ms(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2f} ms"
+    if value is None:
+        return "n/a"
+    return f"{value:.2f} ms" if value >= 1 else f"{value:.3f} ms"
 
 
 def _number(value: float | None, fmt: str) -> str:
