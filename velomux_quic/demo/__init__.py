@@ -98,6 +98,7 @@ async def _demo(args: argparse.Namespace, impairment: Impairment | None) -> dict
                     plan, nodes, Path(tmp), impairment, display, args.timeout
                 )
             results.append(result)
+            display.note("\n" + arm_summary(result.row))
     rows = [result.row for result in results]
     ok = all(arm_ok(row) for row in rows)
     if args.plot is not None:
@@ -129,9 +130,6 @@ async def _demo(args: argparse.Namespace, impairment: Impairment | None) -> dict
         "duration_s": time.perf_counter() - started,
     }
     if not args.json:
-        for row in rows:
-            print()
-            print(arm_summary(row))
         if len(rows) > 1:
             print()
             print(compare_table(rows))

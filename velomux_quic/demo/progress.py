@@ -33,7 +33,11 @@ class Display(Protocol):
 
 
 class Silent:
-    """No display: stdout is not a terminal, ``--json`` was given, or rich is missing."""
+    """No live display: stdout is not a terminal, ``--json`` was given, or rich is missing.
+    Notes are printed as plain lines when ``echo`` (not under ``--json``)."""
+
+    def __init__(self, echo: bool) -> None:
+        self.echo = echo
 
     def __enter__(self) -> Silent:
         return self
@@ -48,7 +52,8 @@ class Silent:
         return None
 
     def note(self, text: str) -> None:
-        return None
+        if self.echo:
+            print(text, flush=True)
 
 
 class _Rich:
@@ -100,17 +105,17 @@ class _Rich:
         self._progress.update(self._tokens, completed=delivered, rate=rate)
 
     def note(self, text: str) -> None:
-        self._progress.console.print(text)
+        self._progress.console.print(text, soft_wrap=True, markup=False, highlight=False)
 
 
 def display_for(enabled: bool) -> Display:
     """rich's display when ``enabled`` and stdout is a terminal and rich imports; else
-    :class:`Silent`."""
+    :class:`Silent` (printing notes unless not ``enabled``)."""
     if not enabled or not sys.stdout.isatty():
-        return Silent()
+        return Silent(echo=enabled)
     try:
         import rich.progress  # noqa: F401
     except ImportError:
-        print("(no live progress: pip install rich)", file=sys.stderr)
-        return Silent()
+        print("(no live progress display: pip install rich)", file=sys.stderr)
+        return Silent(echo=True)
     return _Rich()

@@ -101,7 +101,7 @@ def _lower(mux: float, other: float) -> float:
     return other / mux
 
 
-COMPARED: tuple[tuple[str, str, str, _Better], ...] = (
+COMPARED: tuple[tuple[str, str, str, _Better | None], ...] = (
     ("tokens/s", "tokens_per_s", ",.0f", _higher),
     ("engine CPU µs/token", "engine_cpu_us_per_token", ".1f", _lower),
     ("frontends CPU µs/token", "frontends_cpu_us_per_token", ".1f", _lower),
@@ -109,12 +109,13 @@ COMPARED: tuple[tuple[str, str, str, _Better], ...] = (
     ("records per write", "records_per_write", ".1f", _higher),
     ("first token p50 ms", "first_token_p50_ms", ".2f", _lower),
     ("first token p99 ms", "first_token_p99_ms", ".2f", _lower),
-    ("inter-token p50 ms", "inter_token_p50_ms", ".2f", _lower),
+    ("inter-token p50 ms", "inter_token_p50_ms", ".2f", None),  # the pace, on every arm
     ("inter-token p99 ms", "inter_token_p99_ms", ".2f", _lower),
     ("later tokens p50 ms", "token_latency_p50_ms", ".2f", _lower),
     ("later tokens p99 ms", "token_latency_p99_ms", ".2f", _lower),
 )
-"""(label, row key, format, how many times better the mux is)."""
+"""(label, row key, format, how many times better the mux is; None: no ratio, as for the
+median gap between tokens, which is the pace whenever an arm keeps up)."""
 
 
 def ratios(rows: Sequence[Row]) -> dict[str, dict[str, float | None]]:
@@ -131,7 +132,10 @@ def ratios(rows: Sequence[Row]) -> dict[str, dict[str, float | None]]:
         for _, key, _, better in COMPARED:
             ours, theirs = mux[key], row[key]
             usable = ours is not None and theirs is not None and ours > 0 and theirs > 0
-            found[arm][key] = better(float(ours), float(theirs)) if usable else None
+            if better is None or not usable:
+                found[arm][key] = None
+            else:
+                found[arm][key] = better(float(ours), float(theirs))
     return found
 
 
