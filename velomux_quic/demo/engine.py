@@ -248,8 +248,8 @@ async def run_quic_arm(
                         plan, number, credentials, engine, route, outs[number], timeout
                     )
                     await frontends.spawn(arguments)
-                registered = time.perf_counter()
                 await frontends.watch(inbox.all_requests.wait(), "registering requests", timeout)
+                registered = time.perf_counter()
                 requests = sorted(inbox.requests, key=lambda pair: pair[0].index)
                 # CPU and counters from here: opening the streams is the engine's work too,
                 # as registering them is the frontends' (their window starts before).

@@ -72,7 +72,7 @@ def arm_summary(row: Row) -> str:
     if row.get("opened_with_tickets") is not None:
         lines.append(
             f"    streams opened       {row['opened_with_tickets']:,} of {row['requests']:,} "
-            f"from zero-RTT tickets, in {row['open_s']:.2f} s after the last request"
+            f"from zero-RTT tickets, in {1e3 * row['open_s']:.0f} ms once every request was in"
         )
     if row["live_slots_end"] is not None:
         lines.append(
