@@ -461,6 +461,9 @@ class PeerConnection:
         if self.requests_out.owns(stream_id):
             self.requests_out.reset(stream_id, error_code)
             return
+        if self.is_client and stream_id & 0x3 == 0x1:  # a request the accepting side dropped
+            self.requests_in.reset(stream_id)
+            return
         if lane_of_stream(stream_id) is None and not self.is_client:
             if self.link is not None:
                 self.transport.handler.stream_reset(self.link, StreamReset(stream_id, error_code))
