@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from contextlib import AsyncExitStack
 
-from tests.conftest import NodeFactory
+from tests.conftest import NodeFactory, wait_admitted
 from tests.integration.hostile_peer import hostile_server
+from velomux_quic.ids import InstanceId
+from velomux_quic.messenger import Messenger, MessengerConfig
+from velomux_quic.messenger.envelope import Kind, StagedDescriptor, encode_envelope
 from velomux_quic.security.certs import NodeCredentials
+from velomux_quic.transport import TransportHandler
 from velomux_quic.transport.endpoint import QuicTransport
 
 
@@ -36,3 +41,70 @@ async def test_a_request_stream_reset_halfway_is_freed(
         for stream_id in streams:
             peer.reset(stream_id)
         await _until(lambda: _partial_requests(victim) == 0)
+
+
+class _StallingPeer(TransportHandler):
+    """A hostile node's transport handler: it never answers a pull of what it 'staged'."""
+
+    def __init__(self) -> None:
+        self.pulls_seen = 0
+        self.release = asyncio.Event()
+
+    async def serve_request(self, peer: InstanceId, request: bytes) -> bytes:
+        self.pulls_seen += 1
+        await self.release.wait()
+        raise LookupError("nothing was ever staged")
+
+
+def _counter(messenger: Messenger, name: str, **labels: str) -> float:
+    return messenger.registry.get_sample_value(name, labels) or 0.0
+
+
+async def test_a_flood_of_staged_descriptors_is_held_to_the_pull_bound(
+    make_credentials: Callable[..., NodeCredentials],
+) -> None:
+    bound = 32
+    async with AsyncExitStack() as stack:
+        victim = await Messenger.start(
+            make_credentials("victim"), config=MessengerConfig(max_pulls_per_peer=bound)
+        )
+        stack.push_async_callback(victim.close)
+        stalling = _StallingPeer()
+        hostile = await QuicTransport.start(make_credentials("hostile"), handler=stalling)
+        stack.push_async_callback(hostile.close)
+        stack.callback(stalling.release.set)
+        good = await Messenger.start(make_credentials("good"))
+        stack.push_async_callback(good.close)
+        victim.register("echo", lambda ctx: bytes(ctx.payload))
+        victim.register("sink", lambda ctx: None)
+
+        hostile.register_peer(victim.instance_id, victim.address)
+        descriptors = 2_000
+        outcomes = [
+            hostile.send(
+                victim.instance_id,
+                0,
+                encode_envelope(
+                    Kind.MESSAGE,
+                    handler="sink",
+                    payload=StagedDescriptor(staged_id, 4096).encode(),
+                    staged=True,
+                ),
+            )
+            for staged_id in range(1, descriptors + 1)
+        ]
+        await wait_admitted(outcomes)
+        refused = "velo_messenger_staged_pulls_refused_total"
+        await _until(
+            lambda: _counter(victim, refused, reason="count") == descriptors - bound, timeout=20
+        )
+        snapshot = victim.snapshot()
+        assert snapshot.pulls_outstanding == bound
+        assert snapshot.pull_bytes_outstanding == bound * 4096
+        assert stalling.pulls_seen <= 1  # one lane's pulls run in turn: the first one stalls
+
+        good.add_peer(victim.instance_id, victim.address)
+        assert await good.unary(victim.instance_id, "echo", b"still served", timeout=10) == (
+            b"still served"
+        )
+        assert victim.snapshot().pulls_outstanding == bound

@@ -154,6 +154,7 @@ class Messenger(TransportHandler):
             depth=lambda: self._dispatcher.depth(),
             staged_bytes=lambda: rendezvous.staged_bytes,
             staged_count=lambda: rendezvous.staged_count,
+            pulls_outstanding=lambda: rendezvous.pulls_outstanding,
         )
         self._register_system_handlers()
         peers.subscribe(self._peer_changed)
