@@ -10,10 +10,10 @@ from contextlib import AsyncExitStack
 from tests.conftest import NodeFactory, wait_admitted
 from tests.integration.hostile_peer import hostile_server
 from velomux_quic.ids import InstanceId
-from velomux_quic.messenger import Messenger, MessengerConfig
+from velomux_quic.messenger import Context, Messenger, MessengerConfig
 from velomux_quic.messenger.envelope import Kind, StagedDescriptor, encode_envelope
 from velomux_quic.security.certs import NodeCredentials
-from velomux_quic.transport import TransportHandler
+from velomux_quic.transport import TransportConfig, TransportHandler
 from velomux_quic.transport.endpoint import QuicTransport
 
 
@@ -108,3 +108,52 @@ async def test_a_flood_of_staged_descriptors_is_held_to_the_pull_bound(
             b"still served"
         )
         assert victim.snapshot().pulls_outstanding == bound
+
+
+async def test_replies_to_a_peer_that_stops_reading_are_bounded_then_dropped(
+    make_credentials: Callable[..., NodeCredentials],
+) -> None:
+    bound = 64 * 1024
+    async with AsyncExitStack() as stack:
+        victim = await Messenger.start(
+            make_credentials("victim"),
+            config=MessengerConfig(max_pending_reply_bytes=bound),
+            transport_config=TransportConfig(send_buffer=0),
+        )
+        stack.push_async_callback(victim.close)
+        hostile = await QuicTransport.start(
+            make_credentials("hostile"), config=TransportConfig(lane_window=64 * 1024)
+        )
+        stack.push_async_callback(hostile.close)
+        good = await Messenger.start(make_credentials("good"))
+        stack.push_async_callback(good.close)
+        handled = 0
+
+        def echo(ctx: Context) -> bytes:
+            nonlocal handled
+            handled += 1
+            return bytes(ctx.payload)
+
+        victim.register("echo", echo)
+        hostile.pause_reading(victim.instance_id, 0)  # it asks, and never reads an answer
+        hostile.register_peer(victim.instance_id, victim.address)
+        requests = 1_000
+        outcomes = [
+            hostile.send(
+                victim.instance_id,
+                0,
+                encode_envelope(Kind.REQUEST, handler="echo", message_id=i, payload=bytes(1024)),
+            )
+            for i in range(1, requests + 1)
+        ]
+        await wait_admitted(outcomes)
+        await _until(lambda: handled == requests, timeout=20)
+        dropped = _counter(
+            victim, "velo_messenger_replies_dropped_total", reason="peer_not_reading"
+        )
+        assert dropped > requests // 2, dropped
+        waiting = victim.snapshot().pending_reply_bytes
+        assert 0 < waiting <= bound + 1024 + 128, waiting
+
+        good.add_peer(victim.instance_id, victim.address)
+        assert await good.unary(victim.instance_id, "echo", b"answered", timeout=10) == b"answered"

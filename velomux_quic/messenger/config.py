@@ -59,6 +59,16 @@ class MessengerConfig:
     ``reason="bytes"``.
     """
 
+    max_pending_reply_bytes: int = 4 * MiB
+    """Replies to one peer this node may hold waiting for that peer's lanes, in bytes.
+
+    A reply (response, acknowledgement, error) to a peer that stops reading waits in the
+    transport's admission gate once the lane's window and send buffer are full. Past this
+    bound (each reply counted as its payload plus 128 bytes for its frame and bookkeeping)
+    further replies to that peer are dropped, not queued: its callers time out, and the
+    drops are counted in ``velo_messenger_replies_dropped_total{reason="peer_not_reading"}``.
+    """
+
     health_check_timeout: float = 5.0
     """Timeout of ``check_health`` calls that give none."""
 
@@ -94,6 +104,11 @@ class MessengerConfig:
                 "MessengerConfig.max_pulls_per_peer and max_pull_bytes_per_peer must be at"
                 f" least 1, got {self.max_pulls_per_peer} and {self.max_pull_bytes_per_peer}:"
                 " a node that accepts no staged payload sets staged_payload_max=0 instead"
+            )
+        if self.max_pending_reply_bytes < 0:
+            raise ConfigurationError(
+                "MessengerConfig.max_pending_reply_bytes must be non-negative,"
+                f" got {self.max_pending_reply_bytes}"
             )
         if self.max_ordered_backlog < 2:
             raise ConfigurationError(

@@ -119,6 +119,17 @@ class MessengerMetrics:
             ["reason"],
             registry=r,
         )
+        self.replies_dropped = Counter(
+            "velo_messenger_replies_dropped",
+            "Replies not sent because their peer had max_pending_reply_bytes waiting already",
+            ["reason"],
+            registry=r,
+        )
+        self.pending_reply_bytes = Gauge(
+            "velo_messenger_pending_reply_bytes",
+            "Bytes of replies waiting in the admission gates of peers' lanes",
+            registry=r,
+        )
         self.pulls_outstanding = Gauge(
             "velo_rendezvous_pulls_outstanding",
             "Staged payloads of peers accepted and not delivered yet",
@@ -136,6 +147,7 @@ class MessengerMetrics:
         staged_bytes: Callable[[], float],
         staged_count: Callable[[], float],
         pulls_outstanding: Callable[[], float],
+        pending_reply_bytes: Callable[[], float],
     ) -> None:
         """Read the gauges from the messenger's live state at scrape time (nothing to keep in
         step)."""
@@ -145,6 +157,7 @@ class MessengerMetrics:
         self.staged_bytes.set_function(staged_bytes)
         self.active_slots.set_function(staged_count)
         self.pulls_outstanding.set_function(pulls_outstanding)
+        self.pending_reply_bytes.set_function(pending_reply_bytes)
 
     def observe_handler(
         self, handler: str, response_type: str, outcome: str, seconds: float, size: int
