@@ -8,6 +8,7 @@ never does: leave request streams half-sent, reset them, send raw frames.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -15,10 +16,12 @@ from typing import Any
 
 from aioquic.asyncio.protocol import QuicConnectionProtocol
 from aioquic.asyncio.server import serve
+from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.connection import QuicConnection
 from aioquic.quic.events import HandshakeCompleted, QuicEvent
 
 from velomux_quic.security.certs import NodeCredentials
-from velomux_quic.security.tls import make_quic_configuration
+from velomux_quic.security.tls import ALPN_PROTOCOL, make_quic_configuration
 
 
 class HostileServerProtocol(QuicConnectionProtocol):
@@ -92,3 +95,46 @@ async def hostile_server(credentials: NodeCredentials) -> AsyncIterator[HostileS
         yield server
     finally:
         quic_server.close()
+
+
+def real_initials(count: int) -> list[bytes]:
+    """``count`` genuine client Initial packets (each a new connection), from aioquic's
+    client: what a flood of dials that never continue sends."""
+    initials = []
+    for _ in range(count):
+        client = QuicConnection(
+            configuration=QuicConfiguration(is_client=True, alpn_protocols=[ALPN_PROTOCOL])
+        )
+        client.connect(("127.0.0.1", 9), now=0.0)
+        initials.append(client.datagrams_to_send(now=0.0)[0][0])
+    return initials
+
+
+class InitialFlood:
+    """Sends Initials from one source address, over and over, until stopped."""
+
+    def __init__(self, initials: list[bytes], source: str, target: tuple[str, int]) -> None:
+        self.sent = 0
+        self._initials = initials
+        self._target = target
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self._socket.bind((source, 0))
+        self._socket.setblocking(False)
+        self._stop = asyncio.Event()
+
+    async def run(self, per_tick: int = 20, tick: float = 0.02) -> None:
+        """About ``per_tick / tick`` Initials a second (1,000/s, 1.2 MB/s, by default)."""
+        try:
+            while not self._stop.is_set():
+                for _ in range(per_tick):
+                    packet = self._initials[self.sent % len(self._initials)]
+                    with contextlib.suppress(BlockingIOError):
+                        self._socket.sendto(packet, self._target)
+                    self.sent += 1
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), tick)  # pacing, not a sync
+        finally:
+            self._socket.close()
+
+    def stop(self) -> None:
+        self._stop.set()

@@ -7,8 +7,10 @@ import asyncio
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 
+import pytest
+
 from tests.conftest import NodeFactory, wait_admitted
-from tests.integration.hostile_peer import hostile_server
+from tests.integration.hostile_peer import InitialFlood, hostile_server, real_initials
 from velomux_quic.ids import InstanceId
 from velomux_quic.messenger import Context, Messenger, MessengerConfig
 from velomux_quic.messenger.envelope import Kind, StagedDescriptor, encode_envelope
@@ -157,3 +159,32 @@ async def test_replies_to_a_peer_that_stops_reading_are_bounded_then_dropped(
 
         good.add_peer(victim.instance_id, victim.address)
         assert await good.unary(victim.instance_id, "echo", b"answered", timeout=10) == b"answered"
+
+
+@pytest.mark.parametrize(
+    ("config", "counted"),
+    [
+        (TransportConfig(max_half_open_per_source=8), "handshake_per_source"),
+        (TransportConfig(retry_threshold=4), "handshake_retry"),
+    ],
+    ids=["per_source", "retry"],
+)
+async def test_a_real_peer_connects_through_a_handshake_flood(
+    start_node: NodeFactory, config: TransportConfig, counted: str
+) -> None:
+    victim, _ = await start_node("victim", config=config)
+    good, _ = await start_node("good")
+    good.register_peer(victim.instance_id, victim.address)
+    flood = InitialFlood(real_initials(300), "127.0.0.2", victim.address)
+    flooding = asyncio.ensure_future(flood.run())
+    try:
+        # Every Initial of the pool sent once: more than the 256 half-open handshakes
+        # that used to lock out every later dial.
+        await _until(lambda: flood.sent >= 300)
+        await good.connect(victim.instance_id)  # DialError(handshake_timeout) when locked out
+    finally:
+        flood.stop()
+        await flooding
+    assert victim.stats.rejections[counted] > 0
+    inbound = victim.snapshot().inbound_from(good.instance_id)
+    assert [c.state for c in inbound] == ["established"]
