@@ -586,6 +586,14 @@ class PeerConnection:
         if error is not None and not self._refusal_counted:
             self._refusal_counted = True
             self.transport.stats.peer_refusals[error.reason] += 1
+            # The peer was told the reason code only; the detail stays here.
+            logger.info(
+                "refused the %s at %s (%s): %s",
+                "server" if self.is_client else "client",
+                self.remote_address,
+                error.reason,
+                error,
+            )
 
     def _confirm_if_ready(self) -> None:
         if (
