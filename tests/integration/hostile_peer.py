@@ -136,5 +136,14 @@ class InitialFlood:
         finally:
             self._socket.close()
 
+    async def run_once(self) -> None:
+        """Each Initial of the pool once, then close the socket (the senders go silent)."""
+        try:
+            for packet in self._initials:
+                self._socket.sendto(packet, self._target)
+                self.sent += 1
+        finally:
+            self._socket.close()
+
     def stop(self) -> None:
         self._stop.set()

@@ -4,6 +4,7 @@ every refusal is counted, and legitimate peers keep working."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 
@@ -63,8 +64,9 @@ def _counter(messenger: Messenger, name: str, **labels: str) -> float:
 
 
 async def test_a_flood_of_staged_descriptors_is_held_to_the_pull_bound(
-    make_credentials: Callable[..., NodeCredentials],
+    make_credentials: Callable[..., NodeCredentials], caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.WARNING, logger="velomux_quic.messenger.rendezvous")
     bound = 32
     async with AsyncExitStack() as stack:
         victim = await Messenger.start(
@@ -110,6 +112,8 @@ async def test_a_flood_of_staged_descriptors_is_held_to_the_pull_bound(
             b"still served"
         )
         assert victim.snapshot().pulls_outstanding == bound
+        warnings = [r for r in caplog.records if r.name == "velomux_quic.messenger.rendezvous"]
+        assert len(warnings) == 1, [r.getMessage() for r in warnings]  # once, not 1,968 times
 
 
 async def test_replies_to_a_peer_that_stops_reading_are_bounded_then_dropped(
@@ -188,3 +192,12 @@ async def test_a_real_peer_connects_through_a_handshake_flood(
     assert victim.stats.rejections[counted] > 0
     inbound = victim.snapshot().inbound_from(good.instance_id)
     assert [c.state for c in inbound] == ["established"]
+
+
+async def test_abandoned_inbound_handshakes_are_reaped_early(start_node: NodeFactory) -> None:
+    config = TransportConfig(half_open_idle_timeout=0.2, handshake_timeout=30.0)
+    victim, _ = await start_node("victim", config=config)
+    flood = InitialFlood(real_initials(10), "127.0.0.2", victim.address)
+    await flood.run_once()
+    await _until(lambda: victim.stats.rejections["handshake_abandoned"] == 10)
+    assert victim.snapshot().connections == ()  # gone long before the 30 s deadline

@@ -163,3 +163,19 @@ async def test_dialer_refuses_an_impostor_server_with_a_self_signed_copy(
     with pytest.raises(ChannelClosed):
         await asyncio.wait_for(_await(outcome), 10)  # type: ignore[arg-type]
     assert impostor_seen.count() == 0
+
+
+async def test_dialer_refuses_and_counts_a_server_signing_with_the_wrong_key(
+    start_node: NodeFactory,
+    ca: CertificateAuthority,
+    make_credentials: Callable[..., NodeCredentials],
+) -> None:
+    real_b = make_credentials("b")
+    thief, thief_seen = await start_node("thief", credentials=with_mismatched_key(real_b))
+    a, _ = await start_node("a")
+    a.register_peer(real_b.instance_id, thief.address)
+    with pytest.raises(DialError) as refused:
+        await asyncio.wait_for(a.connect(real_b.instance_id), 10)
+    assert refused.value.reason == "bad_signature"
+    assert a.stats.peer_refusals["bad_signature"] == 1
+    assert thief_seen.count() == 0 and thief_seen.connected == []
