@@ -36,12 +36,15 @@ class _CountedBytes(bytes):
         return super().__len__()
 
 
-def _incoming(quic: _Stream) -> IncomingRequests:
+def _incoming(quic: _Stream, refusals: list[str] | None = None) -> IncomingRequests:
     async def serve(peer: object, request: bytes) -> bytes:
         return request[::-1]
 
     peer = new_instance_id()
-    return IncomingRequests(cast(EngineConnection, quic), lambda: None, serve, lambda: peer)
+    seen = refusals if refusals is not None else []
+    return IncomingRequests(
+        cast(EngineConnection, quic), lambda: None, serve, lambda: peer, seen.append
+    )
 
 
 async def test_one_byte_frames_cost_work_linear_in_their_number() -> None:
@@ -59,13 +62,15 @@ async def test_one_byte_frames_cost_work_linear_in_their_number() -> None:
 
 async def test_a_request_past_max_request_is_refused_by_its_running_length() -> None:
     quic = _Stream()
-    requests = _incoming(quic)
+    refusals: list[str] = []
+    requests = _incoming(quic, refusals)
     chunk = bytes(1024)
     for _ in range(MAX_REQUEST // len(chunk)):
         requests.data(1, chunk, end_stream=False)
     assert quic.refused == [] and requests.partial_count == 1
     requests.data(1, b"!", end_stream=False)
     assert quic.refused == [1] and requests.partial_count == 0
+    assert refusals == ["request_too_large"]
 
 
 async def test_a_reset_request_stream_frees_its_partial_request() -> None:

@@ -137,9 +137,16 @@ class PeerConnection:
         self._refusal_counted = False
         self.requests_out = OutgoingRequests(quic, self.transmit_soon)
         self.requests_in = IncomingRequests(
-            quic, self.transmit_soon, transport.handler.serve_request, lambda: self.peer
+            quic,
+            self.transmit_soon,
+            transport.handler.serve_request,
+            lambda: self.peer,
+            self._count_request_refusal,
         )
         self._drained = asyncio.Event()
+
+    def _count_request_refusal(self, reason: str) -> None:
+        self.stats.rejections[reason] += 1
 
     @property
     def established(self) -> bool:

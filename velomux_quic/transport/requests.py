@@ -145,11 +145,15 @@ class IncomingRequests:
         transmit: Callable[[], None],
         serve: Server | None,
         peer: Callable[[], InstanceId | None],
+        refused: Callable[[str], None] = lambda reason: None,
     ) -> None:
         self._quic = quic
         self._transmit = transmit
         self._serve = serve
         self._peer = peer
+        self._count_refusal = refused
+        """Told why each request was refused: ``request_too_large``, ``request_unserved``
+        (no server here) or ``request_failed`` (the server raised)."""
         self._partial: dict[int, _Partial] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -172,6 +176,7 @@ class IncomingRequests:
         partial.add(data)
         if partial.size > MAX_REQUEST or self._serve is None:
             del self._partial[stream_id]
+            self._count_refusal("request_unserved" if self._serve is None else "request_too_large")
             self._refuse(stream_id)
             return
         if not end_stream:
@@ -189,6 +194,7 @@ class IncomingRequests:
             response = await self._serve(peer, request)
         except Exception as exc:
             logger.debug("request on stream %d refused: %s", stream_id, exc)
+            self._count_refusal("request_failed")
             self._refuse(stream_id)
             return
         try:
