@@ -203,6 +203,7 @@ RefusalReason = Literal[
     "bad_key_usage",
     "bad_identity",
     "identity_mismatch",
+    "bad_signature",
 ]
 """Why a peer certificate was refused (the values of :attr:`PeerVerificationError.reason`)."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import ssl
 from collections.abc import Callable
 
@@ -68,7 +69,7 @@ def _self_signed_copy(
     [
         (_other_ca, "untrusted_chain"),
         (_expired, "expired"),
-        (_mismatched_key, None),  # aioquic's CertificateVerify check fails: decrypt_error
+        (_mismatched_key, "bad_signature"),  # aioquic's CertificateVerify check fails
         (_self_signed_copy, "untrusted_chain"),
     ],
     ids=["other_ca", "expired", "key_does_not_match", "self_signed_copy_of_a_real_node"],
@@ -80,7 +81,9 @@ async def test_bad_client_certificate_is_refused_before_any_frame(
     make_credentials: Callable[..., NodeCredentials],
     make_bad: BadCredentials,
     server_reason: str | None,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.INFO, logger="velomux_quic.transport.connection")
     b, b_seen = await start_node("b")
     real_a = make_credentials("a")
     bad, _ = await start_node("bad", credentials=make_bad(ca, other_ca, real_a))
@@ -96,6 +99,11 @@ async def test_bad_client_certificate_is_refused_before_any_frame(
     if server_reason is not None:
         assert refused.value.reason == f"refused_by_peer:{server_reason}"
         assert b.stats.peer_refusals[server_reason] == 1
+        # The CONNECTION_CLOSE reason is the code alone: no subject, serial, clock or
+        # trust domain of the refusing node reaches a peer it does not trust.
+        assert str(refused.value).endswith(f"refused the handshake: {server_reason}")
+        detail = [r.getMessage() for r in caplog.records if "refused the client" in r.getMessage()]
+        assert len(detail) == 1 and len(detail[0]) > len(server_reason) + 40, detail
     else:
         assert refused.value.reason == "handshake_failed"
     assert b_seen.count() == 0 and b_seen.connected == []
@@ -155,3 +163,19 @@ async def test_dialer_refuses_an_impostor_server_with_a_self_signed_copy(
     with pytest.raises(ChannelClosed):
         await asyncio.wait_for(_await(outcome), 10)  # type: ignore[arg-type]
     assert impostor_seen.count() == 0
+
+
+async def test_dialer_refuses_and_counts_a_server_signing_with_the_wrong_key(
+    start_node: NodeFactory,
+    ca: CertificateAuthority,
+    make_credentials: Callable[..., NodeCredentials],
+) -> None:
+    real_b = make_credentials("b")
+    thief, thief_seen = await start_node("thief", credentials=with_mismatched_key(real_b))
+    a, _ = await start_node("a")
+    a.register_peer(real_b.instance_id, thief.address)
+    with pytest.raises(DialError) as refused:
+        await asyncio.wait_for(a.connect(real_b.instance_id), 10)
+    assert refused.value.reason == "bad_signature"
+    assert a.stats.peer_refusals["bad_signature"] == 1
+    assert thief_seen.count() == 0 and thief_seen.connected == []

@@ -41,6 +41,34 @@ class MessengerConfig:
     ``staged_ttl`` there anyway.
     """
 
+    max_pulls_per_peer: int = 1024
+    """Staged payloads of one peer this node may have accepted and not delivered yet.
+
+    Each costs a waiting pull (descriptors of one lane are pulled one after another), so a
+    peer sending descriptors faster than their payloads arrive would otherwise make this
+    node hold a task per descriptor. Past the bound a descriptor is refused as one past
+    ``staged_payload_max`` is (a waiting caller gets RemoteRefused, the refusal hooks run)
+    and counted in ``velo_messenger_staged_pulls_refused_total{reason="count"}``.
+    """
+
+    max_pull_bytes_per_peer: int = 256 * MiB
+    """Bytes (as their descriptors state) of one peer's accepted, undelivered staged payloads.
+
+    Checked only while that peer has a pull outstanding, so one payload up to
+    ``staged_payload_max`` is always accepted; refusals are counted with
+    ``reason="bytes"``.
+    """
+
+    max_pending_reply_bytes: int = 4 * MiB
+    """Replies to one peer this node may hold waiting for that peer's lanes, in bytes.
+
+    A reply (response, acknowledgement, error) to a peer that stops reading waits in the
+    transport's admission gate once the lane's window and send buffer are full. Past this
+    bound (each reply counted as its payload plus 128 bytes for its frame and bookkeeping)
+    further replies to that peer are dropped, not queued: its callers time out, and the
+    drops are counted in ``velo_messenger_replies_dropped_total{reason="peer_not_reading"}``.
+    """
+
     health_check_timeout: float = 5.0
     """Timeout of ``check_health`` calls that give none."""
 
@@ -70,6 +98,17 @@ class MessengerConfig:
         if self.staged_payload_max < 0 or self.max_staged_bytes < 0:
             raise ConfigurationError(
                 "MessengerConfig.staged_payload_max and max_staged_bytes must be non-negative"
+            )
+        if self.max_pulls_per_peer < 1 or self.max_pull_bytes_per_peer < 1:
+            raise ConfigurationError(
+                "MessengerConfig.max_pulls_per_peer and max_pull_bytes_per_peer must be at"
+                f" least 1, got {self.max_pulls_per_peer} and {self.max_pull_bytes_per_peer}:"
+                " a node that accepts no staged payload sets staged_payload_max=0 instead"
+            )
+        if self.max_pending_reply_bytes < 0:
+            raise ConfigurationError(
+                "MessengerConfig.max_pending_reply_bytes must be non-negative,"
+                f" got {self.max_pending_reply_bytes}"
             )
         if self.max_ordered_backlog < 2:
             raise ConfigurationError(

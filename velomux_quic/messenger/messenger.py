@@ -99,6 +99,9 @@ Job = tuple[HandlerSpec, Context, Kind, int]
 _RESPONSE_TYPE = {Kind.MESSAGE: "fire_and_forget", Kind.SYNC: "ack_nack", Kind.REQUEST: "unary"}
 _ANSWERS = (Kind.RESPONSE, Kind.ERROR, Kind.ACK)
 
+_REPLY_OVERHEAD = 128
+"""What a waiting reply costs beyond its payload: envelope, frame, SendAdmission."""
+
 
 class Messenger(TransportHandler):
     """One node's messenger. Create with :meth:`start`, close with :meth:`close`.
@@ -147,6 +150,10 @@ class Messenger(TransportHandler):
         self._closed = False
         self._discovery: PeerDiscovery | None = None
         self._stream_acceptor: TransportHandler | None = None
+        self._pending_replies: dict[InstanceId, int] = {}
+        """Bytes of replies waiting in each peer's admission gates (entries go at zero)."""
+        self._pending_reply_total = 0
+        self._reply_drops_logged: set[InstanceId] = set()
         rendezvous = self._rendezvous
         self.metrics.bind_gauges(
             pending=lambda: len(self._calls),
@@ -154,6 +161,8 @@ class Messenger(TransportHandler):
             depth=lambda: self._dispatcher.depth(),
             staged_bytes=lambda: rendezvous.staged_bytes,
             staged_count=lambda: rendezvous.staged_count,
+            pulls_outstanding=lambda: rendezvous.pulls_outstanding,
+            pending_reply_bytes=lambda: self._pending_reply_total,
         )
         self._register_system_handlers()
         peers.subscribe(self._peer_changed)
@@ -372,6 +381,7 @@ class Messenger(TransportHandler):
             staged_bytes=rendezvous.staged_bytes,
             pulls_outstanding=rendezvous.pulls_outstanding,
             pull_bytes_outstanding=rendezvous.pull_bytes_outstanding,
+            pending_reply_bytes=self._pending_reply_total,
             peers=tuple(sorted(self.peers, key=lambda record: str(record.instance_id))),
             closed=self._closed,
         )
@@ -746,6 +756,21 @@ class Messenger(TransportHandler):
     def _reply(
         self, peer: InstanceId, lane: int, kind: Kind, message_id: int, payload: bytes
     ) -> None:
+        waiting = self._pending_replies.get(peer, 0)
+        if waiting > self.config.max_pending_reply_bytes:
+            # The peer sends requests and does not read their answers: queueing more
+            # would hold its replies here without bound. Its callers time out instead.
+            self.metrics.replies_dropped.labels("peer_not_reading").inc()
+            if peer not in self._reply_drops_logged:
+                self._reply_drops_logged.add(peer)
+                logger.warning(
+                    "%s is not reading its replies (%d bytes waiting, max_pending_reply_bytes"
+                    " %d): dropping further replies to it (velo_messenger_replies_dropped_total)",
+                    peer,
+                    waiting,
+                    self.config.max_pending_reply_bytes,
+                )
+            return
         try:
             outcome = self._send(peer, lane, kind, "", payload, message_id, None)
         except (TransportError, MessengerClosed) as exc:
@@ -753,9 +778,19 @@ class Messenger(TransportHandler):
             logger.warning("could not answer %s on lane %d: %s", peer, lane, exc)
             return
         if isinstance(outcome, SendAdmission):
-            outcome.on_resolved(self._reply_resolved)
+            cost = len(payload) + _REPLY_OVERHEAD
+            self._pending_replies[peer] = waiting + cost
+            self._pending_reply_total += cost
+            outcome.on_resolved(lambda admission: self._reply_resolved(peer, cost, admission))
 
-    def _reply_resolved(self, admission: SendAdmission) -> None:
+    def _reply_resolved(self, peer: InstanceId, cost: int, admission: SendAdmission) -> None:
+        self._pending_reply_total -= cost
+        left = self._pending_replies.get(peer, 0) - cost
+        if left > 0:
+            self._pending_replies[peer] = left
+        else:
+            self._pending_replies.pop(peer, None)
+            self._reply_drops_logged.discard(peer)  # it reads again: warn anew next time
         if admission.error is not None:
             self.metrics.dispatch_failures.labels("response_send", "refused").inc()
 

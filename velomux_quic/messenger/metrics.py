@@ -112,6 +112,29 @@ class MessengerMetrics:
             ["reason"],
             registry=r,
         )
+        self.staged_pulls_refused = Counter(
+            "velo_messenger_staged_pulls_refused",
+            "Staged descriptors refused because their peer had too many pulls outstanding,"
+            " by the bound reached (count or bytes)",
+            ["reason"],
+            registry=r,
+        )
+        self.replies_dropped = Counter(
+            "velo_messenger_replies_dropped",
+            "Replies not sent because their peer had max_pending_reply_bytes waiting already",
+            ["reason"],
+            registry=r,
+        )
+        self.pending_reply_bytes = Gauge(
+            "velo_messenger_pending_reply_bytes",
+            "Bytes of replies waiting in the admission gates of peers' lanes",
+            registry=r,
+        )
+        self.pulls_outstanding = Gauge(
+            "velo_rendezvous_pulls_outstanding",
+            "Staged payloads of peers accepted and not delivered yet",
+            registry=r,
+        )
         self._in: dict[str, tuple[Counter, Counter]] = {}
         self._out: dict[str, tuple[Counter, Counter]] = {}
         self._handled: dict[tuple[str, str, str], tuple[Counter, Histogram, Counter]] = {}
@@ -123,6 +146,8 @@ class MessengerMetrics:
         depth: Callable[[], float],
         staged_bytes: Callable[[], float],
         staged_count: Callable[[], float],
+        pulls_outstanding: Callable[[], float],
+        pending_reply_bytes: Callable[[], float],
     ) -> None:
         """Read the gauges from the messenger's live state at scrape time (nothing to keep in
         step)."""
@@ -131,6 +156,8 @@ class MessengerMetrics:
         self.ordered_lane_depth.set_function(depth)
         self.staged_bytes.set_function(staged_bytes)
         self.active_slots.set_function(staged_count)
+        self.pulls_outstanding.set_function(pulls_outstanding)
+        self.pending_reply_bytes.set_function(pending_reply_bytes)
 
     def observe_handler(
         self, handler: str, response_type: str, outcome: str, seconds: float, size: int

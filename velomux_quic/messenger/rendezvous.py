@@ -56,7 +56,7 @@ logger = logging.getLogger(__name__)
 class StagedRefusal:
     """A staged payload this node refused for its size, as told to refusal hooks."""
 
-    __slots__ = ("handler", "headers", "lane", "limit", "peer", "size")
+    __slots__ = ("handler", "headers", "lane", "limit", "peer", "reason", "size")
 
     def __init__(
         self,
@@ -66,6 +66,7 @@ class StagedRefusal:
         headers: dict[str, str] | None,
         size: int,
         limit: int,
+        reason: str = "too_large",
     ) -> None:
         self.peer = peer
         """The node that staged it."""
@@ -78,11 +79,15 @@ class StagedRefusal:
         self.size = size
         """The size its descriptor stated."""
         self.limit = limit
-        """This node's ``staged_payload_max``."""
+        """The bound it broke: ``staged_payload_max`` for ``too_large``, else the per-peer
+        pull bound (``max_pulls_per_peer`` or ``max_pull_bytes_per_peer``)."""
+        self.reason = reason
+        """``too_large``, or ``pull_count`` / ``pull_bytes`` when the peer already had as
+        many pulls outstanding as this node accepts."""
 
 
 RefusalHook = Callable[[StagedRefusal], None]
-"""Told of each staged payload this node refused for its size."""
+"""Told of each staged payload this node refused (for its size, or past the pull bounds)."""
 
 StagingListener = Callable[[str, int], None]
 """Told ``(reason, size)`` of each release of a payload this node staged."""
@@ -99,6 +104,18 @@ RefuseCaller = Callable[[InstanceId, int, Envelope, str], None]
 
 KeepTask = Callable[[Coroutine[Any, Any, None]], "asyncio.Future[None]"]
 """Run a coroutine as a task the messenger's close cancels and awaits."""
+
+
+class _PeerPulls:
+    """One peer's accepted, undelivered staged payloads, and whether it was warned of."""
+
+    __slots__ = ("bytes", "count", "limit_logged", "loss_logged")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.bytes = 0
+        self.limit_logged = False
+        self.loss_logged = False
 
 
 class Rendezvous:
@@ -131,6 +148,8 @@ class Rendezvous:
         """Descriptors accepted whose payload is not delivered (or failed) yet."""
         self.pull_bytes_outstanding = 0
         """The bytes those descriptors state."""
+        self._per_peer: dict[InstanceId, _PeerPulls] = {}
+        """Peers with pulls outstanding (an entry goes with the peer's last pull)."""
 
     # -- hooks ---------------------------------------------------------------------------
 
@@ -197,6 +216,22 @@ class Rendezvous:
         if descriptor.size > limit:
             self._refuse_too_large(peer, lane, envelope, descriptor, limit)
             return
+        pulls = self._per_peer.get(peer)
+        if pulls is None:
+            pulls = self._per_peer[peer] = _PeerPulls()
+        config = self._config
+        if pulls.count >= config.max_pulls_per_peer:
+            self._refuse_past_bound(
+                peer, lane, envelope, descriptor, pulls, "count", config.max_pulls_per_peer
+            )
+            return
+        if pulls.count and pulls.bytes + descriptor.size > config.max_pull_bytes_per_peer:
+            self._refuse_past_bound(
+                peer, lane, envelope, descriptor, pulls, "bytes", config.max_pull_bytes_per_peer
+            )
+            return
+        pulls.count += 1
+        pulls.bytes += descriptor.size
         key = (peer, lane)
         previous = self._pull_tails.get(key)
         self.pulls_outstanding += 1
@@ -232,6 +267,50 @@ class Rendezvous:
             f"staged payload of {descriptor.size} bytes exceeds staged_payload_max {limit}",
         )
 
+    def _refuse_past_bound(
+        self,
+        peer: InstanceId,
+        lane: int,
+        envelope: Envelope,
+        descriptor: StagedDescriptor,
+        pulls: _PeerPulls,
+        bound: str,
+        limit: int,
+    ) -> None:
+        """The peer has as many pulls outstanding as it may: refuse this one unread.
+
+        Unlike a refusal for size, the sender is not asked to release the payload: that
+        would cost a request stream per refused descriptor, which is what the bound is
+        there to stop; the payload expires after the sender's ``staged_ttl``.
+        """
+        self._metrics.staged_pulls_refused.labels(bound).inc()
+        self._metrics.refusals.labels(f"pull_{bound}").inc()
+        self._metrics.rendezvous_ops.labels("get", "refused").inc()
+        if not pulls.limit_logged:
+            pulls.limit_logged = True  # once per peer until its outstanding pulls drain
+            logger.warning(
+                "%s has %d staged payloads (%d bytes) outstanding here, the most"
+                " max_pulls_per_peer/max_pull_bytes_per_peer allow: refusing its further"
+                " descriptors (velo_messenger_staged_pulls_refused_total)",
+                peer,
+                pulls.count,
+                pulls.bytes,
+            )
+        refusal = StagedRefusal(
+            peer, lane, envelope.handler, envelope.headers, descriptor.size, limit, f"pull_{bound}"
+        )
+        for hook in self._refusal_hooks:
+            try:
+                hook(refusal)
+            except Exception:
+                logger.exception("staged refusal hook failed")
+        self._refuse(
+            peer,
+            lane,
+            envelope,
+            f"too many staged payloads outstanding from this sender ({bound} bound {limit})",
+        )
+
     def _pull_done(self, key: tuple[InstanceId, int], task: asyncio.Future[None]) -> None:
         if self._pull_tails.get(key) is task:
             del self._pull_tails[key]
@@ -253,6 +332,12 @@ class Rendezvous:
         finally:
             self.pulls_outstanding -= 1
             self.pull_bytes_outstanding -= descriptor.size
+            pulls = self._per_peer.get(peer)
+            if pulls is not None:
+                pulls.count -= 1
+                pulls.bytes -= descriptor.size
+                if pulls.count <= 0:
+                    del self._per_peer[peer]
 
     async def _pull_and_deliver(
         self, peer: InstanceId, lane: int, envelope: Envelope, descriptor: StagedDescriptor
@@ -271,9 +356,17 @@ class Rendezvous:
                 )
         except (TransportError, TimeoutError) as exc:
             self._metrics.rendezvous_ops.labels("get", "error").inc()
-            logger.warning(
-                "could not pull a staged %r payload from %s: %r", envelope.handler, peer, exc
-            )
+            pulls = self._per_peer.get(peer)
+            if pulls is None or not pulls.loss_logged:
+                # Once per peer while it has pulls outstanding: a lost connection fails
+                # them all, and one line says so (the count is in the metric).
+                if pulls is not None:
+                    pulls.loss_logged = True
+                logger.warning(
+                    "could not pull a staged %r payload from %s: %r", envelope.handler, peer, exc
+                )
+            else:
+                logger.debug("could not pull a staged payload from %s: %r", peer, exc)
             self._refuse(peer, lane, envelope, f"staged payload lost: {exc}")
             return
         self._metrics.rendezvous_ops.labels("get", "success").inc()
@@ -295,4 +388,5 @@ class Rendezvous:
         """Release everything staged (``closed``); the pulls ended with the messenger's
         tasks (one cancelled before it ran never counted itself out: nothing is left)."""
         self._store.close()
+        self._per_peer.clear()
         self.pulls_outstanding = self.pull_bytes_outstanding = 0

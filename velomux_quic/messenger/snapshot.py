@@ -31,6 +31,9 @@ class MessengerSnapshot:
     """Staged payloads of peers this node accepted and has not delivered yet."""
     pull_bytes_outstanding: int
     """The bytes their descriptors state."""
+    pending_reply_bytes: int
+    """Bytes of replies waiting for peers' lanes (bounded per peer by
+    ``max_pending_reply_bytes``)."""
     peers: tuple[PeerRecord, ...]
     """The peers this node knows where to reach, by InstanceId."""
     closed: bool

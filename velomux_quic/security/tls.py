@@ -58,22 +58,31 @@ _ALERTS: dict[str, tls.AlertDescription] = {
     "bad_key_usage": tls.AlertDescription.unsupported_certificate,
     "bad_identity": tls.AlertDescription.bad_certificate,
     "identity_mismatch": tls.AlertDescription.bad_certificate,
+    "bad_signature": tls.AlertDescription.decrypt_error,
 }
 
 
 class PeerRefusedAlert(tls.Alert):
-    """A TLS alert carrying our verification reason as the first word of its text."""
+    """A TLS alert whose text, the CONNECTION_CLOSE reason phrase, is our reason code only.
+
+    The verification message names the CA's subject and serial, this node's clock and its
+    trust domain: useful to the operator, who finds it in this node's log and in
+    ``verification_error``, but nothing to tell a peer that may not be ours.
+    """
 
     def __init__(self, error: PeerVerificationError) -> None:
-        super().__init__(f"{error.reason}: {error}")
+        super().__init__(error.reason)
         self.description = _ALERTS.get(error.reason, tls.AlertDescription.bad_certificate)
         self.reason = error.reason
 
 
 def parse_refusal_reason(reason_phrase: str) -> str | None:
-    """The verification reason code at the start of a CONNECTION_CLOSE reason phrase."""
-    head, sep, _ = reason_phrase.partition(":")
-    return head if sep and head in _ALERTS else None
+    """The verification reason code a CONNECTION_CLOSE reason phrase carries.
+
+    The phrase is the bare code; an older node sent ``code: details``, read the same way.
+    """
+    head = reason_phrase.partition(":")[0].strip()
+    return head if head in _ALERTS else None
 
 
 class VerifyingContext(tls.Context):
@@ -114,14 +123,31 @@ class VerifyingContext(tls.Context):
             self.velomux_error = error
             raise PeerRefusedAlert(error)
 
+    def _signature_refused(self, alert: tls.Alert) -> PeerRefusedAlert:
+        """aioquic found the CertificateVerify signature wrong: refuse it as ours, counted."""
+        error = PeerVerificationError(
+            "bad_signature",
+            f"the {self.velomux_role}'s handshake signature does not match the key of the"
+            f" certificate it presented ({type(alert).__name__}): it does not hold that"
+            " certificate's private key",
+        )
+        self.velomux_error = error
+        return PeerRefusedAlert(error)
+
     def _server_handle_certificate_verify(self, input_buf: Buffer) -> None:
-        super()._server_handle_certificate_verify(input_buf)  # signature: key possession
+        try:
+            super()._server_handle_certificate_verify(input_buf)  # signature: key possession
+        except tls.AlertDecryptError as exc:
+            raise self._signature_refused(exc) from exc
         self._velomux_check()
 
     # dialing side ----------------------------------------------------------------------
 
     def _client_handle_certificate_verify(self, input_buf: Buffer) -> None:
-        super()._client_handle_certificate_verify(input_buf)  # signature only (CERT_NONE)
+        try:
+            super()._client_handle_certificate_verify(input_buf)  # signature only (CERT_NONE)
+        except tls.AlertDecryptError as exc:
+            raise self._signature_refused(exc) from exc
         self._velomux_check()
 
 

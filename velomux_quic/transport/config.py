@@ -42,6 +42,26 @@ class TransportConfig:
     handshake_timeout: float = 5.0
     """A dial that has not completed its mutual-TLS handshake by then fails."""
 
+    max_half_open_handshakes: int = 256
+    """Inbound handshakes that may be in progress at once; further Initials are dropped
+    (counted as ``handshake_overload``). Each costs the TLS state of one connection."""
+
+    retry_threshold: int = 32
+    """From this many inbound handshakes in progress on, a new Initial without a token is
+    answered with a QUIC Retry (address validation, RFC 9000 section 8.1) instead of a
+    connection: a sender that cannot receive at its source address never gets one, and a
+    real peer pays one round trip. Counted as ``handshake_retry``. 0 retries every dial."""
+
+    max_half_open_per_source: int = 32
+    """Inbound handshakes one source IP address may have in progress at once; further
+    Initials from it are dropped (``handshake_per_source``). Several nodes of one host
+    share an address, so this is not one per node."""
+
+    half_open_idle_timeout: float = 2.0
+    """An inbound handshake whose peer sent nothing for this long is abandoned: its state
+    is dropped at once (``handshake_abandoned``), long before ``handshake_timeout``. A real
+    client answers the server's first flight within a round trip or retransmits."""
+
     lane_window: int = 1 * MiB
     """Receive window per lane: how far a sender runs ahead of a receiver that stopped reading."""
 
@@ -89,6 +109,7 @@ class TransportConfig:
             "keep_alive_interval",
             "handshake_timeout",
             "health_check_timeout",
+            "half_open_idle_timeout",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigurationError(f"{name} must be positive")
@@ -98,5 +119,14 @@ class TransportConfig:
             raise ConfigurationError("lane_window and stream_window >= 4 KiB, send_buffer >= 0")
         if self.streams_send_buffer < 0:
             raise ConfigurationError("streams_send_buffer must be >= 0")
+        if self.max_half_open_handshakes < 1 or self.max_half_open_per_source < 1:
+            raise ConfigurationError(
+                "max_half_open_handshakes and max_half_open_per_source must be at least 1"
+            )
+        if not 0 <= self.retry_threshold <= self.max_half_open_handshakes:
+            raise ConfigurationError(
+                f"retry_threshold must be 0 to max_half_open_handshakes"
+                f" ({self.max_half_open_handshakes}), got {self.retry_threshold}"
+            )
         if self.max_concurrent_streams < MAX_LANES:
             raise ConfigurationError(f"max_concurrent_streams must be at least {MAX_LANES}")

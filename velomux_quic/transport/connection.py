@@ -119,6 +119,8 @@ class PeerConnection:
         self._transmit_handle: asyncio.Handle | None = None
         self._keepalive: asyncio.TimerHandle | None = None
         self._handshake_deadline: asyncio.TimerHandle | None = None
+        self._half_open_check: asyncio.TimerHandle | None = None
+        self._last_heard = self._loop.time()
         self._handshake_waiter: asyncio.Future[None] = self._loop.create_future()
         self._outbound: list[OutboundStream | None] = [None] * MAX_LANES
         self._extra: dict[int, OutboundStream] = {}
@@ -135,9 +137,16 @@ class PeerConnection:
         self._refusal_counted = False
         self.requests_out = OutgoingRequests(quic, self.transmit_soon)
         self.requests_in = IncomingRequests(
-            quic, self.transmit_soon, transport.handler.serve_request, lambda: self.peer
+            quic,
+            self.transmit_soon,
+            transport.handler.serve_request,
+            lambda: self.peer,
+            self._count_request_refusal,
         )
         self._drained = asyncio.Event()
+
+    def _count_request_refusal(self, reason: str) -> None:
+        self.stats.rejections[reason] += 1
 
     @property
     def established(self) -> bool:
@@ -148,6 +157,33 @@ class PeerConnection:
     def start_handshake_deadline(self) -> None:
         timeout = self.transport.config.handshake_timeout
         self._handshake_deadline = self._loop.call_later(timeout, self._handshake_timed_out)
+        if not self.is_client:
+            idle = self.transport.config.half_open_idle_timeout
+            self._half_open_check = self._loop.call_later(idle, self._reap_if_abandoned)
+
+    def _reap_if_abandoned(self) -> None:
+        """An inbound handshake whose peer went silent is dropped without a word.
+
+        A flood of Initials from senders that never continue would otherwise hold its
+        connections until ``handshake_timeout``; nothing is sent to the (possibly
+        spoofed) source.
+        """
+        self._half_open_check = None
+        if self.state is not ConnectionState.HANDSHAKING:
+            return
+        idle = self.transport.config.half_open_idle_timeout
+        silent = self._loop.time() - self._last_heard
+        if silent < idle:
+            self._half_open_check = self._loop.call_later(idle - silent, self._reap_if_abandoned)
+            return
+        self.transport.stats.rejections["handshake_abandoned"] += 1
+        self._terminated(
+            quic_events.ConnectionTerminated(
+                error_code=int(CloseCode.HANDSHAKE_TIMEOUT),
+                frame_type=None,
+                reason_phrase="handshake abandoned",
+            )
+        )
 
     async def wait_established(self) -> None:
         """Resolve when the handshake completed and the peer was verified; raise DialError."""
@@ -461,6 +497,9 @@ class PeerConnection:
         if self.requests_out.owns(stream_id):
             self.requests_out.reset(stream_id, error_code)
             return
+        if self.is_client and stream_id & 0x3 == 0x1:  # a request the accepting side dropped
+            self.requests_in.reset(stream_id)
+            return
         if lane_of_stream(stream_id) is None and not self.is_client:
             if self.link is not None:
                 self.transport.handler.stream_reset(self.link, StreamReset(stream_id, error_code))
@@ -485,7 +524,8 @@ class PeerConnection:
 
     def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
         self.remote_address = addr
-        self.quic.receive_datagram(data, addr, now=self._loop.time())
+        now = self._last_heard = self._loop.time()
+        self.quic.receive_datagram(data, addr, now=now)
         self._process_events()
         if self.state is ConnectionState.HANDSHAKING:
             self._note_refusal()
@@ -553,6 +593,14 @@ class PeerConnection:
         if error is not None and not self._refusal_counted:
             self._refusal_counted = True
             self.transport.stats.peer_refusals[error.reason] += 1
+            # The peer was told the reason code only; the detail stays here.
+            logger.info(
+                "refused the %s at %s (%s): %s",
+                "server" if self.is_client else "client",
+                self.remote_address,
+                error.reason,
+                error,
+            )
 
     def _confirm_if_ready(self) -> None:
         if (
@@ -571,6 +619,9 @@ class PeerConnection:
         if self._handshake_deadline is not None:
             self._handshake_deadline.cancel()
             self._handshake_deadline = None
+        if self._half_open_check is not None:
+            self._half_open_check.cancel()
+            self._half_open_check = None
         if not self._handshake_waiter.done():
             self._handshake_waiter.set_result(None)
         self._schedule_keepalive()
@@ -587,10 +638,12 @@ class PeerConnection:
             self._transmit_handle,
             self._keepalive,
             self._handshake_deadline,
+            self._half_open_check,
         ):
             if handle is not None:
                 handle.cancel()
         self._timer = self._transmit_handle = self._keepalive = self._handshake_deadline = None
+        self._half_open_check = None
         reason = event.reason_phrase or f"error {event.error_code:#x}"
         error = self._close_error or ChannelClosed(
             f"connection to {self._peer_name()} closed: {reason}"

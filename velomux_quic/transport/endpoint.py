@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import Iterable
 from typing import cast
 
@@ -18,9 +19,11 @@ from aioquic._buffer import Buffer  # typed there; aioquic.buffer re-exports it 
 from aioquic.quic.configuration import SMALLEST_MAX_DATAGRAM_SIZE
 from aioquic.quic.packet import (
     QuicPacketType,
+    encode_quic_retry,
     encode_quic_version_negotiation,
     pull_quic_header,
 )
+from aioquic.quic.retry import QuicRetryTokenHandler
 from prometheus_client.registry import CollectorRegistry
 
 from ..ids import InstanceId
@@ -51,8 +54,6 @@ logger = logging.getLogger(__name__)
 Address = tuple[str, int]
 
 _CID_LENGTH = 8
-_MAX_HANDSHAKING = 256
-"""Inbound connections allowed to be mid-handshake at once; more Initials are dropped."""
 
 
 class QuicTransport(asyncio.DatagramProtocol):
@@ -99,6 +100,10 @@ class QuicTransport(asyncio.DatagramProtocol):
         self._outbound: dict[InstanceId, PeerConnection] = {}
         self._inbound: dict[InstanceId, set[PeerConnection]] = {}
         self._handshaking_inbound = 0
+        self._half_open_sources: dict[PeerConnection, str] = {}
+        """Inbound connections still handshaking, with their source IP address."""
+        self._half_open_per_source: dict[str, int] = {}
+        self._retry = QuicRetryTokenHandler()
         self._paused: set[tuple[InstanceId, int]] = set()
         self._closing = False
         self._collector = TransportCollector.register(registry, self.stats, self.connection_count)
@@ -387,15 +392,86 @@ class QuicTransport(asyncio.DatagramProtocol):
             return
         if header.packet_type != QuicPacketType.INITIAL or len(data) < SMALLEST_MAX_DATAGRAM_SIZE:
             return
-        if self._closing or self._handshaking_inbound >= _MAX_HANDSHAKING:
+        if self._closing:
+            return
+        self._initial_received(
+            header.version, header.destination_cid, header.source_cid, header.token, data, addr
+        )
+
+    def _initial_received(
+        self,
+        version: int | None,
+        destination_cid: bytes,
+        source_cid: bytes,
+        token: bytes,
+        data: bytes,
+        addr: Address,
+    ) -> None:
+        """A new connection's first datagram: accept it, or answer with a Retry, or drop it.
+
+        Under load (``retry_threshold`` handshakes in progress) an Initial must prove it
+        can receive at its source address first: a Retry costs this node one small packet
+        and no state, and the token it carries is sealed by a key only this node holds.
+        Whatever the address, at most ``max_half_open_per_source`` handshakes per source
+        and ``max_half_open_handshakes`` in all are kept.
+        """
+        config = self.config
+        retry_source_cid: bytes | None = None
+        if token:  # we never issue NEW_TOKEN: a token is one of our Retry tokens
+            try:
+                original_cid = self._retry.validate_token(
+                    address=addr,
+                    destination_cid=destination_cid,
+                    token=token,
+                    now=self.loop.time(),
+                )
+            except ValueError:
+                self.stats.rejections["invalid_retry_token"] += 1
+                return
+            retry_source_cid = destination_cid
+        elif self._handshaking_inbound >= config.retry_threshold:
+            assert version is not None
+            new_cid = os.urandom(_CID_LENGTH)
+            self.stats.rejections["handshake_retry"] += 1
+            self.sendto(
+                encode_quic_retry(
+                    version=version,
+                    source_cid=new_cid,
+                    destination_cid=source_cid,
+                    original_destination_cid=destination_cid,
+                    retry_token=self._retry.create_token(
+                        address=addr,
+                        original_destination_connection_id=destination_cid,
+                        retry_source_connection_id=new_cid,
+                        now=self.loop.time(),
+                    ),
+                ),
+                addr,
+            )
+            return
+        else:
+            original_cid = destination_cid
+        if self._handshaking_inbound >= config.max_half_open_handshakes:
             self.stats.rejections["handshake_overload"] += 1
             return
-        self._accept(header.destination_cid, data, addr)
+        source = addr[0]
+        if self._half_open_per_source.get(source, 0) >= config.max_half_open_per_source:
+            self.stats.rejections["handshake_per_source"] += 1
+            return
+        self._accept(original_cid, destination_cid, retry_source_cid, data, addr)
 
-    def _accept(self, original_cid: bytes, data: bytes, addr: Address) -> None:
+    def _accept(
+        self,
+        original_cid: bytes,
+        destination_cid: bytes,
+        retry_source_cid: bytes | None,
+        data: bytes,
+        addr: Address,
+    ) -> None:
         quic = EngineConnection(
             configuration=self._server_config,
             original_destination_connection_id=original_cid,
+            retry_source_connection_id=retry_source_cid,
             verifier=self._verifier,
             peer_role="client",
             expected_peer=None,
@@ -403,10 +479,25 @@ class QuicTransport(asyncio.DatagramProtocol):
         )
         connection = PeerConnection(self, quic, is_client=False, peer=None)
         self._handshaking_inbound += 1
-        self.register_cid(original_cid, connection)
+        source = addr[0]
+        self._half_open_sources[connection] = source
+        self._half_open_per_source[source] = self._half_open_per_source.get(source, 0) + 1
+        self.register_cid(destination_cid, connection)
         self.register_cid(quic.host_cid, connection)
         connection.start_handshake_deadline()
         connection.datagram_received(data, addr)
+
+    def _half_open_ended(self, connection: PeerConnection) -> None:
+        """An inbound handshake finished, either way: it no longer counts against the bounds."""
+        self._handshaking_inbound -= 1
+        source = self._half_open_sources.pop(connection, None)
+        if source is None:
+            return
+        left = self._half_open_per_source.get(source, 0) - 1
+        if left > 0:
+            self._half_open_per_source[source] = left
+        else:
+            self._half_open_per_source.pop(source, None)
 
     # -- called by connections -----------------------------------------------------------
 
@@ -430,7 +521,7 @@ class QuicTransport(asyncio.DatagramProtocol):
         """A connection verified its peer: index it, apply paused lanes, tell the handler."""
         assert connection.peer is not None
         if not connection.is_client:
-            self._handshaking_inbound -= 1
+            self._half_open_ended(connection)
             self._inbound.setdefault(connection.peer, set()).add(connection)
             self._learn_return_route(connection.peer, connection.remote_address)
             for peer, lane in self._paused:
@@ -474,7 +565,7 @@ class QuicTransport(asyncio.DatagramProtocol):
                 if not inbound:
                     del self._inbound[peer]
         else:
-            self._handshaking_inbound -= 1
+            self._half_open_ended(connection)
         if connection.established_once:
             assert peer is not None
             assert connection.link is not None

@@ -46,6 +46,24 @@ class _Pending:
         self.size = 0
 
 
+class _Partial:
+    """The bytes of one incoming request so far, with their total kept as they arrive."""
+
+    __slots__ = ("chunks", "size")
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+        self.size = 0
+
+    def add(self, data: bytes) -> None:
+        if data:
+            self.chunks.append(data)
+            self.size += len(data)
+
+    def join(self) -> bytes:
+        return b"".join(self.chunks)
+
+
 class OutgoingRequests:
     """Requests this side (the accepting side of a connection) sent to its peer."""
 
@@ -127,12 +145,16 @@ class IncomingRequests:
         transmit: Callable[[], None],
         serve: Server | None,
         peer: Callable[[], InstanceId | None],
+        refused: Callable[[str], None] = lambda reason: None,
     ) -> None:
         self._quic = quic
         self._transmit = transmit
         self._serve = serve
         self._peer = peer
-        self._partial: dict[int, list[bytes]] = {}
+        self._count_refusal = refused
+        """Told why each request was refused: ``request_too_large``, ``request_unserved``
+        (no server here) or ``request_failed`` (the server raised)."""
+        self._partial: dict[int, _Partial] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
     @property
@@ -146,10 +168,15 @@ class IncomingRequests:
         return len(self._tasks)
 
     def data(self, stream_id: int, data: bytes, end_stream: bool) -> None:
-        chunks = self._partial.setdefault(stream_id, [])
-        chunks.append(data)
-        if sum(map(len, chunks)) > MAX_REQUEST or self._serve is None:
+        partial = self._partial.get(stream_id)
+        if partial is None:
+            partial = self._partial[stream_id] = _Partial()
+        # A running length: re-summing the chunks on every STREAM frame made a peer
+        # dribbling one-byte frames cost the receiver quadratic CPU.
+        partial.add(data)
+        if partial.size > MAX_REQUEST or self._serve is None:
             del self._partial[stream_id]
+            self._count_refusal("request_unserved" if self._serve is None else "request_too_large")
             self._refuse(stream_id)
             return
         if not end_stream:
@@ -157,9 +184,7 @@ class IncomingRequests:
         del self._partial[stream_id]
         peer = self._peer()
         assert peer is not None
-        task = asyncio.get_running_loop().create_task(
-            self._answer(stream_id, peer, b"".join(chunks))
-        )
+        task = asyncio.get_running_loop().create_task(self._answer(stream_id, peer, partial.join()))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -169,6 +194,7 @@ class IncomingRequests:
             response = await self._serve(peer, request)
         except Exception as exc:
             logger.debug("request on stream %d refused: %s", stream_id, exc)
+            self._count_refusal("request_failed")
             self._refuse(stream_id)
             return
         try:
@@ -187,6 +213,14 @@ class IncomingRequests:
 
     def stopped(self, stream_id: int) -> None:
         """The requester abandoned the request (STOP_SENDING)."""
+        self._partial.pop(stream_id, None)
+
+    def reset(self, stream_id: int) -> None:
+        """The requester reset the stream (RESET_STREAM) before its request was whole.
+
+        Its bytes will never complete, so they are freed now rather than held until the
+        connection closes.
+        """
         self._partial.pop(stream_id, None)
 
     def close(self) -> None:

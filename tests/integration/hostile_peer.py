@@ -1,0 +1,149 @@
+"""A hostile cluster member for tests: valid credentials, aioquic's own stack, no rules.
+
+It holds a certificate from the victim's CA (so it passes mutual TLS), but runs plain
+aioquic, not this project's transport, so a test can make it do what a well-behaved node
+never does: leave request streams half-sent, reset them, send raw frames.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from aioquic.asyncio.protocol import QuicConnectionProtocol
+from aioquic.asyncio.server import serve
+from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.connection import QuicConnection
+from aioquic.quic.events import HandshakeCompleted, QuicEvent
+
+from velomux_quic.security.certs import NodeCredentials
+from velomux_quic.security.tls import ALPN_PROTOCOL, make_quic_configuration
+
+
+class HostileServerProtocol(QuicConnectionProtocol):
+    """One connection the victim dialed to the hostile server."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.handshake_done = asyncio.Event()
+
+    def quic_event_received(self, event: QuicEvent) -> None:
+        if isinstance(event, HandshakeCompleted):
+            self.handshake_done.set()
+
+    def open_request(self, data: bytes, *, end_stream: bool = False) -> int:
+        """Open a request stream toward the dialer (server-initiated bidirectional)."""
+        stream_id = self._quic.get_next_available_stream_id(is_unidirectional=False)
+        self._quic.send_stream_data(stream_id, data, end_stream=end_stream)
+        self.transmit()
+        return stream_id
+
+    def reset(self, stream_id: int, code: int = 0x99) -> None:
+        self._quic.reset_stream(stream_id, code)
+        self.transmit()
+
+
+class HostileServer:
+    """The server side; :attr:`connections` lists what the victim dialed, in order."""
+
+    def __init__(self) -> None:
+        self.connections: list[HostileServerProtocol] = []
+        self.connected = asyncio.Event()
+        self.address: tuple[str, int] = ("", 0)
+
+    def protocol(self, *args: Any, **kwargs: Any) -> HostileServerProtocol:
+        protocol = HostileServerProtocol(*args, **kwargs)
+        self.connections.append(protocol)
+        self.connected.set()
+        return protocol
+
+    async def first_connection(self, timeout: float = 10.0) -> HostileServerProtocol:
+        async with asyncio.timeout(timeout):
+            await self.connected.wait()
+            protocol = self.connections[0]
+            await protocol.handshake_done.wait()
+        return protocol
+
+
+def _free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@asynccontextmanager
+async def hostile_server(credentials: NodeCredentials) -> AsyncIterator[HostileServer]:
+    """Listen on loopback as ``credentials``' node, with aioquic and no project code."""
+    configuration = make_quic_configuration(
+        credentials,
+        is_client=False,
+        max_datagram_size=1452,
+        idle_timeout=30.0,
+        max_stream_data=1 << 20,
+        max_data=16 << 20,
+    )
+    server = HostileServer()
+    server.address = ("127.0.0.1", _free_udp_port())
+    quic_server = await serve(
+        *server.address, configuration=configuration, create_protocol=server.protocol
+    )
+    try:
+        yield server
+    finally:
+        quic_server.close()
+
+
+def real_initials(count: int) -> list[bytes]:
+    """``count`` genuine client Initial packets (each a new connection), from aioquic's
+    client: what a flood of dials that never continue sends."""
+    initials = []
+    for _ in range(count):
+        client = QuicConnection(
+            configuration=QuicConfiguration(is_client=True, alpn_protocols=[ALPN_PROTOCOL])
+        )
+        client.connect(("127.0.0.1", 9), now=0.0)
+        initials.append(client.datagrams_to_send(now=0.0)[0][0])
+    return initials
+
+
+class InitialFlood:
+    """Sends Initials from one source address, over and over, until stopped."""
+
+    def __init__(self, initials: list[bytes], source: str, target: tuple[str, int]) -> None:
+        self.sent = 0
+        self._initials = initials
+        self._target = target
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self._socket.bind((source, 0))
+        self._socket.setblocking(False)
+        self._stop = asyncio.Event()
+
+    async def run(self, per_tick: int = 20, tick: float = 0.02) -> None:
+        """About ``per_tick / tick`` Initials a second (1,000/s, 1.2 MB/s, by default)."""
+        try:
+            while not self._stop.is_set():
+                for _ in range(per_tick):
+                    packet = self._initials[self.sent % len(self._initials)]
+                    with contextlib.suppress(BlockingIOError):
+                        self._socket.sendto(packet, self._target)
+                    self.sent += 1
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), tick)  # pacing, not a sync
+        finally:
+            self._socket.close()
+
+    async def run_once(self) -> None:
+        """Each Initial of the pool once, then close the socket (the senders go silent)."""
+        try:
+            for packet in self._initials:
+                self._socket.sendto(packet, self._target)
+                self.sent += 1
+        finally:
+            self._socket.close()
+
+    def stop(self) -> None:
+        self._stop.set()
