@@ -45,6 +45,7 @@ from .errors import (
 )
 from .frames import FrameDecodeError, FrameKind, decode_frame
 from .inbox import Inbox
+from .watchdog import WatchdogClock
 
 __all__ = [
     "AnchorEntry",
@@ -70,8 +71,9 @@ class RemoteSender:
     transport_key: str
     sender_id: int = 0
     last_arrival: float = 0.0
-    misses: int = 0
     watchdog: asyncio.TimerHandle | None = None
+    watchdog_clock: WatchdogClock | None = None
+    """Where the watchdog counts silence from (see :mod:`.watchdog`); set when bound."""
     receiver: Any = None
     """The transport's receiving end (per-stream receiver, mux ingress slot)."""
     probe: Callable[[], tuple[float, bool]] | None = None

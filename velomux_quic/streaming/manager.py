@@ -56,14 +56,12 @@ from .producer import AnchorProducer
 from .sender import StreamSender
 from .snapshot import AnchorSnapshot, BoundSenderSnapshot, StreamingSnapshot
 from .transports import BindTerms, PrebindTransport, StreamTransport, TransportRegistry
+from .watchdog import DETECTION_MULTIPLIER, WatchdogClock, check
 from .zero_rtt import ZeroRtt
 
 __all__ = ["DETECTION_MULTIPLIER", "AnchorManager", "StreamingConfig"]
 
 logger = logging.getLogger(__name__)
-
-DETECTION_MULTIPLIER = 3
-"""Dead heartbeat windows before a watchdog ends a stream (a protocol constant)."""
 
 MPSC_BIT = 1 << 63
 
@@ -479,22 +477,22 @@ class AnchorManager:
     # -- consumer: watchdogs -------------------------------------------------------------
 
     def _arm_watchdog(self, entry: AnchorEntry, remote: RemoteSender, at: float) -> None:
+        if remote.watchdog_clock is None:
+            remote.watchdog_clock = WatchdogClock(reference=self._loop.time())
         remote.watchdog = self._loop.call_later(at, self._watchdog, entry.local_id, remote)
 
     def _watchdog(self, local_id: int, remote: RemoteSender) -> None:
         entry = self._anchors.get(local_id)
         if entry is None or entry.senders.get(remote.sender_id) is not remote:
             return
+        self._metrics.heartbeat_watchdog_checks += 1
         window = entry.heartbeat_interval
         last, exempt = remote.probe() if remote.probe is not None else (remote.last_arrival, False)
-        now = self._loop.time()
-        if exempt or now - last < window:
-            remote.misses = 0
-            self._arm_watchdog(entry, remote, last + window - now)
-            return
-        remote.misses += 1
-        if remote.misses < DETECTION_MULTIPLIER:
-            self._arm_watchdog(entry, remote, window)
+        clock = remote.watchdog_clock
+        assert clock is not None  # armed with one
+        delay = check(clock, now=self._loop.time(), last_arrival=last, exempt=exempt, window=window)
+        if delay is not None:
+            self._arm_watchdog(entry, remote, delay)
             return
         remote.watchdog = None
         if not entry.mpsc:

@@ -34,6 +34,10 @@ _COUNTERS = {
         "velo_streaming_heartbeat_watchdog_firings",
         "Streams ended by the heartbeat watchdog",
     ),
+    "heartbeat_watchdog_checks": (
+        "velo_streaming_heartbeat_watchdog_checks",
+        "Wake-ups of the stream watchdogs (about one per stream per window)",
+    ),
     "unclaimed_bind_reaped": (
         "velo_streaming_unclaimed_bind_reaped",
         "Binds whose accept window closed before a sender claimed them",
@@ -85,6 +89,7 @@ class StreamingMetrics(Collector):
     producer_send_backpressure: int
     reader_pump_backpressure: int
     heartbeat_watchdog_firings: int
+    heartbeat_watchdog_checks: int
     unclaimed_bind_reaped: int
     heartbeats_sent: int
     heartbeats_dropped: int
