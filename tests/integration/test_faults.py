@@ -5,13 +5,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import signal
+import sys
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import StartNode
-from velomux_quic import StreamingConfig
+from velomux_quic import (
+    AttachRefused,
+    InstanceId,
+    NodeCredentials,
+    Retired,
+    StreamAnchorHandle,
+    StreamingConfig,
+)
 from velomux_quic.node import Node
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 async def pair(start_nodes: StartNode, **options: Any) -> tuple[Node, Node]:
@@ -64,3 +78,83 @@ async def test_a_stalled_consumer_costs_its_watchdog_a_few_wake_ups_per_window(
         producing.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await producing
+
+
+class ConsumerProcess:
+    """A reading consumer node in a child process (tests/procs/reading_consumer.py)."""
+
+    def __init__(self, process: asyncio.subprocess.Process, hello: dict[str, Any]) -> None:
+        self.process = process
+        self.instance_id = InstanceId.parse(hello["instance"])
+        self.address = (str(hello["host"]), int(hello["port"]))
+        self.handles = [StreamAnchorHandle.from_wire(wire) for wire in hello["handles"]]
+
+    async def ended(self, timeout: float = 30.0) -> dict[str, Any]:
+        """The next stream the consumer saw end: index, items, outcome, message."""
+        assert self.process.stdout is not None
+        line = await asyncio.wait_for(self.process.stdout.readline(), timeout)
+        assert line, "the consumer process exited"
+        result: dict[str, Any] = json.loads(line)
+        return result
+
+
+@contextlib.asynccontextmanager
+async def consumer_process(
+    make_credentials: Callable[..., NodeCredentials], directory: Path, anchors: int
+) -> AsyncIterator[ConsumerProcess]:
+    make_credentials("consumer").save(directory)
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tests.procs.reading_consumer",
+        "--credentials",
+        str(directory),
+        "--anchors",
+        str(anchors),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        cwd=ROOT,
+    )
+    try:
+        assert process.stdout is not None
+        hello = json.loads(await asyncio.wait_for(process.stdout.readline(), 30))
+        yield ConsumerProcess(process, hello)
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGCONT)
+            process.kill()
+        await process.wait()
+
+
+@pytest.mark.timeout(90)
+async def test_an_attach_that_timed_out_can_be_retried(
+    start_nodes: StartNode, make_credentials: Callable[..., NodeCredentials], tmp_path: Path
+) -> None:
+    """The consumer answers the first attach too late (its process is stopped past the
+    producer's attach timeout), so that attach binds after the producer gave up on it;
+    the producer's retry replaces that bind and gets a working stream."""
+    async with consumer_process(make_credentials, tmp_path / "consumer", 2) as consumer:
+        producer = await start_nodes("producer", streaming=StreamingConfig(attach_timeout=1.0))
+        producer.add_peer(consumer.instance_id, consumer.address)
+        warm, target = consumer.handles
+        # One stream first, so the connection is up: the late attach is then delivered.
+        first = await producer.attach_anchor(warm)
+        await first.send("warm")
+        assert await first.finalize() is Retired.SENT
+        assert (await consumer.ended())["items"] == ["warm"]
+
+        consumer.process.send_signal(signal.SIGSTOP)
+        try:
+            with pytest.raises(AttachRefused, match="attach to"):
+                await producer.attach_anchor(target)
+        finally:
+            consumer.process.send_signal(signal.SIGCONT)
+        # The late request now binds on the consumer; the retry must not be refused.
+        async with asyncio.timeout(30):
+            sender = await producer.attach_anchor(target)
+        for number in range(10):
+            await sender.send(number)
+        assert await sender.finalize() is Retired.SENT
+        ended = await consumer.ended()
+        assert ended["index"] == 1
+        assert (ended["outcome"], ended["items"]) == ("finished", list(range(10))), ended

@@ -82,6 +82,9 @@ class RemoteSender:
     """The placement key the attach (or pre-bind) named; None lets the receiver choose."""
     lane: int = 0
     """The lane the receiver chose for this stream when it bound it."""
+    attach_session_id: int = 0
+    """The ``session_id`` of the attach request that made this bind (0: a pre-bind), which
+    a retry of a timed-out attach names to replace it."""
     prebound: bool = False
     """A pre-bind no sender has adopted or claimed yet: ``node`` is not known, and the
     watchdog counts no window as dead (the accept window is the backstop)."""

@@ -433,6 +433,8 @@ class AnchorManager:
             if isinstance(adopted, str):
                 return adopted
             return self._attach_ok(entry, prebound, adopted, mpsc=mpsc)
+        if request.replaces_session_id:
+            self._release_unanswered(entry, peer, request.replaces_session_id)
         if not mpsc and entry.attached:
             return f"already_attached: {handle} has a live sender"
         if mpsc and entry.max_senders is not None and entry.sender_count >= entry.max_senders:
@@ -447,7 +449,24 @@ class AnchorManager:
         assert transport is not None
         remote, terms = self.bind_remote(entry, transport, peer=peer, lane_key=request.lane_key)
         remote.sender_stream_id = request.stream_cancel_handle[1]
+        remote.attach_session_id = request.session_id
         return self._attach_ok(entry, remote, terms, mpsc=mpsc)
+
+    def _release_unanswered(self, entry: AnchorEntry, peer: InstanceId, session_id: int) -> None:
+        """A sender retries an attach whose answer it never got: release the bind that
+        attach made (if it arrived at all), so the retry is not refused for it.
+
+        Only the bind of exactly that request from exactly that node is released: its
+        producer gave up on the answer, so nothing was ever sent on it."""
+        for remote in list(entry.senders.values()):
+            if remote.node == peer and remote.attach_session_id == session_id:
+                logger.info(
+                    "attach retried by %s: releasing the bind of its unanswered attach to %s",
+                    peer,
+                    entry.handle,
+                )
+                self._metrics.attach_binds_replaced += 1
+                self.end_remote(entry, remote, dropped=False)
 
     def _attach_ok(
         self, entry: AnchorEntry, remote: RemoteSender, terms: BindTerms, *, mpsc: bool

@@ -38,6 +38,10 @@ _COUNTERS = {
         "velo_streaming_heartbeat_watchdog_checks",
         "Wake-ups of the stream watchdogs (about one per stream per window)",
     ),
+    "attach_binds_replaced": (
+        "velo_streaming_attach_binds_replaced",
+        "Binds of an attach whose answer timed out, released by the sender's retry",
+    ),
     "unclaimed_bind_reaped": (
         "velo_streaming_unclaimed_bind_reaped",
         "Binds whose accept window closed before a sender claimed them",
@@ -90,6 +94,7 @@ class StreamingMetrics(Collector):
     reader_pump_backpressure: int
     heartbeat_watchdog_firings: int
     heartbeat_watchdog_checks: int
+    attach_binds_replaced: int
     unclaimed_bind_reaped: int
     heartbeats_sent: int
     heartbeats_dropped: int

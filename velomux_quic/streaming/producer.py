@@ -27,6 +27,7 @@ import time
 from collections import Counter
 from typing import Protocol
 
+from ..errors import UnaryTimeout
 from ..ids import InstanceId, StreamAnchorHandle, WorkerId, worker_id_of
 from ..messenger import CallError, Context, Messenger
 from .channels import InboxChannel
@@ -58,7 +59,13 @@ from .sender import SenderState, StreamSender
 from .snapshot import SenderSnapshot
 from .transports import AttachTerms, StreamTransport, TransportRegistry
 
-__all__ = ["ATTACH_ERRORS", "TICKETS_REMEMBERED", "AnchorProducer", "LocalAnchors"]
+__all__ = [
+    "ATTACH_ERRORS",
+    "TICKETS_REMEMBERED",
+    "UNANSWERED_REMEMBERED",
+    "AnchorProducer",
+    "LocalAnchors",
+]
 
 ATTACH_ERRORS: dict[str, type[AttachError]] = {
     "anchor_not_found": AnchorNotFound,
@@ -73,6 +80,11 @@ TICKETS_REMEMBERED = 1 << 16
 ticket would open a second stream on a slot the first one claimed: the consumer drops its
 records as stale and the stream ends cancelled, so it is refused before anything is sent.
 The oldest are forgotten first; 64 Ki at ~100 bytes each bounds the memory."""
+
+
+UNANSWERED_REMEMBERED = 1 << 12
+"""Timed-out attaches remembered (per anchor handle) for the retry to name; the oldest
+are forgotten first, so a node that gives up on thousands of anchors stays bounded."""
 
 
 class LocalAnchors(Protocol):
@@ -118,6 +130,8 @@ class AnchorProducer:
         self._next_sender_stream = 1
         self._pending_attaches = 0
         self._opened_tickets: dict[tuple[int, int], None] = {}
+        self._unanswered: dict[StreamAnchorHandle, int] = {}
+        """Per anchor, the session id of this node's last attach that timed out."""
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._heartbeat_wake = asyncio.Event()
         self._closed = False
@@ -150,10 +164,11 @@ class AnchorProducer:
         request_type = MpscAnchorAttachRequest if mpsc else AnchorAttachRequest
         request = request_type(
             handle=handle,
-            session_id=int.from_bytes(os.urandom(8), "big"),
+            session_id=int.from_bytes(os.urandom(8), "big") or 1,
             stream_cancel_handle=(self._worker_id, sender_stream_id),
             supported_transport_keys=sorted(self._transports.keys() if offer is None else offer),
             lane_key=key,
+            replaces_session_id=self._unanswered.pop(handle, 0),
         )
         started = time.monotonic()
         self._pending_attaches += 1
@@ -166,6 +181,12 @@ class AnchorProducer:
             )
             response = (MpscAnchorAttachResponse if mpsc else AnchorAttachResponse).decode(raw)
         except (CallError, ControlDecodeError) as exc:
+            if isinstance(exc, UnaryTimeout):
+                # The request may still bind late on the consumer: the next attach to
+                # this anchor names it, and the consumer releases that bind for it.
+                self._unanswered[handle] = request.session_id
+                if len(self._unanswered) > UNANSWERED_REMEMBERED:
+                    del self._unanswered[next(iter(self._unanswered))]
             self._metrics.attach_rtt.labels("error", "none").observe(time.monotonic() - started)
             raise AttachRefused(f"attach to {handle} failed: {exc}", handle) from exc
         finally:
