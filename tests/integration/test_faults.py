@@ -17,11 +17,13 @@ import pytest
 from tests.conftest import StartNode
 from velomux_quic import (
     AttachRefused,
+    ConfigurationError,
     InstanceId,
     NodeCredentials,
     Retired,
     StreamAnchorHandle,
     StreamingConfig,
+    VelomuxError,
 )
 from velomux_quic.node import Node
 
@@ -158,3 +160,57 @@ async def test_an_attach_that_timed_out_can_be_retried(
         ended = await consumer.ended()
         assert ended["index"] == 1
         assert (ended["outcome"], ended["items"]) == ("finished", list(range(10))), ended
+
+
+def exported(node: Node, name: str) -> float:
+    """One unlabelled series of the node's metrics."""
+    for line in node.metrics_text().splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not exported")
+
+
+@pytest.mark.timeout(60)
+async def test_staged_singletons_are_not_counted_as_lost_batches(
+    start_nodes: StartNode,
+) -> None:
+    """Items above the eager budget go alone through rendezvous, out of the lane's order;
+    a clean path loses no batch, so the gap counter stays at zero."""
+    a, b = await pair(start_nodes)
+    anchor = b.create_anchor()
+    sender = await a.attach_anchor(anchor.handle)
+    large = [bytes([number]) * (2 * 1024 * 1024) for number in range(3)]
+    expected: list[object] = []
+    for number, item in enumerate(large):
+        for small in (f"before {number}", item, f"after {number}"):
+            await sender.send(small)
+            expected.append(small)
+    retired = sender.finalize()
+    async with asyncio.timeout(30):
+        assert [item async for item in anchor] == expected
+    assert await retired is Retired.SENT
+    assert exported(a, 'velo_streaming_mux_singletons_total{path="staged"}') == 3
+    assert exported(b, "velo_streaming_mux_batch_seq_gaps_total") == 0
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("bad", ["garbage", None, 12, b"\x00" * 16])
+async def test_a_value_that_is_not_a_handle_is_a_typed_error_that_says_what_a_handle_is(
+    start_nodes: StartNode, bad: object
+) -> None:
+    a, b = await pair(start_nodes)
+    ticket = b.prebind_anchor(b.create_anchor().handle)
+    calls = {
+        "attach_anchor": lambda: a.attach_anchor(bad),  # type: ignore[arg-type]
+        "attach_mpsc_anchor": lambda: a.attach_mpsc_anchor(bad),  # type: ignore[arg-type]
+        "open_anchor_stream": lambda: a.open_anchor_stream(bad, ticket),  # type: ignore[arg-type]
+    }
+    for name, call in calls.items():
+        with pytest.raises(ConfigurationError, match=f"{name} takes a StreamAnchorHandle"):
+            await call()
+    with pytest.raises(ConfigurationError, match="prebind_anchor takes a StreamAnchorHandle"):
+        b.prebind_anchor(bad)  # type: ignore[arg-type]
+    handle = b.create_anchor().handle
+    with pytest.raises(ConfigurationError, match="takes the StreamOpenTicket"):
+        await a.open_anchor_stream(handle, "not a ticket")  # type: ignore[arg-type]
+    assert isinstance(ConfigurationError("x"), VelomuxError)

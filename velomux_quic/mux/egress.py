@@ -718,7 +718,10 @@ class EgressBatcher:
                 self.stats.credit_exhausted += 1
         self._count_data += 1
         staged = builder.size > self.eager_budget
-        batch = self._finish(guards, True, builder)
+        # A staged batch arrives through rendezvous, outside the lane's order, so it takes
+        # no lane batch_seq: numbering it would make the lane's next batch look like it
+        # skipped one, and the receiver count a gap for every staged singleton.
+        batch = self._finish(guards, True, builder, sequenced=not staged)
         counters = self.counters
         if staged:
             counters.staged += 1
@@ -812,13 +815,21 @@ class EgressBatcher:
         lifecycle.clear()
 
     def _finish(
-        self, guards: list[Any], carries_data: bool, builder: BatchBuilder | None = None
+        self,
+        guards: list[Any],
+        carries_data: bool,
+        builder: BatchBuilder | None = None,
+        *,
+        sequenced: bool = True,
     ) -> OutgoingBatch:
+        """The batch in ``builder``; ``sequenced`` False (a staged singleton) carries the
+        lane's next ``batch_seq`` without taking it."""
         if builder is None:
             builder = self._builder
         count = builder.count
         payload = builder.finish(self.lane, self.epoch, self.batch_seq)
-        self.batch_seq = (self.batch_seq + 1) & 0xFFFF_FFFF
+        if sequenced:
+            self.batch_seq = (self.batch_seq + 1) & 0xFFFF_FFFF
         self.stats.batches_sent += 1
         stats = self.stats
         stats.records_sent += count

@@ -31,6 +31,7 @@ from collections import Counter
 from functools import partial
 from typing import Any
 
+from ..errors import ConfigurationError
 from ..ids import InstanceId, StreamAnchorHandle, WorkerId, worker_id_of
 from ..messenger import Context, Messenger
 from .anchor import AnchorEntry, MpscAnchor, RemoteSender, StreamAnchor
@@ -64,6 +65,18 @@ __all__ = ["DETECTION_MULTIPLIER", "AnchorManager", "StreamingConfig"]
 logger = logging.getLogger(__name__)
 
 MPSC_BIT = 1 << 63
+
+
+def _checked_handle(handle: object, method: str) -> StreamAnchorHandle:
+    """``handle`` itself if it is a :class:`StreamAnchorHandle`, else a typed error that
+    says what a handle is and where one comes from (not an AttributeError from deep in)."""
+    if isinstance(handle, StreamAnchorHandle):
+        return handle
+    raise ConfigurationError(
+        f"{method} takes a StreamAnchorHandle, not {type(handle).__name__} {handle!r:.60}: "
+        "use the consumer's anchor.handle, or rebuild one it sent you with "
+        "StreamAnchorHandle(int_value) or StreamAnchorHandle.from_wire({'hi': .., 'lo': ..})"
+    )
 
 
 class AnchorManager:
@@ -556,7 +569,7 @@ class AnchorManager:
         attached or pre-bound, or one that is gone. ``key`` places the stream as in
         :meth:`attach_anchor`.
         """
-        return self._zero_rtt.prebind(handle, key=key)
+        return self._zero_rtt.prebind(_checked_handle(handle, "prebind_anchor"), key=key)
 
     async def open_anchor_stream(
         self, handle: StreamAnchorHandle, ticket: StreamOpenTicket
@@ -566,6 +579,12 @@ class AnchorManager:
         A ticket opens one stream: opening it again raises
         :class:`~velomux_quic.errors.TicketError`.
         """
+        handle = _checked_handle(handle, "open_anchor_stream")
+        if not isinstance(ticket, StreamOpenTicket):
+            raise ConfigurationError(
+                f"open_anchor_stream takes the StreamOpenTicket the consumer's prebind_anchor "
+                f"returned (StreamOpenTicket.decode(its bytes)), not {type(ticket).__name__}"
+            )
         return await self._producer.open_with_ticket(handle, ticket)
 
     # -- producer: attach (see producer.py) ----------------------------------------------
@@ -585,6 +604,7 @@ class AnchorManager:
         advertised (compatibility testing only). A refusal raises its
         :class:`~velomux_quic.errors.AttachError` subclass.
         """
+        handle = _checked_handle(handle, "attach_anchor")
         return await self._producer.attach(handle, mpsc=False, key=key, offer=offer)
 
     async def attach_mpsc_anchor(
@@ -596,6 +616,7 @@ class AnchorManager:
     ) -> StreamSender:
         """Attach one more producer to an MPSC anchor; ``key`` and ``offer`` as in
         :meth:`attach_anchor`. The sender's ``sender_id`` tags its records."""
+        handle = _checked_handle(handle, "attach_mpsc_anchor")
         return await self._producer.attach(handle, mpsc=True, key=key, offer=offer)
 
     # -- introspection -------------------------------------------------------------------
