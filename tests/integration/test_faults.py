@@ -17,15 +17,20 @@ import pytest
 from tests.conftest import StartNode
 from velomux_quic import (
     AttachRefused,
+    ChannelClosed,
     ConfigurationError,
     InstanceId,
+    MuxConfig,
     NodeCredentials,
     Retired,
+    SenderDropped,
     StreamAnchorHandle,
     StreamingConfig,
+    TransportConfig,
     VelomuxError,
 )
 from velomux_quic.node import Node
+from velomux_quic.streaming.control import MESSENGER_MUX_KEY, PER_STREAM_KEY
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -102,7 +107,10 @@ class ConsumerProcess:
 
 @contextlib.asynccontextmanager
 async def consumer_process(
-    make_credentials: Callable[..., NodeCredentials], directory: Path, anchors: int
+    make_credentials: Callable[..., NodeCredentials],
+    directory: Path,
+    anchors: int,
+    heartbeat: float = 5.0,
 ) -> AsyncIterator[ConsumerProcess]:
     make_credentials("consumer").save(directory)
     process = await asyncio.create_subprocess_exec(
@@ -113,6 +121,8 @@ async def consumer_process(
         str(directory),
         "--anchors",
         str(anchors),
+        "--heartbeat",
+        str(heartbeat),
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         cwd=ROOT,
@@ -214,3 +224,95 @@ async def test_a_value_that_is_not_a_handle_is_a_typed_error_that_says_what_a_ha
     with pytest.raises(ConfigurationError, match="takes the StreamOpenTicket"):
         await a.open_anchor_stream(handle, "not a ticket")  # type: ignore[arg-type]
     assert isinstance(ConfigurationError("x"), VelomuxError)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("path", [MESSENGER_MUX_KEY, PER_STREAM_KEY])
+async def test_a_closing_producer_flushes_finalized_streams_and_ends_open_ones_at_once(
+    start_nodes: StartNode, make_credentials: Callable[..., NodeCredentials], path: str
+) -> None:
+    """The consumer's watchdog would take 3.5 windows (35 s here): the open streams must
+    end long before that, with an error that says the producer shut down, and the streams
+    finalized just before the close must arrive whole."""
+    options: dict[str, Any] = {"streaming": StreamingConfig(heartbeat_interval=10.0)}
+    if path == PER_STREAM_KEY:
+        options["mux"] = MuxConfig(enabled=False)  # a node without the mux speaks per-stream
+    b = await start_nodes("b", **options)
+    a = await Node.start(make_credentials("a"), **options)
+    try:
+        a.add_peer(b.instance_id, b.address)
+        finished = [b.create_anchor() for _ in range(4)]
+        open_ = [b.create_anchor() for _ in range(4)]
+        senders = [await a.attach_anchor(anchor.handle) for anchor in finished + open_]
+        assert {sender.negotiated_transport() for sender in senders} == {path}
+        for sender in senders[len(finished) :]:
+            await sender.send("first")
+        for anchor in open_:  # the open streams are live on the consumer
+            assert await anchor.next(timeout=10) == "first"
+        retired = []
+        for sender in senders[: len(finished)]:
+            for number in range(20):
+                await sender.send(number)
+            retired.append(sender.finalize())  # queued, not on the wire yet
+    finally:
+        await a.close()
+    closed = asyncio.get_running_loop().time()
+    assert [r.result() for r in retired] == [Retired.SENT] * len(finished)
+    async with asyncio.timeout(10):
+        for anchor in finished:
+            assert [item async for item in anchor] == list(range(20))
+        for anchor in open_:
+            with pytest.raises(SenderDropped, match="shut down"):
+                await anchor.next()
+    assert asyncio.get_running_loop().time() - closed < 2.0
+    assert b.anchors.metrics.heartbeat_watchdog_firings == 0
+
+
+@pytest.mark.timeout(60)
+async def test_drain_waits_for_open_streams_to_finish(start_nodes: StartNode) -> None:
+    a, b = await pair(start_nodes)
+    anchor = b.create_anchor()
+    sender = await a.attach_anchor(anchor.handle)
+    assert not await a.drain(0.05)  # the stream is open: drain gives up
+
+    async def finish_later() -> None:
+        for number in range(10):
+            await sender.send(number)
+        await sender.finalize()
+
+    finishing = asyncio.create_task(finish_later())
+    assert await a.drain(10)
+    await finishing
+    async with asyncio.timeout(10):
+        assert [item async for item in anchor] == list(range(10))
+
+
+@pytest.mark.timeout(60)
+async def test_an_idle_per_stream_producer_learns_its_consumer_process_died(
+    start_nodes: StartNode, make_credentials: Callable[..., NodeCredentials], tmp_path: Path
+) -> None:
+    """The consumer's process is killed while its producer sends nothing: the connection
+    closes at the (short) idle timeout, and the idle sender must learn it: its
+    cancellation fires and its retirement resolves."""
+    window = 0.5
+    async with consumer_process(
+        make_credentials, tmp_path / "consumer", 1, heartbeat=window
+    ) as consumer:
+        producer = await start_nodes(
+            "producer",
+            mux=MuxConfig(enabled=False),
+            transport=TransportConfig(idle_timeout=1.0, keep_alive_interval=0.3),
+        )
+        producer.add_peer(consumer.instance_id, consumer.address)
+        sender = await producer.attach_anchor(consumer.handles[0])
+        assert sender.negotiated_transport() == PER_STREAM_KEY
+        await sender.send("only")
+        consumer.process.send_signal(signal.SIGKILL)
+        await consumer.process.wait()
+        async with asyncio.timeout(15):  # idle timeout (1 s) + a heartbeat interval
+            await sender.wait_cancelled()
+            assert await sender.retired() is Retired.DISCARDED
+        assert sender.state == "cancelled"
+        assert producer.anchors.metrics.senders_lost == 1
+        with pytest.raises(ChannelClosed):
+            await sender.send("after")

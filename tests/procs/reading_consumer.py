@@ -1,6 +1,6 @@
 """A consumer node in its own process that reads its anchors and says how each ended.
 
-    python -m tests.procs.reading_consumer --credentials DIR --anchors N
+    python -m tests.procs.reading_consumer --credentials DIR --anchors N [--heartbeat S]
 
 Prints one JSON line (its instance id, address and the anchors' handles), then reads every
 anchor concurrently and prints one JSON line per anchor as it ends: its index, the items
@@ -19,6 +19,7 @@ from typing import Any
 from velomux_quic.node import Node
 from velomux_quic.runtime import run
 from velomux_quic.streaming.anchor import StreamAnchor
+from velomux_quic.streaming.config import StreamingConfig
 
 
 async def read(index: int, anchor: StreamAnchor[Any]) -> None:
@@ -34,7 +35,8 @@ async def read(index: int, anchor: StreamAnchor[Any]) -> None:
 
 
 async def main(args: argparse.Namespace) -> int:
-    async with await Node.start(args.credentials) as node:
+    streaming = StreamingConfig(heartbeat_interval=args.heartbeat)
+    async with await Node.start(args.credentials, streaming=streaming) as node:
         anchors = [node.create_anchor() for _ in range(args.anchors)]
         handles = [anchor.handle.to_wire() for anchor in anchors]
         host, port = node.address
@@ -51,4 +53,5 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--credentials", required=True)
     parser.add_argument("--anchors", type=int, default=1)
+    parser.add_argument("--heartbeat", type=float, default=5.0)
     raise SystemExit(run(main(parser.parse_args())))

@@ -332,6 +332,15 @@ class EgressBatcher:
             slot.exhausted_once = True
             self.stats.credit_exhausted += 1
 
+    def end_now(self, slot: EgressSlot, body: bytes, now: float, guard: Any = None) -> None:
+        """The producer's node is closing: drop the records not written yet and stage the
+        terminal ``body`` in their place, so the stream ends on the wire at once."""
+        if slot.state > _OPEN:
+            raise _closed_slot(slot)
+        slot.queue.clear()
+        slot.queued_bytes = 0
+        self.offer_terminal(slot, body, now, guard)
+
     def cancel_slot(self, slot: EgressSlot) -> None:
         """The local producer gave up without a terminal (its sender was cancelled)."""
         if slot.live:

@@ -43,7 +43,7 @@ from .errors import (
     StreamTransportError,
     UsageError,
 )
-from .frames import FrameDecodeError, FrameKind, decode_frame
+from .frames import FrameDecodeError, FrameKind, decode_frame, shutdown_message
 from .inbox import Inbox
 from .watchdog import WatchdogClock
 
@@ -250,6 +250,10 @@ class StreamAnchor(_AnchorBase, Generic[T]):
                     if kind is FrameKind.DROPPED:
                         self._end("the producer went away")
                         raise SenderDropped("the producer went away without finishing the stream")
+                    shutdown = shutdown_message(value)
+                    if shutdown is not None:
+                        self._end("the producer shut down")
+                        raise SenderDropped(shutdown)
                     self._end("a transport error")
                     raise StreamTransportError(str(value))
                 if self._owner.feed_exhausted(entry, 0):

@@ -664,8 +664,20 @@ class AnchorManager:
 
     # -- shutdown ------------------------------------------------------------------------
 
+    async def drain(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for this node's senders to finish (each open one
+        hands over its terminal, and every terminal leaves); True when they all did."""
+        try:
+            async with asyncio.timeout(timeout):
+                await self._producer.wait_idle()
+        except TimeoutError:
+            return False
+        return True
+
     async def close(self) -> None:
-        """Cancel every sender, finish every anchor, close the transports; idempotent."""
+        """End this node's streams on the wire (open ones with the shutdown terminal,
+        finalized ones flushed: see ``AnchorProducer.close``), finish every anchor, close
+        the transports; idempotent."""
         self._closed = True
         await self._producer.close()
         for local_id in list(self._anchors):

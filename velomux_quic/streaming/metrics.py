@@ -42,6 +42,10 @@ _COUNTERS = {
         "velo_streaming_attach_binds_replaced",
         "Binds of an attach whose answer timed out, released by the sender's retry",
     ),
+    "senders_lost": (
+        "velo_streaming_senders_lost",
+        "Open senders cancelled because their channel closed under them (consumer gone)",
+    ),
     "unclaimed_bind_reaped": (
         "velo_streaming_unclaimed_bind_reaped",
         "Binds whose accept window closed before a sender claimed them",
@@ -95,6 +99,7 @@ class StreamingMetrics(Collector):
     heartbeat_watchdog_firings: int
     heartbeat_watchdog_checks: int
     attach_binds_replaced: int
+    senders_lost: int
     unclaimed_bind_reaped: int
     heartbeats_sent: int
     heartbeats_dropped: int
