@@ -8,7 +8,7 @@ import contextlib
 import json
 import signal
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +43,7 @@ async def pair(start_nodes: StartNode, **options: Any) -> tuple[Node, Node]:
     return a, b
 
 
-async def until(predicate: Any, timeout: float = 10.0) -> None:
+async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
     """Poll a condition no event announces (a snapshot value), bounded."""
     async with asyncio.timeout(timeout):
         while not predicate():
@@ -210,7 +210,7 @@ async def test_a_value_that_is_not_a_handle_is_a_typed_error_that_says_what_a_ha
 ) -> None:
     a, b = await pair(start_nodes)
     ticket = b.prebind_anchor(b.create_anchor().handle)
-    calls = {
+    calls: dict[str, Callable[[], Awaitable[object]]] = {
         "attach_anchor": lambda: a.attach_anchor(bad),  # type: ignore[arg-type]
         "attach_mpsc_anchor": lambda: a.attach_mpsc_anchor(bad),  # type: ignore[arg-type]
         "open_anchor_stream": lambda: a.open_anchor_stream(bad, ticket),  # type: ignore[arg-type]
