@@ -258,6 +258,9 @@ async def test_a_closing_producer_flushes_finalized_streams_and_ends_open_ones_a
         await a.close()
     closed = asyncio.get_running_loop().time()
     assert [r.result() for r in retired] == [Retired.SENT] * len(finished)
+    for sender in senders[len(finished) :]:  # an open sender learns its stream is over
+        assert sender.is_cancelled and sender.state == "dropped"
+        assert await sender.retired() is Retired.DISCARDED
     async with asyncio.timeout(10):
         for anchor in finished:
             assert [item async for item in anchor] == list(range(20))

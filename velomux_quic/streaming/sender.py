@@ -138,6 +138,8 @@ class SenderState:
         self.state = "dropped"
         self.owner.sender_finished(self)
         if self.cancelled.is_set() or self.channel.closed:
+            self.cancelled.set()
+            self.stop_requested.set()
             self._retire(Retired.DISCARDED)
             return self.retired
         done: asyncio.Future[bool] = self.loop.create_future()
@@ -145,6 +147,9 @@ class SenderState:
         done.add_done_callback(lambda _: self._retire(Retired.DISCARDED))
         end_now = getattr(self.channel, "end_now", None)
         (end_now or self.channel.send_terminal)(SHUTDOWN, done)
+        # A producer awaiting wait_cancelled() learns that its stream is over.
+        self.cancelled.set()
+        self.stop_requested.set()
         return self.retired
 
     def cancel(self) -> None:
