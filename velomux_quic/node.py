@@ -474,12 +474,23 @@ class Node:
 
     # -- shutdown ------------------------------------------------------------------------
 
-    async def close(self) -> None:
-        """Cancel the node's streams, then close its messenger and transport.
+    async def drain(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for this node's open streams to finish, for a
+        graceful stop (SIGTERM): call it, then :meth:`close`. True when every sender
+        handed over its terminal and every terminal left; False when some were still
+        open (``close`` then ends them on the wire)."""
+        return await self.anchors.drain(timeout)
 
-        Anchors of this node end with :class:`~velomux_quic.errors.StreamCancelled`, its
-        senders' sends fail, pending calls fail with ``MessengerClosed``. Closing twice
-        is harmless.
+    async def close(self) -> None:
+        """End the node's streams, then close its messenger and transport.
+
+        Streams this node produces end on the wire at once: what was finalized is flushed
+        (up to ``StreamingConfig.close_flush_timeout``), and every stream still open ends
+        with a shutdown terminal, so its consumer raises
+        :class:`~velomux_quic.errors.SenderDropped` saying the producer shut down within
+        a round trip, not after its watchdog. Anchors of this node end with
+        :class:`~velomux_quic.errors.StreamCancelled`, its senders' sends fail, pending
+        calls fail with ``MessengerClosed``. Closing twice is harmless.
         """
         if self._closed:
             return

@@ -259,6 +259,16 @@ class MuxChannel:
         driver.batcher.offer_terminal(self._slot, body, driver.now(), guard=done)
         driver.wake()
 
+    def end_now(self, body: bytes, done: asyncio.Future[bool]) -> None:
+        """The node is closing: discard what waits unwritten and stage ``body`` as the
+        terminal at once (it spends the reserved credit, so it is never refused)."""
+        if self.closed:
+            done.set_result(False)
+            return
+        driver = self._driver
+        driver.batcher.end_now(self._slot, body, driver.now(), guard=done)
+        driver.wake()
+
     def abort(self) -> None:
         if self._slot.state <= _OPEN:
             self._driver.batcher.cancel_slot(self._slot)

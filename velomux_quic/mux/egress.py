@@ -332,6 +332,15 @@ class EgressBatcher:
             slot.exhausted_once = True
             self.stats.credit_exhausted += 1
 
+    def end_now(self, slot: EgressSlot, body: bytes, now: float, guard: Any = None) -> None:
+        """The producer's node is closing: drop the records not written yet and stage the
+        terminal ``body`` in their place, so the stream ends on the wire at once."""
+        if slot.state > _OPEN:
+            raise _closed_slot(slot)
+        slot.queue.clear()
+        slot.queued_bytes = 0
+        self.offer_terminal(slot, body, now, guard)
+
     def cancel_slot(self, slot: EgressSlot) -> None:
         """The local producer gave up without a terminal (its sender was cancelled)."""
         if slot.live:
@@ -718,7 +727,10 @@ class EgressBatcher:
                 self.stats.credit_exhausted += 1
         self._count_data += 1
         staged = builder.size > self.eager_budget
-        batch = self._finish(guards, True, builder)
+        # A staged batch arrives through rendezvous, outside the lane's order, so it takes
+        # no lane batch_seq: numbering it would make the lane's next batch look like it
+        # skipped one, and the receiver count a gap for every staged singleton.
+        batch = self._finish(guards, True, builder, sequenced=not staged)
         counters = self.counters
         if staged:
             counters.staged += 1
@@ -812,13 +824,21 @@ class EgressBatcher:
         lifecycle.clear()
 
     def _finish(
-        self, guards: list[Any], carries_data: bool, builder: BatchBuilder | None = None
+        self,
+        guards: list[Any],
+        carries_data: bool,
+        builder: BatchBuilder | None = None,
+        *,
+        sequenced: bool = True,
     ) -> OutgoingBatch:
+        """The batch in ``builder``; ``sequenced`` False (a staged singleton) carries the
+        lane's next ``batch_seq`` without taking it."""
         if builder is None:
             builder = self._builder
         count = builder.count
         payload = builder.finish(self.lane, self.epoch, self.batch_seq)
-        self.batch_seq = (self.batch_seq + 1) & 0xFFFF_FFFF
+        if sequenced:
+            self.batch_seq = (self.batch_seq + 1) & 0xFFFF_FFFF
         self.stats.batches_sent += 1
         stats = self.stats
         stats.records_sent += count

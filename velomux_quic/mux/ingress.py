@@ -17,7 +17,9 @@ What a batch goes through, in order:
    (``stale_epoch``). The first batch of a newer epoch first retires every slot of the
    old one (each that has not delivered a terminal gets ``Dropped``), then applies.
 3. **batch_seq.** Compared modulo 2**32 against a high-water mark, so a lost batch counts
-   once as a gap and an inverted pair is not counted twice.
+   once as a gap and an inverted pair is not counted twice. A staged singleton (it
+   arrives through rendezvous, out of the lane's order) takes no number and is not
+   metered.
 4. **Records.** ``frame_seq`` is per slot and is the authority on order: OpenSlot takes
    the slot's first number, everything the owner sends afterwards (data, heartbeats, its
    close) takes the next; below the expected number is a duplicate, above it waits in the
@@ -280,7 +282,8 @@ class IngressTable:
         elif epoch < self._epoch:
             stats.drops["stale_epoch"] += count
             return
-        self._meter(header.batch_seq)
+        if not self._staged:  # a staged singleton takes no place in the lane's numbering
+            self._meter(header.batch_seq)
         self._batches += 1
         stamp = self._batches
         touched: list[_Route] = []

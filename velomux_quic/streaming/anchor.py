@@ -43,8 +43,9 @@ from .errors import (
     StreamTransportError,
     UsageError,
 )
-from .frames import FrameDecodeError, FrameKind, decode_frame
+from .frames import FrameDecodeError, FrameKind, decode_frame, shutdown_message
 from .inbox import Inbox
+from .watchdog import WatchdogClock
 
 __all__ = [
     "AnchorEntry",
@@ -70,8 +71,9 @@ class RemoteSender:
     transport_key: str
     sender_id: int = 0
     last_arrival: float = 0.0
-    misses: int = 0
     watchdog: asyncio.TimerHandle | None = None
+    watchdog_clock: WatchdogClock | None = None
+    """Where the watchdog counts silence from (see :mod:`.watchdog`); set when bound."""
     receiver: Any = None
     """The transport's receiving end (per-stream receiver, mux ingress slot)."""
     probe: Callable[[], tuple[float, bool]] | None = None
@@ -80,6 +82,9 @@ class RemoteSender:
     """The placement key the attach (or pre-bind) named; None lets the receiver choose."""
     lane: int = 0
     """The lane the receiver chose for this stream when it bound it."""
+    attach_session_id: int = 0
+    """The ``session_id`` of the attach request that made this bind (0: a pre-bind), which
+    a retry of a timed-out attach names to replace it."""
     prebound: bool = False
     """A pre-bind no sender has adopted or claimed yet: ``node`` is not known, and the
     watchdog counts no window as dead (the accept window is the backstop)."""
@@ -245,6 +250,10 @@ class StreamAnchor(_AnchorBase, Generic[T]):
                     if kind is FrameKind.DROPPED:
                         self._end("the producer went away")
                         raise SenderDropped("the producer went away without finishing the stream")
+                    shutdown = shutdown_message(value)
+                    if shutdown is not None:
+                        self._end("the producer shut down")
+                        raise SenderDropped(shutdown)
                     self._end("a transport error")
                     raise StreamTransportError(str(value))
                 if self._owner.feed_exhausted(entry, 0):

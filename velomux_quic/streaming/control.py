@@ -400,6 +400,11 @@ class _AttachRequest(ControlMessage):
     negotiation, which gets the receiver's per-stream default."""
     lane_key: int | None = None
     """Placement hint: streams with one key share a lane. ``None`` lets the receiver choose."""
+    replaces_session_id: int = 0
+    """The ``session_id`` of this sender's earlier attach to the same anchor that got no
+    answer in time (0: none). That attach may still bind late on the receiver; a request
+    naming it replaces that bind instead of being refused as ``already_attached``, so a
+    timed-out attach can be retried."""
 
     FIELDS: ClassVar[tuple[ControlField, ...]] = (
         _required("handle", "handle"),
@@ -407,6 +412,7 @@ class _AttachRequest(ControlMessage):
         _required("stream_cancel_handle", "cancel_handle"),
         _optional("supported_transport_keys", "str_list", ()),
         _optional("lane_key", "opt_u64", None),
+        _optional("replaces_session_id", "u64", 0),
     )
 
 

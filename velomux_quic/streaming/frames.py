@@ -49,6 +49,8 @@ __all__ = [
     "ITEM_PREFIX",
     "PACKER_BUFFER",
     "POOL_MAX",
+    "SHUTDOWN",
+    "SHUTDOWN_CODE",
     "TERMINAL_KINDS",
     "FrameDecodeError",
     "FrameKind",
@@ -61,6 +63,7 @@ __all__ = [
     "is_heartbeat",
     "is_terminal_sentinel",
     "pooled_packers",
+    "shutdown_message",
 ]
 
 
@@ -223,6 +226,24 @@ def encode_sender_error(message: str) -> bytes:
 def encode_transport_error(message: str) -> bytes:
     """A ``TransportError`` frame: an unrecoverable delivery failure that ends the stream."""
     return _encode_message(_TRANSPORT_ERROR_PREFIX, message, "TransportError")
+
+
+SHUTDOWN_CODE: Final = "producer_shutdown"
+"""The code a ``TransportError`` frame's message starts with when the producer's node closed
+under the stream: the consumer raises SenderDropped with the message, not a delivery error.
+A peer that does not know the code shows the same words as a StreamTransportError."""
+
+SHUTDOWN: Final[bytes] = encode_transport_error(
+    f"{SHUTDOWN_CODE}: the producer's node shut down before the stream finished"
+)
+"""The terminal a closing node sends on each of its streams that was not finished."""
+
+
+def shutdown_message(value: object) -> str | None:
+    """The words of a ``TransportError`` value that says the producer shut down, else None."""
+    if isinstance(value, str) and value.startswith(SHUTDOWN_CODE + ": "):
+        return value[len(SHUTDOWN_CODE) + 2 :]
+    return None
 
 
 def _map_entries(body: bytes) -> int:

@@ -31,6 +31,7 @@ from collections import Counter
 from functools import partial
 from typing import Any
 
+from ..errors import ConfigurationError
 from ..ids import InstanceId, StreamAnchorHandle, WorkerId, worker_id_of
 from ..messenger import Context, Messenger
 from .anchor import AnchorEntry, MpscAnchor, RemoteSender, StreamAnchor
@@ -56,16 +57,26 @@ from .producer import AnchorProducer
 from .sender import StreamSender
 from .snapshot import AnchorSnapshot, BoundSenderSnapshot, StreamingSnapshot
 from .transports import BindTerms, PrebindTransport, StreamTransport, TransportRegistry
+from .watchdog import DETECTION_MULTIPLIER, WatchdogClock, check
 from .zero_rtt import ZeroRtt
 
 __all__ = ["DETECTION_MULTIPLIER", "AnchorManager", "StreamingConfig"]
 
 logger = logging.getLogger(__name__)
 
-DETECTION_MULTIPLIER = 3
-"""Dead heartbeat windows before a watchdog ends a stream (a protocol constant)."""
-
 MPSC_BIT = 1 << 63
+
+
+def _checked_handle(handle: object, method: str) -> StreamAnchorHandle:
+    """``handle`` itself if it is a :class:`StreamAnchorHandle`, else a typed error that
+    says what a handle is and where one comes from (not an AttributeError from deep in)."""
+    if isinstance(handle, StreamAnchorHandle):
+        return handle
+    raise ConfigurationError(
+        f"{method} takes a StreamAnchorHandle, not {type(handle).__name__} {handle!r:.60}: "
+        "use the consumer's anchor.handle, or rebuild one it sent you with "
+        "StreamAnchorHandle(int_value) or StreamAnchorHandle.from_wire({'hi': .., 'lo': ..})"
+    )
 
 
 class AnchorManager:
@@ -435,6 +446,8 @@ class AnchorManager:
             if isinstance(adopted, str):
                 return adopted
             return self._attach_ok(entry, prebound, adopted, mpsc=mpsc)
+        if request.replaces_session_id:
+            self._release_unanswered(entry, peer, request.replaces_session_id)
         if not mpsc and entry.attached:
             return f"already_attached: {handle} has a live sender"
         if mpsc and entry.max_senders is not None and entry.sender_count >= entry.max_senders:
@@ -449,7 +462,24 @@ class AnchorManager:
         assert transport is not None
         remote, terms = self.bind_remote(entry, transport, peer=peer, lane_key=request.lane_key)
         remote.sender_stream_id = request.stream_cancel_handle[1]
+        remote.attach_session_id = request.session_id
         return self._attach_ok(entry, remote, terms, mpsc=mpsc)
+
+    def _release_unanswered(self, entry: AnchorEntry, peer: InstanceId, session_id: int) -> None:
+        """A sender retries an attach whose answer it never got: release the bind that
+        attach made (if it arrived at all), so the retry is not refused for it.
+
+        Only the bind of exactly that request from exactly that node is released: its
+        producer gave up on the answer, so nothing was ever sent on it."""
+        for remote in list(entry.senders.values()):
+            if remote.node == peer and remote.attach_session_id == session_id:
+                logger.info(
+                    "attach retried by %s: releasing the bind of its unanswered attach to %s",
+                    peer,
+                    entry.handle,
+                )
+                self._metrics.attach_binds_replaced += 1
+                self.end_remote(entry, remote, dropped=False)
 
     def _attach_ok(
         self, entry: AnchorEntry, remote: RemoteSender, terms: BindTerms, *, mpsc: bool
@@ -479,22 +509,22 @@ class AnchorManager:
     # -- consumer: watchdogs -------------------------------------------------------------
 
     def _arm_watchdog(self, entry: AnchorEntry, remote: RemoteSender, at: float) -> None:
+        if remote.watchdog_clock is None:
+            remote.watchdog_clock = WatchdogClock(reference=self._loop.time())
         remote.watchdog = self._loop.call_later(at, self._watchdog, entry.local_id, remote)
 
     def _watchdog(self, local_id: int, remote: RemoteSender) -> None:
         entry = self._anchors.get(local_id)
         if entry is None or entry.senders.get(remote.sender_id) is not remote:
             return
+        self._metrics.heartbeat_watchdog_checks += 1
         window = entry.heartbeat_interval
         last, exempt = remote.probe() if remote.probe is not None else (remote.last_arrival, False)
-        now = self._loop.time()
-        if exempt or now - last < window:
-            remote.misses = 0
-            self._arm_watchdog(entry, remote, last + window - now)
-            return
-        remote.misses += 1
-        if remote.misses < DETECTION_MULTIPLIER:
-            self._arm_watchdog(entry, remote, window)
+        clock = remote.watchdog_clock
+        assert clock is not None  # armed with one
+        delay = check(clock, now=self._loop.time(), last_arrival=last, exempt=exempt, window=window)
+        if delay is not None:
+            self._arm_watchdog(entry, remote, delay)
             return
         remote.watchdog = None
         if not entry.mpsc:
@@ -539,7 +569,7 @@ class AnchorManager:
         attached or pre-bound, or one that is gone. ``key`` places the stream as in
         :meth:`attach_anchor`.
         """
-        return self._zero_rtt.prebind(handle, key=key)
+        return self._zero_rtt.prebind(_checked_handle(handle, "prebind_anchor"), key=key)
 
     async def open_anchor_stream(
         self, handle: StreamAnchorHandle, ticket: StreamOpenTicket
@@ -549,6 +579,12 @@ class AnchorManager:
         A ticket opens one stream: opening it again raises
         :class:`~velomux_quic.errors.TicketError`.
         """
+        handle = _checked_handle(handle, "open_anchor_stream")
+        if not isinstance(ticket, StreamOpenTicket):
+            raise ConfigurationError(
+                f"open_anchor_stream takes the StreamOpenTicket the consumer's prebind_anchor "
+                f"returned (StreamOpenTicket.decode(its bytes)), not {type(ticket).__name__}"
+            )
         return await self._producer.open_with_ticket(handle, ticket)
 
     # -- producer: attach (see producer.py) ----------------------------------------------
@@ -568,6 +604,7 @@ class AnchorManager:
         advertised (compatibility testing only). A refusal raises its
         :class:`~velomux_quic.errors.AttachError` subclass.
         """
+        handle = _checked_handle(handle, "attach_anchor")
         return await self._producer.attach(handle, mpsc=False, key=key, offer=offer)
 
     async def attach_mpsc_anchor(
@@ -579,6 +616,7 @@ class AnchorManager:
     ) -> StreamSender:
         """Attach one more producer to an MPSC anchor; ``key`` and ``offer`` as in
         :meth:`attach_anchor`. The sender's ``sender_id`` tags its records."""
+        handle = _checked_handle(handle, "attach_mpsc_anchor")
         return await self._producer.attach(handle, mpsc=True, key=key, offer=offer)
 
     # -- introspection -------------------------------------------------------------------
@@ -626,8 +664,20 @@ class AnchorManager:
 
     # -- shutdown ------------------------------------------------------------------------
 
+    async def drain(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for this node's senders to finish (each open one
+        hands over its terminal, and every terminal leaves); True when they all did."""
+        try:
+            async with asyncio.timeout(timeout):
+                await self._producer.wait_idle()
+        except TimeoutError:
+            return False
+        return True
+
     async def close(self) -> None:
-        """Cancel every sender, finish every anchor, close the transports; idempotent."""
+        """End this node's streams on the wire (open ones with the shutdown terminal,
+        finalized ones flushed: see ``AnchorProducer.close``), finish every anchor, close
+        the transports; idempotent."""
         self._closed = True
         await self._producer.close()
         for local_id in list(self._anchors):

@@ -34,6 +34,18 @@ _COUNTERS = {
         "velo_streaming_heartbeat_watchdog_firings",
         "Streams ended by the heartbeat watchdog",
     ),
+    "heartbeat_watchdog_checks": (
+        "velo_streaming_heartbeat_watchdog_checks",
+        "Wake-ups of the stream watchdogs (about one per stream per window)",
+    ),
+    "attach_binds_replaced": (
+        "velo_streaming_attach_binds_replaced",
+        "Binds of an attach whose answer timed out, released by the sender's retry",
+    ),
+    "senders_lost": (
+        "velo_streaming_senders_lost",
+        "Open senders cancelled because their channel closed under them (consumer gone)",
+    ),
     "unclaimed_bind_reaped": (
         "velo_streaming_unclaimed_bind_reaped",
         "Binds whose accept window closed before a sender claimed them",
@@ -85,6 +97,9 @@ class StreamingMetrics(Collector):
     producer_send_backpressure: int
     reader_pump_backpressure: int
     heartbeat_watchdog_firings: int
+    heartbeat_watchdog_checks: int
+    attach_binds_replaced: int
+    senders_lost: int
     unclaimed_bind_reaped: int
     heartbeats_sent: int
     heartbeats_dropped: int

@@ -165,6 +165,16 @@ class PerStreamChannel:
             if not done.done():
                 done.set_result(True)
 
+    def end_now(self, body: bytes, done: asyncio.Future[bool]) -> None:
+        """The node is closing: the terminal goes at once if the stream has room; behind
+        frames waiting for the consumer's window it would wait as long as they do, so the
+        stream is reset instead (its consumer reads what arrived, then SenderDropped)."""
+        if self._stream.gate.pending_count:
+            self.abort()
+            done.set_result(False)
+            return
+        self.send_terminal(body, done)
+
     def abort(self) -> None:
         self._closed = True
         self._stream.abort()

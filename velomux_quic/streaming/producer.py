@@ -27,6 +27,7 @@ import time
 from collections import Counter
 from typing import Protocol
 
+from ..errors import UnaryTimeout
 from ..ids import InstanceId, StreamAnchorHandle, WorkerId, worker_id_of
 from ..messenger import CallError, Context, Messenger
 from .channels import InboxChannel
@@ -58,7 +59,13 @@ from .sender import SenderState, StreamSender
 from .snapshot import SenderSnapshot
 from .transports import AttachTerms, StreamTransport, TransportRegistry
 
-__all__ = ["ATTACH_ERRORS", "TICKETS_REMEMBERED", "AnchorProducer", "LocalAnchors"]
+__all__ = [
+    "ATTACH_ERRORS",
+    "TICKETS_REMEMBERED",
+    "UNANSWERED_REMEMBERED",
+    "AnchorProducer",
+    "LocalAnchors",
+]
 
 ATTACH_ERRORS: dict[str, type[AttachError]] = {
     "anchor_not_found": AnchorNotFound,
@@ -73,6 +80,11 @@ TICKETS_REMEMBERED = 1 << 16
 ticket would open a second stream on a slot the first one claimed: the consumer drops its
 records as stale and the stream ends cancelled, so it is refused before anything is sent.
 The oldest are forgotten first; 64 Ki at ~100 bytes each bounds the memory."""
+
+
+UNANSWERED_REMEMBERED = 1 << 12
+"""Timed-out attaches remembered (per anchor handle) for the retry to name; the oldest
+are forgotten first, so a node that gives up on thousands of anchors stays bounded."""
 
 
 class LocalAnchors(Protocol):
@@ -118,8 +130,14 @@ class AnchorProducer:
         self._next_sender_stream = 1
         self._pending_attaches = 0
         self._opened_tickets: dict[tuple[int, int], None] = {}
+        self._unanswered: dict[StreamAnchorHandle, int] = {}
+        """Per anchor, the session id of this node's last attach that timed out."""
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._heartbeat_wake = asyncio.Event()
+        self._retiring: set[SenderState] = set()
+        """Senders that handed over their terminal and wait for it to leave (remote only)."""
+        self._idle = asyncio.Event()
+        self._idle.set()
         self._closed = False
         messenger.register_system("_stream_cancel", self._cancel_handler)
         messenger.register_system("_stream_stop", self._stop_handler)
@@ -150,10 +168,11 @@ class AnchorProducer:
         request_type = MpscAnchorAttachRequest if mpsc else AnchorAttachRequest
         request = request_type(
             handle=handle,
-            session_id=int.from_bytes(os.urandom(8), "big"),
+            session_id=int.from_bytes(os.urandom(8), "big") or 1,
             stream_cancel_handle=(self._worker_id, sender_stream_id),
             supported_transport_keys=sorted(self._transports.keys() if offer is None else offer),
             lane_key=key,
+            replaces_session_id=self._unanswered.pop(handle, 0),
         )
         started = time.monotonic()
         self._pending_attaches += 1
@@ -166,6 +185,12 @@ class AnchorProducer:
             )
             response = (MpscAnchorAttachResponse if mpsc else AnchorAttachResponse).decode(raw)
         except (CallError, ControlDecodeError) as exc:
+            if isinstance(exc, UnaryTimeout):
+                # The request may still bind late on the consumer: the next attach to
+                # this anchor names it, and the consumer releases that bind for it.
+                self._unanswered[handle] = request.session_id
+                if len(self._unanswered) > UNANSWERED_REMEMBERED:
+                    del self._unanswered[next(iter(self._unanswered))]
             self._metrics.attach_rtt.labels("error", "none").observe(time.monotonic() - started)
             raise AttachRefused(f"attach to {handle} failed: {exc}", handle) from exc
         finally:
@@ -268,6 +293,7 @@ class AnchorProducer:
         if watch is not None:  # the mux tells the sender of stops, cancels and closes
             watch(state)
         self._senders[sender_stream_id] = state
+        self._idle.clear()
         self._start_heartbeats()
         return StreamSender(state)
 
@@ -285,6 +311,7 @@ class AnchorProducer:
             sender_id=sender_id if mpsc else 0,
         )
         self._senders[state.sender_stream_id] = state
+        self._idle.clear()
         return StreamSender(state)
 
     def peer_of(self, worker_id: WorkerId) -> InstanceId | None:
@@ -305,6 +332,22 @@ class AnchorProducer:
         if state.target is None:
             # Same-worker: the sentinel is in the channel now; a re-attach may follow.
             self._local.local_sender_finished(state.handle)
+        elif not state.retired.done():
+            self._retiring.add(state)
+            state.retired.add_done_callback(lambda _: self._retired(state))
+        self._check_idle()
+
+    def _retired(self, state: SenderState) -> None:
+        self._retiring.discard(state)
+        self._check_idle()
+
+    def _check_idle(self) -> None:
+        if not self._senders and not self._retiring:
+            self._idle.set()
+
+    async def wait_idle(self) -> None:
+        """Until no sender of this node is open and every terminal it handed over left."""
+        await self._idle.wait()
 
     def cancel_local_senders(self, local_id: int, sender_ids: set[int]) -> None:
         """This node's anchor ``local_id`` was cancelled: cancel its same-node senders."""
@@ -359,6 +402,13 @@ class AnchorProducer:
                 interval = state.heartbeat_interval
                 if interval is None or state.terminal_sent:
                     continue
+                if state.channel.closed:
+                    # The channel closed under an open sender (its connection died at the
+                    # idle timeout: the consumer's node is gone). Nothing else tells an
+                    # idle producer, so its cancellation fires here, within an interval.
+                    self._metrics.senders_lost += 1
+                    state.cancel()
+                    continue
                 if state.next_heartbeat <= now:
                     if state.channel.try_send(HEARTBEAT):
                         self._metrics.heartbeats_sent += 1
@@ -405,10 +455,26 @@ class AnchorProducer:
         return dict(Counter(state.transport_key or "local" for state in self._senders.values()))
 
     async def close(self) -> None:
-        """Cancel every sender and stop the heartbeat task (the node is closing)."""
+        """End every stream on the wire and stop the heartbeat task (the node is closing).
+
+        A remote stream that is still open gets the shutdown terminal at once (its consumer
+        raises SenderDropped saying the producer shut down, within a round trip, instead
+        of waiting for its watchdog); one that was finalized keeps its terminal. Both get
+        up to ``close_flush_timeout`` to be handed to the transport, which then gives the
+        admitted bytes its own ``close_timeout`` to be acknowledged. Same-node senders are
+        cancelled: their anchors close with this node.
+        """
         self._closed = True
         for state in list(self._senders.values()):
-            state.cancel()
+            if state.target is None:
+                state.cancel()
+            else:
+                state.shut_down()
+        pending = [state.retired for state in self._retiring if not state.retired.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=self._config.close_flush_timeout)
+        for state in list(self._retiring):
+            state.abandon()  # its terminal did not leave in time: it never will
         task = self._heartbeat_task
         if task is not None:
             task.cancel()

@@ -23,7 +23,7 @@ from typing import Any, Literal, Protocol
 from ..ids import InstanceId, StreamAnchorHandle
 from .channels import ProducerChannel
 from .errors import ChannelClosed, SendTimeout
-from .frames import DETACHED, DROPPED, FINALIZED, encode_item, encode_sender_error
+from .frames import DETACHED, DROPPED, FINALIZED, SHUTDOWN, encode_item, encode_sender_error
 from .metrics import StreamingMetrics
 
 __all__ = ["Retired", "SenderOwner", "SenderState", "SenderStateName", "StreamSender"]
@@ -127,6 +127,31 @@ class SenderState:
         self.channel.send_terminal(body, done)
         return self.retired
 
+    def shut_down(self) -> asyncio.Future[Retired]:
+        """This node is closing: end the stream on the wire now with the shutdown terminal
+        (records not written yet are discarded where the channel can, on the mux), so the
+        consumer learns at once instead of by its watchdog. A sender that already handed
+        over its terminal keeps it; its retirement future is returned either way."""
+        if self.terminal_sent:
+            return self.retired
+        self.terminal_sent = True
+        self.state = "dropped"
+        self.owner.sender_finished(self)
+        if self.cancelled.is_set() or self.channel.closed:
+            self.cancelled.set()
+            self.stop_requested.set()
+            self._retire(Retired.DISCARDED)
+            return self.retired
+        done: asyncio.Future[bool] = self.loop.create_future()
+        # Retired by the terminal's fate, but never SENT: the stream did not finish.
+        done.add_done_callback(lambda _: self._retire(Retired.DISCARDED))
+        end_now = getattr(self.channel, "end_now", None)
+        (end_now or self.channel.send_terminal)(SHUTDOWN, done)
+        # A producer awaiting wait_cancelled() learns that its stream is over.
+        self.cancelled.set()
+        self.stop_requested.set()
+        return self.retired
+
     def cancel(self) -> None:
         """The consumer cancelled: fire both conditions, stop writing."""
         self.cancelled.set()
@@ -137,6 +162,15 @@ class SenderState:
             self.channel.abort()
             self.owner.sender_finished(self)
             self._retire(Retired.DISCARDED)
+
+    def abandon(self) -> None:
+        """The node closes and this stream's terminal has not left: drop it, retire
+        DISCARDED (what an application awaiting ``retired()`` learns)."""
+        self.cancelled.set()
+        self.stop_requested.set()
+        self.terminal_sent = True
+        self.channel.abort()
+        self._retire(Retired.DISCARDED)
 
     def request_stop(self) -> None:
         """The consumer asked for a graceful stop (``_stream_stop`` or a local anchor's)."""
