@@ -532,9 +532,7 @@ class QuicTransport(asyncio.DatagramProtocol):
                     connection.pause_reading(lane)
         self.handler.peer_connected(connection.peer, connection.is_client)
 
-    def _limit_connections(
-        self, peer: InstanceId, inbound: dict[PeerConnection, None]
-    ) -> None:
+    def _limit_connections(self, peer: InstanceId, inbound: dict[PeerConnection, None]) -> None:
         """Past ``max_connections_per_peer``, close that peer's oldest connections.
 
         The oldest rather than the new one: a peer that restarted re-dials while its old
@@ -545,9 +543,7 @@ class QuicTransport(asyncio.DatagramProtocol):
         live = [c for c in inbound if c.state is ConnectionState.ESTABLISHED]
         for oldest in live[: max(0, len(live) - limit)]:
             self.stats.rejections["connections_per_peer"] += 1
-            logger.info(
-                "closing the oldest connection from %s: more than %d at once", peer, limit
-            )
+            logger.info("closing the oldest connection from %s: more than %d at once", peer, limit)
             oldest.close(CloseCode.REPLACED, "too many connections from this peer")
 
     def _learn_return_route(self, peer: InstanceId, address: Address | None) -> None:
