@@ -210,11 +210,13 @@ async def _attack(
         hostile = make_credentials("hostile")
         hostile_node = await start_nodes("hostile-mux")
         await open_slots_nobody_bound(hostile_node, victim, lanes, 65_536)
+        forgotten = 65_536 * lanes - 4_096 * lanes
+        await victim.until("velo_streaming_mux_refusals_forgotten_total", forgotten, timeout=60)
         await announce_4_gib(hostile, victim)
         async with hostile_client(hostile, victim.address) as peer:
             for index in range(streams):  # each announces its opening and sends 1 byte of it
                 peer.write(_FIRST_STREAM + 4 * index, _HEADER.pack(16) + b"\x00")
-            await victim.until(_rejections("stream_openings"), streams - 256)
+            await victim.until(_rejections("stream_openings"), streams - 256, timeout=60)
         stalling = _StallingPeer()
         stalling_transport = await QuicTransport.start(
             make_credentials("hostile-pulls"), handler=stalling
@@ -223,12 +225,10 @@ async def _attack(
         stack.callback(stalling.release.set)
         await staged_descriptors(stalling_transport, victim, descriptors)
         await victim.until(
-            "velo_messenger_staged_pulls_refused_total{reason=count}", descriptors - 1024
+            "velo_messenger_staged_pulls_refused_total{reason=count}", descriptors - 1024, 60
         )
         if slow:
             await unfinished_frames(make_credentials("hostile-frames"), victim)
-        forgotten = 65_536 * lanes - 4_096 * lanes
-        await victim.until("velo_streaming_mux_refusals_forgotten_total", forgotten, timeout=60)
         await legitimate_stream(await start_nodes("good"), victim)
         after = await victim.ask("report")
     return before, after
