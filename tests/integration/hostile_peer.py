@@ -99,6 +99,7 @@ async def hostile_client(
     async with connect(
         *address, configuration=configuration, create_protocol=HostileClientProtocol
     ) as protocol:
+        assert isinstance(protocol, HostileClientProtocol)
         yield protocol
 
 

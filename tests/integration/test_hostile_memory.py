@@ -119,7 +119,7 @@ def _rejections(reason: str) -> str:
 async def open_slots_nobody_bound(hostile: Node, victim: Victim, lanes: int, per_lane: int) -> None:
     """OpenSlots for every index of ``lanes`` tables, naming binds that do not exist."""
     hostile.add_peer(victim.instance_id, victim.address)
-    outcomes = []
+    outcomes: list[object] = []
     for lane in range(lanes):
         handler = BATCH_HANDLER if lane == 0 else f"{BATCH_HANDLER}.{lane}"
         for batch_seq, first in enumerate(range(0, per_lane, 1024)):
@@ -163,7 +163,7 @@ class _StallingPeer(TransportHandler):
 
 async def staged_descriptors(hostile: QuicTransport, victim: Victim, count: int) -> None:
     hostile.register_peer(victim.instance_id, victim.address)
-    outcomes = [
+    outcomes: list[object] = [
         hostile.send(
             victim.instance_id,
             0,

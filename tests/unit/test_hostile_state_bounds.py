@@ -129,7 +129,7 @@ def test_openings_that_do_not_finish_in_time_expire_oldest_first() -> None:
 )
 def test_transport_refuses_bounds_that_bound_nothing(options: dict[str, int]) -> None:
     with pytest.raises(ConfigurationError):
-        TransportConfig(**options)  # type: ignore[arg-type]
+        TransportConfig(**options)
 
 
 def test_the_partial_frame_bound_follows_the_message_size_by_default() -> None:
