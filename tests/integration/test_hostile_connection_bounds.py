@@ -102,6 +102,25 @@ async def test_unfinished_frames_on_every_lane_close_the_connection_past_their_b
     await _stream_intact(victim, await start_nodes("good"))
 
 
+async def test_a_frame_begun_and_abandoned_closes_its_connection_after_the_timeout(
+    start_node: NodeFactory, make_credentials: Callable[..., NodeCredentials]
+) -> None:
+    victim, seen = await start_node("victim", config=TransportConfig(partial_frame_timeout=0.2))
+    hostile = make_credentials("hostile")
+    async with hostile_client(hostile, victim.address) as peer:
+        peer.write(2, _HEADER.pack(5) + b"whole" + _HEADER.pack(1000) + b"begun, never ended")
+        await seen.wait_until(lambda: seen.count() == 1)
+        await _until(lambda: victim.stats.rejections["partial_frame_timeout"] == 1)
+        await _until(lambda: not victim.snapshot().inbound_from(hostile.instance_id))
+    # A lane that keeps sending, frame after frame, is never taken for a stalled one.
+    good, _ = await start_node("good")
+    good.register_peer(victim.instance_id, victim.address)
+    for number in range(10):
+        await wait_admitted([good.send(victim.instance_id, 0, bytes(100_000))])
+        await seen.wait_until(lambda n=number: seen.count() == n + 2)  # type: ignore[misc]
+    assert victim.stats.rejections["partial_frame_timeout"] == 1
+
+
 async def test_stream_openings_are_bounded_in_count_size_and_time(
     start_nodes: StartNode, make_credentials: Callable[..., NodeCredentials]
 ) -> None:

@@ -124,6 +124,7 @@ def test_openings_that_do_not_finish_in_time_expire_oldest_first() -> None:
         {"max_stream_openings": 0},
         {"max_stream_opening_size": 15},
         {"stream_opening_timeout": 0},
+        {"partial_frame_timeout": 0},
         {"max_partial_frame_bytes": 1024, "max_message_size": 4096},
     ],
 )

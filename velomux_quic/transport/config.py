@@ -106,6 +106,12 @@ class TransportConfig:
     closed (``partial_frame_bytes``). None (the default) is twice ``max_message_size``
     (32 MiB); a value must be at least ``max_message_size``."""
 
+    partial_frame_timeout: float = 30.0
+    """A lane holding an unfinished frame on which nothing arrived for this long (checked
+    every ``partial_frame_timeout``, so it fires within twice that) closes its connection
+    (``partial_frame_timeout``): the peer began a frame and stopped. A lane this node
+    paused is never counted: there the wait is ours."""
+
     max_stream_openings: int = 256
     """Streams the peer opened toward us (not lanes) whose opening, their first frame, has
     not arrived whole yet, per connection. A new stream beyond it is refused at once
@@ -151,6 +157,7 @@ class TransportConfig:
             "health_check_timeout",
             "half_open_idle_timeout",
             "stream_opening_timeout",
+            "partial_frame_timeout",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigurationError(f"{name} must be positive")

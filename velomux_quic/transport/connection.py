@@ -142,6 +142,7 @@ class PeerConnection:
             config.stream_opening_timeout,
         )
         self._opening_timer: asyncio.TimerHandle | None = None
+        self._partial_sweep: asyncio.TimerHandle | None = None
         self._ping_waiters: dict[int, asyncio.Future[None]] = {}
         self._next_ping = 1
         self._close_error: ChannelClosed | ConnectionReplaced | None = None
@@ -437,6 +438,34 @@ class PeerConnection:
         )
         self.close(CloseCode.FRAME_TOO_LARGE, "too many bytes of unfinished frames")
 
+    def _schedule_partial_sweep(self) -> None:
+        timeout = self.transport.config.partial_frame_timeout
+        self._partial_sweep = self._loop.call_later(timeout, self._sweep_partial_frames)
+
+    def _sweep_partial_frames(self) -> None:
+        """Close the connection if a lane began a frame and nothing arrived on it since the
+        last sweep. It runs off the receive path, once per ``partial_frame_timeout``: the
+        lanes' byte counts say whether anything moved, so arrivals cost nothing extra."""
+        self._partial_sweep = None
+        if self.state is not ConnectionState.ESTABLISHED:
+            return
+        for state in self._inbound.values():
+            stalled = state.partial and state.consumed == state.swept
+            state.swept = state.consumed
+            if stalled and not (state.paused or state.held or state.backlog):
+                self.transport.stats.rejections["partial_frame_timeout"] += 1
+                logger.warning(
+                    "closing connection from %s: lane %d holds %d bytes of a frame on which"
+                    " nothing arrived for %g s",
+                    self._peer_name(),
+                    state.lane,
+                    state.partial,
+                    self.transport.config.partial_frame_timeout,
+                )
+                self.close(CloseCode.FRAME_TOO_LARGE, "an unfinished frame stalled")
+                return
+        self._schedule_partial_sweep()
+
     def _deliver(self, state: InboundLane, bodies: list[bytes] | deque[bytes]) -> None:
         handler = self.transport.handler.frame_received
         peer = self.peer
@@ -701,6 +730,8 @@ class PeerConnection:
         if not self._handshake_waiter.done():
             self._handshake_waiter.set_result(None)
         self._schedule_keepalive()
+        if not self.is_client:
+            self._schedule_partial_sweep()
         self.transport.connection_established(self)
         self._poll_gates()
 
@@ -716,10 +747,11 @@ class PeerConnection:
             self._handshake_deadline,
             self._half_open_check,
             self._opening_timer,
+            self._partial_sweep,
         ):
             if handle is not None:
                 handle.cancel()
-        self._opening_timer = None
+        self._opening_timer = self._partial_sweep = None
         self._openings.clear()
         self._timer = self._transmit_handle = self._keepalive = self._handshake_deadline = None
         self._half_open_check = None

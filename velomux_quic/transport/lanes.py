@@ -196,6 +196,7 @@ class InboundLane:
         "partial",
         "paused",
         "stream_id",
+        "swept",
     )
 
     def __init__(self, lane: int, stream_id: int, max_message_size: int, paused: bool) -> None:
@@ -205,6 +206,8 @@ class InboundLane:
         self.consumed = 0
         self.partial = 0
         """Bytes of the unfinished frame in the decoder, as the connection last counted them."""
+        self.swept = -1
+        """``consumed`` at the connection's last sweep for stalled frames."""
         self.paused = paused
         self.held: deque[bytes] = deque()  # decoded frames not yet delivered (paused mid-batch)
         self.backlog: deque[bytes] = deque()  # raw stream data received while paused
