@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+from aioquic.asyncio.client import connect
 from aioquic.asyncio.protocol import QuicConnectionProtocol
 from aioquic.asyncio.server import serve
 from aioquic.quic.configuration import QuicConfiguration
@@ -67,6 +68,39 @@ class HostileServer:
             protocol = self.connections[0]
             await protocol.handshake_done.wait()
         return protocol
+
+
+class HostileClientProtocol(QuicConnectionProtocol):
+    """A connection the hostile peer dialed to the victim: it writes raw stream bytes."""
+
+    def quic_event_received(self, event: QuicEvent) -> None:
+        """Whatever the victim says is ignored."""
+
+    def write(self, stream_id: int, data: bytes, *, end_stream: bool = False) -> None:
+        """Raw bytes on a stream of ours (lane k is stream 4k + 2; the per-stream path's
+        streams start at 66), no framing but what the test wrote."""
+        self._quic.send_stream_data(stream_id, data, end_stream=end_stream)
+        self.transmit()
+
+
+@asynccontextmanager
+async def hostile_client(
+    credentials: NodeCredentials, address: tuple[str, int]
+) -> AsyncIterator[HostileClientProtocol]:
+    """Dial the victim as ``credentials``' node with aioquic and no project code."""
+    configuration = make_quic_configuration(
+        credentials,
+        is_client=True,
+        max_datagram_size=1452,
+        idle_timeout=30.0,
+        max_stream_data=1 << 20,
+        max_data=16 << 20,
+    )
+    async with connect(
+        *address, configuration=configuration, create_protocol=HostileClientProtocol
+    ) as protocol:
+        assert isinstance(protocol, HostileClientProtocol)
+        yield protocol
 
 
 def _free_udp_port() -> int:

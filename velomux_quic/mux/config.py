@@ -88,6 +88,12 @@ class MuxConfig:
     async_open_ack: bool = False
     max_slots_per_table: int = 65_536
     reject_lane_cap: int = 8_192
+    max_refused_slots: int = 4_096
+    """Refused slot ids one (peer, lane) table remembers, so that the refused stream's
+    later records are dropped as ``unknown_slot`` (the chapter answers a slot once). The
+    indices are the peer's choice, up to 2**24 per table: past this many the oldest is
+    forgotten (counted in ``velo_streaming_mux_refusals_forgotten_total``), and a late
+    record of it is dropped as ``closed_slot`` instead, which changes nothing else."""
     health_check_interval: float = 5.0
     """While a batcher has live slots, ask its peer's messenger this often (0: never)."""
     health_check_timeout: float = 5.0
@@ -123,6 +129,8 @@ class MuxConfig:
             )
         if self.reply_linger < 0 or self.batcher_idle_ttl <= 0:
             raise ConfigurationError("reply_linger >= 0 and batcher_idle_ttl > 0")
+        if self.max_refused_slots < 1:
+            raise ConfigurationError("max_refused_slots must be at least 1")
         if not 1 <= self.max_slots_per_table <= 1 << 24:
             raise ConfigurationError("max_slots_per_table must be 1 to 2**24 (the u24 slot index)")
         if self.initial_credit >= 1 << 32 or self.slot_byte_budget >= 1 << 32:

@@ -82,6 +82,8 @@ class MuxIngressStats:
         "reader_stall",
         "records_received",
         "refusals",
+        "refusals_forgotten",
+        "refused_slots",
         "slot_limit",
     )
 
@@ -101,6 +103,10 @@ class MuxIngressStats:
         """Control records whose body did not decode (only without decode_batch in front)."""
         self.slot_limit = 0
         """OpenSlots refused because their index is past ``max_slots_per_table``."""
+        self.refused_slots = 0
+        """Refused slot ids remembered now (a gauge; at most ``max_refused_slots`` a table)."""
+        self.refusals_forgotten = 0
+        """Refused slot ids forgotten past ``max_refused_slots`` (oldest first)."""
         self.lifecycle_received = 0
         """LifecycleSlot records (stop or cancel) about this side's own slots."""
         self.refusals: dict[str, int] = dict.fromkeys(REFUSAL_OUTCOMES, 0)

@@ -198,6 +198,8 @@ class IngressTable:
         self._routes: list[_Route | None] = []
         self._aside: dict[int, _Route] = {}
         self._refused: dict[int, int] = {}
+        """Refused slot index -> slot id, oldest first, at most ``max_refused_slots``."""
+        self._max_refused = config.max_refused_slots
         self._live = 0
         self._epoch: int | None = None
         self._high_water: int | None = None
@@ -582,7 +584,8 @@ class IngressTable:
         if slot is None:
             self._reject(sid, _UNKNOWN_SLOT)
             return
-        self._refused.pop(index, None)
+        if self._refused.pop(index, None) is not None:
+            stats.refused_slots -= 1
         slot.open(sid, self.dirty, self._peer_budget, now)
         route = _Route(sid, slot, seq + 1, session_id)
         if index >= len(routes):
@@ -596,9 +599,22 @@ class IngressTable:
     def _reject(self, sid: int, reason: CloseReason) -> None:
         """An OpenSlot that was never admitted: its records will be dropped as
         ``unknown_slot``, and the sender hears why on the capped reject lane."""
-        self._refused[sid >> 8] = sid
+        self._remember_refusal(sid)
         if not self._replies.reject(sid, reason):
             self.stats.control_refused += 1
+
+    def _remember_refusal(self, sid: int) -> None:
+        """Keep ``sid`` among the refused (newest last), forgetting the oldest past the
+        bound: the indices are the peer's to choose, and must not grow this table."""
+        refused = self._refused
+        index = sid >> 8
+        if refused.pop(index, None) is None:
+            self.stats.refused_slots += 1
+            if len(refused) >= self._max_refused:
+                del refused[next(iter(refused))]
+                self.stats.refused_slots -= 1
+                self.stats.refusals_forgotten += 1
+        refused[index] = sid
 
     # -- refused staged singletons -----------------------------------------------------------
 
@@ -701,6 +717,7 @@ class IngressTable:
             self._retire(route, DROPPED)
             retired += 1
         self._routes = []
+        self.stats.refused_slots -= len(self._refused)
         self._refused.clear()
         self.dirty.drain()
         return retired

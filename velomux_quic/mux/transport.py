@@ -513,6 +513,12 @@ class MuxTransport(Collector):
             ("hold_overflow", ing.hold_overflow, "Slots closed because their hold overflowed"),
             ("batch_seq_gaps", ing.batch_seq_gaps, "Batches missing within an epoch"),
             ("drain_visits", ing.drain_visits, "Doorbell reconciles performed"),
+            ("slot_limit", ing.slot_limit, "OpenSlots refused: index past max_slots_per_table"),
+            (
+                "refusals_forgotten",
+                ing.refusals_forgotten,
+                "Refused slot ids forgotten past max_refused_slots (oldest first)",
+            ),
             ("malformed_batches", self._dropped_batches, "Batches that did not decode"),
             ("credit_lost", 0, "Credit that found no home (must stay 0)"),
             (
@@ -550,6 +556,18 @@ class MuxTransport(Collector):
         live = GaugeMetricFamily("velo_streaming_mux_live_slots", "Egress + ingress slots")
         live.add_metric([], sum(b.live_slots for b in batchers) + ing.live_slots)
         yield live
+        refused = GaugeMetricFamily(
+            "velo_streaming_mux_refused_slots",
+            "Refused slot ids remembered (at most max_refused_slots per peer and lane)",
+        )
+        refused.add_metric([], ing.refused_slots)
+        yield refused
+        cap = GaugeMetricFamily(
+            "velo_streaming_mux_slots_per_table_limit",
+            "Live slots one (peer, lane) may hold: max_slots_per_table",
+        )
+        cap.add_metric([], self.config.max_slots_per_table)
+        yield cap
         held = GaugeMetricFamily("velo_streaming_mux_held_records", "Records in holds")
         held.add_metric([], ing.held_records)
         yield held

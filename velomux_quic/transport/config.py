@@ -88,6 +88,45 @@ class TransportConfig:
     max_concurrent_streams: int = 4096
     """Streams of each kind a peer may have open at once (aioquic's own default is 128)."""
 
+    max_connections_per_peer: int = 4
+    """Inbound connections one peer identity (one certificate) may hold open at once.
+
+    An honest peer has one (it dials us once), plus a replacement while it re-dials after
+    a restart, before the old one times out. Past the bound the *oldest* of that peer's
+    connections is closed (``connections_per_peer``): the newest one is the one the peer
+    just proved it wants, a restarted peer is never locked out by its own dead
+    connections, and the connections closed belong to the same certificate, so nobody
+    else loses anything."""
+
+    max_partial_frame_bytes: int | None = None
+    """Bytes of unfinished frames one inbound connection may hold across its lanes (a
+    frame's header arrived, not yet all of its body). Each lane holds at most one such
+    frame, of at most ``max_message_size``; a peer starting huge frames on all 16 lanes
+    at once would otherwise make one connection hold 256 MiB. Past it the connection is
+    closed (``partial_frame_bytes``). None (the default) is twice ``max_message_size``
+    (32 MiB); a value must be at least ``max_message_size``."""
+
+    partial_frame_timeout: float = 30.0
+    """A lane holding an unfinished frame on which nothing arrived for this long (checked
+    every ``partial_frame_timeout``, so it fires within twice that) closes its connection
+    (``partial_frame_timeout``): the peer began a frame and stopped. A lane this node
+    paused is never counted: there the wait is ours."""
+
+    max_stream_openings: int = 256
+    """Streams the peer opened toward us (not lanes) whose opening, their first frame, has
+    not arrived whole yet, per connection. A new stream beyond it is refused at once
+    (STOP_SENDING, ``stream_openings``). An honest per-stream producer's opening is one
+    16-byte frame, written with the stream's first bytes."""
+
+    max_stream_opening_size: int = 1 * KiB
+    """The largest first frame (its announced length) a stream the peer opens may have; a
+    larger one is refused (``stream_opening_size``). With ``max_stream_openings`` this
+    bounds what unfinished openings may hold: about 256 x 1 KiB per connection."""
+
+    stream_opening_timeout: float = 10.0
+    """A stream whose opening has not arrived whole this long after its first bytes is
+    refused (``stream_opening_timeout``), and its receiver told the stream is over."""
+
     udp_receive_buffer: int = 8 * MiB
     udp_send_buffer: int = 4 * MiB
 
@@ -96,6 +135,13 @@ class TransportConfig:
 
     health_check_timeout: float = 5.0
     """How long ``check_health`` waits for the handshake and a PING answer by default."""
+
+    @property
+    def partial_frame_limit(self) -> int:
+        """``max_partial_frame_bytes``, with None resolved (twice ``max_message_size``)."""
+        if self.max_partial_frame_bytes is not None:
+            return self.max_partial_frame_bytes
+        return 2 * self.max_message_size
 
     def __post_init__(self) -> None:
         if not 1 <= self.lanes <= MAX_LANES:
@@ -110,6 +156,8 @@ class TransportConfig:
             "handshake_timeout",
             "health_check_timeout",
             "half_open_idle_timeout",
+            "stream_opening_timeout",
+            "partial_frame_timeout",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigurationError(f"{name} must be positive")
@@ -127,6 +175,22 @@ class TransportConfig:
             raise ConfigurationError(
                 f"retry_threshold must be 0 to max_half_open_handshakes"
                 f" ({self.max_half_open_handshakes}), got {self.retry_threshold}"
+            )
+        if self.max_connections_per_peer < 1 or self.max_stream_openings < 1:
+            raise ConfigurationError(
+                "max_connections_per_peer and max_stream_openings must be at least 1"
+            )
+        if (
+            self.max_partial_frame_bytes is not None
+            and self.max_partial_frame_bytes < self.max_message_size
+        ):
+            raise ConfigurationError(
+                f"max_partial_frame_bytes ({self.max_partial_frame_bytes}) must be at least"
+                f" max_message_size ({self.max_message_size}), or no large frame could arrive"
+            )
+        if self.max_stream_opening_size < 16:
+            raise ConfigurationError(
+                "max_stream_opening_size must be at least 16 bytes (the per-stream opening)"
             )
         if self.max_concurrent_streams < MAX_LANES:
             raise ConfigurationError(f"max_concurrent_streams must be at least {MAX_LANES}")

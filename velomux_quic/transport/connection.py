@@ -49,6 +49,7 @@ from .lanes import (
     stream_of_lane,
 )
 from .metrics import TransportStats
+from .openings import DROP, REFUSED_TIMEOUT, StreamOpenings
 from .perstream_send import PerStreamOutbound
 from .requests import IncomingRequests, OutgoingRequests
 from .snapshot import ConnectionSnapshot
@@ -131,6 +132,17 @@ class PeerConnection:
             transport.config.streams_send_buffer, lambda: quic.send_backlog
         )
         self._inbound: dict[int, InboundLane] = {}
+        config = transport.config
+        self._partial_bytes = 0
+        """Bytes of unfinished frames across the inbound lanes (``max_partial_frame_bytes``)."""
+        self._partial_limit = config.partial_frame_limit
+        self._openings = StreamOpenings(
+            config.max_stream_openings,
+            config.max_stream_opening_size,
+            config.stream_opening_timeout,
+        )
+        self._opening_timer: asyncio.TimerHandle | None = None
+        self._partial_sweep: asyncio.TimerHandle | None = None
         self._ping_waiters: dict[int, asyncio.Future[None]] = {}
         self._next_ping = 1
         self._close_error: ChannelClosed | ConnectionReplaced | None = None
@@ -320,6 +332,8 @@ class PeerConnection:
             extra_streams=len(self._extra),
             pending_requests=self.requests_out.pending_count,
             partial_requests=self.requests_in.partial_count + self.requests_in.serving_count,
+            partial_frame_bytes=self._partial_bytes,
+            stream_openings=self._openings.pending,
         )
 
     async def ping(self, timeout: float) -> None:
@@ -380,8 +394,9 @@ class PeerConnection:
 
     def _feed(self, state: InboundLane, data: bytes) -> None:
         state.consumed += len(data)
+        decoder = state.decoder
         try:
-            bodies = state.decoder.feed(data)
+            bodies = decoder.feed(data)
         except FrameTooLarge as exc:
             if exc.frames:
                 self._deliver(state, exc.frames)
@@ -391,12 +406,65 @@ class PeerConnection:
             )
             self.close(CloseCode.FRAME_TOO_LARGE, str(exc))
             return
+        partial = decoder.buffered_bytes
+        if partial != state.partial:
+            self._partial_bytes += partial - state.partial
+            state.partial = partial
+            if self._partial_bytes > self._partial_limit:
+                self._too_much_partial(bodies, state)
+                return
         if not bodies:
             return
         stats = self.transport.stats
         stats.frames_in += len(bodies)
         stats.bytes_in += len(data)
         self._deliver(state, bodies)
+
+    def _too_much_partial(self, bodies: list[bytes], state: InboundLane) -> None:
+        """The lanes hold more unfinished frames than ``max_partial_frame_bytes``: close.
+
+        Each lane's frame is within ``max_message_size``, but a peer starting one on every
+        lane at once and finishing none is spending this node's memory, not sending.
+        """
+        if bodies:
+            self._deliver(state, bodies)
+        self.transport.stats.rejections["partial_frame_bytes"] += 1
+        logger.warning(
+            "closing connection from %s: its lanes hold %d bytes of unfinished frames"
+            " (max_partial_frame_bytes %d)",
+            self._peer_name(),
+            self._partial_bytes,
+            self._partial_limit,
+        )
+        self.close(CloseCode.FRAME_TOO_LARGE, "too many bytes of unfinished frames")
+
+    def _schedule_partial_sweep(self) -> None:
+        timeout = self.transport.config.partial_frame_timeout
+        self._partial_sweep = self._loop.call_later(timeout, self._sweep_partial_frames)
+
+    def _sweep_partial_frames(self) -> None:
+        """Close the connection if a lane began a frame and nothing arrived on it since the
+        last sweep. It runs off the receive path, once per ``partial_frame_timeout``: the
+        lanes' byte counts say whether anything moved, so arrivals cost nothing extra."""
+        self._partial_sweep = None
+        if self.state is not ConnectionState.ESTABLISHED:
+            return
+        for state in self._inbound.values():
+            stalled = state.partial and state.consumed == state.swept
+            state.swept = state.consumed
+            if stalled and not (state.paused or state.held or state.backlog):
+                self.transport.stats.rejections["partial_frame_timeout"] += 1
+                logger.warning(
+                    "closing connection from %s: lane %d holds %d bytes of a frame on which"
+                    " nothing arrived for %g s",
+                    self._peer_name(),
+                    state.lane,
+                    state.partial,
+                    self.transport.config.partial_frame_timeout,
+                )
+                self.close(CloseCode.FRAME_TOO_LARGE, "an unfinished frame stalled")
+                return
+        self._schedule_partial_sweep()
 
     def _deliver(self, state: InboundLane, bodies: list[bytes] | deque[bytes]) -> None:
         handler = self.transport.handler.frame_received
@@ -445,19 +513,53 @@ class PeerConnection:
         if lane is None:
             if self.requests_out.owns(stream_id):
                 self.requests_out.data(stream_id, event.data, event.end_stream)
-            elif not self.transport.handler.stream_received(
+                return
+            openings = self._openings
+            if stream_id not in openings.opened:  # its opening is still to come
+                refusal = openings.admit(stream_id, event.data, self._loop.time())
+                if refusal is not None:
+                    if refusal != DROP:
+                        self._refuse_opening(link, stream_id, refusal)
+                    return
+                if self._opening_timer is None and openings.pending:
+                    self._arm_opening_timer()
+            if not self.transport.handler.stream_received(
                 link, StreamData(stream_id, event.data, event.end_stream)
             ):
                 # Not a lane: the layers above may claim such streams (the per-stream
                 # path); until one does, refuse the stream without harming the connection.
                 self.transport.stats.rejections["unexpected_stream"] += 1
+                self._openings.ended(stream_id)
                 self._refuse_stream(stream_id)
+            elif event.end_stream:
+                self._openings.ended(stream_id)
             return
         state = self._inbound_lane(stream_id, lane)
         if event.data:
             self._lane_data(state, event.data)
         if event.end_stream:
             self._lane_finished(state)
+
+    def _refuse_opening(self, link: PeerLink, stream_id: int, reason: str) -> None:
+        """A stream past an opening bound (see :mod:`.openings`): refuse it, count it, and
+        tell its receiver, which may hold its first bytes, that the stream is over."""
+        self.transport.stats.rejections[reason] += 1
+        self.stop_receiving(stream_id, CloseCode.SHUTDOWN)
+        self.transport.handler.stream_reset(link, StreamReset(stream_id, int(CloseCode.SHUTDOWN)))
+
+    def _arm_opening_timer(self) -> None:
+        deadline = self._openings.next_deadline()
+        if deadline is not None:
+            self._opening_timer = self._loop.call_at(deadline, self._openings_timed_out)
+
+    def _openings_timed_out(self) -> None:
+        self._opening_timer = None
+        link = self.link
+        if self.state is not ConnectionState.ESTABLISHED or link is None:
+            return
+        for stream_id in self._openings.expire(self._loop.time()):
+            self._refuse_opening(link, stream_id, REFUSED_TIMEOUT)
+        self._arm_opening_timer()
 
     def _refuse_stream(self, stream_id: int, code: CloseCode = CloseCode.SHUTDOWN) -> None:
         try:
@@ -501,6 +603,7 @@ class PeerConnection:
             self.requests_in.reset(stream_id)
             return
         if lane_of_stream(stream_id) is None and not self.is_client:
+            self._openings.ended(stream_id)
             if self.link is not None:
                 self.transport.handler.stream_reset(self.link, StreamReset(stream_id, error_code))
             return
@@ -511,6 +614,8 @@ class PeerConnection:
         self.transport.handler.lane_reset(self.peer, state.lane)
 
     def _forget_inbound(self, state: InboundLane) -> None:
+        self._partial_bytes -= state.partial
+        state.partial = 0
         self._inbound.pop(state.stream_id, None)
         self.quic.forget_stream(state.stream_id)
 
@@ -625,6 +730,8 @@ class PeerConnection:
         if not self._handshake_waiter.done():
             self._handshake_waiter.set_result(None)
         self._schedule_keepalive()
+        if not self.is_client:
+            self._schedule_partial_sweep()
         self.transport.connection_established(self)
         self._poll_gates()
 
@@ -639,9 +746,13 @@ class PeerConnection:
             self._keepalive,
             self._handshake_deadline,
             self._half_open_check,
+            self._opening_timer,
+            self._partial_sweep,
         ):
             if handle is not None:
                 handle.cancel()
+        self._opening_timer = self._partial_sweep = None
+        self._openings.clear()
         self._timer = self._transmit_handle = self._keepalive = self._handshake_deadline = None
         self._half_open_check = None
         reason = event.reason_phrase or f"error {event.error_code:#x}"

@@ -98,7 +98,8 @@ class QuicTransport(asyncio.DatagramProtocol):
         self._by_cid: dict[bytes, PeerConnection] = {}
         self._cids: dict[PeerConnection, set[bytes]] = {}
         self._outbound: dict[InstanceId, PeerConnection] = {}
-        self._inbound: dict[InstanceId, set[PeerConnection]] = {}
+        self._inbound: dict[InstanceId, dict[PeerConnection, None]] = {}
+        """Each peer's accepted connections, oldest first (a dict keeps the order)."""
         self._handshaking_inbound = 0
         self._half_open_sources: dict[PeerConnection, str] = {}
         """Inbound connections still handshaking, with their source IP address."""
@@ -522,12 +523,28 @@ class QuicTransport(asyncio.DatagramProtocol):
         assert connection.peer is not None
         if not connection.is_client:
             self._half_open_ended(connection)
-            self._inbound.setdefault(connection.peer, set()).add(connection)
+            inbound = self._inbound.setdefault(connection.peer, {})
+            inbound[connection] = None
+            self._limit_connections(connection.peer, inbound)
             self._learn_return_route(connection.peer, connection.remote_address)
             for peer, lane in self._paused:
                 if peer == connection.peer:
                     connection.pause_reading(lane)
         self.handler.peer_connected(connection.peer, connection.is_client)
+
+    def _limit_connections(self, peer: InstanceId, inbound: dict[PeerConnection, None]) -> None:
+        """Past ``max_connections_per_peer``, close that peer's oldest connections.
+
+        The oldest rather than the new one: a peer that restarted re-dials while its old
+        connection waits for the idle timeout, and must not be locked out by it; and every
+        connection closed here belongs to the same certificate as the one kept.
+        """
+        limit = self.config.max_connections_per_peer
+        live = [c for c in inbound if c.state is ConnectionState.ESTABLISHED]
+        for oldest in live[: max(0, len(live) - limit)]:
+            self.stats.rejections["connections_per_peer"] += 1
+            logger.info("closing the oldest connection from %s: more than %d at once", peer, limit)
+            oldest.close(CloseCode.REPLACED, "too many connections from this peer")
 
     def _learn_return_route(self, peer: InstanceId, address: Address | None) -> None:
         """The return route: one UDP socket per node both dials and listens, so a verified
@@ -561,7 +578,7 @@ class QuicTransport(asyncio.DatagramProtocol):
             assert peer is not None
             inbound = self._inbound.get(peer)
             if inbound is not None:
-                inbound.discard(connection)
+                inbound.pop(connection, None)
                 if not inbound:
                     del self._inbound[peer]
         else:

@@ -187,13 +187,27 @@ class OutboundStream:
 class InboundLane:
     """The read side of one lane: decoder, consumption count and pause state."""
 
-    __slots__ = ("backlog", "consumed", "decoder", "held", "lane", "paused", "stream_id")
+    __slots__ = (
+        "backlog",
+        "consumed",
+        "decoder",
+        "held",
+        "lane",
+        "partial",
+        "paused",
+        "stream_id",
+        "swept",
+    )
 
     def __init__(self, lane: int, stream_id: int, max_message_size: int, paused: bool) -> None:
         self.lane = lane
         self.stream_id = stream_id
         self.decoder = FrameDecoder(max_message_size)
         self.consumed = 0
+        self.partial = 0
+        """Bytes of the unfinished frame in the decoder, as the connection last counted them."""
+        self.swept = -1
+        """``consumed`` at the connection's last sweep for stalled frames."""
         self.paused = paused
         self.held: deque[bytes] = deque()  # decoded frames not yet delivered (paused mid-batch)
         self.backlog: deque[bytes] = deque()  # raw stream data received while paused

@@ -39,6 +39,11 @@ class ConnectionSnapshot:
     """Request streams this node opened on the connection, still unanswered."""
     partial_requests: int
     """Request streams the peer opened toward this node, not yet answered."""
+    partial_frame_bytes: int = 0
+    """Bytes of unfinished frames held across the inbound lanes (``max_partial_frame_bytes``)."""
+    stream_openings: int = 0
+    """Streams the peer opened toward this node whose opening has not arrived whole yet
+    (``max_stream_openings``)."""
 
 
 @dataclass(frozen=True, slots=True)
