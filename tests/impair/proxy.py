@@ -188,13 +188,15 @@ class Impairment:
 @dataclass(slots=True)
 class LinkCounters:
     """What happened to the datagrams of one direction. Every received datagram ends up in
-    exactly one of dropped_loss, dropped_overflow, send_errors, forwarded, or is still in
-    flight; ``reordered`` counts the held-back ones among them."""
+    exactly one of dropped_loss, dropped_overflow, dropped_blackhole, send_errors, forwarded,
+    or is still in flight; ``reordered`` counts the held-back ones among them."""
 
     received: int = 0
     forwarded: int = 0
     dropped_loss: int = 0
     dropped_overflow: int = 0
+    dropped_blackhole: int = 0
+    """Dropped while the direction was switched to a blackhole (:meth:`ImpairmentProxy.blackhole`)."""
     reordered: int = 0
     send_errors: int = 0
 
@@ -237,6 +239,8 @@ class _Direction:
         self._next_hold = 0
         self._count = 0
         self._bytes = 0
+        self.blackholed = False
+        """While True every arriving datagram is dropped (a cut link, not loss)."""
 
     @property
     def in_flight(self) -> int:
@@ -250,6 +254,9 @@ class _Direction:
         link = self._link
         draw = self._rng.random
         lost, spread, held = draw() < link.loss, draw(), draw() < link.reorder
+        if self.blackholed:  # after the draws, so a blackhole does not shift later fates
+            counters.dropped_blackhole += 1
+            return
         if lost:
             counters.dropped_loss += 1
             return
@@ -479,6 +486,18 @@ class ImpairmentProxy:
             while not predicate(self.counters):
                 self._changed.clear()
                 await self._changed.wait()
+
+    def blackhole(self, on: bool, direction: str | None = None) -> None:
+        """Cut the link (``on``) or restore it: while cut, every datagram arriving in
+        ``direction`` (both when None) is dropped and counted in ``dropped_blackhole``;
+        datagrams already in flight still leave. What a pulled cable or a partition does,
+        switched by the test at the instant it chooses."""
+        if not self._directions:
+            raise RuntimeError("the proxy is not started")
+        for name in DIRECTIONS if direction is None else (direction,):
+            if name not in DIRECTIONS:
+                raise ValueError(f"direction must be one of {DIRECTIONS}, got {name!r}")
+            self._directions[name].blackholed = on
 
     def sockets(self) -> Iterator[socket.socket]:
         """Every socket the proxy holds open (tests check that none outlives ``close``)."""
