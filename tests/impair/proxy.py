@@ -353,15 +353,29 @@ def _open_socket(family: int, buffer: int) -> socket.socket:
 class _Client:
     """One client address and the upstream socket that speaks for it to the target."""
 
-    __slots__ = ("address", "listen", "upstream")
+    __slots__ = ("address", "listen", "rearm", "upstream")
 
-    def __init__(self, address: Address, listen: socket.socket, upstream: socket.socket) -> None:
+    def __init__(
+        self,
+        address: Address,
+        listen: socket.socket,
+        upstream: socket.socket,
+        rearm: Callable[[_Client], None],
+    ) -> None:
         self.address = address
         self.listen = listen
         self.upstream = upstream
+        self.rearm = rearm
 
     def to_server(self, data: bytes) -> None:
-        self.upstream.send(data)
+        try:
+            self.upstream.send(data)
+        except ConnectionRefusedError:
+            # The target is not listening (a killed node, before its restart): the ICMP
+            # error left the connected socket in error, after which uvloop stops calling
+            # its reader, and the restarted target's replies would never be read.
+            self.rearm(self)
+            raise
 
     def to_client(self, data: bytes) -> None:
         self.listen.sendto(data, self.address)
@@ -554,13 +568,21 @@ class ImpairmentProxy:
         try:
             upstream.bind((self._listen_at[0], 0))
             upstream.connect(self._target_address)  # UDP: immediate; filters other sources
-            client = _Client(address, self._listen, upstream)
+            client = _Client(address, self._listen, upstream, self._rearm)
             self._loop.add_reader(upstream.fileno(), self._upstream_readable, client)
         except OSError:
             upstream.close()
             return None
         self._clients[address] = client
         return client
+
+    def _rearm(self, client: _Client) -> None:
+        """Register the upstream socket's reader afresh (see :meth:`_Client.to_server`)."""
+        assert self._loop is not None
+        if self._closed or client.upstream.fileno() == -1:
+            return
+        self._loop.remove_reader(client.upstream.fileno())
+        self._loop.add_reader(client.upstream.fileno(), self._upstream_readable, client)
 
     def _forget(self, sock: socket.socket) -> None:
         assert self._loop is not None

@@ -30,6 +30,17 @@ ROOT = Path(__file__).resolve().parents[2]
 Record = dict[str, Any]
 
 
+class AttachRoundFailed(AssertionError):
+    """Some attaches of one :meth:`Cluster.open_streams` failed; their producer records.
+    The streams that did attach run on (their indices in ``attached``)."""
+
+    def __init__(self, records: list[Record], attached: list[int]) -> None:
+        super().__init__(f"{len(records)} attaches failed: {records[:3]}")
+        self.records = records
+        self.attached = attached
+        self.refused = len(records)
+
+
 class NodeProcess:
     """One node in a child process, and what it said."""
 
@@ -223,7 +234,8 @@ class Cluster:
         command = {"op": "anchors", "first": first, "count": count, **(consumer_options or {})}
         handles = (await consumer.ask(command))["handles"]
         answer = await producer.ask({"op": "stream", "streams": handles, **producer_options}, 60)
-        assert answer["failed"] == [], answer
+        if answer["failed"]:
+            raise AttachRoundFailed(producer.records_of(answer["failed"]), answer["attached"])
         return list(range(first, first + count))
 
     async def close(self) -> None:
