@@ -52,6 +52,7 @@ class NodeProcess:
         self.replies: asyncio.Queue[Record] = asyncio.Queue()
         self.exited = asyncio.Event()
         self._changed = asyncio.Event()
+        self._asking = asyncio.Lock()  # one command at a time: answers come back in order
         self._pump = asyncio.create_task(self._read())
 
     @classmethod
@@ -99,9 +100,10 @@ class NodeProcess:
 
     async def ask(self, command: Record, timeout: float = 30.0) -> Record:
         assert self.process.stdin is not None
-        self.process.stdin.write(json.dumps(command).encode() + b"\n")
-        await self.process.stdin.drain()
-        return await self.reply(timeout)
+        async with self._asking:
+            self.process.stdin.write(json.dumps(command).encode() + b"\n")
+            await self.process.stdin.drain()
+            return await self.reply(timeout)
 
     def records_of(self, streams: range | list[int]) -> list[Record]:
         """The first end record of each of ``streams`` that has one."""
@@ -160,6 +162,8 @@ class Settings:
     idle_timeout: float = 2.0
     health_check: float = 1.0
     lanes: int = 1
+    staging_threshold: int = 256 * 1024
+    """Payloads above it are staged and pulled (rendezvous) instead of sent inline."""
     mux: bool = True
     uvloop: bool = True
     impairment: Impairment = field(
@@ -192,7 +196,8 @@ class Cluster:
 
     def common(self) -> list[str]:
         s = self.settings
-        arguments = ["--idle-timeout", str(s.idle_timeout), "--lanes", str(s.lanes)]
+        arguments = ["--idle-timeout", str(s.idle_timeout), "--lanes", str(s.lanes),
+                     "--staging-threshold", str(s.staging_threshold)]  # fmt: skip
         return arguments + ([] if s.mux else ["--no-mux"])
 
     async def start_consumer(self, name: str = "consumer") -> NodeProcess:

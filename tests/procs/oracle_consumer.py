@@ -31,7 +31,7 @@ import time
 import zlib
 from typing import Any
 
-from velomux_quic import MuxConfig, Node, StreamAnchor, StreamingConfig, TransportConfig
+from velomux_quic import MessengerConfig, MuxConfig, Node, StreamAnchor, StreamingConfig, TransportConfig
 from velomux_quic.runtime import run
 
 
@@ -92,12 +92,13 @@ async def main(args: argparse.Namespace) -> int:
     )  # fmt: skip
     streaming = StreamingConfig(heartbeat_interval=args.heartbeat)
     mux = MuxConfig(enabled=not args.no_mux)
+    messenger = MessengerConfig(staging_threshold=args.staging_threshold)
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     readers: set[asyncio.Task[None]] = set()
     node = await Node.start(
-        args.credentials, port=args.port, transport=transport, streaming=streaming, mux=mux
+        args.credentials, port=args.port, transport=transport, messenger=messenger, streaming=streaming, mux=mux
     )
     async with node:
         host, port = node.address
@@ -130,5 +131,6 @@ if __name__ == "__main__":
     parser.add_argument("--idle-timeout", type=float, default=15.0)
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--lanes", type=int, default=1)
+    parser.add_argument("--staging-threshold", type=int, default=256 * 1024)
     parser.add_argument("--no-mux", action="store_true")
     raise SystemExit(run(main(parser.parse_args())))

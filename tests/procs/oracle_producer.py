@@ -32,6 +32,7 @@ import zlib
 from typing import Any
 
 from velomux_quic import (
+    MessengerConfig,
     InstanceId,
     MuxConfig,
     Node,
@@ -154,10 +155,11 @@ async def main(args: argparse.Namespace) -> int:
         enabled=not args.no_mux,
         health_check_interval=args.health_check, health_check_timeout=args.health_check,
     )  # fmt: skip
+    messenger = MessengerConfig(staging_threshold=args.staging_threshold)
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    async with await Node.start(args.credentials, transport=transport, mux=mux) as node:
+    async with await Node.start(args.credentials, transport=transport, messenger=messenger, mux=mux) as node:
         node.add_peer(InstanceId.parse(identity), (host, int(port)))
         producer = Producer(node)
         print(json.dumps({"instance": str(node.instance_id)}), flush=True)
@@ -180,6 +182,7 @@ if __name__ == "__main__":
     parser.add_argument("--credentials", required=True)
     parser.add_argument("--peer", required=True)
     parser.add_argument("--lanes", type=int, default=1)
+    parser.add_argument("--staging-threshold", type=int, default=256 * 1024)
     parser.add_argument("--idle-timeout", type=float, default=15.0)
     parser.add_argument("--health-check", type=float, default=5.0)
     parser.add_argument("--no-mux", action="store_true")
