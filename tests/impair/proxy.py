@@ -196,7 +196,7 @@ class LinkCounters:
     dropped_loss: int = 0
     dropped_overflow: int = 0
     dropped_blackhole: int = 0
-    """Dropped while the direction was switched to a blackhole (:meth:`ImpairmentProxy.blackhole`)."""
+    """Dropped while the direction was cut (:meth:`ImpairmentProxy.blackhole`)."""
     reordered: int = 0
     send_errors: int = 0
 

@@ -123,8 +123,13 @@ async def test_sigkill_of_a_producer_drops_its_streams_within_the_bound_and_no_o
     assert_delivered(await consumer.wait_ended(spared, 30), await bystander.wait_ended(spared, 30))
     metrics = await consumer_metrics(consumer)
     assert metrics["velo_streaming_heartbeat_watchdog_firings_total"] == len(doomed)
-    report("sigkill-producer", streams=len(doomed) + len(spared), detect_min=earliest,
-           detect_max=latest, delivered=sum(r["items"] for r in consumer.records_of(spared)))
+    report(
+        "sigkill-producer",
+        streams=len(doomed) + len(spared),
+        detect_min=earliest,
+        detect_max=latest,
+        delivered=sum(r["items"] for r in consumer.records_of(spared)),
+    )
 
 
 CONSUMER_DEATH_BOUND = 2.0 * Settings().idle_timeout + SLACK
@@ -169,12 +174,18 @@ async def test_sigkill_of_the_consumer_ends_every_sender_within_the_bound(
     earliest, latest = detection(ended, killed_at)
     assert latest <= CONSUMER_DEATH_BOUND, latest
     cell = f"sigkill-consumer-{'mux' if mux else 'per-stream'}-{'idle' if idle else 'sending'}"
-    report(cell, streams=len(streams), detect_min=earliest, detect_max=latest,
-           outcomes=sorted(outcomes))  # fmt: skip
+    report(
+        cell,
+        streams=len(streams),
+        detect_min=earliest,
+        detect_max=latest,
+        outcomes=sorted(outcomes),
+    )
 
 
-async def assert_new_streams_work(cluster: Cluster, consumer: NodeProcess,
-                                  producer: NodeProcess, count: int = 8) -> int:  # fmt: skip
+async def assert_new_streams_work(
+    cluster: Cluster, consumer: NodeProcess, producer: NodeProcess, count: int = 8
+) -> int:
     """After the fault: fresh streams between the same nodes deliver all of it, intact."""
     try:
         fresh = await cluster.open_streams(consumer, producer, count, items=30, interval=0.01)
@@ -200,7 +211,7 @@ async def test_sigstop_of_the_consumer_past_the_idle_timeout_then_sigcont(
     stopped_at = consumer.send_signal(signal.SIGSTOP)
     ended = await producer.wait_ended(streams, CONSUMER_DEATH_BOUND + 2)
     assert {record["outcome"] for record in ended.values()} <= CONSUMER_GONE, ended
-    producer_min, producer_max = detection(ended, stopped_at)
+    _, producer_max = detection(ended, stopped_at)
     assert producer_max <= CONSUMER_DEATH_BOUND, producer_max
 
     resumed_at = consumer.send_signal(signal.SIGCONT)
@@ -208,10 +219,14 @@ async def test_sigstop_of_the_consumer_past_the_idle_timeout_then_sigcont(
     assert {record["end"] for record in dropped.values()} <= PRODUCER_GONE, dropped
     for seen in dropped.values():
         assert_clean(seen)
-    consumer_min, consumer_max = detection(dropped, resumed_at)
+    _, consumer_max = detection(dropped, resumed_at)
     fresh = await assert_new_streams_work(cluster, consumer, producer)
-    report("sigstop-consumer", streams=len(streams) + fresh, producer_detect=producer_max,
-           consumer_end_after_resume=consumer_max)  # fmt: skip
+    report(
+        "sigstop-consumer",
+        streams=len(streams) + fresh,
+        producer_detect=producer_max,
+        consumer_end_after_resume=consumer_max,
+    )
     assert consumer_max <= 4 * settings.heartbeat + SLACK, consumer_max
 
 
@@ -297,8 +312,12 @@ async def test_a_producer_restarted_with_the_same_identity_streams_again(
     again = await cluster.start_producer("producer")  # the same credentials directory
     fresh = await assert_new_streams_work(cluster, consumer, again, 12)
     metrics = await consumer_metrics(consumer)
-    report("restart-producer", streams=len(streams) + fresh, detect_max=latest,
-           stale_epoch=metrics.get("velo_streaming_mux_ingress_drops_total", 0.0))  # fmt: skip
+    report(
+        "restart-producer",
+        streams=len(streams) + fresh,
+        detect_max=latest,
+        stale_epoch=metrics.get("velo_streaming_mux_ingress_drops_total", 0.0),
+    )
 
 
 @pytest.mark.timeout(90)
@@ -329,8 +348,12 @@ async def test_a_consumer_restarted_with_the_same_identity_streams_again(
     except AttachRoundFailed as failure:
         refused = failure.refused
         fresh = await assert_new_streams_work(cluster, restarted, producer, 12)
-    report("restart-consumer", streams=len(streams) + fresh, detect_max=latest,
-           refused_attaches=refused)  # fmt: skip
+    report(
+        "restart-consumer",
+        streams=len(streams) + fresh,
+        detect_max=latest,
+        refused_attaches=refused,
+    )
 
 
 BLACKHOLE = Settings(heartbeat=1.0, idle_timeout=4.0, health_check=2.0)
@@ -378,8 +401,12 @@ async def test_a_short_blackhole_keeps_every_sending_stream_alive(
     blackholed = cluster.proxy.counters.client_to_server.dropped_blackhole
     metrics = await consumer_metrics(consumer)
     assert metrics["velo_streaming_heartbeat_watchdog_firings_total"] == 0
-    report("blackhole-short-sending", streams=len(streams), blackholed=blackholed,
-           delivered=sum(r["items"] for r in consumer.records_of(streams)))  # fmt: skip
+    report(
+        "blackhole-short-sending",
+        streams=len(streams),
+        blackholed=blackholed,
+        delivered=sum(r["items"] for r in consumer.records_of(streams)),
+    )
 
 
 @pytest.mark.timeout(90)
@@ -435,6 +462,12 @@ async def test_a_blackhole_past_the_bound_ends_every_stream_and_new_streams_work
     except AttachRoundFailed as failure:
         refused = failure.refused
         fresh = await assert_new_streams_work(cluster, consumer, producer)
-    report("blackhole-long", streams=len(streams) + fresh, detect_min=earliest,
-           detect_max=latest, producer_end=producer_latest, refused_attaches=refused,
-           producer_outcomes=sorted({r["outcome"] for r in ended.values()}))  # fmt: skip
+    report(
+        "blackhole-long",
+        streams=len(streams) + fresh,
+        detect_min=earliest,
+        detect_max=latest,
+        producer_end=producer_latest,
+        refused_attaches=refused,
+        producer_outcomes=sorted({r["outcome"] for r in ended.values()}),
+    )

@@ -61,9 +61,15 @@ class NodeProcess:
         if not uvloop:
             env["VELOMUX_NO_UVLOOP"] = "1"
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", module, *arguments,
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, cwd=ROOT, env=env,
-        )  # fmt: skip
+            sys.executable,
+            "-m",
+            module,
+            *arguments,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            cwd=ROOT,
+            env=env,
+        )
         return cls(name, process)
 
     @property
@@ -89,8 +95,9 @@ class NodeProcess:
         get = asyncio.ensure_future(self.replies.get())
         exited = asyncio.ensure_future(self.exited.wait())
         try:
-            done, _ = await asyncio.wait({get, exited}, timeout=timeout,
-                                         return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+            done, _ = await asyncio.wait(
+                {get, exited}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
         finally:
             exited.cancel()
         if get in done:
@@ -177,8 +184,9 @@ class Cluster:
     """A consumer process, the impairment proxy in front of it, and producer processes
     that dial the consumer through the proxy (so both of a pair's connections cross it)."""
 
-    def __init__(self, directory: Path, make_credentials: Callable[..., NodeCredentials],
-                 settings: Settings) -> None:  # fmt: skip
+    def __init__(
+        self, directory: Path, make_credentials: Callable[..., NodeCredentials], settings: Settings
+    ) -> None:
         self.directory = directory
         self.make_credentials = make_credentials
         self.settings = settings
@@ -196,14 +204,25 @@ class Cluster:
 
     def common(self) -> list[str]:
         s = self.settings
-        arguments = ["--idle-timeout", str(s.idle_timeout), "--lanes", str(s.lanes),
-                     "--staging-threshold", str(s.staging_threshold)]  # fmt: skip
+        arguments = [
+            "--idle-timeout",
+            str(s.idle_timeout),
+            "--lanes",
+            str(s.lanes),
+            "--staging-threshold",
+            str(s.staging_threshold),
+        ]
         return arguments + ([] if s.mux else ["--no-mux"])
 
     async def start_consumer(self, name: str = "consumer") -> NodeProcess:
         """The consumer (again with the same identity and port after a kill: a restart)."""
-        arguments = ["--credentials", str(self.credentials(name)),
-                     "--heartbeat", str(self.settings.heartbeat), *self.common()]  # fmt: skip
+        arguments = [
+            "--credentials",
+            str(self.credentials(name)),
+            "--heartbeat",
+            str(self.settings.heartbeat),
+            *self.common(),
+        ]
         if self.consumer_address is not None:
             arguments += ["--port", str(self.consumer_address[1])]
         process = await self._spawn(name, "tests.procs.oracle_consumer", arguments)
@@ -211,16 +230,23 @@ class Cluster:
         self.consumer_address = (ready["host"], ready["port"])
         self.consumer_instance = ready["instance"]
         if self.proxy is None:
-            self.proxy = await ImpairmentProxy(self.consumer_address,
-                                               self.settings.impairment).start()  # fmt: skip
+            self.proxy = await ImpairmentProxy(
+                self.consumer_address, self.settings.impairment
+            ).start()
         return process
 
     async def start_producer(self, name: str) -> NodeProcess:
         assert self.proxy is not None, "start the consumer first"
         host, port = self.proxy.address
-        arguments = ["--credentials", str(self.credentials(name)),
-                     "--peer", f"{self.consumer_instance}@{host}:{port}",
-                     "--health-check", str(self.settings.health_check), *self.common()]  # fmt: skip
+        arguments = [
+            "--credentials",
+            str(self.credentials(name)),
+            "--peer",
+            f"{self.consumer_instance}@{host}:{port}",
+            "--health-check",
+            str(self.settings.health_check),
+            *self.common(),
+        ]
         process = await self._spawn(name, "tests.procs.oracle_producer", arguments)
         await process.reply()
         return process
@@ -230,9 +256,14 @@ class Cluster:
         self.processes.append(process)
         return process
 
-    async def open_streams(self, consumer: NodeProcess, producer: NodeProcess, count: int,
-                           consumer_options: Record | None = None,
-                           **producer_options: Any) -> list[int]:  # fmt: skip
+    async def open_streams(
+        self,
+        consumer: NodeProcess,
+        producer: NodeProcess,
+        count: int,
+        consumer_options: Record | None = None,
+        **producer_options: Any,
+    ) -> list[int]:
         """``count`` anchors on the consumer, a sender on each from the producer, each
         stream's first item sent; the streams' indices (unique within the cluster)."""
         first, self._next_stream = self._next_stream, self._next_stream + count

@@ -15,10 +15,11 @@ standard input:
 
 Every item must be ``[stream, seq, crc32(payload), payload]`` with ``stream`` the anchor's
 own number and ``seq`` the next one expected; each stream's reader checks that and writes
-one JSON line (with a ``stream`` key) to standard output as the stream ends: items taken, the first violation of each
-kind (misrouted, corrupt, out of sequence), how it ended (``finalized``, or the error's class
-name and message) and when (``time.monotonic()``, shared by every process of the host), and
-when its last item came. End of input closes the node and exits 0.
+one JSON line (with a ``stream`` key) to standard output as the stream ends: items taken,
+the first violation of each kind (misrouted, corrupt, out of sequence), how it ended
+(``finalized``, or the error's class name and message) and when (``time.monotonic()``,
+shared by every process of the host), and when its last item came. End of input closes the
+node and exits 0.
 """
 
 from __future__ import annotations
@@ -31,7 +32,14 @@ import time
 import zlib
 from typing import Any
 
-from velomux_quic import MessengerConfig, MuxConfig, Node, StreamAnchor, StreamingConfig, TransportConfig
+from velomux_quic import (
+    MessengerConfig,
+    MuxConfig,
+    Node,
+    StreamAnchor,
+    StreamingConfig,
+    TransportConfig,
+)
 from velomux_quic.runtime import run
 
 
@@ -41,9 +49,15 @@ async def read(index: int, anchor: StreamAnchor[Any], command: dict[str, Any]) -
     cancel_after: int | None = None
     if cancel_every and index % cancel_every == 0:
         cancel_after = command.get("cancel_after", 1)
-    line: dict[str, Any] = {"stream": index, "items": 0, "misrouted": 0, "corrupt": 0,
-                            "out_of_sequence": 0, "first_violation": None,
-                            "last_item_at": None}  # fmt: skip
+    line: dict[str, Any] = {
+        "stream": index,
+        "items": 0,
+        "misrouted": 0,
+        "corrupt": 0,
+        "out_of_sequence": 0,
+        "first_violation": None,
+        "last_item_at": None,
+    }
     try:
         async for item in anchor:
             stream, seq, crc, payload = item
@@ -87,9 +101,10 @@ def metrics(node: Node) -> dict[str, float]:
 
 async def main(args: argparse.Namespace) -> int:
     transport = TransportConfig(
-        lanes=args.lanes, idle_timeout=args.idle_timeout,
+        lanes=args.lanes,
+        idle_timeout=args.idle_timeout,
         keep_alive_interval=min(5.0, args.idle_timeout / 4),
-    )  # fmt: skip
+    )
     streaming = StreamingConfig(heartbeat_interval=args.heartbeat)
     mux = MuxConfig(enabled=not args.no_mux)
     messenger = MessengerConfig(staging_threshold=args.staging_threshold)
@@ -98,12 +113,18 @@ async def main(args: argparse.Namespace) -> int:
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     readers: set[asyncio.Task[None]] = set()
     node = await Node.start(
-        args.credentials, port=args.port, transport=transport, messenger=messenger, streaming=streaming, mux=mux
+        args.credentials,
+        port=args.port,
+        transport=transport,
+        messenger=messenger,
+        streaming=streaming,
+        mux=mux,
     )
     async with node:
         host, port = node.address
-        print(json.dumps({"instance": str(node.instance_id), "host": host, "port": port}),
-              flush=True)  # fmt: skip
+        print(
+            json.dumps({"instance": str(node.instance_id), "host": host, "port": port}), flush=True
+        )
         while line := await reader.readline():
             command = json.loads(line)
             if command["op"] == "anchors":

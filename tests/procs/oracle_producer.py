@@ -16,8 +16,9 @@ one JSON command per line on standard input:
 
 End of input closes the node and exits 0. One JSON line per stream (with a ``stream`` key)
 goes to standard output as the stream ends (flushed, so the pipe keeps it through a SIGKILL
-of this process for the streams that ended before it): how many items it sent, how it retired or what error ended it, and when
-(``time.monotonic()``, which every process of a Linux host shares).
+of this process for the streams that ended before it): how many items it sent, how it
+retired or what error ended it, and when (``time.monotonic()``, which every process of a
+Linux host shares).
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ import zlib
 from typing import Any
 
 from velomux_quic import (
-    MessengerConfig,
     InstanceId,
+    MessengerConfig,
     MuxConfig,
     Node,
     StreamAnchorHandle,
@@ -66,8 +67,13 @@ class Producer:
             self.write(ended(index, 0, "attach", exc))
             return None
 
-    async def stream(self, index: int, sender: StreamSender, command: dict[str, Any],
-                     first_sent: asyncio.Future[None]) -> None:  # fmt: skip
+    async def stream(
+        self,
+        index: int,
+        sender: StreamSender,
+        command: dict[str, Any],
+        first_sent: asyncio.Future[None],
+    ) -> None:
         rng = random.Random(f"{command.get('seed', 0)}/{index}")
         low, high = command.get("sizes", [16, 64])
         items: int | None = command.get("items")
@@ -95,8 +101,15 @@ class Producer:
                     await asyncio.sleep(interval)  # the producer's pace, not synchronisation
             phase = "retire"
             outcome = await sender.finalize()
-            self.write({"stream": index, "sent": sent, "phase": phase, "outcome": outcome.name,
-                        "at": time.monotonic()})  # fmt: skip
+            self.write(
+                {
+                    "stream": index,
+                    "sent": sent,
+                    "phase": phase,
+                    "outcome": outcome.name,
+                    "at": time.monotonic(),
+                }
+            )
         except Exception as exc:
             self.write(ended(index, sent, phase, exc))
         finally:
@@ -140,26 +153,36 @@ async def wait_first(*waits: Any) -> None:
 
 
 def ended(index: int, sent: int, phase: str, exc: BaseException) -> dict[str, Any]:
-    return {"stream": index, "sent": sent, "phase": phase, "outcome": type(exc).__name__,
-            "message": str(exc)[:200], "at": time.monotonic()}  # fmt: skip
+    return {
+        "stream": index,
+        "sent": sent,
+        "phase": phase,
+        "outcome": type(exc).__name__,
+        "message": str(exc)[:200],
+        "at": time.monotonic(),
+    }
 
 
 async def main(args: argparse.Namespace) -> int:
     identity, _, address = args.peer.partition("@")
     host, _, port = address.rpartition(":")
     transport = TransportConfig(
-        lanes=args.lanes, idle_timeout=args.idle_timeout,
+        lanes=args.lanes,
+        idle_timeout=args.idle_timeout,
         keep_alive_interval=min(5.0, args.idle_timeout / 4),
-    )  # fmt: skip
+    )
     mux = MuxConfig(
         enabled=not args.no_mux,
-        health_check_interval=args.health_check, health_check_timeout=args.health_check,
-    )  # fmt: skip
+        health_check_interval=args.health_check,
+        health_check_timeout=args.health_check,
+    )
     messenger = MessengerConfig(staging_threshold=args.staging_threshold)
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    async with await Node.start(args.credentials, transport=transport, messenger=messenger, mux=mux) as node:
+    async with await Node.start(
+        args.credentials, transport=transport, messenger=messenger, mux=mux
+    ) as node:
         node.add_peer(InstanceId.parse(identity), (host, int(port)))
         producer = Producer(node)
         print(json.dumps({"instance": str(node.instance_id)}), flush=True)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import sys
@@ -35,7 +36,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from tests.procs.oracle import Cluster, NodeProcess, Record, Settings
 from velomux_quic import NodeCredentials
@@ -78,8 +78,9 @@ def check_wave(consumer: dict[int, Record], producer: dict[int, Record], tally: 
             tally.violations.append(f"stream {index} ended {seen['end']}: {seen.get('message')}")
 
 
-async def wave(cluster: Cluster, consumer: NodeProcess, producer: NodeProcess,
-               rng: random.Random, tally: Tally) -> None:  # fmt: skip
+async def wave(
+    cluster: Cluster, consumer: NodeProcess, producer: NodeProcess, rng: random.Random, tally: Tally
+) -> None:
     sizes = rng.choice(SIZES)
     if sizes[1] > STAGING_THRESHOLD:
         # Large items are paced: unpaced, 16 streams of them queue more than the lossy
@@ -94,8 +95,16 @@ async def wave(cluster: Cluster, consumer: NodeProcess, producer: NodeProcess,
     if rng.random() < 0.25:
         reader["cancel_every"] = rng.choice((2, 3))
         reader["cancel_after"] = max(1, items // 3)
-    streams = await cluster.open_streams(consumer, producer, count, reader, items=items,
-                                         interval=interval, sizes=sizes, seed=rng.getrandbits(32))  # fmt: skip
+    streams = await cluster.open_streams(
+        consumer,
+        producer,
+        count,
+        reader,
+        items=items,
+        interval=interval,
+        sizes=sizes,
+        seed=rng.getrandbits(32),
+    )
     bound = 60 + items * (reader.get("read_delay", 0) + 0.01)
     seen = await consumer.wait_ended(streams, bound)
     sent = await producer.wait_ended(streams, bound)
@@ -105,16 +114,15 @@ async def wave(cluster: Cluster, consumer: NodeProcess, producer: NodeProcess,
         producer.records.pop(index, None)
 
 
-async def sample_memory(processes: dict[str, NodeProcess], tally: Tally, every: float,
-                        stop: asyncio.Event) -> None:  # fmt: skip
+async def sample_memory(
+    processes: dict[str, NodeProcess], tally: Tally, every: float, stop: asyncio.Event
+) -> None:
     started = time.monotonic()
     while not stop.is_set():
         for name, process in processes.items():
             tally.rss.setdefault(name, []).append((time.monotonic() - started, process.rss()))
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), every)
-        except TimeoutError:
-            pass
 
 
 def memory_verdict(tally: Tally, seconds: float, allowance: int) -> list[str]:
@@ -127,18 +135,34 @@ def memory_verdict(tally: Tally, seconds: float, allowance: int) -> list[str]:
             problems.append(f"{name}: too few memory samples ({len(samples)})")
             continue
         if max(later) > max(warm) + allowance:
-            problems.append(f"{name}: resident memory grew after warm-up: "
-                            f"{max(warm) / MiB:.1f} MiB then up to {max(later) / MiB:.1f} MiB")  # fmt: skip
+            problems.append(
+                f"{name}: resident memory grew after warm-up: "
+                f"{max(warm) / MiB:.1f} MiB then up to {max(later) / MiB:.1f} MiB"
+            )
     return problems
 
 
-async def soak(directory: Path, make_credentials: Callable[..., NodeCredentials], *,
-               seconds: float, concurrency: int = 4, seed: int = 1, sample: float = 1.0,
-               progress: float = 10.0, rss_allowance: int = 24 * MiB, uvloop: bool = True,
-               out: Callable[[str], None] = print) -> Tally:  # fmt: skip
+async def soak(
+    directory: Path,
+    make_credentials: Callable[..., NodeCredentials],
+    *,
+    seconds: float,
+    concurrency: int = 4,
+    seed: int = 1,
+    sample: float = 1.0,
+    progress: float = 10.0,
+    rss_allowance: int = 24 * MiB,
+    uvloop: bool = True,
+    out: Callable[[str], None] = print,
+) -> Tally:
     """Run the soak; the tally (violations included: the caller decides)."""
-    settings = Settings(heartbeat=1.0, idle_timeout=10.0, health_check=2.0,
-                        staging_threshold=STAGING_THRESHOLD, uvloop=uvloop)  # fmt: skip
+    settings = Settings(
+        heartbeat=1.0,
+        idle_timeout=10.0,
+        health_check=2.0,
+        staging_threshold=STAGING_THRESHOLD,
+        uvloop=uvloop,
+    )
     cluster = Cluster(directory, make_credentials, settings)
     tally = Tally()
     rng = random.Random(seed)
@@ -161,10 +185,12 @@ async def soak(directory: Path, make_credentials: Callable[..., NodeCredentials]
             while True:
                 await asyncio.sleep(progress)  # the progress cadence itself
                 rss = {name: samples[-1][1] / MiB for name, samples in tally.rss.items()}
-                out(f"soak {time.monotonic() - started:7.1f} s: {tally.streams} streams, "
+                out(
+                    f"soak {time.monotonic() - started:7.1f} s: {tally.streams} streams, "
                     f"{tally.items} items, {tally.cancelled} cancelled, "
                     f"{len(tally.violations)} violations, rss MiB "
-                    + ", ".join(f"{k} {v:.1f}" for k, v in rss.items()))  # fmt: skip
+                    + ", ".join(f"{k} {v:.1f}" for k, v in rss.items())
+                )
 
         reporter = asyncio.create_task(report())
         try:
@@ -174,13 +200,25 @@ async def soak(directory: Path, make_credentials: Callable[..., NodeCredentials]
             stop.set()
             await asyncio.gather(reporter, sampler, return_exceptions=True)
         tally.violations += memory_verdict(tally, seconds, rss_allowance)
-        out(json.dumps({"streams": tally.streams, "items": tally.items,
-                        "cancelled": tally.cancelled, "violations": tally.violations[:20],
-                        "rss_mib": {name: [round(samples[0][1] / MiB, 1),
-                                           round(max(r for _, r in samples) / MiB, 1),
-                                           round(samples[-1][1] / MiB, 1)]
-                                    for name, samples in tally.rss.items()},
-                        "proxy": cluster.proxy.counters.as_dict() if cluster.proxy else None}))  # fmt: skip
+        out(
+            json.dumps(
+                {
+                    "streams": tally.streams,
+                    "items": tally.items,
+                    "cancelled": tally.cancelled,
+                    "violations": tally.violations[:20],
+                    "rss_mib": {
+                        name: [
+                            round(samples[0][1] / MiB, 1),
+                            round(max(r for _, r in samples) / MiB, 1),
+                            round(samples[-1][1] / MiB, 1),
+                        ]
+                        for name, samples in tally.rss.items()
+                    },
+                    "proxy": cluster.proxy.counters.as_dict() if cluster.proxy else None,
+                }
+            )
+        )
     finally:
         await cluster.close()
     return tally
@@ -205,9 +243,18 @@ def main(argv: list[str] | None = None) -> int:
         return issue_node_certificate(ca, new_instance_id(), name=name)
 
     with tempfile.TemporaryDirectory(prefix="oracle-soak-") as directory:
-        tally = run(soak(Path(directory), make, seconds=args.seconds,
-                         concurrency=args.concurrency, seed=args.seed, sample=args.sample,
-                         progress=args.progress, rss_allowance=int(args.rss_allowance * MiB)))  # fmt: skip
+        tally = run(
+            soak(
+                Path(directory),
+                make,
+                seconds=args.seconds,
+                concurrency=args.concurrency,
+                seed=args.seed,
+                sample=args.sample,
+                progress=args.progress,
+                rss_allowance=int(args.rss_allowance * MiB),
+            )
+        )
     for violation in tally.violations[:20]:
         print(f"violation: {violation}", file=sys.stderr)
     return 1 if tally.violations else 0
@@ -218,4 +265,3 @@ if __name__ == "__main__":
 
 
 __all__ = ["Tally", "main", "soak"]
-_ = Any

@@ -13,11 +13,13 @@ from tests.soak.oracle_soak import soak
 from velomux_quic import NodeCredentials
 
 
-async def run_soak(tmp_path: Path, make_credentials: Callable[..., NodeCredentials],
-                   seconds: float) -> None:  # fmt: skip
+async def run_soak(
+    tmp_path: Path, make_credentials: Callable[..., NodeCredentials], seconds: float
+) -> None:
     uvloop = type(asyncio.get_running_loop()).__module__.startswith("uvloop")
-    tally = await soak(tmp_path, make_credentials, seconds=seconds, uvloop=uvloop,
-                       progress=max(5.0, seconds / 10))  # fmt: skip
+    tally = await soak(
+        tmp_path, make_credentials, seconds=seconds, uvloop=uvloop, progress=max(5.0, seconds / 10)
+    )
     assert tally.violations == []
     assert tally.streams >= 50 and tally.cancelled >= 1, tally  # it really ran, cancels too
 
