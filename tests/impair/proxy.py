@@ -552,7 +552,12 @@ class ImpairmentProxy:
             except (BlockingIOError, InterruptedError):
                 break
             except OSError:
-                continue  # ECONNREFUSED: the target was not listening for an earlier send
+                # ECONNREFUSED: the target was not listening for an earlier send. uvloop
+                # stops calling a reader whose socket reported an error: register it
+                # afresh (after this callback), or a restarted target is never heard.
+                assert self._loop is not None
+                self._loop.call_soon(self._rearm, client)
+                continue
             to_client.submit(data, client.to_client)
         self._changed.set()
 
