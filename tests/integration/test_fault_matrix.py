@@ -174,8 +174,14 @@ async def test_sigkill_of_the_consumer_ends_every_sender_within_the_bound(
     earliest, latest = detection(ended, killed_at)
     assert latest <= CONSUMER_DEATH_BOUND, latest
     cell = f"sigkill-consumer-{'mux' if mux else 'per-stream'}-{'idle' if idle else 'sending'}"
+    metrics = (await producer.ask({"op": "metrics"}))["metrics"]
+    counters = {
+        name: metrics.get(f"velo_streaming_mux_{name}_total", 0.0)
+        for name in ("health_check_failures", "epoch_deaths")
+    }
     report(
         cell,
+        **counters,
         streams=len(streams),
         detect_min=earliest,
         detect_max=latest,

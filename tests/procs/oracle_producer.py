@@ -13,6 +13,7 @@ one JSON command per line on standard input:
   ``interval`` seconds apart, of random sizes. It answers ``{"attached": [...], "failed":
   [...]}`` once every attach settled and every attached stream sent its first item.
 * ``{"op": "finish"}``: the open-ended streams send one last item and finalize.
+* ``{"op": "metrics"}`` answers ``{"metrics": {name: value}}``, as the consumer does.
 
 End of input closes the node and exits 0. One JSON line per stream (with a ``stream`` key)
 goes to standard output as the stream ends (flushed, so the pipe keeps it through a SIGKILL
@@ -32,6 +33,7 @@ import time
 import zlib
 from typing import Any
 
+from tests.procs.oracle_consumer import metrics
 from velomux_quic import (
     InstanceId,
     MessengerConfig,
@@ -194,6 +196,8 @@ async def main(args: argparse.Namespace) -> int:
                 producer.finish.set()
                 await asyncio.gather(*producer.tasks, return_exceptions=True)
                 print(json.dumps({"finished": True}), flush=True)
+            elif command["op"] == "metrics":
+                print(json.dumps({"metrics": metrics(node)}), flush=True)
         for task in list(producer.tasks):
             task.cancel()
         await asyncio.gather(*producer.tasks, return_exceptions=True)
