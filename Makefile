@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install test test-slow demo certs lint docs perf clean
+.PHONY: install test test-slow soak demo certs lint docs perf clean
 
 # editable_mode=compat installs a plain .pth entry for the source tree: setuptools' default
 # editable install is an import hook, which mypy cannot see, so a user program's
@@ -25,6 +25,12 @@ test: $(STAMP)
 # The long soak and multi-host variants (marked `slow`).
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow --timeout=1800 $(PYTEST_ARGS)
+
+# The oracle soak: random streams through 2% loss between two node processes, every item
+# checked, resident memory sampled; a progress line every 10 s, exit 1 on any violation.
+SOAK_SECONDS ?= 600
+soak: $(STAMP)
+	$(PY) -m tests.soak.oracle_soak --seconds $(SOAK_SECONDS)
 
 demo: $(STAMP)
 	$(PY) -m velomux_quic.cli demo --certs certs/dev

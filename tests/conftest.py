@@ -37,7 +37,9 @@ def pytest_asyncio_loop_factories(
 ) -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:
     """Run every async test on uvloop (what our entry points use) and on plain asyncio.
 
-    ``VELOMUX_TEST_LOOPS=uvloop`` (or ``asyncio``) narrows it to one loop.
+    ``VELOMUX_TEST_LOOPS=uvloop`` (or ``asyncio``) narrows it to one loop. Tests marked
+    ``one_loop`` (multi-process fault cells, whose cost is the processes' own) run on uvloop
+    alone unless ``VELOMUX_TEST_LOOPS`` names the loops to use.
     """
     factories: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
         "asyncio": asyncio.new_event_loop
@@ -47,6 +49,8 @@ def pytest_asyncio_loop_factories(
     wanted = os.environ.get("VELOMUX_TEST_LOOPS")
     if wanted:
         factories = {k: v for k, v in factories.items() if k in wanted.split(",")} or factories
+    elif item.get_closest_marker("one_loop") is not None and "uvloop" in factories:
+        factories = {"uvloop": factories["uvloop"]}
     return factories
 
 

@@ -188,13 +188,15 @@ class Impairment:
 @dataclass(slots=True)
 class LinkCounters:
     """What happened to the datagrams of one direction. Every received datagram ends up in
-    exactly one of dropped_loss, dropped_overflow, send_errors, forwarded, or is still in
-    flight; ``reordered`` counts the held-back ones among them."""
+    exactly one of dropped_loss, dropped_overflow, dropped_blackhole, send_errors, forwarded,
+    or is still in flight; ``reordered`` counts the held-back ones among them."""
 
     received: int = 0
     forwarded: int = 0
     dropped_loss: int = 0
     dropped_overflow: int = 0
+    dropped_blackhole: int = 0
+    """Dropped while the direction was cut (:meth:`ImpairmentProxy.blackhole`)."""
     reordered: int = 0
     send_errors: int = 0
 
@@ -237,6 +239,8 @@ class _Direction:
         self._next_hold = 0
         self._count = 0
         self._bytes = 0
+        self.blackholed = False
+        """While True every arriving datagram is dropped (a cut link, not loss)."""
 
     @property
     def in_flight(self) -> int:
@@ -250,6 +254,9 @@ class _Direction:
         link = self._link
         draw = self._rng.random
         lost, spread, held = draw() < link.loss, draw(), draw() < link.reorder
+        if self.blackholed:  # after the draws, so a blackhole does not shift later fates
+            counters.dropped_blackhole += 1
+            return
         if lost:
             counters.dropped_loss += 1
             return
@@ -346,15 +353,29 @@ def _open_socket(family: int, buffer: int) -> socket.socket:
 class _Client:
     """One client address and the upstream socket that speaks for it to the target."""
 
-    __slots__ = ("address", "listen", "upstream")
+    __slots__ = ("address", "listen", "rearm", "upstream")
 
-    def __init__(self, address: Address, listen: socket.socket, upstream: socket.socket) -> None:
+    def __init__(
+        self,
+        address: Address,
+        listen: socket.socket,
+        upstream: socket.socket,
+        rearm: Callable[[_Client], None],
+    ) -> None:
         self.address = address
         self.listen = listen
         self.upstream = upstream
+        self.rearm = rearm
 
     def to_server(self, data: bytes) -> None:
-        self.upstream.send(data)
+        try:
+            self.upstream.send(data)
+        except ConnectionRefusedError:
+            # The target is not listening (a killed node, before its restart): the ICMP
+            # error left the connected socket in error, after which uvloop stops calling
+            # its reader, and the restarted target's replies would never be read.
+            self.rearm(self)
+            raise
 
     def to_client(self, data: bytes) -> None:
         self.listen.sendto(data, self.address)
@@ -480,6 +501,18 @@ class ImpairmentProxy:
                 self._changed.clear()
                 await self._changed.wait()
 
+    def blackhole(self, on: bool, direction: str | None = None) -> None:
+        """Cut the link (``on``) or restore it: while cut, every datagram arriving in
+        ``direction`` (both when None) is dropped and counted in ``dropped_blackhole``;
+        datagrams already in flight still leave. What a pulled cable or a partition does,
+        switched by the test at the instant it chooses."""
+        if not self._directions:
+            raise RuntimeError("the proxy is not started")
+        for name in DIRECTIONS if direction is None else (direction,):
+            if name not in DIRECTIONS:
+                raise ValueError(f"direction must be one of {DIRECTIONS}, got {name!r}")
+            self._directions[name].blackholed = on
+
     def sockets(self) -> Iterator[socket.socket]:
         """Every socket the proxy holds open (tests check that none outlives ``close``)."""
         if self._listen is not None:
@@ -519,7 +552,12 @@ class ImpairmentProxy:
             except (BlockingIOError, InterruptedError):
                 break
             except OSError:
-                continue  # ECONNREFUSED: the target was not listening for an earlier send
+                # ECONNREFUSED: the target was not listening for an earlier send. uvloop
+                # stops calling a reader whose socket reported an error: register it
+                # afresh (after this callback), or a restarted target is never heard.
+                assert self._loop is not None
+                self._loop.call_soon(self._rearm, client)
+                continue
             to_client.submit(data, client.to_client)
         self._changed.set()
 
@@ -535,13 +573,21 @@ class ImpairmentProxy:
         try:
             upstream.bind((self._listen_at[0], 0))
             upstream.connect(self._target_address)  # UDP: immediate; filters other sources
-            client = _Client(address, self._listen, upstream)
+            client = _Client(address, self._listen, upstream, self._rearm)
             self._loop.add_reader(upstream.fileno(), self._upstream_readable, client)
         except OSError:
             upstream.close()
             return None
         self._clients[address] = client
         return client
+
+    def _rearm(self, client: _Client) -> None:
+        """Register the upstream socket's reader afresh (see :meth:`_Client.to_server`)."""
+        assert self._loop is not None
+        if self._closed or client.upstream.fileno() == -1:
+            return
+        self._loop.remove_reader(client.upstream.fileno())
+        self._loop.add_reader(client.upstream.fileno(), self._upstream_readable, client)
 
     def _forget(self, sock: socket.socket) -> None:
         assert self._loop is not None

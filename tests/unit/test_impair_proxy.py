@@ -112,13 +112,13 @@ async def endpoints(nothing_left_behind: None) -> AsyncIterator[EndpointFactory]
     loop = asyncio.get_running_loop()
 
     async def open_endpoint(
-        *, echo: bool = False, remote: tuple[str, int] | None = None
+        *, echo: bool = False, remote: tuple[str, int] | None = None, port: int = 0
     ) -> Endpoint:
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
             for option in (socket.SO_RCVBUF, socket.SO_SNDBUF):  # bursts must not overflow
                 sock.setsockopt(socket.SOL_SOCKET, option, 4 * 1024 * 1024)
-            sock.bind(("127.0.0.1", 0))
+            sock.bind(("127.0.0.1", port))
             if remote is not None:
                 sock.connect(remote)
             sock.setblocking(False)
@@ -145,7 +145,8 @@ def numbers(payloads: list[bytes], prefix: bytes = b"") -> list[int]:
 def accounted(counters: Counters) -> bool:
     """Every datagram the proxy received is forwarded or dropped (none in flight)."""
     return all(
-        c.received == c.forwarded + c.dropped_loss + c.dropped_overflow + c.send_errors
+        c.received
+        == c.forwarded + c.dropped_loss + c.dropped_overflow + c.dropped_blackhole + c.send_errors
         for c in (counters.client_to_server, counters.server_to_client)
     )
 
@@ -199,6 +200,48 @@ async def test_total_loss_forwards_nothing(endpoints: EndpointFactory) -> None:
         assert proxy.counters.client_to_server.dropped_loss == 100
         assert proxy.counters.client_to_server.forwarded == 0
         assert server.received == [] and client.received == []
+
+
+@pytest.mark.timeout(20)
+async def test_a_blackhole_drops_everything_until_it_is_lifted(endpoints: EndpointFactory) -> None:
+    server = await endpoints(echo=True)
+    async with ImpairmentProxy(server.address) as proxy:
+        client = await endpoints(remote=proxy.address)
+        client.send(numbered(0))
+        await client.wait_for(1)
+        proxy.blackhole(True)
+        for n in range(1, 51):
+            client.send(numbered(n))
+        await proxy.wait_until(lambda c: c.client_to_server.received == 51)
+        assert proxy.counters.client_to_server.dropped_blackhole == 50
+        proxy.blackhole(False)
+        client.send(numbered(51))
+        await client.wait_for(2)
+        assert numbers(client.payloads, b"echo ") == [0, 51]
+        assert accounted(proxy.counters)
+
+
+@pytest.mark.timeout(20)
+async def test_a_target_that_restarts_on_its_port_is_heard_again(
+    endpoints: EndpointFactory,
+) -> None:
+    """A killed target makes the kernel refuse the upstream socket's sends (ICMP); the
+    proxy must still read what the target says once it listens on that port again."""
+    server = await endpoints(echo=True)
+    port = server.address[1]
+    async with ImpairmentProxy(server.address) as proxy:
+        client = await endpoints(remote=proxy.address)
+        client.send(numbered(0))
+        await client.wait_for(1)
+        await server.close()
+        for n in range(1, 6):  # into a closed port: refused, counted
+            client.send(numbered(n))
+        await proxy.wait_until(lambda c: c.client_to_server.received == 6)
+        await proxy.wait_until(lambda c: c.client_to_server.send_errors >= 1, 5)
+        await endpoints(echo=True, port=port)
+        client.send(numbered(6))
+        await client.wait_for(2, timeout=5)
+        assert numbers(client.payloads, b"echo ")[-1] == 6
 
 
 async def _delivered_subset(endpoints: EndpointFactory, seed: int, count: int) -> list[int]:
