@@ -54,8 +54,11 @@ perf: $(STAMP)
 # extra). Where atheris has no wheel and cannot build, the run goes on with the pure-Python
 # driver (seed corpus and deterministic mutations, no coverage feedback). FUZZ_TARGETS picks
 # some: `make fuzz FUZZ_SECONDS=300 FUZZ_TARGETS="mux_batch envelope"`.
+# FUZZ_EXAMPLES is the examples per hypothesis property of tests/unit/test_fuzz_properties.py,
+# which the run ends with (round trips and structure-aware junk; 150 in `make test`).
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS ?=
+FUZZ_EXAMPLES ?= 5000
 FUZZ_STAMP := $(VENV)/.installed-fuzz
 
 $(FUZZ_STAMP): $(STAMP)
@@ -65,6 +68,8 @@ $(FUZZ_STAMP): $(STAMP)
 
 fuzz: $(FUZZ_STAMP)
 	$(PY) -m fuzz.run --seconds $(FUZZ_SECONDS) $(FUZZ_TARGETS)
+	VELOMUX_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q --timeout=3600 \
+		tests/unit/test_fuzz_properties.py
 
 clean:
 	rm -rf $(VENV) build site *.egg-info .mypy_cache .ruff_cache

@@ -18,8 +18,13 @@ from typing import Final
 import msgpack  # type: ignore[import-untyped]
 
 from velomux_quic.ids import InstanceId, StreamAnchorHandle
-from velomux_quic.messenger.envelope import Kind, StagedDescriptor, encode_envelope
-from velomux_quic.messenger.envelope import ErrorCode, encode_error
+from velomux_quic.messenger.envelope import (
+    ErrorCode,
+    Kind,
+    StagedDescriptor,
+    encode_envelope,
+    encode_error,
+)
 from velomux_quic.messenger.peers import PeerRecord
 from velomux_quic.mux.protocol import (
     BatchHeader,
@@ -221,7 +226,9 @@ def _peer_record() -> Seeds:
             PeerRecord(_INSTANCE, ("fe80::1%eth0", 1), updated_at=0).to_json() | {"new": [1]}
         ).encode(),
     }
-    return valid | _near(valid) | {"near-lanes-17": text.replace('"lanes": 4', '"lanes": 17').encode()}
+    return (
+        valid | _near(valid) | {"near-lanes-17": text.replace('"lanes": 4', '"lanes": 17').encode()}
+    )
 
 
 _MAKERS: Final[dict[str, Callable[[], Seeds]]] = {

@@ -89,7 +89,7 @@ def _seeds(target: str, extra: Path | None = None) -> list[bytes]:
 
 
 def _child_atheris(target: str, seconds: int, work: Path) -> None:
-    import atheris  # type: ignore[import-not-found]  # the optional ``fuzz`` extra
+    import atheris  # the optional ``fuzz`` extra
 
     with atheris.instrument_imports(include=["velomux_quic", "fuzz"]):
         from fuzz.targets import TARGETS, check
@@ -243,8 +243,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown targets {unknown}; choose from {', '.join(TARGETS)}")
     if engine == "python" and args.engine == "auto":
         print("atheris is not installed (pip install '.[fuzz]'): using the python driver")
-    print(f"{'target':<18} {'engine':<8} {'secs':>6} {'executions':>12} {'cov':>6} {'ft':>6}"
-          f" {'corp':>6}  result")
+    print(
+        f"{'target':<18} {'engine':<8} {'secs':>6} {'executions':>12} {'cov':>6} {'ft':>6}"
+        f" {'corp':>6}  result"
+    )
     outcomes = []
     for name in args.targets or list(TARGETS):
         outcome = _run_target(name, args.seconds, engine, args.seed)

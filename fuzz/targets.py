@@ -26,8 +26,8 @@ from typing import Any, Final
 from velomux_quic.errors import (
     ControlDecodeError,
     FrameDecodeError,
-    FramingError,
     FrameTooLarge,
+    FramingError,
     MalformedBatch,
     MalformedEnvelope,
     PeerRecordError,
@@ -145,7 +145,9 @@ def _mux_batch(data: bytes) -> None:
         try:
             decoder(body)
         except MalformedBatch as exc:
-            raise InvariantBroken(f"decode_batch accepted a body its decoder refuses: {exc}")
+            raise InvariantBroken(
+                f"decode_batch accepted a body its decoder refuses: {exc}"
+            ) from exc
     # The reserved high bits of flags are ignored on receipt and written as zero.
     canonical = data[:1] + bytes((data[1] & _LANE_BITS,)) + data[2:]
     _require(encode_batch(header, records) == canonical, "re-encoded batch differs")

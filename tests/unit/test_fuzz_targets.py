@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import random
-import time
 from pathlib import Path
 
 import pytest
@@ -25,8 +24,6 @@ from velomux_quic.messenger.peers import DirectoryPeers, PeerRecord
 MUTANTS_PER_TARGET = 20_000
 """Enough to reach every refusal of the small formats, and under 3 s per target on a busy
 core (the slowest, the frame decoder with its chunked reference parse, takes about 1.5 s)."""
-
-BUDGET_SECONDS = 3.0
 
 SEEDS = seeds()
 
@@ -57,7 +54,6 @@ def test_only_the_typed_refusal_escapes_corpus_and_mutants(target: str) -> None:
     chosen = TARGETS[target]
     corpus = list(SEEDS[target].values())
     rng = random.Random(f"velomux-fuzz-{target}")
-    started = time.monotonic()
     outcomes = {True: 0, False: 0}
     for data in corpus:
         outcomes[check(chosen, data)] += 1
@@ -71,7 +67,6 @@ def test_only_the_typed_refusal_escapes_corpus_and_mutants(target: str) -> None:
     # Both sides must be reached, or the mutants are not testing the decoder at all.
     assert outcomes[True] > 0
     assert outcomes[False] > 0
-    assert time.monotonic() - started < BUDGET_SECONDS * 2, "the default-run budget grew"
 
 
 def test_the_oracle_reports_what_is_not_the_typed_refusal() -> None:
