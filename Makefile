@@ -70,6 +70,7 @@ fuzz: $(FUZZ_STAMP)
 	$(PY) -m fuzz.run --seconds $(FUZZ_SECONDS) $(FUZZ_TARGETS)
 	VELOMUX_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q --timeout=3600 \
 		tests/unit/test_fuzz_properties.py
+	-$(PY) -m fuzz.replay
 
 clean:
 	rm -rf $(VENV) build site *.egg-info .mypy_cache .ruff_cache

@@ -315,6 +315,9 @@ def _ticket(data: bytes) -> None:
 def _stream_frame(data: bytes) -> None:
     terminal = is_terminal_sentinel(data)
     heartbeat = is_heartbeat(data)
+    for other in (bytearray(data), memoryview(data)):
+        _require(is_terminal_sentinel(other) == terminal, "a buffer is a terminal differently")
+        _require(is_heartbeat(other) == heartbeat, "a buffer is a heartbeat differently")
     try:
         kind, value = decode_frame(data)
     except FrameDecodeError:
