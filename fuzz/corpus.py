@@ -154,7 +154,16 @@ def _envelope() -> Seeds:
         ),
         "ok-ack": encode_envelope(Kind.ACK, message_id=3),
     }
-    return valid | _near(valid)
+    # The encoder refuses a header value over 1024 bytes, so this one is packed by hand.
+    headers = msgpack.packb({"trace": "v" * 1025})
+    long_value = (
+        bytes((1, Kind.REQUEST, 1, 4))
+        + (7).to_bytes(8, "big")
+        + b"echo"
+        + len(headers).to_bytes(2, "big")
+        + headers
+    )
+    return valid | _near(valid) | {"near-header-value-1025": long_value}
 
 
 def _envelope_contents() -> Seeds:
@@ -214,7 +223,7 @@ def _stream_frame() -> Seeds:
         "ok-str8-dropped": b"\xd9\x07Dropped",
         "ok-map16-error": b"\xde\x00\x01" + msgpack.packb("SenderError") + msgpack.packb("x"),
     }
-    return valid | _near(valid)
+    return valid | _near(valid) | {"near-empty": b"", "near-map32-two": b"\xdf\x00\x00\x00\x02"}
 
 
 def _peer_record() -> Seeds:
@@ -226,8 +235,16 @@ def _peer_record() -> Seeds:
             PeerRecord(_INSTANCE, ("fe80::1%eth0", 1), updated_at=0).to_json() | {"new": [1]}
         ).encode(),
     }
+    fields = record.to_json()
     return (
-        valid | _near(valid) | {"near-lanes-17": text.replace('"lanes": 4', '"lanes": 17').encode()}
+        valid
+        | _near(valid)
+        | {
+            "near-lanes-17": text.replace('"lanes": 4', '"lanes": 17').encode(),
+            "near-name-not-str": json.dumps(fields | {"name": 5}).encode(),
+            # The first finding: an integer past a float's range raised OverflowError.
+            "near-updated-at-past-float": json.dumps(fields | {"updated_at": 10**400}).encode(),
+        }
     )
 
 

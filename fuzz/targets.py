@@ -195,7 +195,8 @@ def _lane_frames(data: bytes) -> None:
     if len(data) < 2:
         return
     limit = data[0] * 4
-    short, long = 1 + data[1] % 7, 1 + data[1] // 7 % 37
+    # Every other chunk may be empty (short == 0): QUIC can deliver an empty STREAM frame.
+    short, long = data[1] % 7, 1 + data[1] // 7 % 37
     stream = data[2:]
     expected, too_large = _reference_frames(stream, limit)
     decoder = FrameDecoder(limit)
