@@ -171,14 +171,19 @@ def _run_target(target: str, seconds: int, engine: str, seed: int) -> Outcome:
     ]
     started = time.monotonic()
     with log.open("w") as out:
-        completed = subprocess.run(
-            command,
-            cwd=ROOT,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            timeout=seconds + 120,
-            check=False,
-        )
+        try:
+            returncode = subprocess.run(
+                command,
+                cwd=ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                timeout=seconds + 120,
+                check=False,
+            ).returncode
+        except subprocess.TimeoutExpired:
+            # libFuzzer ends a slow input itself (-timeout); a child that outlives its time
+            # by two minutes hangs outside any input, which is a finding too.
+            returncode = -1
     elapsed = time.monotonic() - started
     text = log.read_text(errors="replace")
     done = _DONE.findall(text)
@@ -187,9 +192,9 @@ def _run_target(target: str, seconds: int, engine: str, seed: int) -> Outcome:
     if done:
         _, cov_s, ft_s, corp_s = done[-1]
         cov, ft, corp = int(cov_s), int(ft_s), int(corp_s)
-    finding = completed.returncode != 0
+    finding = returncode != 0
     if finding:
-        sys.stderr.write(f"--- {target}: exit {completed.returncode}, log {log}\n")
+        sys.stderr.write(f"--- {target}: exit {returncode}, log {log}\n")
         sys.stderr.write(text[-4000:])
     return Outcome(
         target,
