@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install test test-slow soak demo certs lint docs perf clean
+.PHONY: install test test-slow soak demo certs lint docs perf fuzz clean
 
 # editable_mode=compat installs a plain .pth entry for the source tree: setuptools' default
 # editable install is an import hook, which mypy cannot see, so a user program's
@@ -55,6 +55,28 @@ docs: $(STAMP)
 
 perf: $(STAMP)
 	$(PY) perf/run_all.py --short --out perf/results
+
+# The fuzz targets (fuzz/), FUZZ_SECONDS each, coverage-guided with atheris (the `fuzz`
+# extra). Where atheris has no wheel and cannot build, the run goes on with the pure-Python
+# driver (seed corpus and deterministic mutations, no coverage feedback). FUZZ_TARGETS picks
+# some: `make fuzz FUZZ_SECONDS=300 FUZZ_TARGETS="mux_batch envelope"`.
+# FUZZ_EXAMPLES is the examples per hypothesis property of tests/unit/test_fuzz_properties.py,
+# which the run ends with (round trips and structure-aware junk; 150 in `make test`).
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS ?=
+FUZZ_EXAMPLES ?= 5000
+FUZZ_STAMP := $(VENV)/.installed-fuzz
+
+$(FUZZ_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[fuzz]' --config-settings editable_mode=compat \
+		|| echo "atheris did not install: fuzzing with the pure-Python driver"
+	touch $(FUZZ_STAMP)
+
+fuzz: $(FUZZ_STAMP)
+	$(PY) -m fuzz.run --seconds $(FUZZ_SECONDS) $(FUZZ_TARGETS)
+	VELOMUX_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q --timeout=3600 \
+		tests/unit/test_fuzz_properties.py
+	-$(PY) -m fuzz.replay
 
 clean:
 	rm -rf $(VENV) build site *.egg-info .mypy_cache .ruff_cache

@@ -127,10 +127,15 @@ class PeerRecord:
         updated = self.updated_at
         if not isinstance(updated, (int, float)) or isinstance(updated, bool):
             raise PeerRecordError(f"updated_at must be a number, got {updated!r}")
-        if not math.isfinite(updated) or updated < 0:
+        try:
+            # JSON gives back ``5`` for ``5.0``; keep one type so equal records compare equal.
+            seconds = float(updated)
+        except OverflowError:
+            # An integer past a float's range (JSON integers have any length).
+            raise PeerRecordError("updated_at must be finite, got an integer past 1e308") from None
+        if not math.isfinite(seconds) or seconds < 0:
             raise PeerRecordError(f"updated_at must be finite and not negative, got {updated!r}")
-        # JSON gives back ``5`` for ``5.0``; keep one type so equal records compare equal.
-        object.__setattr__(self, "updated_at", float(updated))
+        object.__setattr__(self, "updated_at", seconds)
 
     def refreshed(self, now: float | None = None) -> PeerRecord:
         """The same record stamped ``now`` (default: the current time), for republishing."""
@@ -180,6 +185,23 @@ class PeerRecord:
         updated_at = obj["updated_at"]
         # name, lanes and updated_at are checked by __post_init__, like any constructor call.
         return cls(instance_id, (host, port), name=name, lanes=lanes, updated_at=updated_at)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> PeerRecord:
+        """Decode a record as stored (UTF-8 JSON, what a record file or a key-value store
+        holds); raises :class:`PeerRecordError`, and nothing else, for any other bytes.
+
+        The bytes come from whoever could write to the shared store, so every failure to
+        parse them (bad UTF-8, bad JSON, nesting past the parser's depth, a number too
+        long to read) is a malformed record, as much as a record with a bad field.
+        """
+        try:
+            obj = json.loads(data)
+        except (ValueError, RecursionError) as exc:
+            # ValueError covers bad UTF-8, bad JSON (a partial write by a tool that does
+            # not rename) and integers past the digit limit; RecursionError deep nesting.
+            raise PeerRecordError(f"a peer record is UTF-8 JSON: {exc}") from None
+        return cls.from_json(obj)
 
 
 # -- PeerRegistry -------------------------------------------------------------------
@@ -479,10 +501,8 @@ class DirectoryPeers:
             _log.debug("skipping peer record %s: %s", path, exc)
             return None
         try:
-            record = PeerRecord.from_json(json.loads(data))
-        except (ValueError, RecursionError) as exc:
-            # ValueError covers bad UTF-8, bad JSON (a partial write by a tool that does
-            # not rename) and PeerRecordError; RecursionError deeply nested junk.
+            record = PeerRecord.from_bytes(data)
+        except PeerRecordError as exc:
             _log.debug("skipping malformed peer record %s: %s", path, exc)
             return None
         if record.instance_id != instance_id:
