@@ -42,9 +42,9 @@ certs: $(STAMP)
 # (examples/mypy.ini: strict, nothing else): once through the installed package, once with
 # MYPYPATH pointing at the source tree, where mypy analyses the library as user code.
 lint: $(STAMP)
-	$(VENV)/bin/ruff check velomux_quic tests perf examples
-	$(VENV)/bin/ruff format --check velomux_quic tests perf examples
-	$(VENV)/bin/mypy velomux_quic tests/conftest.py
+	$(VENV)/bin/ruff check velomux_quic tests perf examples fuzz
+	$(VENV)/bin/ruff format --check velomux_quic tests perf examples fuzz
+	$(VENV)/bin/mypy velomux_quic tests/conftest.py fuzz
 	cd examples && $(abspath $(VENV))/bin/mypy --config-file mypy.ini .
 	cd examples && MYPYPATH=$(CURDIR) $(abspath $(VENV))/bin/mypy --config-file mypy.ini .
 
