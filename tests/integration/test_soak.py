@@ -47,11 +47,20 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+def periodic_tasks_running(node: Node) -> bool:
+    """Whether a task that ends by itself once no stream is left still runs: the producer's
+    heartbeat task, or a mux health check of a peer."""
+    snapshot = node.snapshot()
+    checks = snapshot.mux.health_checks_running if snapshot.mux is not None else 0
+    return snapshot.streaming.heartbeat_task_running or checks > 0
+
+
 async def heartbeats_settled(node: Node) -> None:
-    """Wait for the producer's heartbeat task to end: it does once no sender is left
-    (within one heartbeat interval; the snapshot is polled, the task is not public)."""
+    """Wait for the producer's periodic tasks to end: each does at its first wake-up with
+    no sender (or live slot) left, within one interval; the snapshot is polled, the tasks
+    are not public. Both intervals are HEARTBEAT here (see ``soak``)."""
     async with asyncio.timeout(5 * HEARTBEAT):
-        while node.snapshot().streaming.heartbeat_task_running:
+        while periodic_tasks_running(node):
             await asyncio.sleep(HEARTBEAT / 20)
 
 
@@ -144,7 +153,12 @@ async def soak(
     make_credentials: Callable[..., NodeCredentials], transport: str, total: int
 ) -> None:
     fds_before_nodes = open_fds()
-    options: dict[str, Any] = {"streaming": StreamingConfig(heartbeat_interval=HEARTBEAT)}
+    options: dict[str, Any] = {
+        "streaming": StreamingConfig(heartbeat_interval=HEARTBEAT),
+        # The mux's peer health check, like the heartbeat task, ends one interval after the
+        # last stream: the same short interval lets the leak check wait for both.
+        "mux": MuxConfig(health_check_interval=HEARTBEAT),
+    }
     if transport == PER_STREAM_KEY:
         options["mux"] = MuxConfig(enabled=False)
     nodes: list[Node] = []

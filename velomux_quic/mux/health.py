@@ -50,6 +50,12 @@ class PeerHealth:
         self.checks = 0
         self.failures = 0
 
+    @property
+    def running(self) -> int:
+        """Peers whose check task runs now (each ends at its first wake-up with no live
+        slot to that peer, so a node at rest has none)."""
+        return len(self._tasks)
+
     def watch(self, peer: InstanceId) -> None:
         """A slot to ``peer`` opened: make sure its check runs."""
         if peer not in self._tasks and self._interval > 0:

@@ -98,6 +98,9 @@ class MuxSnapshot:
     lane_loads: Mapping[Hashable, tuple[int, ...]]
     """Streams each peer has placed on each of its lanes here (live slots plus answered,
     unclaimed binds), by peer: what the receiver weighs when it picks a lane."""
+    health_checks_running: int = 0
+    """Peers whose health-check task runs (one per peer with live producer slots; it ends
+    at its first wake-up, ``health_check_interval`` apart, once the peer has none)."""
 
     def egress_slots(self, peer: Hashable) -> int:
         """Live egress slots to ``peer`` on all its lanes."""

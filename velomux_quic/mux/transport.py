@@ -475,6 +475,7 @@ class MuxTransport(Collector):
                     for peer in loads.peers
                 }
             ),
+            health_checks_running=self._health.running,
         )
 
     # -- metrics (velo_streaming_mux_*) ----------------------------------------------------
