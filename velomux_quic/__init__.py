@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 
+from .config import NodeConfig, PeerEntry
 from .errors import (
     AdmissionCancelled,
     AdmissionError,
@@ -156,9 +157,11 @@ __all__ = [
     "MpscItem",
     "MuxConfig",
     "Node",
+    "NodeConfig",
     "NodeCredentials",
     "NodeSnapshot",
     "PeerDiscovery",
+    "PeerEntry",
     "PeerGone",
     "PeerNotRegistered",
     "PeerRecord",

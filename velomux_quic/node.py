@@ -31,8 +31,17 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
+from .config import NodeConfig
+from .errors import ConfigurationError
 from .ids import InstanceId, StreamAnchorHandle, WorkerId
-from .messenger import Messenger, MessengerConfig, PeerDiscovery, PeerRecord, PeerRegistry
+from .messenger import (
+    DirectoryPeers,
+    Messenger,
+    MessengerConfig,
+    PeerDiscovery,
+    PeerRecord,
+    PeerRegistry,
+)
 from .messenger.registry import Dispatch, Handler
 from .mux.config import MuxConfig
 from .mux.transport import MuxTransport
@@ -126,10 +135,10 @@ class Node:
     @classmethod
     async def start(
         cls,
-        credentials: NodeCredentials | str | Path,
+        credentials: NodeConfig | NodeCredentials | str | Path,
         *,
-        host: str = "127.0.0.1",
-        port: int = 0,
+        host: str | None = None,
+        port: int | None = None,
         transport: TransportConfig | None = None,
         messenger: MessengerConfig | None = None,
         streaming: StreamingConfig | None = None,
@@ -144,7 +153,16 @@ class Node:
         ``credentials`` is a :class:`NodeCredentials` or the directory holding
         ``node.pem``, ``node.key``, ``ca.pem`` and ``node.json`` (``velomux certs dev`` or
         :func:`~velomux_quic.ensure_dev_cluster` make one). The node listens on
-        ``host:port`` (port 0: any free port; read :attr:`address`).
+        ``host:port`` (default ``127.0.0.1``; port 0, the default: any free port; read
+        :attr:`address`).
+
+        Or it is a :class:`~velomux_quic.NodeConfig` (``NodeConfig.from_toml(path)``),
+        which then supplies the credentials, address, name, peers, peer directory and
+        every layer's config: passing one of those arguments as well is a
+        ConfigurationError (change the config with ``dataclasses.replace`` instead), so
+        no setting is silently ignored. ``registry``, and ``peers`` or ``discovery``
+        given here, still apply (given peers join the configured ones; a given
+        ``discovery`` replaces the configured directory).
 
         ``peers`` are the nodes it knows from the start: PeerRecords (another node's
         :attr:`record`) or an existing :class:`PeerRegistry` to share. ``discovery``
@@ -160,6 +178,32 @@ class Node:
         setting it cannot use (a mux-only node with the mux disabled, say); nothing
         is left running when it raises.
         """
+        if isinstance(credentials, NodeConfig):
+            config = credentials
+            given = {
+                "host": host,
+                "port": port,
+                "transport": transport,
+                "messenger": messenger,
+                "streaming": streaming,
+                "mux": mux,
+                "name": name or None,
+            }
+            both = sorted(key for key, value in given.items() if value is not None)
+            if both:
+                raise ConfigurationError(
+                    f"{', '.join(both)} given both in the NodeConfig and as arguments; "
+                    "set them in the NodeConfig (dataclasses.replace) and pass it alone"
+                )
+            credentials = config.credentials
+            host, port, name = config.host, config.port, config.name
+            transport, messenger = config.transport, config.messenger
+            streaming, mux = config.streaming, config.mux
+            peers = _with_configured_peers(peers, config.peer_records())
+            if discovery is None and config.peer_directory is not None:
+                discovery = DirectoryPeers(config.peer_directory)
+        host = "127.0.0.1" if host is None else host
+        port = 0 if port is None else port
         if not isinstance(credentials, NodeCredentials):
             credentials = NodeCredentials.load(credentials)
         if peers is not None and not isinstance(peers, PeerRegistry):
@@ -191,10 +235,10 @@ class Node:
     @classmethod
     def open(
         cls,
-        credentials: NodeCredentials | str | Path,
+        credentials: NodeConfig | NodeCredentials | str | Path,
         *,
-        host: str = "127.0.0.1",
-        port: int = 0,
+        host: str | None = None,
+        port: int | None = None,
         transport: TransportConfig | None = None,
         messenger: MessengerConfig | None = None,
         streaming: StreamingConfig | None = None,
@@ -500,10 +544,10 @@ class Node:
 
 
 def open_node(
-    credentials: NodeCredentials | str | Path,
+    credentials: NodeConfig | NodeCredentials | str | Path,
     *,
-    host: str = "127.0.0.1",
-    port: int = 0,
+    host: str | None = None,
+    port: int | None = None,
     transport: TransportConfig | None = None,
     messenger: MessengerConfig | None = None,
     streaming: StreamingConfig | None = None,
@@ -535,6 +579,21 @@ def open_node(
         discovery=discovery,
         name=name,
     )
+
+
+def _with_configured_peers(
+    peers: PeerRegistry | Iterable[PeerRecord] | None, configured: list[PeerRecord]
+) -> PeerRegistry | Iterable[PeerRecord] | None:
+    """The peers a NodeConfig names, added to those given as an argument."""
+    if not configured:
+        return peers
+    if peers is None:
+        return configured
+    if isinstance(peers, PeerRegistry):
+        for record in configured:
+            peers.add(record)
+        return peers
+    return [*peers, *configured]
 
 
 @contextlib.asynccontextmanager
