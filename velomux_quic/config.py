@@ -3,7 +3,7 @@
 A deployment describes a node in one file rather than in code, and overrides a key per
 host or per container through the environment::
 
-    config = NodeConfig.from_toml("node.toml")   # VELOMUX_TRANSPORT_LANES=4 overrides [transport] lanes
+    config = NodeConfig.from_toml("node.toml")  # VELOMUX_TRANSPORT_LANES=4 sets lanes
     async with open_node(config) as node:
         ...
 
@@ -225,7 +225,9 @@ class _Loader:
                 raise self.fail(where, "must be a table with instance_id, address, name")
             for key, value in entry.items():
                 if key not in keys:
-                    raise self.fail(f"{where}.{key}", f"unknown key; the keys are {', '.join(keys)}")
+                    raise self.fail(
+                        f"{where}.{key}", f"unknown key; the keys are {', '.join(keys)}"
+                    )
                 if not isinstance(value, str):
                     raise self.fail(f"{where}.{key}", f"must be a string, got {value!r}")
             for key in ("instance_id", "address"):

@@ -29,6 +29,8 @@ SURFACE = {
     "TransportConfig",
     "MessengerConfig",
     "StreamingConfig",
+    "NodeConfig",
+    "PeerEntry",
     "NodeCredentials",
     "PeerRecord",
     "PeerRegistry",
