@@ -11,8 +11,10 @@ operator or a probe can see what arrived.
 Every event is one line on standard output in ``key=value`` form (values with spaces
 quoted), flushed at once, so a supervisor or a test reads it as it happens; library log
 records go to standard error in the same form. SIGTERM or SIGINT stops it cleanly:
-streams get ``drain_timeout`` seconds to finish, then the node closes (what is still
-open ends with the chapter's shutdown terminal) and the process exits 0. A bad
+its streams (the sink's inbound ones and any it produces) get ``drain_timeout`` seconds
+to finish, then the node closes (what is still open ends with the chapter's shutdown
+terminal; a sink stream cut this way is counted as ``cut_by_shutdown``) and the process
+exits 0. A bad
 configuration exits 2 with one line saying what is wrong and where.
 """
 
@@ -79,6 +81,9 @@ class _Sink:
     def __init__(self, node: Node) -> None:
         self.node = node
         self.tasks: set[asyncio.Task[None]] = set()
+        self.cutting = False
+        """Set once the drain window is over: a stream that ends from here on was cut by
+        the node's close (which finishes its anchors), not finished by its producer."""
         self.records = Counter(
             "velomux_sink_records",
             "Records the sink of `velomux node` received",
@@ -86,7 +91,8 @@ class _Sink:
         )
         self.streams = Counter(
             "velomux_sink_streams",
-            "Sink streams ended, by outcome (complete, or the StreamError that ended it)",
+            "Sink streams ended, by outcome: complete, cut_by_shutdown (still open when the "
+            "node closed), refused, or the StreamError that ended it",
             ["outcome"],
             registry=node.registry,
         )
@@ -120,6 +126,9 @@ class _Sink:
                 self.records.inc()
         except StreamError as error:
             outcome = type(error).__name__
+        else:
+            if self.cutting:
+                outcome = "cut_by_shutdown"
         self.streams.labels(outcome=outcome).inc()
         _emit("stream_end", peer=peer, records=records, outcome=outcome)
 
@@ -157,13 +166,18 @@ async def serve(config: NodeConfig, drain_timeout: float) -> int:
         )
         await stop.wait()
         _emit("stopping", signal=received[0], open_streams=len(sink.tasks))
+        # Inbound streams get the window to finish as well as this node's own senders.
         drained = await node.drain(drain_timeout)
+        if sink.tasks:
+            _done, pending = await asyncio.wait(set(sink.tasks), timeout=drain_timeout)
+            drained = drained and not pending
+        sink.cutting = True
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
         await node.close()
     if sink.tasks:
-        await asyncio.wait(sink.tasks, timeout=drain_timeout)
+        await asyncio.wait(set(sink.tasks), timeout=drain_timeout)
     _emit("stopped", drained=drained)
     return 0
 
