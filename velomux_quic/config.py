@@ -153,7 +153,12 @@ class NodeConfig:
         source: str = "<config>",
         environ: Mapping[str, str] | None = None,
     ) -> NodeConfig:
-        """Build from a parsed document (the shape of the TOML file); see :meth:`from_toml`."""
+        """Build from a parsed document (the shape of the TOML file); see :meth:`from_toml`.
+
+        ``source`` names the document in errors; ``environ`` holds the
+        ``VELOMUX_<SECTION>_<KEY>`` overrides to apply (none by default, not
+        ``os.environ``: a program that builds the mapping decides).
+        """
         return _Loader(source).load(document, environ or {})
 
 

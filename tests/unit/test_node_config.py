@@ -221,3 +221,20 @@ async def test_a_setting_given_twice_is_refused(tmp_path: Path) -> None:
         async with open_node(NodeConfig(credentials=str(tmp_path)), port=7000):
             pass
     assert "dataclasses.replace" in str(caught.value)
+
+
+async def test_configured_peers_and_peer_directory_are_used(
+    tmp_path: Path, make_credentials: Callable[..., NodeCredentials]
+) -> None:
+    directory = make_credentials("with-peers").save(tmp_path / "creds")
+    peer = new_instance_id()
+    config = NodeConfig(
+        credentials=str(directory),
+        peers=(PeerEntry(str(peer), "127.0.0.1:7999", "elsewhere"),),
+        peer_directory=str(tmp_path / "peers"),
+    )
+    async with open_node(config) as node:
+        known = {record.instance_id: record for record in node.snapshot().peers}
+        assert known[peer].address == ("127.0.0.1", 7999) and known[peer].name == "elsewhere"
+        assert (tmp_path / "peers" / f"{node.instance_id}.json").is_file()
+    assert not (tmp_path / "peers" / f"{node.instance_id}.json").exists()  # withdrawn on close
