@@ -104,7 +104,7 @@ class NodeConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.credentials, str) or not self.credentials:
-            raise ConfigurationError("credentials must name a directory")
+            raise ConfigurationError("credentials must be a directory path")
         if not isinstance(self.host, str) or not self.host:
             raise ConfigurationError("host must be a non-empty string")
         if isinstance(self.port, bool) or not isinstance(self.port, int):
@@ -204,14 +204,34 @@ class _Loader:
             if key not in _NODE_KEYS:
                 raise self.fail(where, f"unknown key; the keys are {', '.join(_NODE_KEYS)}")
             node_values[key] = self.checked(where, value, hints[key])
-        node_values.update(self.env_overrides(environ, "node", dict.fromkeys(_NODE_KEYS), hints))
+        overrides = self.env_overrides(environ, "node", dict.fromkeys(_NODE_KEYS), hints)
+        node_values.update(overrides)
         node_values["peers"] = self.peers(document.get("peers", []))
         for section, config_class in _SECTIONS.items():
             node_values[section] = self.layer(document, environ, section, config_class)
         try:
             return NodeConfig(**node_values)
         except ConfigurationError as error:
-            raise self.fail(f"{self.source}: [node]", str(error)) from None
+            raise self.fail(
+                self.culprits("node", node_values, overrides, error), str(error)
+            ) from None
+
+    def culprits(
+        self,
+        section: str,
+        values: Mapping[str, Any],
+        overrides: Mapping[str, Any],
+        error: Exception,
+    ) -> str:
+        """Where the keys a validation message names came from: the file or a variable."""
+        named = [
+            f"environment {ENV_PREFIX}{section.upper()}_{key.upper()}"
+            if key in overrides
+            else f"{self.source}: {section}.{key}"
+            for key in values
+            if key in str(error)
+        ]
+        return ", ".join(named) or f"{self.source}: [{section}]"
 
     def table(self, document: Mapping[str, Any], name: str) -> dict[str, Any]:
         value = document.get(name, {})
@@ -272,15 +292,7 @@ class _Loader:
             return config_class(**values)
         except (ConfigurationError, ValueError, TypeError) as error:
             # The layer's message names its field; say where that field's value came from.
-            culprits = [
-                f"environment {ENV_PREFIX}{section.upper()}_{key.upper()}"
-                if key in overrides
-                else f"{self.source}: {section}.{key}"
-                for key in values
-                if key in str(error)
-            ]
-            where = ", ".join(culprits) or f"{self.source}: [{section}]"
-            raise self.fail(where, str(error)) from None
+            raise self.fail(self.culprits(section, values, overrides, error), str(error)) from None
 
     def flush_policy(self, where: str, value: Any) -> FlushPolicy:
         if not isinstance(value, dict):
@@ -319,6 +331,15 @@ class _Loader:
             variable = prefix + key.upper()
             if variable in environ:
                 values[key] = self.parsed(f"environment {variable}", environ[variable], hints[key])
+        # A misspelt override would otherwise be ignored without a word.
+        known = {prefix + key.upper() for key in keys}
+        for variable in sorted(environ):
+            if variable.startswith(prefix) and variable not in known:
+                raise self.fail(
+                    f"environment {variable}",
+                    f"no such key in [{section}] (peers and the flush policy are set in the "
+                    f"file only); the keys are {', '.join(keys)}",
+                )
         return values
 
     def checked(self, where: str, value: Any, annotation: Any) -> Any:
