@@ -102,6 +102,7 @@ from .mux.config import (
     MuxConfig,
 )
 from .node import Node, NodeSnapshot, open_node
+from .ops import OpsConfig, ReadinessReport
 from .security.certs import NodeCredentials, ensure_dev_cluster
 from .streaming.anchor import (
     MpscAnchor,
@@ -158,6 +159,7 @@ __all__ = [
     "Node",
     "NodeCredentials",
     "NodeSnapshot",
+    "OpsConfig",
     "PeerDiscovery",
     "PeerGone",
     "PeerNotRegistered",
@@ -168,6 +170,7 @@ __all__ = [
     "ProtocolError",
     "ProtocolErrorCode",
     "ReadTimeout",
+    "ReadinessReport",
     "RefusalReason",
     "RemoteRefused",
     "RequestRefused",

@@ -28,6 +28,7 @@ LAYERS = {
     "streaming": 4,
     "mux": 5,
     "node": 6,
+    "ops": 6,
     "snapshot": 6,
     "demo": 7,
     "cli": 7,
