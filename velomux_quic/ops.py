@@ -260,6 +260,7 @@ class OpsServer:
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._active = 0
+        self._closing = False
         self._started_at = time.monotonic()
         self._address: tuple[str, int] | None = None
 
@@ -294,6 +295,7 @@ class OpsServer:
 
     async def close(self) -> None:
         """Stop listening and end every open connection; closing twice is harmless."""
+        self._closing = True
         server, self._server = self._server, None
         if server is not None:
             server.close()
@@ -317,12 +319,17 @@ class OpsServer:
         try:
             if busy:
                 self._metrics.rejected.labels("busy").inc()
-                await self._finish(writer, 503, {"error": "too many connections; retry later"})
+                await self._finish(
+                    reader, writer, 503, {"error": "too many connections; retry later"}
+                )
             else:
                 await self._serve(reader, writer)
         except asyncio.CancelledError:
             writer.close()
-            raise
+            if not self._closing:
+                raise
+            # close() ended this connection: finish quietly (asyncio logs a cancelled
+            # connection task as an error on 3.11).
         except Exception:
             logger.warning("operations endpoint failed", exc_info=True)
             writer.close()
@@ -338,12 +345,14 @@ class OpsServer:
             request = _parse(head)
         except TimeoutError:
             self._metrics.rejected.labels("timeout").inc()
-            await self._finish(writer, 408, {"error": "request head not received in time"})
+            await self._finish(reader, writer, 408, {"error": "request head not received in time"})
             return
         except asyncio.LimitOverrunError:
             self._metrics.rejected.labels("too_large").inc()
             limit = self.config.max_request_bytes
-            await self._finish(writer, 431, {"error": f"request head larger than {limit} bytes"})
+            await self._finish(
+                reader, writer, 431, {"error": f"request head larger than {limit} bytes"}
+            )
             return
         except asyncio.IncompleteReadError:
             self._metrics.rejected.labels("malformed").inc()
@@ -352,14 +361,14 @@ class OpsServer:
             return
         except _BadRequest as bad:
             self._metrics.rejected.labels(bad.reason).inc()
-            await self._finish(writer, bad.code, {"error": str(bad)})
+            await self._finish(reader, writer, bad.code, {"error": str(bad)})
             return
         code, body, content_type, extra = await self._answer(request)
         self._metrics.requests.labels(
             request.path if request.path in _PATHS else "other", str(code)
         ).inc()
         await self._write(
-            writer, code, body, content_type, extra, head_only=request.method == "HEAD"
+            reader, writer, code, body, content_type, extra, head_only=request.method == "HEAD"
         )
 
     async def _answer(self, request: _Request) -> tuple[int, bytes, str, dict[str, str]]:
@@ -388,12 +397,19 @@ class OpsServer:
         report = await self._readiness()
         return _json(200 if report.ready else 503, {**report.to_json(), **self._identity})
 
-    async def _finish(self, writer: asyncio.StreamWriter, code: int, body: dict[str, Any]) -> None:
+    async def _finish(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        code: int,
+        body: dict[str, Any],
+    ) -> None:
         status, payload, kind, extra = _json(code, body)
-        await self._write(writer, status, payload, kind, extra, head_only=False)
+        await self._write(reader, writer, status, payload, kind, extra, head_only=False)
 
     async def _write(
         self,
+        reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         code: int,
         body: bytes,
@@ -418,8 +434,24 @@ class OpsServer:
         except (TimeoutError, ConnectionError):
             self._metrics.rejected.labels("timeout").inc()
         finally:
+            await _linger(writer, reader)
             writer.close()
             await _closed(writer)
+
+
+async def _linger(writer: asyncio.StreamWriter, reader: asyncio.StreamReader) -> None:
+    """Half-close and read what the client still sends, briefly, before closing: closing
+    with unread bytes makes the kernel answer RST, and a client then loses the response
+    (a 503 or 431 sent before its request was read). Bounded: 64 KiB, half a second."""
+    if writer.is_closing():
+        return
+    with contextlib.suppress(ConnectionError, TimeoutError, OSError, RuntimeError):
+        if writer.can_write_eof():
+            writer.write_eof()
+        async with asyncio.timeout(0.5):
+            for _ in range(16):
+                if not await reader.read(4096):
+                    break
 
 
 async def _closed(writer: asyncio.StreamWriter) -> None:
