@@ -220,6 +220,13 @@ class _OpsMetrics:
             "Operations-endpoint connections open now",
             registry=registry,
         )
+        self._registry = registry
+
+    def unregister(self) -> None:
+        """Remove the series again (a listener that never started leaves none behind)."""
+        for collector in (self.requests, self.rejected, self.connections):
+            with contextlib.suppress(KeyError):
+                self._registry.unregister(collector)
 
 
 class _BadRequest(Exception):
@@ -284,6 +291,7 @@ class OpsServer:
                 self._accept, host, port, limit=self.config.max_request_bytes
             )
         except OSError as error:
+            self._metrics.unregister()
             raise ConfigurationError(
                 f"cannot listen for operations endpoints on {host}:{port}: {error}; "
                 "choose a free local address"

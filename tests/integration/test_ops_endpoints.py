@@ -275,5 +275,6 @@ async def test_an_address_in_use_is_a_configuration_error(
         with pytest.raises(ConfigurationError, match="choose a free local address"):
             await b.serve_ops(host, port)
         assert b.ops_address is None
+        assert await b.serve_ops() != (host, port)  # the refused attempt left nothing behind
     with pytest.raises(ConfigurationError, match="max_connections"):
         OpsConfig(max_connections=0)
