@@ -69,6 +69,7 @@ def parse_response(data: bytes) -> Response:
 
 
 async def stream_some(producer: Node, consumer: Node, count: int = 32) -> None:
+    """Stream ``count`` tokens, read after the last send: ``count`` must fit the credit window."""
     anchor = consumer.create_anchor()
     sender = await producer.attach_anchor(anchor.handle)
     for token in range(count):
