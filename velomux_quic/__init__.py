@@ -103,6 +103,7 @@ from .mux.config import (
     MuxConfig,
 )
 from .node import Node, NodeSnapshot, open_node
+from .ops import OpsConfig, ReadinessReport
 from .security.certs import NodeCredentials, ensure_dev_cluster
 from .streaming.anchor import (
     MpscAnchor,
@@ -160,6 +161,7 @@ __all__ = [
     "NodeConfig",
     "NodeCredentials",
     "NodeSnapshot",
+    "OpsConfig",
     "PeerDiscovery",
     "PeerEntry",
     "PeerGone",
@@ -171,6 +173,7 @@ __all__ = [
     "ProtocolError",
     "ProtocolErrorCode",
     "ReadTimeout",
+    "ReadinessReport",
     "RefusalReason",
     "RemoteRefused",
     "RequestRefused",

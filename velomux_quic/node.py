@@ -32,7 +32,7 @@ from prometheus_client import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
 from .config import NodeConfig
-from .errors import ConfigurationError
+from .errors import ConfigurationError, UsageError
 from .ids import InstanceId, StreamAnchorHandle, WorkerId
 from .messenger import (
     DirectoryPeers,
@@ -45,6 +45,7 @@ from .messenger import (
 from .messenger.registry import Dispatch, Handler
 from .mux.config import MuxConfig
 from .mux.transport import MuxTransport
+from .ops import OpsConfig, OpsServer, PeerReadiness
 from .security.certs import NodeCredentials
 from .streaming.anchor import MpscAnchor, StreamAnchor
 from .streaming.control import StreamOpenTicket
@@ -131,6 +132,9 @@ class Node:
         self.mux = mux
         self._name = name
         self._closed = False
+        self._ops: OpsServer | None = None
+        self._readiness: PeerReadiness | None = None
+        self._configured_peers = tuple(record.instance_id for record in messenger.peers)
 
     @classmethod
     async def start(
@@ -516,6 +520,67 @@ class Node:
         """The node's metrics in the Prometheus text format (what a scrape would read)."""
         return generate_latest(self.registry).decode()
 
+    async def serve_ops(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        config: OpsConfig | None = None,
+        required_peers: Iterable[InstanceId] | None = None,
+    ) -> tuple[str, int]:
+        """Serve ``/metrics``, ``/healthz`` and ``/readyz`` over HTTP on ``host:port``.
+
+        Off until called; returns the bound address (port 0: any free port) and the
+        listener closes with the node. ``/readyz`` answers 200 when the endpoint is bound,
+        the discovery backend (one that reports ``connected``) is connected, and every
+        peer of ``required_peers`` is reachable; by default those are the peers the node
+        was started with (``peers=``), the statically configured ones. ``config`` bounds
+        the listener (request size, read timeout, connections; see
+        :class:`~velomux_quic.OpsConfig`). Raises
+        :class:`~velomux_quic.errors.ConfigurationError` when the address cannot be
+        bound, :class:`~velomux_quic.errors.UsageError` when already serving or closed.
+        """
+        if self._closed:
+            raise UsageError("the node is closed; start a new one to serve its endpoints")
+        if self._ops is not None:
+            raise UsageError(f"operations endpoints already served on {self._ops.address}")
+        config = config or OpsConfig()
+        discovery = self.messenger._discovery
+        transport = self.messenger.transport
+
+        def connected_peers() -> set[InstanceId]:
+            return {
+                c.peer
+                for c in transport.snapshot().connections
+                if c.outbound and c.peer is not None and c.state == "established"
+            }
+
+        def discovery_connected() -> bool:
+            return bool(getattr(discovery, "connected", True))
+
+        readiness = PeerReadiness(
+            required_peers=self._configured_peers if required_peers is None else required_peers,
+            health=self.messenger,
+            endpoint_bound=lambda: not self._closed and not transport._closing,
+            connected_peers=connected_peers,
+            discovery_connected=discovery_connected if discovery is not None else None,
+            config=config,
+        )
+        server = OpsServer(
+            self.registry,
+            readiness.evaluate,
+            config=config,
+            identity={"instance_id": str(self.instance_id), "name": self._name},
+        )
+        address = await server.start(host, port)
+        self._ops, self._readiness = server, readiness
+        return address
+
+    @property
+    def ops_address(self) -> tuple[str, int] | None:
+        """Where :meth:`serve_ops` listens, None when the node serves no endpoints."""
+        return self._ops.address if self._ops is not None else None
+
     # -- shutdown ------------------------------------------------------------------------
 
     async def drain(self, timeout: float) -> bool:
@@ -539,6 +604,10 @@ class Node:
         if self._closed:
             return
         self._closed = True
+        if self._ops is not None:
+            await self._ops.close()
+        if self._readiness is not None:
+            await self._readiness.close()
         await self.anchors.close()
         await self.messenger.close()
 

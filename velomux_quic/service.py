@@ -133,13 +133,27 @@ class _Sink:
         _emit("stream_end", peer=peer, records=records, outcome=outcome)
 
 
-async def serve(config: NodeConfig, drain_timeout: float) -> int:
-    """Run the node until SIGTERM or SIGINT; returns the exit status."""
+async def serve(config: NodeConfig, drain_timeout: float, ops: str = "127.0.0.1:0") -> int:
+    """Run the node until SIGTERM or SIGINT; returns the exit status.
+
+    ``ops`` is where the HTTP operations endpoints listen (``/metrics``, ``/healthz``,
+    ``/readyz``): on by default here, unlike in the library; ``off`` turns them off.
+    """
     try:
         node = await Node.start(config)
     except ConfigurationError as error:
         print(f"velomux node: {error}", file=sys.stderr)
         return EXIT_BAD_CONFIG
+    ops_address = ""
+    if ops != "off":
+        ops_host, _, ops_port = ops.rpartition(":")
+        try:
+            bound = await node.serve_ops(ops_host or "127.0.0.1", int(ops_port))
+        except (ConfigurationError, ValueError) as error:
+            await node.close()
+            print(f"velomux node: --ops {ops}: {error}", file=sys.stderr)
+            return EXIT_BAD_CONFIG
+        ops_address = f"{bound[0]}:{bound[1]}"
     stop = asyncio.Event()
     received: list[str] = []
     loop = asyncio.get_running_loop()
@@ -163,6 +177,7 @@ async def serve(config: NodeConfig, drain_timeout: float) -> int:
             lanes=config.transport.lanes,
             mux=node.mux is not None,
             peers=len(config.peers),
+            ops=ops_address or "off",
         )
         await stop.wait()
         _emit("stopping", signal=received[0], open_streams=len(sink.tasks))
@@ -193,7 +208,7 @@ def node_main(args: argparse.Namespace) -> int:
         print(f"velomux node: {error}", file=sys.stderr)
         return EXIT_BAD_CONFIG
     try:
-        return run(serve(config, args.drain_timeout))
+        return run(serve(config, args.drain_timeout, args.ops))
     except VelomuxError as error:
         print(f"velomux node: {error}", file=sys.stderr)
         return 1
@@ -213,6 +228,13 @@ def add_node_commands(commands: Any) -> None:
         type=float,
         default=10.0,
         help="seconds open streams get to finish on SIGTERM/SIGINT before the node closes",
+    )
+    parser.add_argument(
+        "--ops",
+        default="127.0.0.1:0",
+        metavar="HOST:PORT",
+        help="where /metrics, /healthz and /readyz listen (127.0.0.1:0, any free port: the "
+        "'listening' line says which); 'off' to serve none",
     )
     parser.add_argument(
         "--log-level", default="warning", choices=["debug", "info", "warning", "error"]

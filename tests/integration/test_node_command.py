@@ -12,6 +12,8 @@ import json
 import signal
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -107,6 +109,15 @@ def test_missing_credentials_exit_2_with_one_line(tmp_path: Path) -> None:
     assert len(lines) == 1 and "absent" in lines[0], result.stderr
 
 
+def http_get(host: str, port: int, path: str) -> tuple[int, str]:
+    """One GET with the standard library, as an operator's scraper would send it."""
+    try:
+        with urllib.request.urlopen(f"http://{host}:{port}{path}", timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.one_loop
 @pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT], ids=["term", "int"])
@@ -142,6 +153,15 @@ async def test_a_stream_into_the_sink_then_a_stop_signal_exits_0(
             ended = await service.next_event("stream_end")
             assert ended == {**ended, "records": "200", "outcome": "complete"}
             assert ended["peer"] == str(producer.instance_id)
+
+            # The service's own operations endpoints (on by default in `velomux node`).
+            ops_host, _, ops_port = listening["ops"].rpartition(":")
+            metrics = await asyncio.to_thread(http_get, ops_host, int(ops_port), "/metrics")
+            assert metrics[0] == 200
+            assert "velo_streaming_mux_records_total" in metrics[1]
+            assert "velomux_sink_records_total 200.0" in metrics[1]
+            ready = await asyncio.to_thread(http_get, ops_host, int(ops_port), "/readyz")
+            assert ready[0] == 200, ready
 
             # A second stream is still open when the node is told to stop.
             second = json.loads(await producer.call(sink, "velomux.sink", b"", timeout=20))

@@ -29,6 +29,7 @@ LAYERS = {
     "mux": 5,
     "config": 6,
     "node": 6,
+    "ops": 6,
     "snapshot": 6,
     "demo": 7,
     "cli": 7,

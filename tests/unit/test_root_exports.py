@@ -12,6 +12,8 @@ SURFACE = {
     "open_node",
     "Node",
     "NodeSnapshot",
+    "OpsConfig",
+    "ReadinessReport",
     "StreamAnchor",
     "MpscAnchor",
     "MpscItem",
