@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 
+from .config import NodeConfig, PeerEntry
 from .errors import (
     AdmissionCancelled,
     AdmissionError,
@@ -102,6 +103,7 @@ from .mux.config import (
     MuxConfig,
 )
 from .node import Node, NodeSnapshot, open_node
+from .ops import OpsConfig, ReadinessReport
 from .security.certs import NodeCredentials, ensure_dev_cluster
 from .streaming.anchor import (
     MpscAnchor,
@@ -156,9 +158,12 @@ __all__ = [
     "MpscItem",
     "MuxConfig",
     "Node",
+    "NodeConfig",
     "NodeCredentials",
     "NodeSnapshot",
+    "OpsConfig",
     "PeerDiscovery",
+    "PeerEntry",
     "PeerGone",
     "PeerNotRegistered",
     "PeerRecord",
@@ -168,6 +173,7 @@ __all__ = [
     "ProtocolError",
     "ProtocolErrorCode",
     "ReadTimeout",
+    "ReadinessReport",
     "RefusalReason",
     "RemoteRefused",
     "RequestRefused",

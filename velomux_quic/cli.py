@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 
 from velomux_quic.demo import add_demo_commands
 from velomux_quic.security.cli import add_certs_commands
+from velomux_quic.service import add_node_commands
 
 __all__ = ["build_parser", "main"]
 
@@ -24,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     add_certs_commands(commands)
     add_demo_commands(commands)
+    add_node_commands(commands)
     return parser
 
 

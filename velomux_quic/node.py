@@ -31,11 +31,21 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
+from .config import NodeConfig
+from .errors import ConfigurationError, UsageError
 from .ids import InstanceId, StreamAnchorHandle, WorkerId
-from .messenger import Messenger, MessengerConfig, PeerDiscovery, PeerRecord, PeerRegistry
+from .messenger import (
+    DirectoryPeers,
+    Messenger,
+    MessengerConfig,
+    PeerDiscovery,
+    PeerRecord,
+    PeerRegistry,
+)
 from .messenger.registry import Dispatch, Handler
 from .mux.config import MuxConfig
 from .mux.transport import MuxTransport
+from .ops import OpsConfig, OpsServer, PeerReadiness
 from .security.certs import NodeCredentials
 from .streaming.anchor import MpscAnchor, StreamAnchor
 from .streaming.control import StreamOpenTicket
@@ -122,14 +132,17 @@ class Node:
         self.mux = mux
         self._name = name
         self._closed = False
+        self._ops: OpsServer | None = None
+        self._readiness: PeerReadiness | None = None
+        self._configured_peers = tuple(record.instance_id for record in messenger.peers)
 
     @classmethod
     async def start(
         cls,
-        credentials: NodeCredentials | str | Path,
+        credentials: NodeConfig | NodeCredentials | str | Path,
         *,
-        host: str = "127.0.0.1",
-        port: int = 0,
+        host: str | None = None,
+        port: int | None = None,
         transport: TransportConfig | None = None,
         messenger: MessengerConfig | None = None,
         streaming: StreamingConfig | None = None,
@@ -144,7 +157,16 @@ class Node:
         ``credentials`` is a :class:`NodeCredentials` or the directory holding
         ``node.pem``, ``node.key``, ``ca.pem`` and ``node.json`` (``velomux certs dev`` or
         :func:`~velomux_quic.ensure_dev_cluster` make one). The node listens on
-        ``host:port`` (port 0: any free port; read :attr:`address`).
+        ``host:port`` (default ``127.0.0.1``; port 0, the default: any free port; read
+        :attr:`address`).
+
+        Or it is a :class:`~velomux_quic.NodeConfig` (``NodeConfig.from_toml(path)``),
+        which then supplies the credentials, address, name, peers, peer directory and
+        every layer's config: passing one of those arguments as well is a
+        ConfigurationError (change the config with ``dataclasses.replace`` instead), so
+        no setting is silently ignored. ``registry``, and ``peers`` or ``discovery``
+        given here, still apply (given peers join the configured ones; a given
+        ``discovery`` replaces the configured directory).
 
         ``peers`` are the nodes it knows from the start: PeerRecords (another node's
         :attr:`record`) or an existing :class:`PeerRegistry` to share. ``discovery``
@@ -160,6 +182,32 @@ class Node:
         setting it cannot use (a mux-only node with the mux disabled, say); nothing
         is left running when it raises.
         """
+        if isinstance(credentials, NodeConfig):
+            config = credentials
+            given = {
+                "host": host,
+                "port": port,
+                "transport": transport,
+                "messenger": messenger,
+                "streaming": streaming,
+                "mux": mux,
+                "name": name or None,
+            }
+            both = sorted(key for key, value in given.items() if value is not None)
+            if both:
+                raise ConfigurationError(
+                    f"{', '.join(both)} given both in the NodeConfig and as arguments; "
+                    "set them in the NodeConfig (dataclasses.replace) and pass it alone"
+                )
+            credentials = config.credentials
+            host, port, name = config.host, config.port, config.name
+            transport, messenger = config.transport, config.messenger
+            streaming, mux = config.streaming, config.mux
+            peers = _with_configured_peers(peers, config.peer_records())
+            if discovery is None and config.peer_directory is not None:
+                discovery = DirectoryPeers(config.peer_directory)
+        host = "127.0.0.1" if host is None else host
+        port = 0 if port is None else port
         if not isinstance(credentials, NodeCredentials):
             credentials = NodeCredentials.load(credentials)
         if peers is not None and not isinstance(peers, PeerRegistry):
@@ -191,10 +239,10 @@ class Node:
     @classmethod
     def open(
         cls,
-        credentials: NodeCredentials | str | Path,
+        credentials: NodeConfig | NodeCredentials | str | Path,
         *,
-        host: str = "127.0.0.1",
-        port: int = 0,
+        host: str | None = None,
+        port: int | None = None,
         transport: TransportConfig | None = None,
         messenger: MessengerConfig | None = None,
         streaming: StreamingConfig | None = None,
@@ -472,6 +520,67 @@ class Node:
         """The node's metrics in the Prometheus text format (what a scrape would read)."""
         return generate_latest(self.registry).decode()
 
+    async def serve_ops(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        config: OpsConfig | None = None,
+        required_peers: Iterable[InstanceId] | None = None,
+    ) -> tuple[str, int]:
+        """Serve ``/metrics``, ``/healthz`` and ``/readyz`` over HTTP on ``host:port``.
+
+        Off until called; returns the bound address (port 0: any free port) and the
+        listener closes with the node. ``/readyz`` answers 200 when the endpoint is bound,
+        the discovery backend (one that reports ``connected``) is connected, and every
+        peer of ``required_peers`` is reachable; by default those are the peers the node
+        was started with (``peers=``), the statically configured ones. ``config`` bounds
+        the listener (request size, read timeout, connections; see
+        :class:`~velomux_quic.OpsConfig`). Raises
+        :class:`~velomux_quic.errors.ConfigurationError` when the address cannot be
+        bound, :class:`~velomux_quic.errors.UsageError` when already serving or closed.
+        """
+        if self._closed:
+            raise UsageError("the node is closed; start a new one to serve its endpoints")
+        if self._ops is not None:
+            raise UsageError(f"operations endpoints already served on {self._ops.address}")
+        config = config or OpsConfig()
+        discovery = self.messenger._discovery
+        transport = self.messenger.transport
+
+        def connected_peers() -> set[InstanceId]:
+            return {
+                c.peer
+                for c in transport.snapshot().connections
+                if c.outbound and c.peer is not None and c.state == "established"
+            }
+
+        def discovery_connected() -> bool:
+            return bool(getattr(discovery, "connected", True))
+
+        readiness = PeerReadiness(
+            required_peers=self._configured_peers if required_peers is None else required_peers,
+            health=self.messenger,
+            endpoint_bound=lambda: not self._closed and not transport._closing,
+            connected_peers=connected_peers,
+            discovery_connected=discovery_connected if discovery is not None else None,
+            config=config,
+        )
+        server = OpsServer(
+            self.registry,
+            readiness.evaluate,
+            config=config,
+            identity={"instance_id": str(self.instance_id), "name": self._name},
+        )
+        address = await server.start(host, port)
+        self._ops, self._readiness = server, readiness
+        return address
+
+    @property
+    def ops_address(self) -> tuple[str, int] | None:
+        """Where :meth:`serve_ops` listens, None when the node serves no endpoints."""
+        return self._ops.address if self._ops is not None else None
+
     # -- shutdown ------------------------------------------------------------------------
 
     async def drain(self, timeout: float) -> bool:
@@ -495,15 +604,19 @@ class Node:
         if self._closed:
             return
         self._closed = True
+        if self._ops is not None:
+            await self._ops.close()
+        if self._readiness is not None:
+            await self._readiness.close()
         await self.anchors.close()
         await self.messenger.close()
 
 
 def open_node(
-    credentials: NodeCredentials | str | Path,
+    credentials: NodeConfig | NodeCredentials | str | Path,
     *,
-    host: str = "127.0.0.1",
-    port: int = 0,
+    host: str | None = None,
+    port: int | None = None,
     transport: TransportConfig | None = None,
     messenger: MessengerConfig | None = None,
     streaming: StreamingConfig | None = None,
@@ -535,6 +648,21 @@ def open_node(
         discovery=discovery,
         name=name,
     )
+
+
+def _with_configured_peers(
+    peers: PeerRegistry | Iterable[PeerRecord] | None, configured: list[PeerRecord]
+) -> PeerRegistry | Iterable[PeerRecord] | None:
+    """The peers a NodeConfig names, added to those given as an argument."""
+    if not configured:
+        return peers
+    if peers is None:
+        return configured
+    if isinstance(peers, PeerRegistry):
+        for record in configured:
+            peers.add(record)
+        return peers
+    return [*peers, *configured]
 
 
 @contextlib.asynccontextmanager

@@ -27,10 +27,13 @@ LAYERS = {
     "messenger": 3,
     "streaming": 4,
     "mux": 5,
+    "config": 6,
     "node": 6,
+    "ops": 6,
     "snapshot": 6,
     "demo": 7,
     "cli": 7,
+    "service": 7,
     "__init__": 8,
 }
 """Each top-level module or subpackage and its height: a module imports only from layers

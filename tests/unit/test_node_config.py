@@ -1,0 +1,243 @@
+"""NodeConfig: TOML loading, environment overrides, errors that name file and key, the sample."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from velomux_quic import (
+    ConfigurationError,
+    Manual,
+    MessengerConfig,
+    MuxConfig,
+    NodeConfig,
+    NodeCredentials,
+    PeerEntry,
+    StreamingConfig,
+    TransportConfig,
+    open_node,
+)
+from velomux_quic.ids import new_instance_id
+from velomux_quic.mux.config import AutoFlush
+
+SAMPLE = Path(__file__).resolve().parents[2] / "examples" / "node.toml"
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "node.toml"
+    path.write_text(text)
+    return path
+
+
+def _error(path: Path, environ: dict[str, str] | None = None) -> str:
+    with pytest.raises(ConfigurationError) as caught:
+        NodeConfig.from_toml(path, environ=environ or {})
+    return str(caught.value)
+
+
+def test_the_sample_loads_to_the_defaults() -> None:
+    assert NodeConfig.from_toml(SAMPLE, environ={}) == NodeConfig()
+
+
+def _section(text: str, name: str) -> str:
+    match = re.search(rf"^\[{re.escape(name)}\][^\n]*\n(.*?)(?=^\[|\Z)", text, re.M | re.S)
+    assert match is not None, f"the sample has no [{name}] section"
+    return match.group(1)
+
+
+def _documents(section: str, key: str) -> bool:
+    return re.search(rf"^#? ?{re.escape(key)} =", section, re.M) is not None
+
+
+@pytest.mark.parametrize(
+    ("section", "config_class"),
+    [
+        ("transport", TransportConfig),
+        ("messenger", MessengerConfig),
+        ("streaming", StreamingConfig),
+        ("mux", MuxConfig),
+        ("mux.flush_policy", AutoFlush),
+    ],
+)
+def test_the_sample_documents_every_field_of_every_layer(
+    section: str, config_class: type[object]
+) -> None:
+    body = _section(SAMPLE.read_text(), section)
+    fields = [f.name for f in dataclasses.fields(config_class) if f.name != "flush_policy"]  # type: ignore[arg-type]
+    missing = [name for name in fields if not _documents(body, name)]
+    assert missing == []
+
+
+def test_the_sample_documents_every_node_key_and_a_peer() -> None:
+    text = SAMPLE.read_text()
+    node = _section(text, "node")
+    layers = {"transport", "messenger", "streaming", "mux", "peers"}
+    own = [f.name for f in dataclasses.fields(NodeConfig) if f.name not in layers]
+    assert [name for name in own if not _documents(node, name)] == []
+    assert "# [[peers]]" in text
+    for key in (f.name for f in dataclasses.fields(PeerEntry)):
+        assert _documents(node, key), key
+
+
+def test_keys_and_environment_overrides_are_applied(tmp_path: Path) -> None:
+    peer = new_instance_id()
+    path = _write(
+        tmp_path,
+        f"""
+[node]
+credentials = "creds"
+port = 7000
+name = "engine-0"
+
+[[peers]]
+instance_id = "{peer}"
+address = "10.0.0.2:7001"
+name = "frontend-0"
+
+[transport]
+lanes = 2
+idle_timeout = 20   # an integer is a number
+
+[mux]
+initial_credit = 64
+
+[mux.flush_policy]
+kind = "manual"
+""",
+    )
+    environ = {
+        "VELOMUX_TRANSPORT_LANES": "4",
+        "VELOMUX_NODE_PORT": "7100",
+        "VELOMUX_MUX_ENABLED": "false",
+        "VELOMUX_TRANSPORT_MAX_PARTIAL_FRAME_BYTES": "33554432",
+        "VELOMUX_STREAMING_ATTACH_TIMEOUT": "2.5",
+        "VELOMUX_NO_UVLOOP": "1",  # not a section's: left to whoever reads it
+    }
+    config = NodeConfig.from_toml(path, environ=environ)
+    assert (config.credentials, config.port, config.name) == ("creds", 7100, "engine-0")
+    assert config.transport.lanes == 4
+    assert config.transport.idle_timeout == 20.0
+    assert config.transport.max_partial_frame_bytes == 32 << 20
+    assert config.streaming.attach_timeout == 2.5
+    assert config.mux.initial_credit == 64 and config.mux.enabled is False
+    assert config.mux.flush_policy == Manual()
+    [record] = config.peer_records()
+    assert (record.instance_id, record.address, record.name) == (
+        peer,
+        ("10.0.0.2", 7001),
+        "frontend-0",
+    )
+
+
+def test_an_unknown_key_names_the_file_the_key_and_the_known_keys(tmp_path: Path) -> None:
+    path = _write(tmp_path, "[transport]\nlane = 2\n")
+    message = _error(path)
+    assert str(path) in message and "transport.lane" in message
+    assert "unknown key" in message and "lanes" in message
+
+
+def test_an_unknown_section_is_named(tmp_path: Path) -> None:
+    message = _error(_write(tmp_path, "[tranport]\nlanes = 2\n"))
+    assert "[tranport]" in message and "unknown section" in message
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "reason"),
+    [
+        ('[transport]\nlanes = "four"\n', "transport.lanes", "must be an integer"),
+        ("[transport]\nlanes = true\n", "transport.lanes", "boolean"),
+        ("[mux]\nenabled = 1\n", "mux.enabled", "true or false"),
+        ("[node]\nport = 70000\n", "node.port", "65535"),
+        ("[mux]\ninitial_credit = 0\n", "mux.initial_credit", "positive"),
+        ("[streaming]\nanchor_capacity = 0\n", "streaming.anchor_capacity", ">= 1"),
+        ("[transport]\nlanes = 17\n", "transport.lanes", "16"),
+        ('[mux.flush_policy]\nkind = "sometimes"\n', "mux.flush_policy.kind", "auto"),
+        (
+            "[mux.flush_policy]\non_admission = false\n",
+            "mux.flush_policy",
+            "max_linger",
+        ),
+        ('[[peers]]\naddress = "10.0.0.2:1"\n', "peers[0].instance_id", "missing"),
+        (
+            '[[peers]]\ninstance_id = "not-a-uuid"\naddress = "h:1"\n',
+            "peers[0]",
+            "UUID",
+        ),
+    ],
+)
+def test_a_bad_value_names_the_file_the_key_and_the_reason(
+    tmp_path: Path, text: str, key: str, reason: str
+) -> None:
+    path = _write(tmp_path, text)
+    message = _error(path)
+    assert str(path) in message
+    assert key in message
+    assert reason in message
+
+
+def test_a_bad_environment_value_names_the_variable(tmp_path: Path) -> None:
+    path = _write(tmp_path, "")
+    message = _error(path, {"VELOMUX_TRANSPORT_LANES": "many"})
+    assert "VELOMUX_TRANSPORT_LANES" in message and "integer" in message
+    message = _error(path, {"VELOMUX_TRANSPORT_LANES": "40"})
+    assert "VELOMUX_TRANSPORT_LANES" in message and "16" in message
+    message = _error(path, {"VELOMUX_TRANSPORT_LANE": "4"})
+    assert "VELOMUX_TRANSPORT_LANE:" in message and "no such key" in message
+    assert "lanes" in message
+
+
+def test_a_missing_or_broken_file_is_a_configuration_error(tmp_path: Path) -> None:
+    assert "no such configuration file" in _error(tmp_path / "absent.toml")
+    assert "not valid TOML" in _error(_write(tmp_path, "[transport\n"))
+
+
+def test_node_config_validates_when_built_in_code() -> None:
+    with pytest.raises(ConfigurationError, match="port"):
+        NodeConfig(port=-1)
+    with pytest.raises(ConfigurationError, match="peers\\[0\\]"):
+        NodeConfig(peers=(PeerEntry(str(new_instance_id()), "no-port"),))
+
+
+async def test_open_node_takes_a_node_config(
+    tmp_path: Path, make_credentials: Callable[..., NodeCredentials]
+) -> None:
+    directory = make_credentials("configured").save(tmp_path / "creds")
+    config = NodeConfig(
+        credentials=str(directory),
+        name="from-config",
+        transport=TransportConfig(lanes=3),
+        mux=MuxConfig(enabled=False),
+    )
+    async with open_node(config) as node:
+        assert node.record.name == "from-config"
+        assert node.record.lanes == 3
+        assert node.snapshot().mux is None
+        assert node.address[0] == "127.0.0.1"
+
+
+async def test_a_setting_given_twice_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match="port") as caught:
+        async with open_node(NodeConfig(credentials=str(tmp_path)), port=7000):
+            pass
+    assert "dataclasses.replace" in str(caught.value)
+
+
+async def test_configured_peers_and_peer_directory_are_used(
+    tmp_path: Path, make_credentials: Callable[..., NodeCredentials]
+) -> None:
+    directory = make_credentials("with-peers").save(tmp_path / "creds")
+    peer = new_instance_id()
+    config = NodeConfig(
+        credentials=str(directory),
+        peers=(PeerEntry(str(peer), "127.0.0.1:7999", "elsewhere"),),
+        peer_directory=str(tmp_path / "peers"),
+    )
+    async with open_node(config) as node:
+        known = {record.instance_id: record for record in node.snapshot().peers}
+        assert known[peer].address == ("127.0.0.1", 7999) and known[peer].name == "elsewhere"
+        assert (tmp_path / "peers" / f"{node.instance_id}.json").is_file()
+    assert not (tmp_path / "peers" / f"{node.instance_id}.json").exists()  # withdrawn on close
