@@ -279,7 +279,10 @@ def _envelope_contents(data: bytes) -> None:
 
 # -- streaming control messages and tickets ---------------------------------------------------
 
-CONTROL_MESSAGES: Final[tuple[type[ControlMessage], ...]] = (
+ControlDecoder = type[ControlMessage] | type[AnchorAttachResponse] | type[MpscAnchorAttachResponse]
+"""A message class, or a response family that decodes whichever of its variants arrived."""
+
+CONTROL_MESSAGES: Final[tuple[ControlDecoder, ...]] = (
     AnchorAttachRequest,
     MpscAnchorAttachRequest,
     AnchorAttachResponse,
@@ -294,7 +297,7 @@ CONTROL_MESSAGES: Final[tuple[type[ControlMessage], ...]] = (
 """Every control message class a peer's bytes are decoded as (the ticket has its own target)."""
 
 
-def _round_trips(cls: type[ControlMessage], message: ControlMessage) -> None:
+def _round_trips(cls: ControlDecoder, message: ControlMessage) -> None:
     again = cls.decode(message.encode())
     _require(again == message, f"{cls.__name__} does not survive a re-encode")
 

@@ -288,7 +288,7 @@ def test_an_extra_trailing_field_is_refused(message: Any, wire: bytes) -> None:
     extras: list[object] = [0, None, "x", []]
     for extra in extras:
         body: Any = [*full, extra]
-        if isinstance(message, AnchorAttachResponse | MpscAnchorAttachResponse):
+        if getattr(message, "TAG", ""):  # an answer: a tagged variant
             body = {message.TAG: body}
         with pytest.raises(ControlDecodeError, match="knows"):
             cls.decode(msgpack.packb(body))
@@ -538,7 +538,7 @@ def test_only_trailing_defaults_are_left_out(message: Any) -> None:
     fields = message.FIELDS
     values = [getattr(message, field.name) for field in fields]
     sent = msgpack.unpackb(message.encode())
-    if isinstance(message, AnchorAttachResponse | MpscAnchorAttachResponse):
+    if getattr(message, "TAG", ""):  # an answer: a tagged variant
         sent = sent[message.TAG]
     # Everything left out holds its default, and the last value sent is either
     # required or not its default: nothing more could have been left out.

@@ -62,7 +62,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Final, NamedTuple, Self
+from typing import Any, ClassVar, Final, NamedTuple, Self, cast
 
 import msgpack  # type: ignore[import-untyped]
 
@@ -336,24 +336,59 @@ class ControlMessage:
 
 
 class _Response(ControlMessage):
-    """An externally tagged enum: ``{"Ok": [...]}`` or ``{"Err": [...]}``.
+    """One variant of an externally tagged enum: ``{"Ok": [...]}`` or ``{"Err": [...]}``.
 
-    ``Family.decode`` returns whichever variant arrived; ``Variant.decode``
-    also refuses the other one, for a caller that can only use one.
+    ``Variant.decode`` reads only its own tag (the other one is refused, for a caller that
+    can only use one); a family (:class:`_ResponseFamily`) decodes whichever arrived.
     """
 
     __slots__ = ()
     TAG: ClassVar[str] = ""
-    _VARIANTS: ClassVar[Mapping[str, type[_Response]]] = {}
 
     def encode(self) -> bytes:
         packed: bytes = msgpack.packb({self.TAG: self._wire_fields()})
         return packed
 
     @classmethod
+    def decode(cls, data: bytes | memoryview) -> Self:
+        tag, fields = _tagged(data, cls.__name__)
+        if tag != cls.TAG:
+            raise ControlDecodeError(f"{cls.__name__}: expected {cls.TAG}, got {tag}")
+        return cls._from_fields(fields, cls.__name__)
+
+
+def _tagged(data: bytes | memoryview, what: str) -> tuple[str, object]:
+    """The (tag, fields) of a one-entry map whose tag is a known variant tag."""
+    outer = _unpack(data, what)
+    if type(outer) is not dict or len(outer) != 1:
+        raise ControlDecodeError(f"{what}: not a one-entry map {{variant: fields}}")
+    ((tag, fields),) = outer.items()
+    if type(tag) is not str or tag not in _RESPONSE_TAGS:
+        raise ControlDecodeError(f"{what}: unknown variant {str(tag)[:64]!r}")
+    return tag, fields
+
+
+_RESPONSE_TAGS: Final = frozenset({"Ok", "Err"})
+
+
+class _ResponseFamily:
+    """The answers to one request: a decoder over its variants, by tag (``_VARIANTS``).
+
+    The refusal (:class:`AnchorAttachErr`) is a variant of both attach families; each Ok
+    belongs to one. Membership is the table, not inheritance.
+    """
+
+    _VARIANTS: ClassVar[Mapping[str, type[_Response]]] = {}
+
+    @classmethod
+    def answers(cls, response: _Response) -> bool:
+        """Whether ``response`` is one of this family's variants."""
+        return type(response) in cls._VARIANTS.values()
+
+    @classmethod
     def encode_response(cls, response: _Response) -> bytes:
         """``response.encode()``, refusing a variant of the other family (``TypeError``)."""
-        if not isinstance(response, cls):
+        if not cls.answers(response):
             raise TypeError(f"{type(response).__name__} is not a {cls.__name__}")
         return response.encode()
 
@@ -368,19 +403,10 @@ class _Response(ControlMessage):
         return cls.encode_response(AnchorAttachErr(text))
 
     @classmethod
-    def decode(cls, data: bytes | memoryview) -> Self:
-        what = cls.__name__
-        outer = _unpack(data, what)
-        if type(outer) is not dict or len(outer) != 1:
-            raise ControlDecodeError(f"{what}: not a one-entry map {{variant: fields}}")
-        ((tag, fields),) = outer.items()
-        variant = cls._VARIANTS.get(tag) if type(tag) is str else None
-        if variant is None:
-            raise ControlDecodeError(f"{what}: unknown variant {str(tag)[:64]!r}")
-        message = variant._from_fields(fields, variant.__name__)
-        if not isinstance(message, cls):
-            raise ControlDecodeError(f"{what}: expected {cls.TAG or 'a response'}, got {tag}")
-        return message
+    def _decode_variant(cls, data: bytes | memoryview) -> _Response:
+        tag, fields = _tagged(data, cls.__name__)
+        variant = cls._VARIANTS[tag]
+        return variant._from_fields(fields, variant.__name__)
 
 
 # -- attach ------------------------------------------------------------------------
@@ -426,14 +452,8 @@ class MpscAnchorAttachRequest(_AttachRequest):
     """``_mpsc_anchor_attach``: the MPSC form, same fields; the answer adds a sender id."""
 
 
-class AnchorAttachResponse(_Response):
-    """The answer to ``_anchor_attach``: :class:`AnchorAttachOk` or :class:`AnchorAttachErr`."""
-
-    __slots__ = ()
-
-
 @dataclass(frozen=True, slots=True)
-class AnchorAttachOk(AnchorAttachResponse):
+class AnchorAttachOk(_Response):
     """The attach succeeded; the sender connects on ``streaming_transport_key``.
 
     Every field after the key was added later, so each defaults to what a
@@ -461,14 +481,8 @@ class AnchorAttachOk(AnchorAttachResponse):
     )
 
 
-class MpscAnchorAttachResponse(_Response):
-    """The answer to ``_mpsc_anchor_attach``: :class:`MpscAnchorAttachOk` or an Err."""
-
-    __slots__ = ()
-
-
 @dataclass(frozen=True, slots=True)
-class MpscAnchorAttachOk(MpscAnchorAttachResponse):
+class MpscAnchorAttachOk(_Response):
     """The MPSC attach succeeded; ``sender_id`` names this sender inside the anchor.
 
     ``sender_id`` is third on the wire, after the heartbeat: the MPSC answer
@@ -500,12 +514,13 @@ class MpscAnchorAttachOk(MpscAnchorAttachResponse):
 
 
 @dataclass(frozen=True, slots=True)
-class AnchorAttachErr(AnchorAttachResponse, MpscAnchorAttachResponse):
+class AnchorAttachErr(_Response):
     """The attach was refused; ``reason`` is for the sender's error and its logs.
 
     One class answers both attach kinds: the refusal is ``{"Err": [reason]}``
     either way, and a caller that attached either kind tests for it with one
-    ``isinstance``. :data:`MpscAnchorAttachErr` is the same class.
+    ``isinstance``; each family lists it among its variants. :data:`MpscAnchorAttachErr`
+    is the same class.
     """
 
     reason: str
@@ -515,8 +530,34 @@ class AnchorAttachErr(AnchorAttachResponse, MpscAnchorAttachResponse):
 
 
 MpscAnchorAttachErr = AnchorAttachErr
-AnchorAttachResponse._VARIANTS = {"Ok": AnchorAttachOk, "Err": AnchorAttachErr}
-MpscAnchorAttachResponse._VARIANTS = {"Ok": MpscAnchorAttachOk, "Err": AnchorAttachErr}
+
+
+class AnchorAttachResponse(_ResponseFamily):
+    """The answer to ``_anchor_attach``: :class:`AnchorAttachOk` or :class:`AnchorAttachErr`."""
+
+    _VARIANTS: ClassVar[Mapping[str, type[_Response]]] = {
+        "Ok": AnchorAttachOk,
+        "Err": AnchorAttachErr,
+    }
+
+    @classmethod
+    def decode(cls, data: bytes | memoryview) -> AnchorAttachOk | AnchorAttachErr:
+        """Whichever answer arrived; :class:`ControlDecodeError`, and only that, otherwise."""
+        return cast("AnchorAttachOk | AnchorAttachErr", cls._decode_variant(data))
+
+
+class MpscAnchorAttachResponse(_ResponseFamily):
+    """The answer to ``_mpsc_anchor_attach``: :class:`MpscAnchorAttachOk` or the Err."""
+
+    _VARIANTS: ClassVar[Mapping[str, type[_Response]]] = {
+        "Ok": MpscAnchorAttachOk,
+        "Err": AnchorAttachErr,
+    }
+
+    @classmethod
+    def decode(cls, data: bytes | memoryview) -> MpscAnchorAttachOk | AnchorAttachErr:
+        """Whichever answer arrived; :class:`ControlDecodeError`, and only that, otherwise."""
+        return cast("MpscAnchorAttachOk | AnchorAttachErr", cls._decode_variant(data))
 
 
 # -- zero-RTT ticket ----------------------------------------------------------------
