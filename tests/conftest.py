@@ -103,6 +103,10 @@ class Recorder(TransportHandler):
         self.disconnected.append((peer, outbound))
         self._changed.set()
 
+    def changed(self) -> None:
+        """Wake :meth:`wait_until`: a subclass that records more calls this after each."""
+        self._changed.set()
+
     def count(self, peer: InstanceId | None = None) -> int:
         return sum(len(v) for (p, _), v in self.frames.items() if peer is None or p == peer)
 

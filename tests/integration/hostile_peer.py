@@ -28,8 +28,9 @@ from velomux_quic.security.tls import ALPN_PROTOCOL, make_quic_configuration
 class HostileServerProtocol(QuicConnectionProtocol):
     """One connection the victim dialed to the hostile server."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, quic: QuicConnection, *args: Any, **kwargs: Any) -> None:
+        super().__init__(quic, *args, **kwargs)
+        self.connection = quic  # aioquic's protocol keeps it as a private attribute
         self.handshake_done = asyncio.Event()
 
     def quic_event_received(self, event: QuicEvent) -> None:
@@ -38,13 +39,13 @@ class HostileServerProtocol(QuicConnectionProtocol):
 
     def open_request(self, data: bytes, *, end_stream: bool = False) -> int:
         """Open a request stream toward the dialer (server-initiated bidirectional)."""
-        stream_id = self._quic.get_next_available_stream_id(is_unidirectional=False)
-        self._quic.send_stream_data(stream_id, data, end_stream=end_stream)
+        stream_id = self.connection.get_next_available_stream_id(is_unidirectional=False)
+        self.connection.send_stream_data(stream_id, data, end_stream=end_stream)
         self.transmit()
         return stream_id
 
     def reset(self, stream_id: int, code: int = 0x99) -> None:
-        self._quic.reset_stream(stream_id, code)
+        self.connection.reset_stream(stream_id, code)
         self.transmit()
 
 
@@ -73,13 +74,17 @@ class HostileServer:
 class HostileClientProtocol(QuicConnectionProtocol):
     """A connection the hostile peer dialed to the victim: it writes raw stream bytes."""
 
+    def __init__(self, quic: QuicConnection, *args: Any, **kwargs: Any) -> None:
+        super().__init__(quic, *args, **kwargs)
+        self.connection = quic  # aioquic's protocol keeps it as a private attribute
+
     def quic_event_received(self, event: QuicEvent) -> None:
         """Whatever the victim says is ignored."""
 
     def write(self, stream_id: int, data: bytes, *, end_stream: bool = False) -> None:
         """Raw bytes on a stream of ours (lane k is stream 4k + 2; the per-stream path's
         streams start at 66), no framing but what the test wrote."""
-        self._quic.send_stream_data(stream_id, data, end_stream=end_stream)
+        self.connection.send_stream_data(stream_id, data, end_stream=end_stream)
         self.transmit()
 
 

@@ -325,7 +325,7 @@ class StreamRecorder(Recorder):
 
     def _note(self, link: PeerLink, event: StreamData | StreamReset | StreamStopped | None) -> None:
         self.events.append((link, event))
-        self._changed.set()
+        self.changed()
 
     def stream_received(self, link: PeerLink, event: StreamData) -> bool:
         self._note(link, event)

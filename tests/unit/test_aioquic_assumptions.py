@@ -26,7 +26,7 @@ from aioquic.quic.packet_builder import QuicPacketBuilder
 from aioquic.quic.recovery import QuicPacketSpace
 from aioquic.quic.stream import QuicStream, QuicStreamSender
 
-from tests.unit.test_engine import SERVER, Clock, _drain, _exchange
+from tests.unit.engine_pair import SERVER, Clock, drain, exchange
 from velomux_quic.security.certs import NodeCredentials
 from velomux_quic.security.tls import make_quic_configuration
 
@@ -61,9 +61,9 @@ def _plain_pair(
         original_destination_connection_id=client.original_destination_connection_id,
     )
     client.connect(SERVER, now=Clock.now)
-    _exchange(client, server)
-    _drain(client)
-    _drain(server)
+    exchange(client, server)
+    drain(client)
+    drain(server)
     return client, server
 
 
@@ -178,7 +178,7 @@ def test_the_sender_buffer_offsets_track_written_sent_and_acknowledged_bytes(
     stream = client._streams[STREAM]
     assert stream.sender._buffer_stop == 1000 and stream.sender.highest_offset == 0
     assert stream.max_stream_data_remote == 64 * 1024
-    _exchange(client, server)
+    exchange(client, server)
     assert stream.sender.highest_offset == 1000  # transmitted
     assert stream.sender._buffer_start == 1000  # acknowledged
     client.send_stream_data(STREAM, b"", end_stream=True)
@@ -200,7 +200,7 @@ def test_the_receive_window_fields_the_managed_window_sets(
     """``_write_stream_limits`` of a managed window writes these two."""
     client, server = _plain_pair(make_credentials)
     client.send_stream_data(STREAM, bytes(10))
-    _exchange(client, server)
+    exchange(client, server)
     stream = server._streams[STREAM]
     assert stream.stream_id == STREAM
     assert stream.max_stream_data_local == 64 * 1024
@@ -272,11 +272,11 @@ def test_frame_handlers_are_looked_up_on_the_instance(
         original_destination_connection_id=client.original_destination_connection_id,
     )
     client.connect(SERVER, now=Clock.now)
-    _exchange(client, server)
+    exchange(client, server)
     client.send_stream_data(STREAM, bytes(3 * 4096))  # past the window: aioquic raises it
-    _exchange(client, server)
-    _drain(server)
-    _exchange(client, server)
+    exchange(client, server)
+    drain(server)
+    exchange(client, server)
     assert Probe.seen >= 1
 
 

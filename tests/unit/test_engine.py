@@ -12,82 +12,16 @@ from collections.abc import Callable
 import pytest
 from aioquic import tls
 from aioquic.quic import events
-from aioquic.quic.connection import QuicConnection
 
+from tests.unit.engine_pair import CLIENT, WINDOW, Clock, drain, engine_pair, exchange
 from velomux_quic.security.certs import NodeCredentials
-from velomux_quic.security.tls import make_quic_configuration
-from velomux_quic.security.verify import PeerVerifier
-from velomux_quic.transport.engine import EngineConnection
-
-CLIENT = ("127.0.0.1", 1111)
-SERVER = ("127.0.0.1", 2222)
-WINDOW = 64 * 1024
-
-
-def _pair(
-    make_credentials: Callable[..., NodeCredentials], *, max_streams: int = 4096
-) -> tuple[EngineConnection, EngineConnection, NodeCredentials, NodeCredentials]:
-    client_creds, server_creds = make_credentials("client"), make_credentials("server")
-    settings = {
-        "max_datagram_size": 1452,
-        "idle_timeout": 15.0,
-        "max_stream_data": WINDOW,
-        "max_data": 64 * 1024 * 1024,
-    }
-    client = EngineConnection(
-        configuration=make_quic_configuration(client_creds, is_client=True, **settings),
-        verifier=PeerVerifier(client_creds.trust_roots, client_creds.trust_domain),
-        peer_role="server",
-        expected_peer=server_creds.instance_id,
-        max_concurrent_streams=max_streams,
-    )
-    server = EngineConnection(
-        configuration=make_quic_configuration(server_creds, is_client=False, **settings),
-        original_destination_connection_id=client.original_destination_connection_id,
-        verifier=PeerVerifier(server_creds.trust_roots, server_creds.trust_domain),
-        peer_role="client",
-        expected_peer=None,
-        max_concurrent_streams=max_streams,
-    )
-    client.connect(SERVER, now=Clock.now)
-    return client, server, client_creds, server_creds
-
-
-class Clock:
-    """Explicit time for the sans-IO exchange (aioquic paces packets by it)."""
-
-    now = 0.0
-
-
-def _exchange(client: QuicConnection, server: QuicConnection) -> None:
-    quiet = 0
-    for _ in range(100_000):
-        moved = False
-        for data, _ in client.datagrams_to_send(now=Clock.now):
-            server.receive_datagram(data, CLIENT, now=Clock.now)
-            moved = True
-        for data, _ in server.datagrams_to_send(now=Clock.now):
-            client.receive_datagram(data, SERVER, now=Clock.now)
-            moved = True
-        quiet = 0 if moved else quiet + 1
-        if quiet > 20:  # nothing moved for 20 ms of pacing time
-            return
-        Clock.now += 0.001
-    raise AssertionError("the connections never went quiet")
-
-
-def _drain(connection: QuicConnection) -> list[events.QuicEvent]:
-    out = []
-    while (event := connection.next_event()) is not None:
-        out.append(event)
-    return out
 
 
 def test_both_sides_learn_the_verified_peer_and_the_client_waits_for_confirmation(
     make_credentials: Callable[..., NodeCredentials],
 ) -> None:
-    client, server, client_creds, server_creds = _pair(make_credentials)
-    _exchange(client, server)
+    client, server, client_creds, server_creds = engine_pair(make_credentials)
+    exchange(client, server)
     assert server.verified_peer == client_creds.instance_id
     assert client.verified_peer == server_creds.instance_id
     assert client.handshake_confirmed
@@ -96,39 +30,39 @@ def test_both_sides_learn_the_verified_peer_and_the_client_waits_for_confirmatio
 def test_more_than_128_concurrent_peer_streams_are_accepted(
     make_credentials: Callable[..., NodeCredentials],
 ) -> None:
-    client, server, _, _ = _pair(make_credentials, max_streams=2048)
-    _exchange(client, server)
-    _drain(server)
+    client, server, _, _ = engine_pair(make_credentials, max_streams=2048)
+    exchange(client, server)
+    drain(server)
     streams = 1500
     for _ in range(streams):
         stream_id = client.get_next_available_stream_id(is_unidirectional=True)
         client.send_stream_data(stream_id, b"open")  # open, never finished
-    _exchange(client, server)
-    seen = {e.stream_id for e in _drain(server) if isinstance(e, events.StreamDataReceived)}
+    exchange(client, server)
+    seen = {e.stream_id for e in drain(server) if isinstance(e, events.StreamDataReceived)}
     assert len(seen) == streams
 
 
 def test_a_managed_window_holds_the_sender_until_the_receiver_consumes(
     make_credentials: Callable[..., NodeCredentials],
 ) -> None:
-    client, server, _, _ = _pair(make_credentials)
-    _exchange(client, server)
+    client, server, _, _ = engine_pair(make_credentials)
+    exchange(client, server)
     consumed = 0
     received = 0
     stream_id = 2
     server.manage_receive_window(stream_id, lambda: consumed, WINDOW)
     client.open_send_stream(stream_id)
     client.send_stream_data(stream_id, bytes(4 * WINDOW))
-    _exchange(client, server)
-    for event in _drain(server):
+    exchange(client, server)
+    for event in drain(server):
         if isinstance(event, events.StreamDataReceived):
             received += len(event.data)
     assert received == WINDOW, "the sender went past the window nobody consumed"
     assert client.stream_room(stream_id, 0) < 0
 
     consumed = received  # the application took everything
-    _exchange(client, server)
-    for event in _drain(server):
+    exchange(client, server)
+    for event in drain(server):
         if isinstance(event, events.StreamDataReceived):
             received += len(event.data)
     assert received == 2 * WINDOW
@@ -137,13 +71,13 @@ def test_a_managed_window_holds_the_sender_until_the_receiver_consumes(
 def test_opening_a_higher_lane_first_keeps_lower_lanes_usable(
     make_credentials: Callable[..., NodeCredentials],
 ) -> None:
-    client, server, _, _ = _pair(make_credentials)
-    _exchange(client, server)
+    client, server, _, _ = engine_pair(make_credentials)
+    exchange(client, server)
     client.open_send_stream(4 * 5 + 2)
     for lane in range(6):
         client.send_stream_data(4 * lane + 2, b"lane %d" % lane)
-    _exchange(client, server)
-    got = {e.stream_id: e.data for e in _drain(server) if isinstance(e, events.StreamDataReceived)}
+    exchange(client, server)
+    got = {e.stream_id: e.data for e in drain(server) if isinstance(e, events.StreamDataReceived)}
     assert got == {4 * lane + 2: b"lane %d" % lane for lane in range(6)}
 
 
@@ -152,10 +86,10 @@ def test_an_ack_is_due_once_the_delayed_ack_deadline_passes(
 ) -> None:
     """The receive path transmits at once only when aioquic owes an ACK now; the deadline
     is aioquic's delayed-ACK timer, so data just received owes none until it passes."""
-    client, server, _, _ = _pair(make_credentials)
+    client, server, _, _ = engine_pair(make_credentials)
     assert server.ack_due(Clock.now)  # before the handshake: answer every datagram
-    _exchange(client, server)
-    _drain(server)
+    exchange(client, server)
+    drain(server)
     assert not server.ack_due(Clock.now)  # everything acknowledged
     stream_id = client.get_next_available_stream_id(is_unidirectional=True)
     client.send_stream_data(stream_id, b"token")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tests.unit.test_engine import WINDOW, _drain, _exchange, _pair
+from tests.unit.engine_pair import WINDOW, drain, engine_pair, exchange
 from velomux_quic.security.certs import NodeCredentials
 from velomux_quic.transport.admission import (
     ADMITTED,
@@ -172,43 +172,43 @@ STREAM = 66  # the first per-stream stream id
 def test_the_backlog_counts_written_bytes_until_they_are_transmitted(
     make_credentials: Callable[..., NodeCredentials],
 ) -> None:
-    client, server, _, _ = _pair(make_credentials)
-    _exchange(client, server)
+    client, server, _, _ = engine_pair(make_credentials)
+    exchange(client, server)
     client.open_send_stream(STREAM)
     client.track_send_backlog(STREAM)
     client.send_stream_data(STREAM, bytes(10_000))
     assert client.send_backlog == 10_000 and client.stream_unsent(STREAM) == 10_000
-    _exchange(client, server)
+    exchange(client, server)
     assert client.send_backlog == 0 and client.stream_unsent(STREAM) == 0
     client.send_stream_data(STREAM, b"", end_stream=True)
-    _exchange(client, server)
+    exchange(client, server)
     assert not client.tracks_send_backlog(STREAM)  # sent through: no longer tracked
 
 
 def test_bytes_beyond_the_peer_window_count_for_the_stream_not_the_connection(
     make_credentials: Callable[..., NodeCredentials],
 ) -> None:
-    client, server, _, _ = _pair(make_credentials)
-    _exchange(client, server)
+    client, server, _, _ = engine_pair(make_credentials)
+    exchange(client, server)
     consumed = 0
     server.manage_receive_window(STREAM, lambda: consumed, WINDOW)
     client.open_send_stream(STREAM)
     client.track_send_backlog(STREAM)
     client.send_stream_data(STREAM, bytes(3 * WINDOW))
     assert client.send_backlog == WINDOW  # the rest waits for the reader, not the network
-    _exchange(client, server)
+    exchange(client, server)
     assert client.send_backlog == 0 and client.stream_unsent(STREAM) == 2 * WINDOW
-    received = sum(len(e.data) for e in _drain(server) if hasattr(e, "data"))
+    received = sum(len(e.data) for e in drain(server) if hasattr(e, "data"))
     consumed = received  # the reader took it: MAX_STREAM_DATA makes more transmittable
-    _exchange(client, server)
+    exchange(client, server)
     assert client.send_backlog == 0 and client.stream_unsent(STREAM) == WINDOW
 
 
 def test_a_reset_or_a_stop_sending_takes_the_stream_out_of_the_backlog(
     make_credentials: Callable[..., NodeCredentials],
 ) -> None:
-    client, server, _, _ = _pair(make_credentials)
-    _exchange(client, server)
+    client, server, _, _ = engine_pair(make_credentials)
+    exchange(client, server)
     client.open_send_stream(STREAM)
     client.track_send_backlog(STREAM)
     client.send_stream_data(STREAM, bytes(5_000))
@@ -221,10 +221,10 @@ def test_a_reset_or_a_stop_sending_takes_the_stream_out_of_the_backlog(
     client.open_send_stream(other)
     client.track_send_backlog(other)
     client.send_stream_data(other, bytes(WINDOW // 2))
-    _exchange(client, server)
-    _drain(server)
+    exchange(client, server)
+    drain(server)
     server.stop_stream(other, 0x101)  # the reader gives up on it
     client.send_stream_data(other, bytes(WINDOW // 4))
     assert client.send_backlog == WINDOW // 4
-    _exchange(client, server)
+    exchange(client, server)
     assert client.send_backlog == 0 and not client.tracks_send_backlog(other)
