@@ -545,7 +545,7 @@ class Node:
         if self._ops is not None:
             raise UsageError(f"operations endpoints already served on {self._ops.address}")
         config = config or OpsConfig()
-        discovery = self.messenger._discovery
+        discovery = self.messenger.discovery
         transport = self.messenger.transport
 
         def connected_peers() -> set[InstanceId]:
@@ -561,7 +561,7 @@ class Node:
         readiness = PeerReadiness(
             required_peers=self._configured_peers if required_peers is None else required_peers,
             health=self.messenger,
-            endpoint_bound=lambda: not self._closed and not transport._closing,
+            endpoint_bound=lambda: not self._closed and not transport.closing,
             connected_peers=connected_peers,
             discovery_connected=discovery_connected if discovery is not None else None,
             config=config,

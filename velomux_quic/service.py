@@ -32,7 +32,13 @@ from typing import Any
 from prometheus_client import Counter, Gauge
 
 from .config import NodeConfig
-from .errors import ConfigurationError, StreamError, TicketError, VelomuxError
+from .errors import (
+    ConfigurationError,
+    StreamCancelled,
+    StreamError,
+    TicketError,
+    VelomuxError,
+)
 from .messenger.registry import Context
 from .node import Node
 from .runtime import run
@@ -81,9 +87,6 @@ class _Sink:
     def __init__(self, node: Node) -> None:
         self.node = node
         self.tasks: set[asyncio.Task[None]] = set()
-        self.cutting = False
-        """Set once the drain window is over: a stream that ends from here on was cut by
-        the node's close (which finishes its anchors), not finished by its producer."""
         self.records = Counter(
             "velomux_sink_records",
             "Records the sink of `velomux node` received",
@@ -124,11 +127,10 @@ class _Sink:
             async for _item in anchor:
                 records += 1
                 self.records.inc()
+        except StreamCancelled:
+            outcome = "cut_by_shutdown"  # still open when this node closed
         except StreamError as error:
             outcome = type(error).__name__
-        else:
-            if self.cutting:
-                outcome = "cut_by_shutdown"
         self.streams.labels(outcome=outcome).inc()
         _emit("stream_end", peer=peer, records=records, outcome=outcome)
 
@@ -186,7 +188,6 @@ async def serve(config: NodeConfig, drain_timeout: float, ops: str = "127.0.0.1:
         if sink.tasks:
             _done, pending = await asyncio.wait(set(sink.tasks), timeout=drain_timeout)
             drained = drained and not pending
-        sink.cutting = True
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)

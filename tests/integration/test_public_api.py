@@ -22,6 +22,7 @@ from velomux_quic import (
     NodeSnapshot,
     PeerRegistry,
     StreamAnchorHandle,
+    StreamCancelled,
     StreamOpenTicket,
     TicketError,
     UnknownHandler,
@@ -213,3 +214,17 @@ async def test_snapshot_reports_the_node_and_each_of_its_layers(
         await sender.finalize()
         assert [item async for item in anchor] == []
         assert a.snapshot().streaming.senders == ()
+
+
+async def test_a_node_that_closes_ends_its_open_anchors_as_cancelled_not_complete(
+    make_credentials: MakeCredentials,
+) -> None:
+    async with open_node(make_credentials("b")) as b:
+        anchor = b.create_anchor()
+        async with open_node(make_credentials("a"), peers=[b.record]) as a:
+            sender = await a.attach_anchor(anchor.handle)
+            await sender.send("before")
+            assert await anchor.next(timeout=20) == "before"
+            await b.close()  # the consumer's own node goes first: the stream is cut
+        with pytest.raises(StreamCancelled):
+            await anchor.next(timeout=20)

@@ -244,6 +244,11 @@ class Messenger(TransportHandler):
             updated_at=time.time(),
         )
 
+    @property
+    def discovery(self) -> PeerDiscovery | None:
+        """The discovery backend the node was started with (None: static peers only)."""
+        return self._discovery
+
     def add_peer(self, instance_id: InstanceId, address: tuple[str, int], name: str = "") -> None:
         """Learn where a peer listens (its identity is still proven by its certificate)."""
         self.peers.add(

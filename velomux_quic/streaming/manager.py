@@ -676,11 +676,14 @@ class AnchorManager:
 
     async def close(self) -> None:
         """End this node's streams on the wire (open ones with the shutdown terminal,
-        finalized ones flushed: see ``AnchorProducer.close``), finish every anchor, close
-        the transports; idempotent."""
+        finalized ones flushed: see ``AnchorProducer.close``), end every anchor still open
+        as cancelled (its reader takes what is buffered, then StreamCancelled: a stream cut
+        by its own node's shutdown must not read as complete), close the transports;
+        idempotent."""
         self._closed = True
         await self._producer.close()
-        for local_id in list(self._anchors):
+        for local_id, entry in list(self._anchors.items()):
+            entry.cancelled = True
             self.finish_anchor(local_id)
         tasks = list(self._background)
         for task in tasks:

@@ -613,6 +613,11 @@ class QuicTransport(asyncio.DatagramProtocol):
             self.registry.unregister(self._collector)
 
     @property
+    def closing(self) -> bool:
+        """True from the moment :meth:`close` began: the transport takes nothing new."""
+        return self._closing
+
+    @property
     def closed(self) -> bool:
         """True once :meth:`close` finished: every connection and the socket are closed."""
         return self._closing and self._udp_closed.done()
