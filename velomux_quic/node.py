@@ -47,6 +47,7 @@ from .mux.config import MuxConfig
 from .mux.transport import MuxTransport
 from .ops import OpsConfig, OpsServer, PeerReadiness
 from .security.certs import NodeCredentials
+from .security.rotation import CertificateSummary
 from .streaming.anchor import MpscAnchor, StreamAnchor
 from .streaming.control import StreamOpenTicket
 from .streaming.manager import AnchorManager, StreamingConfig
@@ -125,8 +126,13 @@ class Node:
         mux: MuxTransport | None,
         *,
         name: str = "",
+        credentials_dir: Path | None = None,
     ) -> None:
-        """Assemble a node from running layers; applications use :meth:`start` instead."""
+        """Assemble a node from running layers; applications use :meth:`start` instead.
+
+        ``credentials_dir`` is the directory the credentials came from, which
+        :meth:`reload_credentials` reads again when given no other source.
+        """
         self.messenger = messenger
         self.anchors = anchors
         self.mux = mux
@@ -135,6 +141,7 @@ class Node:
         self._ops: OpsServer | None = None
         self._readiness: PeerReadiness | None = None
         self._configured_peers = tuple(record.instance_id for record in messenger.peers)
+        self._credentials_dir = credentials_dir
 
     @classmethod
     async def start(
@@ -208,8 +215,10 @@ class Node:
                 discovery = DirectoryPeers(config.peer_directory)
         host = "127.0.0.1" if host is None else host
         port = 0 if port is None else port
+        credentials_dir = None
         if not isinstance(credentials, NodeCredentials):
-            credentials = NodeCredentials.load(credentials)
+            credentials_dir = Path(credentials)
+            credentials = NodeCredentials.load(credentials_dir)
         if peers is not None and not isinstance(peers, PeerRegistry):
             peers = PeerRegistry(peers)
         name = name or credentials.name
@@ -234,7 +243,9 @@ class Node:
         except BaseException:
             await node_messenger.close()
             raise
-        return cls(node_messenger, anchors, mux_transport, name=name)
+        return cls(
+            node_messenger, anchors, mux_transport, name=name, credentials_dir=credentials_dir
+        )
 
     @classmethod
     def open(
@@ -496,6 +507,37 @@ class Node:
         ``MessengerClosed`` (this node is closing).
         """
         return await self.messenger.unary(peer, name, payload, timeout=timeout)
+
+    # -- credentials ---------------------------------------------------------------------
+
+    def reload_credentials(
+        self, source: NodeCredentials | str | Path | None = None
+    ) -> CertificateSummary:
+        """Take a renewed certificate, key or trust roots without a restart.
+
+        ``source`` is a :class:`NodeCredentials` or a credentials directory; None reads
+        the directory the node was started from again. New connections, dialed and
+        accepted, use the new set; connections already open keep theirs until they end,
+        so streams in flight are not disturbed. Returns the new certificate's summary
+        (serial, fingerprint, not-after), which ``snapshot().transport.certificate``
+        reports from then on.
+
+        Raises :class:`~velomux_quic.errors.CredentialsError`, and the node keeps the
+        credentials it had, when a file is missing or unreadable, the key does not match
+        the certificate, the InstanceId or trust domain differs from the running node's
+        (restart for that), the certificate is expired or not yet valid, or it does not
+        chain to one of the new trust roots.
+        """
+        if self._closed:
+            raise UsageError("the node is closed; there is nothing to reload")
+        if source is None:
+            if self._credentials_dir is None:
+                raise UsageError(
+                    "this node was started from NodeCredentials, not a directory: pass the "
+                    "new NodeCredentials or a credentials directory to reload_credentials"
+                )
+            source = self._credentials_dir
+        return self.messenger.transport.reload_credentials(source)
 
     # -- introspection -------------------------------------------------------------------
 

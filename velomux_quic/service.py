@@ -15,7 +15,10 @@ its streams (the sink's inbound ones and any it produces) get ``drain_timeout`` 
 to finish, then the node closes (what is still open ends with the chapter's shutdown
 terminal; a sink stream cut this way is counted as ``cut_by_shutdown``) and the process
 exits 0. A bad
-configuration exits 2 with one line saying what is wrong and where.
+configuration exits 2 with one line saying what is wrong and where. SIGHUP reads the
+configured credentials directory again (a renewed certificate, new trust roots) for new
+connections, printing ``credentials_reloaded`` or ``credentials_reload_failed``; a bad
+set leaves the running credentials in place and the node running.
 """
 
 from __future__ import annotations
@@ -135,6 +138,21 @@ class _Sink:
         _emit("stream_end", peer=peer, records=records, outcome=outcome)
 
 
+def _reload_credentials(node: Node) -> None:
+    """SIGHUP: read the configured credentials directory again; a bad set changes nothing."""
+    try:
+        summary = node.reload_credentials()
+    except VelomuxError as error:
+        _emit("credentials_reload_failed", reason=str(error))
+        return
+    _emit(
+        "credentials_reloaded",
+        serial=summary.serial,
+        not_after=summary.not_after.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        fingerprint=summary.fingerprint,
+    )
+
+
 async def serve(config: NodeConfig, drain_timeout: float, ops: str = "127.0.0.1:0") -> int:
     """Run the node until SIGTERM or SIGINT; returns the exit status.
 
@@ -166,6 +184,7 @@ async def serve(config: NodeConfig, drain_timeout: float, ops: str = "127.0.0.1:
             stop.set()
 
         loop.add_signal_handler(signum, on_signal)
+    loop.add_signal_handler(signal.SIGHUP, _reload_credentials, node)
     try:
         sink = _Sink(node)
         node.register_handler(SINK_HANDLER, sink.handle, dispatch="inline")
@@ -189,7 +208,7 @@ async def serve(config: NodeConfig, drain_timeout: float, ops: str = "127.0.0.1:
             _done, pending = await asyncio.wait(set(sink.tasks), timeout=drain_timeout)
             drained = drained and not pending
     finally:
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(signum)
         await node.close()
     if sink.tasks:

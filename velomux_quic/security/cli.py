@@ -18,8 +18,15 @@ from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
+from cryptography import x509
+
 from velomux_quic.ids import InstanceId, new_instance_id
-from velomux_quic.security._files import CredentialsError
+from velomux_quic.security._files import (
+    CredentialsError,
+    certificates_pem,
+    read_certificates,
+    write_public,
+)
 from velomux_quic.security.certs import (
     CA_CERT_FILE,
     CA_KEY_FILE,
@@ -36,6 +43,7 @@ from velomux_quic.security.certs import (
     recorded_instance_id,
 )
 from velomux_quic.security.identity import DEFAULT_TRUST_DOMAIN, validate_trust_domain
+from velomux_quic.security.rotation import summarize_certificate
 
 __all__ = ["add_certs_commands"]
 
@@ -162,6 +170,87 @@ def _issue(args: argparse.Namespace) -> int:
     return 0
 
 
+def _same_identity_sans(creds: NodeCredentials) -> tuple[list[str], list[AnyIPAddress]]:
+    """The DNS names and IP addresses of a node's current certificate, to issue them again."""
+    try:
+        san = creds.certificate.extensions.get_extension_for_class(
+            x509.SubjectAlternativeName
+        ).value
+    except x509.ExtensionNotFound:
+        return [], []
+    ips = [
+        ip
+        for ip in san.get_values_for_type(x509.IPAddress)
+        if isinstance(ip, ipaddress.IPv4Address | ipaddress.IPv6Address)
+    ]
+    return san.get_values_for_type(x509.DNSName), ips
+
+
+@_reporting("renew")
+def _renew(args: argparse.Namespace) -> int:
+    node_dir = Path(args.node_dir)
+    current = NodeCredentials.load(node_dir)
+    ca = CertificateAuthority.load(args.ca)
+    if ca.trust_domain != current.trust_domain:
+        raise _Refused(
+            f"the CA in {args.ca} signs for trust domain {ca.trust_domain!r}, but the node in "
+            f"{node_dir} belongs to {current.trust_domain!r}; use that cluster's CA"
+        )
+    dns_names, ip_addresses = _same_identity_sans(current)
+    renewed = issue_node_certificate(
+        ca,
+        current.instance_id,
+        name=current.name,
+        dns_names=dns_names,
+        ip_addresses=ip_addresses,
+        valid_for=_days(args.days),
+        private_key=current.private_key if args.keep_key else None,
+    )
+    roots = list(current.trust_roots)
+    if ca.certificate not in roots:
+        # A node must trust its own issuer, or a reload refuses the renewed certificate.
+        roots.append(ca.certificate)
+        print(f"added the signing CA to the trust roots in {node_dir / TRUST_ROOTS_FILE}")
+    renewed = dataclasses.replace(renewed, trust_roots=roots)
+    renewed.save(node_dir, overwrite=True)
+    print(f"renewed {node_dir / NODE_CERT_FILE} for {renewed.spiffe_id}")
+    print(f"key {'kept' if args.keep_key else 'replaced'}: {node_dir / NODE_KEY_FILE}")
+    print(
+        f"serial {renewed.certificate.serial_number:x}, valid until "
+        f"{renewed.certificate.not_valid_after_utc:%Y-%m-%d %H:%M:%SZ}"
+    )
+    print("a running node takes it on SIGHUP (velomux node) or node.reload_credentials()")
+    return 0
+
+
+@_reporting("trust")
+def _trust(args: argparse.Namespace) -> int:
+    node_dir = Path(args.node_dir)
+    path = node_dir / TRUST_ROOTS_FILE
+    roots = read_certificates(path)
+    leaf = read_certificates(node_dir / NODE_CERT_FILE)[0]
+    for certificate in load_trust_roots(args.add):
+        if certificate not in roots:
+            roots.append(certificate)
+    removed = load_trust_roots(args.remove)
+    roots = [root for root in roots if root not in removed]
+    if not roots:
+        raise _Refused(f"that would leave {path} with no trust roots; keep at least one CA")
+    if not args.force and not any(root.subject == leaf.issuer for root in roots):
+        raise _Refused(
+            f"no remaining CA is named like the issuer of {node_dir / NODE_CERT_FILE} "
+            f"('{leaf.issuer.rfc4514_string()}'): renew the node from a CA you keep first, "
+            "or pass --force"
+        )
+    write_public(path, certificates_pem(roots))
+    print(f"wrote {len(roots)} trust root(s) to {path}:")
+    for root in roots:
+        summary = summarize_certificate(root)
+        print(f"  {summary.subject} serial {summary.serial} sha256 {summary.fingerprint}")
+    print("a running node takes them on SIGHUP (velomux node) or node.reload_credentials()")
+    return 0
+
+
 @_reporting("dev")
 def _dev(args: argparse.Namespace) -> int:
     out = Path(args.out)
@@ -180,7 +269,7 @@ def _days(days: int) -> timedelta:
 def add_certs_commands(
     subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
 ) -> argparse.ArgumentParser:
-    """Add the ``certs`` command group (``init-ca``, ``issue``, ``dev``) to a CLI."""
+    """Add the ``certs`` command group (``init-ca``, ``issue``, ``renew``, ``trust``, ``dev``)."""
     certs = subparsers.add_parser(
         "certs",
         help="make a cluster CA and node certificates",
@@ -242,6 +331,42 @@ def add_certs_commands(
     issue.add_argument("--out", required=True, metavar="DIR", help="node directory to write")
     issue.add_argument("--force", action="store_true", help="replace an existing node key")
     issue.set_defaults(handler=_issue)
+
+    renew = commands.add_parser(
+        "renew",
+        help="renew a node certificate, keeping its identity",
+        description=(
+            "Re-issue the certificate in --node-dir from --ca with a new validity: the same "
+            "InstanceId, name, DNS and IP names and trust domain, and a new key unless "
+            "--keep-key. The signing CA is added to the node's trust roots if missing. A "
+            "running node takes it on SIGHUP (velomux node) or node.reload_credentials()."
+        ),
+    )
+    renew.add_argument("--ca", required=True, metavar="DIR", help="CA directory (init-ca)")
+    renew.add_argument("--node-dir", required=True, metavar="DIR", help="node directory")
+    renew.add_argument(
+        "--days", type=_positive_days, default=365, metavar="N", help="validity (365)"
+    )
+    renew.add_argument("--keep-key", action="store_true", help="keep the node's private key")
+    renew.set_defaults(handler=_renew)
+
+    trust = commands.add_parser(
+        "trust",
+        help="add or remove CAs in a node's trust roots (CA roll)",
+        description=(
+            "Rewrite the trust roots (ca.pem) of --node-dir: --add appends the CA "
+            "certificates of PEM files, --remove drops those equal to the ones in PEM files. "
+            "Refuses to remove every CA named like the node certificate's issuer (--force "
+            "overrides). A running node takes them on SIGHUP or node.reload_credentials()."
+        ),
+    )
+    trust.add_argument("--node-dir", required=True, metavar="DIR", help="node directory")
+    trust.add_argument("--add", action="append", default=[], metavar="PEM", help="CA to trust")
+    trust.add_argument(
+        "--remove", action="append", default=[], metavar="PEM", help="CA to stop trusting"
+    )
+    trust.add_argument("--force", action="store_true", help="allow dropping the node's own issuer")
+    trust.set_defaults(handler=_trust)
 
     dev = commands.add_parser(
         "dev",

@@ -32,6 +32,7 @@ from typing import Literal
 from aioquic import tls
 from aioquic._buffer import Buffer  # typed there; aioquic.buffer re-exports it untyped
 from aioquic.quic.configuration import QuicConfiguration
+from cryptography import x509
 
 from ..ids import InstanceId
 from .certs import NodeCredentials
@@ -43,6 +44,7 @@ __all__ = [
     "install_peer_verification",
     "make_quic_configuration",
     "parse_refusal_reason",
+    "presented_certificates",
 ]
 
 ALPN_PROTOCOL = "velomux/1"
@@ -178,6 +180,21 @@ def install_peer_verification(
     if role == "client":
         context._request_client_certificate = True
     return context
+
+
+def presented_certificates(
+    context: object,
+) -> tuple[x509.Certificate | None, x509.Certificate | None]:
+    """(the certificate this side presents, the peer's once it passed verification).
+
+    Read from the connection's own TLS context, so a connection made before a credentials
+    reload reports the certificate it was made with, not the node's current one. Anything
+    but a :class:`VerifyingContext` (no handshake yet) gives ``(None, None)``.
+    """
+    if not isinstance(context, VerifyingContext):
+        return None, None
+    peer = context._peer_certificate if context.velomux_peer is not None else None
+    return context.certificate, peer
 
 
 def make_quic_configuration(

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 from collections.abc import Iterable
+from pathlib import Path
 from typing import cast
 
 from aioquic._buffer import Buffer  # typed there; aioquic.buffer re-exports it untyped
-from aioquic.quic.configuration import SMALLEST_MAX_DATAGRAM_SIZE
+from aioquic.quic.configuration import SMALLEST_MAX_DATAGRAM_SIZE, QuicConfiguration
 from aioquic.quic.packet import (
     QuicPacketType,
     encode_quic_retry,
@@ -26,9 +28,16 @@ from aioquic.quic.packet import (
 from aioquic.quic.retry import QuicRetryTokenHandler
 from prometheus_client.registry import CollectorRegistry
 
+from ..errors import CredentialsError
 from ..ids import InstanceId
 from ..security.certs import NodeCredentials
-from ..security.tls import make_quic_configuration
+from ..security.rotation import (
+    CertificateSummary,
+    check_replacement,
+    load_replacement,
+    summarize_certificate,
+)
+from ..security.tls import make_quic_configuration, presented_certificates
 from ..security.verify import PeerVerifier
 from .admission import SendOutcome
 from .config import MAX_LANES, TransportConfig
@@ -44,7 +53,7 @@ from .errors import (
 from .handler import TransportHandler
 from .metrics import TransportCollector, TransportStats
 from .perstream_send import PerStreamOutbound
-from .snapshot import TransportSnapshot
+from .snapshot import ConnectionSnapshot, TransportSnapshot
 from .udp import BufferSizes, open_udp_socket
 
 __all__ = ["Address", "QuicTransport", "TransportHandler"]
@@ -54,6 +63,16 @@ logger = logging.getLogger(__name__)
 Address = tuple[str, int]
 
 _CID_LENGTH = 8
+
+
+def _with_certificates(connection: PeerConnection) -> ConnectionSnapshot:
+    """A connection's snapshot with the certificates its own handshake exchanged."""
+    own, peer = presented_certificates(getattr(connection.quic, "tls", None))
+    return dataclasses.replace(
+        connection.snapshot(),
+        own_certificate_serial=None if own is None else f"{own.serial_number:x}",
+        peer_certificate_serial=None if peer is None else f"{peer.serial_number:x}",
+    )
 
 
 class QuicTransport(asyncio.DatagramProtocol):
@@ -78,17 +97,8 @@ class QuicTransport(asyncio.DatagramProtocol):
         self.stats = TransportStats()
         self.buffer_sizes = BufferSizes((0, 0))
         self._verifier = PeerVerifier(credentials.trust_roots, credentials.trust_domain)
-        self._client_config, self._server_config = (
-            make_quic_configuration(
-                credentials,
-                is_client=is_client,
-                max_datagram_size=config.max_datagram_size,
-                idle_timeout=config.idle_timeout,
-                max_stream_data=config.stream_window,
-                max_data=config.connection_window,
-            )
-            for is_client in (True, False)
-        )
+        self._client_config, self._server_config = self._quic_configurations(credentials)
+        self.stats.certificate_not_after = credentials.certificate.not_valid_after_utc.timestamp()
         self._udp: asyncio.DatagramTransport | None = None
         self._udp_closed: asyncio.Future[None] = self.loop.create_future()
         self._address: Address = ("", 0)
@@ -137,6 +147,61 @@ class QuicTransport(asyncio.DatagramProtocol):
             raise
         return transport
 
+    def _quic_configurations(
+        self, credentials: NodeCredentials
+    ) -> tuple[QuicConfiguration, QuicConfiguration]:
+        """The (client, server) aioquic configurations every new connection is made from."""
+        client, server = (
+            make_quic_configuration(
+                credentials,
+                is_client=is_client,
+                max_datagram_size=self.config.max_datagram_size,
+                idle_timeout=self.config.idle_timeout,
+                max_stream_data=self.config.stream_window,
+                max_data=self.config.connection_window,
+            )
+            for is_client in (True, False)
+        )
+        return client, server
+
+    def reload_credentials(self, credentials: NodeCredentials | str | Path) -> CertificateSummary:
+        """Use ``credentials`` (certificate, key, trust roots) for every new connection.
+
+        ``credentials`` is a :class:`NodeCredentials` or a credentials directory, read
+        here so a file that is missing, unreadable or garbled is refused (and counted)
+        like any other bad set.
+
+        Connections already made keep the certificate, key and verifier they were made
+        with until they end, so nothing in flight is disturbed; new dials and new accepts
+        use the new set. Refused with :class:`~velomux_quic.errors.CredentialsError`,
+        the current credentials staying in use, when the key does not match the
+        certificate, the InstanceId or trust domain differs, the certificate is outside
+        its validity or does not chain to the new trust roots. Counted either way in
+        ``velo_transport_credential_reloads_total{outcome}``. Returns the new
+        certificate's summary.
+        """
+        try:
+            credentials = load_replacement(credentials)
+            check_replacement(self.credentials, credentials)
+            verifier = PeerVerifier(credentials.trust_roots, credentials.trust_domain)
+            client, server = self._quic_configurations(credentials)
+        except CredentialsError:
+            self.stats.credential_reloads["refused"] += 1
+            raise
+        # One synchronous swap: the event loop runs no connection code between these.
+        self.credentials = credentials
+        self._verifier = verifier
+        self._client_config, self._server_config = client, server
+        self.stats.credential_reloads["ok"] += 1
+        self.stats.certificate_not_after = credentials.certificate.not_valid_after_utc.timestamp()
+        summary = summarize_certificate(credentials.certificate)
+        logger.info(
+            "credentials reloaded: new connections present serial %s (valid until %s)",
+            summary.serial,
+            summary.not_after.isoformat(),
+        )
+        return summary
+
     async def __aenter__(self) -> QuicTransport:
         """``async with`` closes the transport however the block ends."""
         return self
@@ -176,7 +241,11 @@ class QuicTransport(asyncio.DatagramProtocol):
         For operators and tests, in place of reading the connections' internals; it walks
         every connection, so call it for a picture, not per message.
         """
-        return TransportSnapshot(tuple(c.snapshot() for c in self._cids))
+        return TransportSnapshot(
+            tuple(_with_certificates(c) for c in self._cids),
+            certificate=summarize_certificate(self.credentials.certificate),
+            trust_roots=tuple(summarize_certificate(r) for r in self.credentials.trust_roots),
+        )
 
     # -- peers ---------------------------------------------------------------------------
 

@@ -27,6 +27,8 @@ class TransportStats:
         "active_connections",
         "bytes_in",
         "bytes_out",
+        "certificate_not_after",
+        "credential_reloads",
         "datagrams_in",
         "datagrams_out",
         "dials",
@@ -55,6 +57,10 @@ class TransportStats:
         """Refused inbound input by reason (``oversized_frame``, ``unverified_data``, ...)."""
         self.peer_refusals: Counter[str] = Counter()
         """Handshakes refused by peer verification, by reason (``no_certificate``, ...)."""
+        self.credential_reloads: Counter[str] = Counter()
+        """``reload_credentials`` calls by outcome (``ok``, ``refused``)."""
+        self.certificate_not_after = 0.0
+        """Unix time at which the certificate new connections present expires."""
 
 
 class TransportCollector(Collector):
@@ -113,6 +119,21 @@ class TransportCollector(Collector):
         for reason, count in sorted(s.peer_refusals.items()):
             refusals.add_metric([TRANSPORT_KEY, reason], count)
         yield refusals
+        reloads = CounterMetricFamily(
+            "velo_transport_credential_reloads",
+            "Credential reloads by outcome (refused: the old credentials stayed in use)",
+            labels=["transport", "outcome"],
+        )
+        for outcome in ("ok", "refused"):
+            reloads.add_metric([TRANSPORT_KEY, outcome], s.credential_reloads[outcome])
+        yield reloads
+        expiry = GaugeMetricFamily(
+            "velo_transport_certificate_expiry_timestamp_seconds",
+            "Unix time at which the node certificate new connections present expires",
+            labels=["transport"],
+        )
+        expiry.add_metric([TRANSPORT_KEY], s.certificate_not_after)
+        yield expiry
         dials = CounterMetricFamily(
             "velo_transport_dials", "Outbound connections started", labels=["transport"]
         )

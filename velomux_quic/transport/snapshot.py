@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ids import InstanceId
+from ..security.rotation import CertificateSummary
 
 __all__ = ["ConnectionSnapshot", "TransportSnapshot"]
 
@@ -44,6 +45,11 @@ class ConnectionSnapshot:
     stream_openings: int = 0
     """Streams the peer opened toward this node whose opening has not arrived whole yet
     (``max_stream_openings``)."""
+    own_certificate_serial: str | None = None
+    """Serial (hex) of the certificate this node presented on this connection: the one it
+    had when the connection was made, which a credentials reload does not change."""
+    peer_certificate_serial: str | None = None
+    """Serial (hex) of the certificate the peer presented, once it passed verification."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +57,11 @@ class TransportSnapshot:
     """Every connection of one transport (those closed are gone from it)."""
 
     connections: tuple[ConnectionSnapshot, ...]
+    certificate: CertificateSummary | None = None
+    """The node certificate new connections present (after the last successful
+    ``reload_credentials``, the new one)."""
+    trust_roots: tuple[CertificateSummary, ...] = ()
+    """The CAs new connections' peers must chain to (several during a CA roll)."""
 
     def to(self, peer: InstanceId) -> ConnectionSnapshot | None:
         """The live outbound connection to ``peer``, if there is one."""
