@@ -29,7 +29,7 @@ from velomux_quic.security.certs import (
     NodeCredentials,
     issue_node_certificate,
 )
-from velomux_quic.security.rotation import CertificateSummary
+from velomux_quic.security.rotation import CertificateSummary, summarize_certificate
 from velomux_quic.security.testing import issue_expired, with_mismatched_key
 
 StartFrom = Callable[..., Awaitable[Node]]
@@ -63,11 +63,13 @@ def current_serial(node: Node) -> str:
     return certificate.serial
 
 
-def metric(node: Node, name: str, **labels: str) -> float:
+def metric(node: Node, name: str, default: float | None = None, **labels: str) -> float:
     for family in text_string_to_metric_families(node.metrics_text()):
         for sample in family.samples:
             if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
                 return float(sample.value)
+    if default is not None:  # a labelled counter has no sample before its first count
+        return default
     raise AssertionError(f"no sample {name}{labels}")
 
 
@@ -93,10 +95,31 @@ def renew(ca: CertificateAuthority, root: Path, name: str) -> int:
     return main(["certs", "renew", "--ca", str(ca_dir), "--node-dir", str(root / name)])
 
 
-async def fresh_connections(x: Node, y: Node) -> None:
-    """Drop every connection between x and y, then make new ones both ways with calls."""
+async def disconnected(x: Node, y: Node) -> None:
+    """Close every connection between x and y, and wait until both sides saw them end.
+
+    A call made before the peer saw its connection close could be failed by that close;
+    the nodes expose no event for it, so the snapshots are polled (bounded).
+    """
     for one, other in ((x, y), (y, x)):
         one.messenger.transport.disconnect(other.instance_id)
+
+    def between() -> int:
+        return sum(
+            1
+            for one, other in ((x, y), (y, x))
+            for c in one.snapshot().transport.connections
+            if c.peer == other.instance_id
+        )
+
+    async with asyncio.timeout(20):
+        while between():
+            await asyncio.sleep(0.01)
+
+
+async def fresh_connections(x: Node, y: Node) -> None:
+    """Drop every connection between x and y, then make new ones both ways with calls."""
+    await disconnected(x, y)
     async with asyncio.timeout(20):
         assert await x.call(y.instance_id, "echo", b"x to y", timeout=10) == b"x to y"
         assert await y.call(x.instance_id, "echo", b"y to x", timeout=10) == b"y to x"
@@ -219,3 +242,87 @@ async def test_a_stream_runs_whole_through_a_reload_and_new_connections_present_
     # A new connection presents the new certificate, and b accepts it.
     await assert_connects_with(a, b)
     assert presented_to(b, a.instance_id) == serial(renewed)
+
+
+# -- CA roll -------------------------------------------------------------------------------
+
+
+def trust(node_dir: Path, *argv: str) -> None:
+    assert main(["certs", "trust", "--node-dir", str(node_dir), *argv]) == 0
+
+
+async def assert_refused_both_ways(straggler: Node, node: Node) -> None:
+    """``straggler`` (an old-CA certificate) can neither dial ``node`` nor be dialed by it."""
+    refusals = metric(node, "velo_transport_peer_refusals_total", 0, reason="untrusted_chain")
+    await disconnected(straggler, node)  # connections made before the CA was dropped
+    with pytest.raises(DialError) as dialing:
+        await asyncio.wait_for(straggler.messenger.transport.connect(node.instance_id), 20)
+    assert dialing.value.reason == "refused_by_peer:untrusted_chain"
+    with pytest.raises(DialError) as dialed:
+        await asyncio.wait_for(node.messenger.transport.connect(straggler.instance_id), 20)
+    assert dialed.value.reason == "untrusted_chain"
+    after = metric(node, "velo_transport_peer_refusals_total", reason="untrusted_chain")
+    assert after == refusals + 2
+
+
+async def test_a_ca_roll_step_by_step_without_a_restart(
+    tmp_path: Path, start_from: StartFrom
+) -> None:
+    # Both CAs carry the default name, as two runs of `velomux certs init-ca` would: the
+    # verifier must tell them apart by signature, not by name.
+    old_ca, new_ca = CertificateAuthority.create(), CertificateAuthority.create()
+    old_ca.save(tmp_path / "ca-old")
+    new_ca.save(tmp_path / "ca-new")
+    new_pem, old_pem = str(tmp_path / "ca-new" / "ca.pem"), str(tmp_path / "ca-old" / "ca.pem")
+    for name in ("a", "b", "straggler"):
+        issue_into(old_ca, tmp_path / name, name)
+    a = await start_from(tmp_path / "a")
+    b = await start_from(tmp_path / "b")
+    straggler = await start_from(tmp_path / "straggler")  # never moves off the old CA
+    introduce(a, b, straggler)
+    old_a, old_b = current_serial(a), current_serial(b)
+    await assert_connects_with(a, b)
+
+    # 1. every node trusts both CAs
+    for name, node in (("a", a), ("b", b), ("straggler", straggler)):
+        trust(tmp_path / name, "--add", new_pem)
+        node.reload_credentials()
+        assert [r.fingerprint for r in node.snapshot().transport.trust_roots] == [
+            fingerprint(old_ca),
+            fingerprint(new_ca),
+        ]
+    assert (current_serial(a), current_serial(b)) == (old_a, old_b)  # same certificates
+    await assert_connects_with(a, b)
+    await assert_connects_with(a, straggler)
+
+    # 2. a moves to the new CA; b and the straggler still present old-CA certificates
+    assert renew(new_ca, tmp_path, "a") == 0
+    a.reload_credentials()
+    assert current_serial(a) != old_a
+    assert a.snapshot().transport.certificate.issuer == new_ca.certificate.subject.rfc4514_string()  # type: ignore[union-attr]
+    await assert_connects_with(a, b)
+    await assert_connects_with(b, straggler)
+
+    # 3. b moves too
+    assert renew(new_ca, tmp_path, "b") == 0
+    b.reload_credentials()
+    assert current_serial(b) != old_b
+    await assert_connects_with(a, b)
+    await assert_connects_with(a, straggler)
+
+    # 4. a and b drop the old CA: they still reach each other, and the straggler no more
+    for name, node in (("a", a), ("b", b)):
+        trust(tmp_path / name, "--remove", old_pem)
+        node.reload_credentials()
+        assert [r.fingerprint for r in node.snapshot().transport.trust_roots] == [
+            fingerprint(new_ca)
+        ]
+    await assert_connects_with(a, b)
+    for node in (a, b):
+        await assert_refused_both_ways(straggler, node)
+    assert metric(a, "velo_transport_credential_reloads_total", outcome="ok") == 3
+    assert metric(a, "velo_transport_credential_reloads_total", outcome="refused") == 0
+
+
+def fingerprint(ca: CertificateAuthority) -> str:
+    return summarize_certificate(ca.certificate).fingerprint
