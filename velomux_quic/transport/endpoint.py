@@ -185,8 +185,9 @@ class QuicTransport(asyncio.DatagramProtocol):
             check_replacement(self.credentials, credentials)
             verifier = PeerVerifier(credentials.trust_roots, credentials.trust_domain)
             client, server = self._quic_configurations(credentials)
-        except CredentialsError:
+        except CredentialsError as exc:
             self.stats.credential_reloads["refused"] += 1
+            logger.warning("credentials reload refused: %s", exc)
             raise
         # One synchronous swap: the event loop runs no connection code between these.
         self.credentials = credentials
@@ -606,7 +607,7 @@ class QuicTransport(asyncio.DatagramProtocol):
 
         The oldest rather than the new one: a peer that restarted re-dials while its old
         connection waits for the idle timeout, and must not be locked out by it; and every
-        connection closed here belongs to the same certificate as the one kept.
+        connection closed here belongs to the same verified InstanceId as the one kept.
         """
         limit = self.config.max_connections_per_peer
         live = [c for c in inbound if c.state is ConnectionState.ESTABLISHED]
