@@ -27,10 +27,14 @@ def serial(directory: Path) -> str:
 
 
 async def presented_by(producer: Node, sink: InstanceId) -> str | None:
-    """Call the sink over a NEW connection; the serial of the certificate it presented."""
-    producer.messenger.transport.disconnect(sink)
+    """Call the sink over a NEW connection; the serial of the certificate it presented.
+
+    Only the producer's dialed connection is replaced: the sink answers on the one it
+    dialed back, which must stay up (an answer sent on a connection being closed is lost).
+    """
+    producer.messenger.transport.disconnect(sink, inbound=False)
     async with asyncio.timeout(20):
-        while any(c.peer == sink for c in producer.snapshot().transport.connections):
+        while producer.snapshot().transport.to(sink) is not None:
             await asyncio.sleep(0.01)  # no event for "the old connection is gone"
         await producer.call(sink, "velomux.sink", b"", timeout=20)
     connection = producer.snapshot().transport.to(sink)
