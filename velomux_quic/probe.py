@@ -228,8 +228,16 @@ class _Run:
         self.start = asyncio.Event()
         self.started_at = 0.0
         self.last_back_at = 0.0
+        self.last_sent_at = 0.0
+        self.error_messages: dict[str, str] = {}
         self.pad = bytes(range(256)) * (options.payload_bytes // 256 + 1)
         self.pad = self.pad[: options.payload_bytes - _HEADER.size]
+
+    def fail(self, result: StreamResult, reason: str, error: BaseException | None = None) -> None:
+        """Count one error of a stream by reason; the first message of each reason is kept."""
+        result.errors.append(reason)
+        if error is not None and str(error):
+            self.error_messages.setdefault(reason, str(error))
 
     async def open(self, result: StreamResult) -> tuple[StreamSender, StreamAnchor[Any]] | None:
         """The stream to the peer and the anchor its records come back to."""
@@ -239,7 +247,12 @@ class _Run:
             ticket: str | None = node.prebind_anchor(back.handle).encode().hex()
         except TicketError:
             ticket = None
-        request = {"run": self.run_id, "stream": result.index, "handle": back.handle.value}
+        request = {
+            "run": self.run_id,
+            "stream": result.index,
+            "handle": back.handle.value,
+            "reply_to": _listening(node),
+        }
         try:
             answer = json.loads(
                 await node.call(
@@ -251,14 +264,14 @@ class _Run:
             )
             handle = StreamAnchorHandle(answer["handle"])
             async with asyncio.timeout(timeout):
-                if answer.get("ticket"):
+                if answer.get("ticket") and node.mux is not None:
                     sender = await node.open_anchor_stream(
                         handle, StreamOpenTicket.decode(bytes.fromhex(answer["ticket"]))
                     )
                 else:
                     sender = await node.attach_anchor(handle)
         except (VelomuxError, TimeoutError, ValueError, KeyError, TypeError) as error:
-            result.errors.append(f"open:{type(error).__name__}")
+            self.fail(result, f"open:{type(error).__name__}", error)
             back.cancel()
             return None
         key = sender.negotiated_transport()
@@ -291,11 +304,12 @@ class _Run:
                 checksum = zlib.crc32(record, checksum)
                 seq += 1
         except VelomuxError as error:
-            result.errors.append(f"send:{type(error).__name__}")
+            self.fail(result, f"send:{type(error).__name__}", error)
             await sender.aclose()
             return
         finally:
             result.sent, result.sent_checksum = seq, checksum
+            self.last_sent_at = max(self.last_sent_at, loop.time())
         await sender.finalize()
 
     async def read_back(self, result: StreamResult, back: StreamAnchor[Any]) -> None:
@@ -312,7 +326,7 @@ class _Run:
                 checksum = zlib.crc32(item, checksum)
                 count += 1
         except (VelomuxError, struct.error, TypeError) as error:
-            result.errors.append(f"echo:{type(error).__name__}")
+            self.fail(result, f"echo:{type(error).__name__}", error)
         finally:
             result.echoed, result.echo_checksum = count, checksum
             self.last_back_at = max(self.last_back_at, asyncio.get_running_loop().time())
@@ -327,7 +341,7 @@ class _Run:
                 tasks.append(asyncio.create_task(self.write(result, sender)))
                 tasks.append(asyncio.create_task(self.read_back(result, back)))
         loop = asyncio.get_running_loop()
-        self.started_at = self.last_back_at = loop.time()
+        self.started_at = self.last_back_at = self.last_sent_at = loop.time()
         self.start.set()
         if not tasks:
             return
@@ -355,7 +369,7 @@ class _Run:
             streams = answer["streams"]
         except (VelomuxError, ValueError, KeyError, TypeError) as error:
             for result in self.results:
-                result.errors.append(f"report:{type(error).__name__}")
+                self.fail(result, f"report:{type(error).__name__}", error)
             return
         for result in self.results:
             counted = streams.get(str(result.index))
@@ -387,6 +401,7 @@ class _Run:
             },
             "throughput": {
                 "window_seconds": window,
+                "send_seconds": self.last_sent_at - self.started_at,
                 "records": reached,
                 "bytes": reached * self.options.payload_bytes,
                 "records_per_second": reached / window,
@@ -411,8 +426,15 @@ class _Run:
                 "out_of_order": sum(r.out_of_order for r in self.results),
             },
             "errors": dict(errors),
+            "error_messages": {k: v for k, v in self.error_messages.items() if k in errors},
             "streams": [{**asdict(r), "complete": r.complete} for r in self.results],
         }
+
+
+def _listening(node: Node) -> str:
+    """Where this node listens, as ``host:port`` (a peer's way back to it)."""
+    host, port = node.address
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _mux_sent(node: Node) -> tuple[float | None, float | None]:
@@ -538,7 +560,8 @@ async def _identity(node: Node, peer: InstanceId, timeout: float) -> dict[str, A
         return identity
     identity["instance_id"] = str(connection.peer)
     try:
-        info = json.loads(await node.call(peer, INFO_HANDLER, timeout=timeout))
+        request = json.dumps({"reply_to": _listening(node)}).encode()
+        info = json.loads(await node.call(peer, INFO_HANDLER, request, timeout=timeout))
     except UnknownHandler:
         identity["refusal"] = {
             "reason": "not_a_probe_sink",
@@ -702,7 +725,8 @@ def render_text(report: dict[str, Any]) -> str:
     lines += [
         "",
         "throughput",
-        f"  window         {throughput['window_seconds']:.3f} s (first send to last record back)",
+        f"  window         {throughput['window_seconds']:.3f} s (first send to last record "
+        f"back; sending took {throughput['send_seconds']:.3f} s)",
         f"  records        {throughput['records']:,} reached the peer, "
         f"{_si(throughput['records_per_second'], 'records/s')}",
         f"  bytes          {_si(throughput['bytes'], 'B')}, "
@@ -735,7 +759,12 @@ def render_text(report: dict[str, Any]) -> str:
         "errors",
     ]
     errors = report["errors"]
-    lines += [f"  {reason:<14} {count}" for reason, count in sorted(errors.items())] or ["  none"]
+    messages = report["error_messages"]
+    for reason, count in sorted(errors.items()):
+        detail = f": {messages[reason]}" if reason in messages else ""
+        lines.append(f"  {reason} x{count}{detail}")
+    if not errors:
+        lines.append("  none")
     lines.append("")
     if report.get("interrupted"):
         lines.append("(interrupted: the streaming window ended early)")

@@ -87,6 +87,10 @@ MAX_RUN_STREAMS = 4096
 
 MAX_RUN_ID_LENGTH = 64
 
+ECHO_ATTACH_TIMEOUT = 30.0
+"""Seconds an echo stream's anchor waits for its caller's sender before it ends (and its
+route back is released)."""
+
 ECHO_RETIRE_TIMEOUT = 30.0
 """Seconds an ended echo stream's last records get to leave before its route is released."""
 
@@ -155,6 +159,19 @@ def _request(ctx: Context) -> dict[str, Any]:
     return request
 
 
+def _reply_address(value: object) -> tuple[str, int] | None:
+    """A caller's ``host:port``; None when absent or a wildcard (use its source address)."""
+    if not isinstance(value, str):
+        return None
+    host, sep, port = value.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigurationError(f"velomux.echo: reply_to must be host:port, got {value!r}")
+    if host in ("", "0.0.0.0", "::"):
+        return None
+    return host, int(port)
+
+
 def _run_key(ctx: Context, request: dict[str, Any]) -> tuple[str, str]:
     run = request.get("run")
     if not isinstance(run, str) or not 0 < len(run) <= MAX_RUN_ID_LENGTH:
@@ -212,7 +229,12 @@ class _Sink:
     def info(self, ctx: Context) -> bytes:
         """``velomux.sink.info``: who this node says it is, and the certificate it presents
         (PEM, leaf first), for the caller to check against its trust roots and the
-        InstanceId its handshake proved; the mux and lane settings streams will meet."""
+        InstanceId its handshake proved; the mux and lane settings streams will meet.
+
+        The payload may be ``{"reply_to": "host:port"}``: where the caller listens now (see
+        :meth:`refresh_route`)."""
+        with contextlib.suppress(ConfigurationError):
+            self.refresh_route(ctx.sender, _reply_address(_request(ctx).get("reply_to")))
         credentials = self.node.messenger.transport.credentials
         pem = b"".join(
             certificate.public_bytes(serialization.Encoding.PEM)
@@ -252,15 +274,24 @@ class _Sink:
         return count
 
     def anchor_reply(
-        self, ctx: Context, count: _StreamCount, echo_to: tuple[InstanceId, StreamSender] | None
+        self,
+        ctx: Context,
+        count: _StreamCount,
+        back: tuple[InstanceId, StreamSender] | None,
+        *,
+        prebind: bool = True,
     ) -> bytes:
-        anchor = self.node.create_anchor()
-        try:
-            ticket: str | None = self.node.prebind_anchor(anchor.handle).encode().hex()
-        except TicketError:
-            ticket = None
+        """Create the anchor the caller streams into; answer its handle and ticket."""
+        if back is None:
+            anchor = self.node.create_anchor()
+        else:  # an echo stream holds a route back: it must not wait for a sender forever
+            anchor = self.node.create_anchor(unattached_timeout=ECHO_ATTACH_TIMEOUT)
+        ticket: str | None = None
+        if prebind:
+            with contextlib.suppress(TicketError):
+                ticket = self.node.prebind_anchor(anchor.handle).encode().hex()
         task = asyncio.get_running_loop().create_task(
-            self.read(anchor, str(ctx.sender), count, echo_to)
+            self.read(anchor, str(ctx.sender), count, back)
         )
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
@@ -280,9 +311,10 @@ class _Sink:
         return self.anchor_reply(ctx, count, None)
 
     async def echo(self, ctx: Context) -> bytes:
-        """``velomux.echo``: ``{"run", "stream", "handle", "ticket"}`` names the caller's
-        anchor (and its zero-RTT ticket or null); the answer names this node's anchor, and
-        every record read from it is sent on to the caller's."""
+        """``velomux.echo``: ``{"run", "stream", "handle", "ticket", "reply_to"}`` names
+        the caller's anchor, its zero-RTT ticket (null without a mux) and where the caller
+        listens (``host:port``); the answer names this node's anchor, and every record read
+        from it is sent on to the caller's."""
         self.refuse_when_full()
         request = _request(ctx)
         handle, ticket = request.get("handle"), request.get("ticket")
@@ -291,7 +323,7 @@ class _Sink:
         if ticket is not None and not isinstance(ticket, str):
             raise ConfigurationError(f"{ctx.handler}: ticket must be hex or null")
         count = self.counted(ctx, request)
-        self.hold_route(ctx.sender)
+        self.hold_route(ctx.sender, _reply_address(request.get("reply_to")))
         try:
             echo_to = await self.open_back(StreamAnchorHandle(handle), ticket)
         except (VelomuxError, ValueError) as error:
@@ -300,31 +332,47 @@ class _Sink:
             self.streams.labels(outcome=count.outcome).inc()
             raise
         try:
-            return self.anchor_reply(ctx, count, (ctx.sender, echo_to))
+            # A caller without a mux (no ticket) attaches on its per-stream path: a mux
+            # pre-bind would refuse it.
+            return self.anchor_reply(ctx, count, (ctx.sender, echo_to), prebind=ticket is not None)
         except BaseException:
             await echo_to.aclose()
             self.release_route(ctx.sender)
             raise
 
-    def hold_route(self, peer: InstanceId) -> None:
+    def hold_route(self, peer: InstanceId, reply_to: tuple[str, int] | None) -> None:
         """Make ``peer`` a known peer while an echo stream goes back to it.
 
         A stream handle names its node by WorkerId, which only known peers resolve. A
-        caller this node was not configured with is added at the address its verified
-        connection came from (one UDP socket per node both dials and listens), and
-        removed again when its last echo stream has ended: a registered address would
-        outlive a probe that restarts elsewhere and pin its replies to the old one.
+        caller this node was not configured with is added at the address it says it
+        listens on (or, for a wildcard, where its verified connection came from: one UDP
+        socket per node both dials and listens), and removed again when its last echo
+        stream has ended, so no registered address outlives a probe that restarts
+        elsewhere. A caller that comes back from another address while streams of its
+        old run linger replaces them: its old connection is cut and the address updated.
         """
-        if peer in self.routes:
-            self.routes[peer] += 1
-            return
-        if peer in self.node.messenger.peers:
+        known = self.node.messenger.peers.get(peer)
+        if known is not None and peer not in self.routes:
             return  # configured or discovered: not ours to add or remove
-        address = self.node.messenger.transport.peer_address(peer)
+        address = reply_to or self.node.messenger.transport.peer_address(peer)
         if address is None:
             raise ConfigurationError(f"no route back to {peer}: add it as a peer")
+        if known is None:
+            self.node.add_peer(peer, address)
+        else:
+            self.refresh_route(peer, address)
+        self.routes[peer] = self.routes.get(peer, 0) + 1
+
+    def refresh_route(self, peer: InstanceId, address: tuple[str, int] | None) -> None:
+        """A caller this node added comes from another address than it was added at: it
+        restarted while streams of its old run linger (until their watchdogs). Cut the
+        connection to the old address and dial the new one, so replies reach it now."""
+        known = self.node.messenger.peers.get(peer)
+        if peer not in self.routes or known is None or address in (None, known.address):
+            return
+        assert address is not None
+        self.node.messenger.transport.disconnect(peer, inbound=False)
         self.node.add_peer(peer, address)
-        self.routes[peer] = 1
 
     def release_route(self, peer: InstanceId) -> None:
         if peer not in self.routes:
