@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import sys
+import urllib.request
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -36,6 +38,16 @@ class Sink:
     process: asyncio.subprocess.Process
     instance_id: InstanceId
     address: str
+    ops: str
+
+    async def metric(self, sample: str) -> float | None:
+        """One sample's value from the sink's /metrics, None when it is absent."""
+        text = await asyncio.to_thread(_get, f"http://{self.ops}/metrics")
+        for line in text.splitlines():
+            name, _, value = line.rpartition(" ")
+            if name == sample:
+                return float(value)
+        return None
 
     async def events_until(
         self, name: str, count: int, timeout: float = 20.0
@@ -55,12 +67,14 @@ class Sink:
 
 
 @asynccontextmanager
-async def velomux_node(tmp_path: Path, credentials: NodeCredentials) -> AsyncIterator[Sink]:
+async def velomux_node(
+    tmp_path: Path, credentials: NodeCredentials, ops: str = "off"
+) -> AsyncIterator[Sink]:
     directory = credentials.save(tmp_path / f"sink-{credentials.instance_id}")
     config = tmp_path / "sink.toml"
     config.write_text(f'[node]\ncredentials = "{directory}"\nname = "sink-0"\n')
     process = await asyncio.create_subprocess_exec(
-        *CLI, "node", "--config", str(config), "--ops", "off",
+        *CLI, "node", "--config", str(config), "--ops", ops,
         cwd=CHECKOUT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     try:
@@ -69,11 +83,19 @@ async def velomux_node(tmp_path: Path, credentials: NodeCredentials) -> AsyncIte
             line = await process.stdout.readline()
         listening = parse_event(line.decode())
         assert listening.get("event") == "listening", line
-        yield Sink(process, InstanceId.parse(listening["instance"]), listening["address"])
+        yield Sink(
+            process, InstanceId.parse(listening["instance"]), listening["address"], listening["ops"]
+        )
     finally:
         if process.returncode is None:
             process.kill()
         await process.wait()
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text: str = response.read().decode()
+    return text
 
 
 def probe_config(tmp_path: Path, credentials: NodeCredentials, peers: str = "") -> Path:
@@ -209,3 +231,39 @@ async def test_an_unknown_peer_or_a_bad_configuration_exits_2_with_one_line(
         assert out == ""
         lines = err.strip().splitlines()
         assert len(lines) == 1 and expected in lines[0], (arguments, err)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.one_loop
+async def test_a_probe_killed_mid_run_leaves_the_sink_ready_for_the_next_one_at_once(
+    tmp_path: Path, make_credentials: Callable[..., NodeCredentials]
+) -> None:
+    """The sink adds a probe it does not know as a peer for its echo streams. A probe
+    killed mid-run leaves those streams open until their watchdogs; the next probe (same
+    certificate, another port) must be answered at once, not at the old address."""
+    async with velomux_node(tmp_path, make_credentials("sink"), ops="127.0.0.1:0") as sink:
+        config = probe_config(
+            tmp_path, make_credentials("probe"), peer_entry(sink.instance_id, sink.address)
+        )
+        first = await asyncio.create_subprocess_exec(
+            *CLI, "probe", "sink-0", "--config", str(config), "--duration", "60", "--rate", "400",
+            cwd=CHECKOUT, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            async with asyncio.timeout(30):
+                # Bounded polling of the sink's own gauge: the probe prints nothing until
+                # it ends, and the sink prints nothing when a stream opens.
+                while await sink.metric("velomux_sink_open_streams") != 4:
+                    await asyncio.sleep(0.05)
+            first.send_signal(signal.SIGKILL)
+        finally:
+            if first.returncode is None:
+                first.kill()
+            await first.wait()
+        status, out, err = await run_probe(
+            "sink-0", "--config", str(config), "--records", "50", "--json", "--timeout", "10"
+        )
+        assert status == 0, out + err
+        report = json.loads(out)
+        assert report["delivery"]["records_echoed"] == 4 * 50
+        assert report["identity"]["verified"] is True
