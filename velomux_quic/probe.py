@@ -775,6 +775,10 @@ def render_text(report: dict[str, Any]) -> str:
 # -- the command -------------------------------------------------------------------------
 
 
+def _or(value: float | None, default: float) -> float:
+    return default if value is None else value
+
+
 def probe_main(args: argparse.Namespace) -> int:
     """``velomux probe``: exit 0 when whole and verified, 1 on a loss or failure, 2 on a
     usage or configuration error (one line on standard error)."""
@@ -786,7 +790,7 @@ def probe_main(args: argparse.Namespace) -> int:
     try:
         options = ProbeOptions(
             streams=args.streams,
-            duration=None if args.records is not None else (args.duration or 5.0),
+            duration=None if args.records is not None else _or(args.duration, 5.0),
             records=args.records,
             rate=args.rate,
             payload_bytes=args.payload_bytes,

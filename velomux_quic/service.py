@@ -85,6 +85,9 @@ it the oldest run's counts are forgotten (its report then says nothing of those 
 MAX_RUN_STREAMS = 4096
 """Stream indexes of one run the sink counts (a probe opens at most 1,024)."""
 
+MAX_COUNTED_STREAMS = 65_536
+"""Stream counts kept for reports across all runs at most (the oldest runs go first)."""
+
 MAX_RUN_ID_LENGTH = 64
 
 ECHO_ATTACH_TIMEOUT = 30.0
@@ -268,9 +271,14 @@ class _Sink:
         streams = self.runs.get(key)
         if streams is None:
             streams = self.runs[key] = {}
-            while len(self.runs) > MAX_REPORTED_RUNS:
-                self.runs.popitem(last=False)
+        self.runs.move_to_end(key)  # the run streaming now is the last to go
         count = streams[index] = _StreamCount()
+        # Runs whose report never came (a probe killed mid-run) go, oldest first.
+        while len(self.runs) > 1 and (
+            len(self.runs) > MAX_REPORTED_RUNS
+            or sum(map(len, self.runs.values())) > MAX_COUNTED_STREAMS
+        ):
+            self.runs.popitem(last=False)
         return count
 
     def anchor_reply(
