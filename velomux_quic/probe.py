@@ -230,8 +230,8 @@ class _Run:
         self.last_back_at = 0.0
         self.last_sent_at = 0.0
         self.error_messages: dict[str, str] = {}
-        self.pad = bytes(range(256)) * (options.payload_bytes // 256 + 1)
-        self.pad = self.pad[: options.payload_bytes - _HEADER.size]
+        pattern = bytes(range(256)) * (options.payload_bytes // 256 + 1)
+        self.pad = pattern[: options.payload_bytes - _HEADER.size]
 
     def fail(self, result: StreamResult, reason: str, error: BaseException | None = None) -> None:
         """Count one error of a stream by reason; the first message of each reason is kept."""
@@ -502,6 +502,16 @@ async def resolve_peer(node: Node, spec: str, peer_id: str | None) -> InstanceId
     return instance
 
 
+def _spiffe_id(certificate: x509.Certificate) -> str | None:
+    """The certificate's URI SAN (``spiffe://<trust domain>/instance/<uuid>``), if any."""
+    try:
+        names = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName)
+    except x509.ExtensionNotFound:
+        return None
+    uris = names.value.get_values_for_type(x509.UniformResourceIdentifier)
+    return uris[0] if uris else None
+
+
 def _certificate_facts(node: Node, peer: InstanceId, info: dict[str, Any]) -> dict[str, Any]:
     """The certificate the peer reports, checked against this node's trust roots and the
     InstanceId its handshake proved."""
@@ -515,6 +525,7 @@ def _certificate_facts(node: Node, peer: InstanceId, info: dict[str, Any]) -> di
         "sha256": hashlib.sha256(leaf.public_bytes(serialization.Encoding.DER)).hexdigest(),
         "not_after": leaf.not_valid_after_utc.isoformat(),
         "issuer": leaf.issuer.rfc4514_string(),
+        "spiffe_id": _spiffe_id(leaf),
     }
     own = node.messenger.transport.credentials
     try:
@@ -704,6 +715,8 @@ def render_text(report: dict[str, Any]) -> str:
         lines.append(
             f"  sha256         {certificate['sha256']} (as the peer reports it; {checked})"
         )
+        if certificate.get("spiffe_id"):
+            lines.append(f"  spiffe id      {certificate['spiffe_id']}")
     if identity["handshake_seconds"] is not None:
         lines.append(
             f"  handshake      {_ms(identity['handshake_seconds'] * 1e3)} (dial to established)"
