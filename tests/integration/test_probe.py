@@ -68,11 +68,11 @@ class Sink:
 
 @asynccontextmanager
 async def velomux_node(
-    tmp_path: Path, credentials: NodeCredentials, ops: str = "off"
+    tmp_path: Path, credentials: NodeCredentials, ops: str = "off", node_keys: str = ""
 ) -> AsyncIterator[Sink]:
     directory = credentials.save(tmp_path / f"sink-{credentials.instance_id}")
     config = tmp_path / "sink.toml"
-    config.write_text(f'[node]\ncredentials = "{directory}"\nname = "sink-0"\n')
+    config.write_text(f'[node]\ncredentials = "{directory}"\nname = "sink-0"\n{node_keys}')
     process = await asyncio.create_subprocess_exec(
         *CLI, "node", "--config", str(config), "--ops", ops,
         cwd=CHECKOUT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
@@ -98,15 +98,25 @@ def _get(url: str) -> str:
     return text
 
 
-def probe_config(tmp_path: Path, credentials: NodeCredentials, peers: str = "") -> Path:
+def probe_config(
+    tmp_path: Path, credentials: NodeCredentials, peers: str = "", node_keys: str = ""
+) -> Path:
     directory = credentials.save(tmp_path / "probe")
     config = tmp_path / "probe.toml"
-    config.write_text(f'[node]\ncredentials = "{directory}"\n\n{peers}')
+    config.write_text(f'[node]\ncredentials = "{directory}"\n{node_keys}\n{peers}')
     return config
 
 
 def peer_entry(instance_id: InstanceId, address: str, name: str = "sink-0") -> str:
     return f'[[peers]]\ninstance_id = "{instance_id}"\naddress = "{address}"\nname = "{name}"\n'
+
+
+async def wait_for_open_streams(sink: Sink, count: int) -> None:
+    """Bounded polling of the sink's own gauge: a probe prints nothing until it ends, and
+    the sink prints nothing when a stream opens."""
+    async with asyncio.timeout(30):
+        while await sink.metric("velomux_sink_open_streams") != count:
+            await asyncio.sleep(0.05)
 
 
 async def run_probe(*arguments: str, timeout: float = 40.0) -> tuple[int, str, str]:
@@ -250,11 +260,7 @@ async def test_a_probe_killed_mid_run_leaves_the_sink_ready_for_the_next_one_at_
             cwd=CHECKOUT, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
         )  # fmt: skip
         try:
-            async with asyncio.timeout(30):
-                # Bounded polling of the sink's own gauge: the probe prints nothing until
-                # it ends, and the sink prints nothing when a stream opens.
-                while await sink.metric("velomux_sink_open_streams") != 4:
-                    await asyncio.sleep(0.05)
+            await wait_for_open_streams(sink, 4)
             first.send_signal(signal.SIGKILL)
         finally:
             if first.returncode is None:
@@ -267,3 +273,44 @@ async def test_a_probe_killed_mid_run_leaves_the_sink_ready_for_the_next_one_at_
         report = json.loads(out)
         assert report["delivery"]["records_echoed"] == 4 * 50
         assert report["identity"]["verified"] is True
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.one_loop
+async def test_a_probe_finds_a_discovered_peer_by_name_and_ctrl_c_ends_its_window_cleanly(
+    tmp_path: Path, make_credentials: Callable[..., NodeCredentials]
+) -> None:
+    """PEER names a record the probe's discovery loaded (no [[peers]] at all); SIGINT then
+    ends the streaming window early: the report still comes, whole, and every stream the
+    sink read ended complete (finalized, not cut)."""
+    shared = tmp_path / "peers"
+    shared.mkdir()
+    directory_key = f'peer_directory = "{shared}"\n'
+    async with velomux_node(
+        tmp_path, make_credentials("sink"), ops="127.0.0.1:0", node_keys=directory_key
+    ) as sink:
+        config = probe_config(tmp_path, make_credentials("probe"), node_keys=directory_key)
+        process = await asyncio.create_subprocess_exec(
+            *CLI, "probe", "sink-0", "--config", str(config), "--json",
+            "--duration", "60", "--rate", "400", "--streams", "3",
+            cwd=CHECKOUT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            await wait_for_open_streams(sink, 3)
+            process.send_signal(signal.SIGINT)
+            async with asyncio.timeout(30):
+                out, err = await process.communicate()
+        finally:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+        assert process.returncode == 0, out.decode() + err.decode()
+        report = json.loads(out)
+        assert report["interrupted"] is True and report["ok"] is True
+        assert report["identity"]["instance_id"] == str(sink.instance_id)
+        delivery = report["delivery"]
+        assert 0 < delivery["records_sent"] == delivery["records_echoed"]
+        assert delivery["records_sent"] == delivery["records_received_by_peer"]
+        ends = await sink.events_until("stream_end", 3)
+        assert [e["outcome"] for e in ends] == ["complete"] * 3, ends
+        assert sum(int(e["records"]) for e in ends) == delivery["records_sent"]
