@@ -68,9 +68,12 @@ __all__ = [
     "EXIT_FAILED",
     "EXIT_OK",
     "EXIT_USAGE",
+    "LatencySamples",
     "ProbeOptions",
     "add_probe_commands",
     "probe",
+    "render_text",
+    "resolve_peer",
 ]
 
 EXIT_OK = 0

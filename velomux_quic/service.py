@@ -222,7 +222,7 @@ class _Sink:
         self.open_streams.set_function(lambda: len(self.tasks))
 
     def register(self) -> None:
-        """Serve the sink's three handlers on the node."""
+        """Serve the sink's handlers on the node: the sink, and the probe's three."""
         self.node.register_handler(SINK_HANDLER, self.handle, dispatch="inline")
         # Opening the stream back awaits the probe's node: a task per request.
         self.node.register_handler(ECHO_HANDLER, self.echo, dispatch="spawn")
@@ -331,7 +331,12 @@ class _Sink:
         if ticket is not None and not isinstance(ticket, str):
             raise ConfigurationError(f"{ctx.handler}: ticket must be hex or null")
         count = self.counted(ctx, request)
-        self.hold_route(ctx.sender, _reply_address(request.get("reply_to")))
+        try:
+            self.hold_route(ctx.sender, _reply_address(request.get("reply_to")))
+        except ConfigurationError:
+            count.outcome = "echo_no_route"
+            self.streams.labels(outcome=count.outcome).inc()
+            raise
         try:
             echo_to = await self.open_back(StreamAnchorHandle(handle), ticket)
         except (VelomuxError, ValueError) as error:
