@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from velomux_quic.demo import add_demo_commands
+from velomux_quic.probe import add_probe_commands
 from velomux_quic.security.cli import add_certs_commands
 from velomux_quic.service import add_node_commands
 
@@ -26,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_certs_commands(commands)
     add_demo_commands(commands)
     add_node_commands(commands)
+    add_probe_commands(commands)
     return parser
 
 

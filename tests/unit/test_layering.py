@@ -34,6 +34,7 @@ LAYERS = {
     "demo": 7,
     "cli": 7,
     "service": 7,
+    "probe": 7,
     "__init__": 8,
 }
 """Each top-level module or subpackage and its height: a module imports only from layers
