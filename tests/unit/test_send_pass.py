@@ -113,7 +113,7 @@ async def test_send_and_send_pass_mixed_on_one_stream_keep_its_order_and_a_pass_
         before = len(rig.messenger.payloads)
         pairs = [(s, [i, n, k]) for k in range(2) for i, s in enumerate(senders)]
         assert await send_pass(pairs) == PassOutcome(len(pairs))
-        for sender, item in pairs:
+        for _, item in pairs:
             expected[item[0]].append(item)
         await rig.settle()
         assert len(rig.messenger.payloads) - before == 1  # the whole pass in one batch
