@@ -291,18 +291,24 @@ class EgressBatcher:
             raise _closed_slot(slot)
         if slot.queued_bytes >= slot.budget:
             return False
-        queue = slot.queue
-        queue.append((body, False))
+        slot.queue.append((body, False))
         slot.queued_bytes += len(body)
-        if len(queue) == 1 and slot.credit > 0 and state is _OPEN and not slot.fenced:
-            # The common case (one token per stream per pass): an idle slot with credit.
-            ready = self._ready
-            if slot.index not in ready:
-                ready[slot.index] = slot
-            if self._staged_since is None:
+        # What _enqueued does for a data record, inlined (this runs once per record). The
+        # slot is OPEN or OPENING, so no terminal is queued: its head is a data record.
+        if slot.credit > 0:
+            if state is _OPEN:
+                if not slot.fenced:  # sendable: the common case, an open slot with credit
+                    ready = self._ready
+                    if slot.index not in ready:
+                        ready[slot.index] = slot
+                    if self._staged_since is None:
+                        self._staged_since = now
+            elif self._staged_since is None:
+                # OpenSlot not written yet: ready once it is, its linger window starts now.
                 self._staged_since = now
-            return True
-        self._enqueued(slot, False, now)
+        elif state is _OPEN and not slot.exhausted_once:
+            slot.exhausted_once = True
+            self.stats.credit_exhausted += 1
         return True
 
     def offer_terminal(self, slot: EgressSlot, body: bytes, now: float, guard: Any = None) -> None:

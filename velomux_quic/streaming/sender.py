@@ -29,7 +29,17 @@ from typing import Any, Literal, Protocol
 from ..ids import InstanceId, StreamAnchorHandle
 from .channels import ProducerChannel
 from .errors import ChannelClosed, SendTimeout, SerializationError, UsageError
-from .frames import DETACHED, DROPPED, FINALIZED, SHUTDOWN, encode_item, encode_sender_error
+from .frames import (
+    DETACHED,
+    DROPPED,
+    FINALIZED,
+    ITEM_PREFIX,
+    PACKER_BUFFER,
+    SHUTDOWN,
+    ItemPacker,
+    encode_item,
+    encode_sender_error,
+)
 from .metrics import StreamingMetrics
 
 __all__ = [
@@ -467,31 +477,39 @@ async def send_pass(
     left: list[_PassEntry] = []
     blocked: set[int] = set()
     taken = 0
-    encode = encode_item
-    for index, (sender, item) in enumerate(pairs):
-        state = sender._state
-        if state.terminal_sent:  # ended or cancelled: what send() raises, for this pair
-            failed[index] = _closed_error(state)
-            continue
-        try:
-            body = encode(item)
-        except SerializationError as exc:
-            failed[index] = exc
-            continue
-        if blocked and id(state) in blocked:
-            left.append((index, state, body))  # behind its stream's refused record
+    packer = ItemPacker()  # encode_item inline: one packer for the pass
+    prefix = ITEM_PREFIX
+    grew = False
+    try:
+        for index, (sender, item) in enumerate(pairs):
+            state = sender._state
+            if state.terminal_sent:  # ended or cancelled: what send() raises, for this pair
+                failed[index] = _closed_error(state)
+                continue
+            try:
+                packed = packer.pack(item)
+            except (TypeError, ValueError, OverflowError) as exc:
+                failed[index] = packer.failed(item, exc)
+                continue
+            if len(packed) > PACKER_BUFFER:
+                grew = True
+            body = prefix + packed
+            if blocked and id(state) in blocked:
+                left.append((index, state, body))  # behind its stream's refused record
+                state.metrics.producer_send_backpressure += 1
+                continue
+            channel = state.channel
+            if channel.try_send(body):
+                taken += 1
+                continue
+            if channel.closed:
+                failed[index] = ChannelClosed("the stream's channel is closed")
+                continue
+            blocked.add(id(state))
+            left.append((index, state, body))
             state.metrics.producer_send_backpressure += 1
-            continue
-        channel = state.channel
-        if channel.try_send(body):
-            taken += 1
-            continue
-        if channel.closed:
-            failed[index] = ChannelClosed("the stream's channel is closed")
-            continue
-        blocked.add(id(state))
-        left.append((index, state, body))
-        state.metrics.producer_send_backpressure += 1
+    finally:
+        packer.release(grew)
     if left and wait:
         try:
             async with asyncio.timeout(timeout):
