@@ -71,7 +71,10 @@ from ..errors import UsageError
 from .config import AutoFlush, Manual, MuxConfig
 from .protocol import (
     COALESCE_THRESHOLD,
+    MAX_RECORDS,
     MIN_BATCH_CAP,
+    RECORD_HEADER,
+    RECORD_HEADER_SIZE,
     BatchBuilder,
     CloseReason,
     LifecycleAction,
@@ -122,6 +125,8 @@ _TERMINAL_CLOSE_SIZE: Final = 14
 
 _OPEN: Final = SlotState.OPEN
 _OPENING: Final = SlotState.OPENING
+_DATA: Final = int(RecordType.DATA)
+_pack_record: Final = RECORD_HEADER.pack
 _CLOSED: Final = SlotState.CLOSED
 
 
@@ -585,10 +590,18 @@ class EgressBatcher:
         ready = self._ready
         slots = list(ready.values())
         ready.clear()
-        add_if_fits = builder.add_data_if_fits
         stats = self.stats
         quantum = self.quantum
         budget = self.poll_budget
+        # The common record is appended to the builder's buffer here, one call less per
+        # record than add_data_if_fits: ``room`` is the batch's records still allowed,
+        # ``pending`` those appended and not yet reported to the builder (added()).
+        buf = builder.buffer
+        cap = builder.cap - RECORD_HEADER_SIZE
+        pack_header = _pack_record
+        room = MAX_RECORDS - builder.count
+        pending = 0
+        packed = 0  # Data records packed inline by this poll, counted once at the end
         while slots:
             carried: list[EgressSlot] = []
             for position, slot in enumerate(slots):
@@ -600,28 +613,40 @@ class EgressBatcher:
                 queue = slot.queue
                 # The common record, inlined: data with credit that fits the open batch.
                 credit = slot.credit
-                seq = slot.next_seq
-                sid = slot.slot_id
+                first = seq = slot.next_seq
                 taken = 0
-                while queue and credit > 0 and taken < quantum:
-                    body, terminal = queue[0]
-                    if terminal or not add_if_fits(sid, seq, body):
-                        break
-                    queue.popleft()
-                    taken += len(body)
-                    seq += 1
-                    credit -= 1
-                if seq != slot.next_seq:
-                    self._count_data += seq - slot.next_seq
+                if queue and credit > 0:
+                    sid = slot.slot_id
+                    while True:
+                        body, terminal = queue[0]
+                        length = len(body)
+                        if terminal or len(buf) + length > cap or pending >= room:
+                            break
+                        buf += pack_header(_DATA, sid, seq, length)
+                        buf += body
+                        pending += 1
+                        queue.popleft()
+                        taken += length
+                        seq += 1
+                        credit -= 1
+                        if not queue or credit <= 0 or taken >= quantum:
+                            break
+                if seq != first:
+                    packed += seq - first
                     slot.next_seq = seq
                     slot.credit = credit
                     slot.queued_bytes -= taken
                     carries_data = True
                 if queue and (queue[0][1] or (credit > 0 and taken < quantum)):
                     # A terminal, a full batch or a record no batch can hold.
+                    builder.added(pending)
+                    self._count_data += packed
+                    pending = packed = 0
                     guards, carries_data, more = self._pack_slot(
                         slot, out, guards, carries_data, quantum - taken
                     )
+                    buf = builder.buffer
+                    room = MAX_RECORDS - builder.count
                     taken += more
                 budget -= taken
                 if not queue or not slot.live or slot.fenced:
@@ -635,6 +660,8 @@ class EgressBatcher:
             slots = carried
             if budget <= 0:
                 break
+        builder.added(pending)
+        self._count_data += packed
         if slots:
             for slot in slots:
                 if slot.live:
