@@ -21,7 +21,7 @@ from velomux_quic.mux.config import Manual, MuxConfig
 from velomux_quic.mux.driver import BatcherDriver, MuxChannel
 from velomux_quic.mux.egress import EgressBatcher
 from velomux_quic.mux.protocol import CloseReason, RecordType, decode_batch
-from velomux_quic.streaming.frames import encode_item
+from velomux_quic.streaming.frames import PACKER_BUFFER, encode_item, pooled_packers
 from velomux_quic.streaming.metrics import StreamingMetrics
 from velomux_quic.streaming.sender import SenderState, send_pass
 
@@ -181,3 +181,19 @@ async def test_a_slot_closed_by_the_peer_and_an_unencodable_item_fail_only_their
     await rig.settle()
     assert rig.data() == rig.expect([[], [1, 3]])
     assert live.state == "open" and closed.state == "cancelled"
+
+
+async def test_an_item_larger_than_a_batch_goes_alone_and_the_packer_that_grew_is_not_pooled() -> (
+    None
+):
+    rig = Rig(MuxConfig())
+    small, large = rig.sender(), rig.sender()
+    await rig.settle()
+    pooled = pooled_packers()
+    big = b"b" * (PACKER_BUFFER + 1000)  # past a batch, and past a pooled packer's buffer
+    pairs = [(small, 0), (large, big), (small, 1), (large, "after")]
+    assert await send_pass(pairs) == PassOutcome(4)
+    assert pooled_packers() == pooled - 1  # it grew: dropped, not given back
+    for _ in range(3):
+        await rig.settle()
+    assert rig.data() == rig.expect([[0, 1], [big, "after"]])
