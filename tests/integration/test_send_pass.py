@@ -17,6 +17,8 @@ from tests.conftest import StartNode
 from velomux_quic import (
     ChannelClosed,
     Manual,
+    MpscEvent,
+    MpscItem,
     MuxConfig,
     Node,
     PassOutcome,
@@ -262,3 +264,42 @@ async def test_per_stream_and_same_node_senders_take_a_pass_like_mux_senders(
     results = await asyncio.gather(*(drain(x) for x in [*remote, *local]))
     await producer
     assert results == expected
+
+
+async def test_mpsc_producers_on_two_nodes_hand_their_passes_over_each_in_order(
+    start_nodes: StartNode,
+) -> None:
+    consumer = await start_nodes("c")
+    engine = await start_nodes("engine")
+    engine.add_peer(consumer.instance_id, consumer.address)
+    anchor = consumer.create_mpsc_anchor()
+    # Two producers over the mux, two on the anchor's own node.
+    senders = [
+        await (engine if i % 2 else consumer).attach_mpsc_anchor(anchor.handle) for i in range(4)
+    ]
+    passes = 200
+
+    async def produce(node: Node, mine: list[int]) -> None:
+        for n in range(passes):
+            outcome = await node.send_pass([(senders[i], [i, n]) for i in mine], wait=True)
+            assert outcome == PassOutcome(len(mine))
+        for i in mine:
+            senders[i].finalize()
+
+    producers = asyncio.gather(produce(engine, [1, 3]), produce(consumer, [0, 2]))
+    seen: dict[int, list[int]] = {}
+    departed = 0
+    async with asyncio.timeout(30):
+        async for event in anchor:
+            if isinstance(event, MpscItem):
+                index, n = event.value
+                assert event.sender_id == senders[index].sender_id
+                seen.setdefault(index, []).append(n)
+            else:
+                assert isinstance(event, MpscEvent) and event.kind == "detached"
+                departed += 1
+                if departed == len(senders):
+                    break
+    await producers
+    assert seen == {i: list(range(passes)) for i in range(len(senders))}
+    anchor.cancel()
