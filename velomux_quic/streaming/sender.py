@@ -478,6 +478,7 @@ async def send_pass(
     blocked: set[int] = set()
     taken = 0
     packer = ItemPacker()  # encode_item inline: one packer for the pass
+    pack = packer.pack
     prefix = ITEM_PREFIX
     grew = False
     try:
@@ -487,9 +488,10 @@ async def send_pass(
                 failed[index] = _closed_error(state)
                 continue
             try:
-                packed = packer.pack(item)
+                packed = pack(item)
             except (TypeError, ValueError, OverflowError) as exc:
                 failed[index] = packer.failed(item, exc)
+                pack = packer.pack  # a fresh packer: a failed one is not used again
                 continue
             if len(packed) > PACKER_BUFFER:
                 grew = True
