@@ -1,4 +1,4 @@
-"""The decode-engine token benchmark: one engine, Y frontends, five implementations.
+"""The decode-engine token benchmark: one engine, Y frontends, six implementations.
 
 A decode engine emits one token per live request per forward pass; each request's tokens go
 to the frontend that owns it. Here one engine process streams ``--streams`` X requests to
@@ -15,6 +15,8 @@ processes; a failed run is reported as failed and the others go on:
   negotiates ``messenger-mux-v2``, every stream to a frontend is batched into one message;
 * ``mux-manual``: the engine with ``MuxConfig(flush_policy=Manual())`` and one
   ``node.flush_batch()`` per pass, which is the write; the frontends keep the default;
+* ``mux-pass``: as ``mux-auto``, but the engine hands each whole pass over in one
+  ``node.send_pass(pairs, wait=True)`` call instead of one ``await send`` per token;
 * ``per-stream``: the engine offers only ``quic-stream-v1``, so every stream is its own QUIC
   stream whatever else the nodes could negotiate;
 * ``grpc``: grpc.aio, the engine a gRPC server, each frontend one channel and one
@@ -145,14 +147,15 @@ from velomux_quic.transport import TransportConfig
 SCRIPT = Path(__file__).resolve()
 RESULTS = SCRIPT.parent / "results"
 
-IMPLS = ("mux-auto", "mux-manual", "per-stream", "grpc", "bare")
+IMPLS = ("mux-auto", "mux-manual", "mux-pass", "per-stream", "grpc", "bare")
 IMPL_KEYS = {
     "mux-auto": MESSENGER_MUX_KEY,
     "mux-manual": MESSENGER_MUX_KEY,
+    "mux-pass": MESSENGER_MUX_KEY,
     "per-stream": PER_STREAM_KEY,
 }
 """The transport key every sender of a node arm must have negotiated."""
-MUX_IMPLS = ("mux-auto", "mux-manual")
+MUX_IMPLS = ("mux-auto", "mux-manual", "mux-pass")
 BASELINES = ("grpc", "per-stream", "bare")
 MODES = ("max-rate", "paced")
 CONSUMERS = ("task-per-stream", "batches", "single-task")
@@ -596,6 +599,23 @@ def emitting(emit: Sequence[Emit], after_pass: Callable[[], None] | None) -> Pas
     return one_pass
 
 
+def passing(node: Node, senders: Sequence[StreamSender]) -> PassBody:
+    """The pass of ``mux-pass``: every stream's stamped token in one ``node.send_pass``
+    (waiting for room, as the awaited sends of the other arms do)."""
+    clock = time.perf_counter_ns
+    streams = len(senders)
+    send_pass = node.send_pass
+
+    async def one_pass(pass_: int) -> None:
+        base = pass_ * streams
+        pairs = [(sender, stamped_token(base + i, clock())) for i, sender in enumerate(senders)]
+        outcome = await send_pass(pairs, wait=True)
+        if not outcome.complete:
+            raise BenchFailure(f"pass {pass_} not taken whole: {outcome}")
+
+    return one_pass
+
+
 async def run_passes(one_pass: PassBody, scenario: Scenario, where: list[int]) -> dict[str, Any]:
     """The decode loop: ``scenario.passes`` passes of ``one_pass``, at max rate or paced.
     ``where[0]`` follows the pass for a failure's report.
@@ -773,6 +793,8 @@ async def engine_main(args: argparse.Namespace) -> int:
 
         after_pass = node.flush_batch if impl == "mux-manual" else None
         one_pass = emitting([sender.send for sender in senders], after_pass)
+        if impl == "mux-pass":
+            one_pass = passing(node, senders)
         await _engine_window(args, scenario, stdin, node, one_pass, finish)
     return 0
 

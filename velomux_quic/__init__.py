@@ -113,7 +113,7 @@ from .streaming.anchor import (
 )
 from .streaming.config import StreamingConfig
 from .streaming.control import StreamOpenTicket
-from .streaming.sender import Retired, StreamSender
+from .streaming.sender import PassOutcome, Retired, StreamSender
 from .transport.config import TransportConfig
 
 __version__ = "0.1.0"
@@ -162,6 +162,7 @@ __all__ = [
     "NodeCredentials",
     "NodeSnapshot",
     "OpsConfig",
+    "PassOutcome",
     "PeerDiscovery",
     "PeerEntry",
     "PeerGone",

@@ -51,7 +51,7 @@ from .security.rotation import CertificateSummary
 from .streaming.anchor import MpscAnchor, StreamAnchor
 from .streaming.control import StreamOpenTicket
 from .streaming.manager import AnchorManager, StreamingConfig
-from .streaming.sender import StreamSender
+from .streaming.sender import PassOutcome, StreamSender, send_pass
 from .transport import TransportConfig
 
 if TYPE_CHECKING:
@@ -431,6 +431,29 @@ class Node:
         or unreachable (:meth:`add_peer` or discovery).
         """
         return await self.anchors.open_anchor_stream(handle, ticket)
+
+    async def send_pass(
+        self,
+        pairs: Iterable[tuple[StreamSender, Any]],
+        *,
+        wait: bool = False,
+        timeout: float | None = None,
+    ) -> PassOutcome:
+        """Hand a whole forward pass over in one call: ``(sender, item)`` pairs, each
+        taken as ``sender.send(item)`` would take it (same credit, byte budgets, fences
+        and flush policy; under ``AutoFlush`` the pass ends in one flush per peer and
+        lane, under ``Manual`` call :meth:`flush_batch` after it).
+
+        Never raises for one pair: the :class:`~velomux_quic.PassOutcome` says how many
+        were taken, which were left over for lack of room (``left``, positions in pass
+        order; every later pair of such a stream is left over too, so order holds) and
+        which failed (``failed``: :class:`~velomux_quic.errors.ChannelClosed` for an
+        ended or cancelled stream, :class:`~velomux_quic.errors.SerializationError` for
+        an item MessagePack cannot encode). ``wait=True`` waits for room for the
+        left-overs instead, for at most ``timeout`` seconds when given. Works for every
+        sender, whatever its transport (mux, per-stream, same-node anchor).
+        """
+        return await send_pass(pairs, wait=wait, timeout=timeout)
 
     def flush_batch(self) -> None:
         """Kick every mux batcher to write what is staged (one write per peer per pass).

@@ -20,6 +20,7 @@ SURFACE = {
     "MpscEvent",
     "StreamSender",
     "Retired",
+    "PassOutcome",
     "StreamOpenTicket",
     "InstanceId",
     "WorkerId",

@@ -511,6 +511,19 @@ class BatchBuilder:
         self._count += 1
         return True
 
+    @property
+    def buffer(self) -> bytearray:
+        """The batch being built, for a packer that appends Data records inline (the
+        batcher's loop): it appends ``RECORD_HEADER.pack(DATA, slot, seq, len(body))``
+        and ``body`` itself within :attr:`cap` and :data:`MAX_RECORDS` (counting
+        :attr:`count` in), then reports them with :meth:`added` before any other call
+        on the builder. One Python call per record less than :meth:`add_data_if_fits`."""
+        return self._buf
+
+    def added(self, records: int) -> None:
+        """``records`` Data records were appended to :attr:`buffer` inline."""
+        self._count += records
+
     def finish(self, lane: int, peer_epoch: int, batch_seq: int) -> bytes:
         """Write the header and return the batch as ``bytes``.
 

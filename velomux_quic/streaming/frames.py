@@ -33,7 +33,7 @@ deserialization error on that one exception without hiding its own bugs.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from enum import IntEnum
 from typing import Any, Final
 
@@ -54,6 +54,7 @@ __all__ = [
     "TERMINAL_KINDS",
     "FrameDecodeError",
     "FrameKind",
+    "ItemPacker",
     "SerializationError",
     "decode_frame",
     "encode_item",
@@ -149,6 +150,36 @@ def pooled_packers() -> int:
 
 def _serialization_error(item: object, exc: Exception) -> SerializationError:
     return SerializationError(f"cannot encode a {type(item).__name__} item as MessagePack: {exc}")
+
+
+class ItemPacker:
+    """One pooled packer held for a run of items (a forward pass), for a caller that
+    encodes inline: ``ITEM_PREFIX + packer.pack(item)`` is :func:`encode_item` without the
+    pool round trip per item (about 90 ns of 320 on a 48-byte token here).
+
+    After a failed ``pack`` call :meth:`failed`: it returns the :class:`SerializationError`
+    to report and swaps in a fresh packer (a failed one is never pooled). :meth:`release`
+    gives the packer back at the end of the run, unless it grew past :data:`PACKER_BUFFER`.
+    """
+
+    __slots__ = ("_packer", "pack")
+
+    def __init__(self) -> None:
+        try:
+            self._packer = _packer_pool.pop()
+        except IndexError:
+            self._packer = _Packer(buf_size=PACKER_BUFFER)
+        self.pack: Callable[[object], bytes] = self._packer.pack
+
+    def failed(self, item: object, exc: Exception) -> SerializationError:
+        self._packer = _Packer(buf_size=PACKER_BUFFER)
+        self.pack = self._packer.pack
+        return _serialization_error(item, exc)
+
+    def release(self, grew: bool) -> None:
+        """Back to the pool; ``grew``: some item packed to more than PACKER_BUFFER bytes."""
+        if not grew and len(_packer_pool) < POOL_MAX:
+            _packer_pool.append(self._packer)
 
 
 def encode_item(item: object) -> bytes:

@@ -9,6 +9,9 @@ consumer sees ``SenderDropped``.
 The consumer's cancel and graceful stop reach the producer as two read-only conditions:
 ``is_cancelled`` / ``await wait_cancelled()`` and ``is_stop_requested`` /
 ``await wait_stop_requested()``. Only the library sets them.
+
+:func:`send_pass` hands a whole forward pass over in one call: one record to each of many
+streams, under the rules ``send()`` follows, reporting per pair what it could not take.
 """
 
 from __future__ import annotations
@@ -18,15 +21,36 @@ import contextlib
 import enum
 import logging
 import weakref
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Literal, Protocol
 
 from ..ids import InstanceId, StreamAnchorHandle
 from .channels import ProducerChannel
-from .errors import ChannelClosed, SendTimeout
-from .frames import DETACHED, DROPPED, FINALIZED, SHUTDOWN, encode_item, encode_sender_error
+from .errors import ChannelClosed, SendTimeout, SerializationError, UsageError
+from .frames import (
+    DETACHED,
+    DROPPED,
+    FINALIZED,
+    ITEM_PREFIX,
+    PACKER_BUFFER,
+    SHUTDOWN,
+    ItemPacker,
+    encode_item,
+    encode_sender_error,
+)
 from .metrics import StreamingMetrics
 
-__all__ = ["Retired", "SenderOwner", "SenderState", "SenderStateName", "StreamSender"]
+__all__ = [
+    "PassOutcome",
+    "Retired",
+    "SenderOwner",
+    "SenderState",
+    "SenderStateName",
+    "StreamSender",
+    "send_pass",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -339,3 +363,175 @@ class StreamSender:
     async def retired(self) -> Retired:
         """Resolves once this node handed on all of the stream's output (or never will)."""
         return await asyncio.shield(self._state.retired)
+
+
+# -- a forward pass in one call ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PassOutcome:
+    """What :func:`send_pass` (``Node.send_pass``) did with each pair it was given.
+
+    Pairs are named by their position in the pass (0-based). A pair is in exactly one of
+    three places: taken (sent, like a ``send()`` that returned), ``left`` (not taken:
+    its stream had no room; hand it over again, in this order, once it has), or
+    ``failed`` (not taken, never will be as it is: :class:`ChannelClosed` for an ended or
+    cancelled stream, :class:`SerializationError` for an item MessagePack cannot hold).
+    """
+
+    taken: int
+    """How many pairs were sent."""
+    left: tuple[int, ...] = ()
+    """Positions of the pairs left over for lack of room, in pass order."""
+    failed: Mapping[int, ChannelClosed | SerializationError] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    """Position -> the error that pair would have raised from ``send()``."""
+
+    @property
+    def complete(self) -> bool:
+        """Every pair was taken: nothing left over, nothing failed."""
+        return not self.left and not self.failed
+
+
+_PassEntry = tuple[int, SenderState, bytes]
+"""A pair left over: its position, its sender's state and its encoded record."""
+
+
+def _closed_error(state: SenderState) -> ChannelClosed:
+    return ChannelClosed(
+        "the stream was cancelled" if state.cancelled.is_set() else "the stream has ended"
+    )
+
+
+def _restage(
+    entries: Iterable[tuple[int, SenderState, bytes]],
+    failed: dict[int, ChannelClosed | SerializationError],
+) -> tuple[int, list[_PassEntry]]:
+    """Offer left-over records again without waiting; (taken, still left over). A stream
+    that refuses a record takes none of its later ones in this round, so its order holds.
+    Not counted as backpressure again: each left-over pair was counted once already."""
+    taken = 0
+    left: list[_PassEntry] = []
+    blocked: set[int] = set()
+    for entry in entries:
+        index, state, body = entry
+        if state.terminal_sent:
+            failed[index] = _closed_error(state)
+            continue
+        if blocked and id(state) in blocked:
+            left.append(entry)
+            continue
+        channel = state.channel
+        if channel.try_send(body):
+            taken += 1
+            continue
+        if channel.closed:
+            failed[index] = ChannelClosed("the stream's channel is closed")
+            continue
+        blocked.add(id(state))
+        left.append(entry)
+    return taken, left
+
+
+async def send_pass(
+    pairs: Iterable[tuple[StreamSender, Any]],
+    *,
+    wait: bool = False,
+    timeout: float | None = None,
+) -> PassOutcome:
+    """Send one item to each of many streams in one call: a decode engine's forward pass.
+
+    ``pairs`` is ``(sender, item)`` in the order the items are to go; a sender may appear
+    more than once (its items keep their order). Each item is taken exactly as
+    ``sender.send(item)`` would take it: on the mux its record is staged into the slot of
+    its stream under the same credit, byte budget and fence rules, and written under the
+    node's flush policy (``AutoFlush``: the pass goes out at the end of the event-loop
+    wake, in as few batches per peer and lane as the clamps allow, one flush each;
+    ``Manual``: the caller still calls ``flush_batch()``). Senders on the per-stream path
+    or to a same-node anchor take their records as their ``send()`` does.
+
+    Errors are reported per pair, never raised for one pair, so one cancelled request
+    does not fail the pass, and an item already taken is never lost or sent twice: the
+    returned :class:`PassOutcome` names every pair that was not taken, with the
+    :class:`ChannelClosed` or :class:`SerializationError` ``send()`` would have raised.
+    A pair whose stream has no room (its byte budget is full) is left over, and so is
+    every later pair of that stream in the call; each is counted once in
+    ``velo_streaming_producer_send_backpressure_total``, as a ``send()`` that waits.
+
+    ``wait=False`` (the default) never suspends: the left-overs are returned at once.
+    ``wait=True`` waits for room for them in pass order, taking the others as room
+    opens; ``timeout`` (seconds, with ``wait=True``) bounds the whole wait, after which
+    what is still waiting is returned as left over (not raised: the outcome says which
+    pairs were taken). Under ``Manual`` a wait for room needs the flushes that make it,
+    exactly as a waiting ``send()`` does.
+
+    Why a function over pairs and not a pass writer: an engine already holds its pass as
+    (request, token) pairs, so one call with no object to keep or close is the least to
+    get wrong, and the outcome is a value the engine can act on (retry ``left``, retire
+    ``failed``) without callbacks.
+    """
+    if timeout is not None and not wait:
+        raise UsageError("send_pass(timeout=...) bounds a wait: pass wait=True with it")
+    failed: dict[int, ChannelClosed | SerializationError] = {}
+    left: list[_PassEntry] = []
+    blocked: set[int] = set()
+    taken = 0
+    packer = ItemPacker()  # encode_item inline: one packer for the pass
+    pack = packer.pack
+    prefix = ITEM_PREFIX
+    grew = False
+    try:
+        for index, (sender, item) in enumerate(pairs):
+            state = sender._state
+            if state.terminal_sent:  # ended or cancelled: what send() raises, for this pair
+                failed[index] = _closed_error(state)
+                continue
+            try:
+                packed = pack(item)
+            except (TypeError, ValueError, OverflowError) as exc:
+                failed[index] = packer.failed(item, exc)
+                pack = packer.pack  # a fresh packer: a failed one is not used again
+                continue
+            if len(packed) > PACKER_BUFFER:
+                grew = True
+            body = prefix + packed
+            if blocked and id(state) in blocked:
+                left.append((index, state, body))  # behind its stream's refused record
+                state.metrics.producer_send_backpressure += 1
+                continue
+            channel = state.channel
+            if channel.try_send(body):
+                taken += 1
+                continue
+            if channel.closed:
+                failed[index] = ChannelClosed("the stream's channel is closed")
+                continue
+            blocked.add(id(state))
+            left.append((index, state, body))
+            state.metrics.producer_send_backpressure += 1
+    finally:
+        packer.release(grew)
+    if left and wait:
+        try:
+            async with asyncio.timeout(timeout):
+                while left:
+                    index, state, body = left[0]
+                    if state.terminal_sent:
+                        failed[index] = _closed_error(state)
+                    else:
+                        try:
+                            await state.channel.send(body)
+                        except ChannelClosed as exc:
+                            failed[index] = exc
+                        else:
+                            taken += 1
+                    more, left = _restage(left[1:], failed)
+                    taken += more
+        except TimeoutError:
+            pass
+    return PassOutcome(
+        taken,
+        tuple(entry[0] for entry in left),
+        MappingProxyType(dict(sorted(failed.items()))),
+    )
