@@ -292,3 +292,37 @@ def test_the_stream_limits_are_limit_objects_the_constructor_may_replace(
         assert isinstance(limit, quic_connection.Limit)
         assert limit.frame_type == frame_type and limit.value == 128
     assert _parameters(quic_connection.Limit) == ["frame_type", "name", "value"]
+
+
+def test_host_and_peer_connection_ids_carry_the_reset_tokens_stateless_resets_use(
+    make_credentials: Callable[..., NodeCredentials],
+) -> None:
+    """transport.engine derives the tokens of ``_host_cids`` (QuicConnectionId's ``cid``,
+    ``stateless_reset_token`` and ``was_sent``), hooks ``_replenish_connection_ids``, and
+    reads the peer's tokens from ``_peer_cid`` and ``_peer_cid_available``; a server's
+    first token is what its transport parameters advertise."""
+    client, server = _plain_pair(make_credentials)
+    assert "_replenish_connection_ids" in vars(QuicConnection)
+    assert _parameters(QuicConnection._replenish_connection_ids) == ["self"]
+    for host_cid in server._host_cids:
+        assert len(host_cid.stateless_reset_token) == 16 and host_cid.was_sent
+    assert client._host_cids[0].stateless_reset_token in (b"", None)
+    assert client._peer_cid.cid == server._host_cids[0].cid
+    assert client._peer_cid.stateless_reset_token == server._host_cids[0].stateless_reset_token
+    available = {cid.cid: cid.stateless_reset_token for cid in client._peer_cid_available}
+    for host_cid in server._host_cids[1:]:
+        assert available[host_cid.cid] == host_cid.stateless_reset_token
+    assert server._is_client is False and client._is_client is True
+
+
+def test_change_connection_id_moves_to_the_next_peer_connection_id(
+    make_credentials: Callable[..., NodeCredentials],
+) -> None:
+    """A server leaves the client's first connection ID (no token) with the public
+    ``change_connection_id``, which takes the next of ``_peer_cid_available``."""
+    client, server = _plain_pair(make_credentials)
+    assert server._peer_cid.cid == client._host_cids[0].cid
+    following = server._peer_cid_available[0]
+    server.change_connection_id()
+    assert server._peer_cid.cid == following.cid
+    assert server._peer_cid.stateless_reset_token == following.stateless_reset_token

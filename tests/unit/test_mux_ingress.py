@@ -609,6 +609,44 @@ def test_a_withdrawn_feed_tells_the_sender_unknown_slot() -> None:
     assert h.stats.live_slots == 0
 
 
+def test_a_withdrawn_slots_sender_that_goes_on_sending_is_told_once_more() -> None:
+    """The close that followed the withdrawal may be lost with its connection (the sender
+    was stopped past the idle timeout): its next record gets the answer again, on the
+    reject lane, once; later records are dropped as refused, unanswered."""
+    h = Harness()
+    sid, slot = h.open(0)
+    h.send([data(sid, 1)])
+    slot.withdraw()
+    assert h.table.visit_dirty(1.0)
+    assert h.sink.closes == [(sid, CloseReason.UNKNOWN_SLOT)]
+    h.send([data(sid, 2), data(sid, 3)])
+    assert h.sink.rejects.drain() == [(sid, CloseReason.UNKNOWN_SLOT)]
+    assert drops(h.stats) == {"unknown_slot": 2}
+    h.send([data(sid, 4)])
+    assert h.sink.rejects.drain() == []
+
+
+def test_records_of_a_slot_closed_normally_are_not_answered() -> None:
+    h = Harness()
+    sid, slot = h.open(0)
+    h.send([terminal(sid, 1), close(sid, 2)])
+    assert read(slot) == ["FINALIZED"]
+    h.send([data(sid, 3)])
+    assert h.sink.rejects.drain() == [] and h.sink.closes == []
+    assert drops(h.stats) == {"closed_slot": 1}
+
+
+def test_a_new_stream_on_a_withdrawn_index_is_not_answered_for_the_old_one() -> None:
+    h = Harness()
+    sid, slot = h.open(0)
+    slot.withdraw()
+    assert h.table.visit_dirty(1.0)
+    newer, _ = h.open(0, generation=1)
+    h.send([data(sid, 2)])
+    assert h.sink.rejects.drain() == []
+    assert newer != sid
+
+
 def test_a_feed_withdrawn_after_its_terminal_sends_no_close() -> None:
     h = Harness()
     sid, slot = h.open(0)

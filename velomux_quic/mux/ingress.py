@@ -200,6 +200,10 @@ class IngressTable:
         self._refused: dict[int, int] = {}
         """Refused slot index -> slot id, oldest first, at most ``max_refused_slots``."""
         self._max_refused = config.max_refused_slots
+        self._withdrawn: dict[int, int] = {}
+        """Slot index -> slot id of slots whose consumer withdrew while the sender was still
+        live (it was sent a close), oldest first, at most ``max_refused_slots``: a record of
+        one of them later means the close may never have reached the sender."""
         self._live = 0
         self._epoch: int | None = None
         self._high_water: int | None = None
@@ -389,6 +393,14 @@ class IngressTable:
         elif occupant is not None:
             drops["generation"] += 1
             self.stats.generation_mismatch += 1
+        elif self._withdrawn and self._withdrawn.get(sid >> 8) == sid:
+            # Its consumer withdrew and the sender was told, yet it still sends: the close
+            # may have been lost with its connection (the sender stopped past the idle
+            # timeout, say). Tell it once more, on the reject lane, or it never learns;
+            # its later records are then dropped as refused.
+            del self._withdrawn[sid >> 8]
+            drops["unknown_slot"] += 1
+            self._reject(sid, _UNKNOWN_SLOT)
         else:
             # Never opened in this epoch, or already closed. The chapter counts a record
             # that overtook its OpenSlot here too: "finds no slot ... dropped as closed_slot".
@@ -586,6 +598,8 @@ class IngressTable:
             return
         if self._refused.pop(index, None) is not None:
             stats.refused_slots -= 1
+        if self._withdrawn:
+            self._withdrawn.pop(index, None)
         slot.open(sid, self.dirty, self._peer_budget, now)
         route = _Route(sid, slot, seq + 1, session_id)
         if index >= len(routes):
@@ -703,6 +717,11 @@ class IngressTable:
         terminal was delivered, or its close is here), and retire the slot."""
         if not route.slot.terminal and route.close_seq < 0:
             self._replies.close(route.slot_id, _UNKNOWN_SLOT)
+            withdrawn = self._withdrawn
+            withdrawn.pop(route.slot_id >> 8, None)
+            if len(withdrawn) >= self._max_refused:
+                del withdrawn[next(iter(withdrawn))]
+            withdrawn[route.slot_id >> 8] = route.slot_id
         self._retire(route, None)
 
     def retire_all(self) -> int:
@@ -719,6 +738,7 @@ class IngressTable:
         self._routes = []
         self.stats.refused_slots -= len(self._refused)
         self._refused.clear()
+        self._withdrawn.clear()
         self.dirty.drain()
         return retired
 

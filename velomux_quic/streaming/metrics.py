@@ -42,6 +42,10 @@ _COUNTERS = {
         "velo_streaming_attach_binds_replaced",
         "Binds of an attach whose answer timed out, released by the sender's retry",
     ),
+    "attach_retries": (
+        "velo_streaming_attach_retries",
+        "Attaches sent again because their connection ended before the answer came",
+    ),
     "senders_lost": (
         "velo_streaming_senders_lost",
         "Open senders cancelled because their channel closed under them (consumer gone)",
@@ -99,6 +103,7 @@ class StreamingMetrics(Collector):
     heartbeat_watchdog_firings: int
     heartbeat_watchdog_checks: int
     attach_binds_replaced: int
+    attach_retries: int
     senders_lost: int
     unclaimed_bind_reaped: int
     heartbeats_sent: int

@@ -27,7 +27,7 @@ import time
 from collections import Counter
 from typing import Protocol
 
-from ..errors import UnaryTimeout
+from ..errors import PeerGone, UnaryTimeout
 from ..ids import InstanceId, StreamAnchorHandle, WorkerId, worker_id_of
 from ..messenger import CallError, Context, Messenger
 from .channels import InboxChannel
@@ -85,6 +85,12 @@ The oldest are forgotten first; 64 Ki at ~100 bytes each bounds the memory."""
 UNANSWERED_REMEMBERED = 1 << 12
 """Timed-out attaches remembered (per anchor handle) for the retry to name; the oldest
 are forgotten first, so a node that gives up on thousands of anchors stays bounded."""
+
+ATTACH_ATTEMPTS = 3
+"""Sends of one attach at most, all within its ``attach_timeout``: a request whose
+connection ends before the answer (``PeerGone``) goes again. A node resumed after a
+long stop sees two connections to the same peer end within a millisecond (its own dial
+and the peer's), each failing every call waiting on that peer, hence more than one."""
 
 
 class LocalAnchors(Protocol):
@@ -166,33 +172,56 @@ class AnchorProducer:
             raise _no_peer(handle)
         sender_stream_id = self._new_sender_stream()
         request_type = MpscAnchorAttachRequest if mpsc else AnchorAttachRequest
-        request = request_type(
-            handle=handle,
-            session_id=int.from_bytes(os.urandom(8), "big") or 1,
-            stream_cancel_handle=(self._worker_id, sender_stream_id),
-            supported_transport_keys=sorted(self._transports.keys() if offer is None else offer),
-            lane_key=key,
-            replaces_session_id=self._unanswered.pop(handle, 0),
-        )
         started = time.monotonic()
+        deadline = started + self._config.attach_timeout
+        attempts = 0
         self._pending_attaches += 1
         try:
-            raw = await self._messenger.unary(
-                peer,
-                "_mpsc_anchor_attach" if mpsc else "_anchor_attach",
-                request.encode(),
-                timeout=self._config.attach_timeout,
-            )
-            response = (MpscAnchorAttachResponse if mpsc else AnchorAttachResponse).decode(raw)
-        except (CallError, ControlDecodeError) as exc:
-            if isinstance(exc, UnaryTimeout):
-                # The request may still bind late on the consumer: the next attach to
-                # this anchor names it, and the consumer releases that bind for it.
-                self._unanswered[handle] = request.session_id
-                if len(self._unanswered) > UNANSWERED_REMEMBERED:
-                    del self._unanswered[next(iter(self._unanswered))]
-            self._metrics.attach_rtt.labels("error", "none").observe(time.monotonic() - started)
-            raise AttachRefused(f"attach to {handle} failed: {exc}", handle) from exc
+            while True:
+                request = request_type(
+                    handle=handle,
+                    session_id=int.from_bytes(os.urandom(8), "big") or 1,
+                    stream_cancel_handle=(self._worker_id, sender_stream_id),
+                    supported_transport_keys=sorted(
+                        self._transports.keys() if offer is None else offer
+                    ),
+                    lane_key=key,
+                    replaces_session_id=self._unanswered.pop(handle, 0),
+                )
+                try:
+                    raw = await self._messenger.unary(
+                        peer,
+                        "_mpsc_anchor_attach" if mpsc else "_anchor_attach",
+                        request.encode(),
+                        timeout=max(0.0, deadline - time.monotonic()),
+                    )
+                    response = (MpscAnchorAttachResponse if mpsc else AnchorAttachResponse).decode(
+                        raw
+                    )
+                    break
+                except (CallError, ControlDecodeError) as exc:
+                    if isinstance(exc, (UnaryTimeout, PeerGone)):
+                        # The request may still bind (or have bound) on the consumer: the
+                        # next attach to this anchor names it, and the consumer releases
+                        # that bind for it.
+                        self._unanswered[handle] = request.session_id
+                        if len(self._unanswered) > UNANSWERED_REMEMBERED:
+                            del self._unanswered[next(iter(self._unanswered))]
+                    attempts += 1
+                    if (
+                        isinstance(exc, PeerGone)
+                        and attempts < ATTACH_ATTEMPTS
+                        and time.monotonic() < deadline
+                    ):
+                        # A connection ended under the request (the peer reset it, or it
+                        # was replaced): send it again over the next one, within the same
+                        # attach_timeout, naming the request it replaces.
+                        self._metrics.attach_retries += 1
+                        continue
+                    self._metrics.attach_rtt.labels("error", "none").observe(
+                        time.monotonic() - started
+                    )
+                    raise AttachRefused(f"attach to {handle} failed: {exc}", handle) from exc
         finally:
             self._pending_attaches -= 1
         if not isinstance(response, (AnchorAttachOk, MpscAnchorAttachOk)):

@@ -156,6 +156,9 @@ class PeerConnection:
             self._count_request_refusal,
         )
         self._drained = asyncio.Event()
+        self._cid_switch_pending = not is_client
+        """Server side: still sending to the client's first connection ID, which carries
+        no stateless reset token (see ``EngineConnection.adopt_resettable_peer_cid``)."""
 
     def _count_request_refusal(self, reason: str) -> None:
         self.stats.rejections[reason] += 1
@@ -230,6 +233,21 @@ class PeerConnection:
         self.state = ConnectionState.CLOSING
         self.quic.close(error_code=int(code), reason_phrase=reason or code.name.lower())
         self.transmit()
+
+    def reset_by_peer(self) -> None:
+        """The peer sent a stateless reset: it has no state for this connection any more
+        (its idle timer fired while this node was stopped, say). End it here at once,
+        without a word on the wire (the peer would only answer with another reset);
+        what waits on it fails as on any lost connection."""
+        if self.state is ConnectionState.CLOSED:
+            return
+        self._terminated(
+            quic_events.ConnectionTerminated(
+                error_code=int(CloseCode.SHUTDOWN),
+                frame_type=None,
+                reason_phrase="stateless reset: the peer no longer has this connection",
+            )
+        )
 
     async def aclose(self, timeout: float) -> None:
         """Close gracefully: give admitted data up to ``timeout`` to be acknowledged first."""
@@ -635,6 +653,8 @@ class PeerConnection:
         if self.state is ConnectionState.HANDSHAKING:
             self._note_refusal()
             self._confirm_if_ready()
+        if self._cid_switch_pending and self.state is ConnectionState.ESTABLISHED:
+            self._cid_switch_pending = not self.quic.adopt_resettable_peer_cid()
         self._poll_gates()
         # The loop hands over every datagram that arrived at once before it runs callbacks;
         # a datagrams_to_send pass after each one mostly found nothing to send (the ACK not

@@ -26,6 +26,7 @@ from aioquic.quic.packet import (
     pull_quic_header,
 )
 from aioquic.quic.retry import QuicRetryTokenHandler
+from cryptography.hazmat.primitives import serialization
 from prometheus_client.registry import CollectorRegistry
 
 from ..errors import CredentialsError
@@ -53,7 +54,12 @@ from .errors import (
 from .handler import TransportHandler
 from .metrics import TransportCollector, TransportStats
 from .perstream_send import PerStreamOutbound
+<<<<<<< HEAD
 from .snapshot import ConnectionSnapshot, TransportSnapshot
+=======
+from .resets import StatelessResets, reset_key_from
+from .snapshot import TransportSnapshot
+>>>>>>> reset
 from .udp import BufferSizes, open_udp_socket
 
 __all__ = ["Address", "QuicTransport", "TransportHandler"]
@@ -115,6 +121,16 @@ class QuicTransport(asyncio.DatagramProtocol):
         """Inbound connections still handshaking, with their source IP address."""
         self._half_open_per_source: dict[str, int] = {}
         self._retry = QuicRetryTokenHandler()
+        self._resets = StatelessResets(
+            reset_key_from(
+                credentials.private_key.private_bytes(
+                    serialization.Encoding.DER,
+                    serialization.PrivateFormat.PKCS8,
+                    serialization.NoEncryption(),
+                )
+            ),
+            now=self.loop.time(),
+        )
         self._paused: set[tuple[InstanceId, int]] = set()
         self._closing = False
         self._collector = TransportCollector.register(registry, self.stats, self.connection_count)
@@ -384,8 +400,10 @@ class QuicTransport(asyncio.DatagramProtocol):
             peer_role="server",
             expected_peer=peer,
             max_concurrent_streams=self.config.max_concurrent_streams,
+            resets=self._resets,
         )
         connection = PeerConnection(self, quic, is_client=True, peer=peer)
+        quic.cid_minted = lambda cid: self.register_cid(cid, connection)
         self._outbound[peer] = connection
         self.register_cid(quic.host_cid, connection)
         self.stats.dials += 1
@@ -437,6 +455,8 @@ class QuicTransport(asyncio.DatagramProtocol):
             connection = self._by_cid.get(data[1 : 1 + _CID_LENGTH])
             if connection is not None:
                 connection.datagram_received(data, addr)
+            else:
+                self._unroutable(data, addr)
             return
         try:
             header = pull_quic_header(Buffer(data=data), host_cid_length=_CID_LENGTH)
@@ -468,6 +488,33 @@ class QuicTransport(asyncio.DatagramProtocol):
         self._initial_received(
             header.version, header.destination_cid, header.source_cid, header.token, data, addr
         )
+
+    def _unroutable(self, data: bytes, addr: Address) -> None:
+        """A short-header datagram for no connection of ours: a peer's stateless reset of
+        one of our connections, or a packet for a connection we no longer have, which we
+        answer with a reset of our own (see :mod:`.resets`)."""
+        for connection in self._cids:
+            if connection.remote_address == addr and StatelessResets.matches(
+                data, connection.quic.peer_reset_tokens()
+            ):
+                self.stats.stateless_resets_received += 1
+                logger.info(
+                    "%s reset the connection (it had lost its state); a new one will be dialed",
+                    connection.peer or addr,
+                )
+                connection.reset_by_peer()
+                return
+        if self._resets.is_late_reset(data):
+            self.stats.stateless_resets_late += 1
+            return
+        if self._closing:
+            return
+        reset = self._resets.build(data[1 : 1 + _CID_LENGTH], len(data), self.loop.time())
+        if reset is None:
+            self.stats.stateless_resets_suppressed = self._resets.suppressed
+            return
+        self.stats.stateless_resets_sent += 1
+        self.sendto(reset, addr)
 
     def _initial_received(
         self,
@@ -547,8 +594,10 @@ class QuicTransport(asyncio.DatagramProtocol):
             peer_role="client",
             expected_peer=None,
             max_concurrent_streams=self.config.max_concurrent_streams,
+            resets=self._resets,
         )
         connection = PeerConnection(self, quic, is_client=False, peer=None)
+        quic.cid_minted = lambda cid: self.register_cid(cid, connection)
         self._handshaking_inbound += 1
         source = addr[0]
         self._half_open_sources[connection] = source
@@ -637,6 +686,7 @@ class QuicTransport(asyncio.DatagramProtocol):
 
     def connection_closed(self, connection: PeerConnection) -> None:
         """A connection ended: forget it, and tell the handler if it had been established."""
+        self._resets.remember(connection.quic.peer_reset_tokens())
         for cid in self._cids.pop(connection, set()):
             if self._by_cid.get(cid) is connection:
                 del self._by_cid[cid]

@@ -52,6 +52,7 @@ from aioquic.quic.stream import QuicStream
 from ..ids import InstanceId
 from ..security.tls import Role, VerifyingContext, install_peer_verification
 from ..security.verify import PeerVerificationError, PeerVerifier
+from .resets import StatelessResets
 
 __all__ = ["EngineConnection"]
 
@@ -72,9 +73,15 @@ class EngineConnection(QuicConnection):
         peer_role: Role,
         expected_peer: InstanceId | None,
         max_concurrent_streams: int,
+        resets: StatelessResets | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
+        self._velomux_resets = resets
+        self.cid_minted: Callable[[bytes], None] | None = None
+        """Called with each host connection ID as it is made (before it is ever sent), so
+        the endpoint routes it from the start; set by the owner after construction."""
+        self._derive_reset_tokens()
         self._velomux_verifier = verifier
         self._velomux_peer_role: Role = peer_role
         self._velomux_expected = expected_peer
@@ -94,6 +101,55 @@ class EngineConnection(QuicConnection):
             name="max_streams_uni",
             value=max_concurrent_streams,
         )
+
+    # -- stateless resets -----------------------------------------------------------------
+
+    def _derive_reset_tokens(self) -> None:
+        """Replace aioquic's random reset tokens with ones derived from the node's key, so
+        the endpoint can answer for a connection ID after the connection is gone.
+
+        Only tokens not yet issued are replaced (a token, once sent, is the peer's to keep);
+        the client's first connection ID carries none, and keeps none."""
+        resets = self._velomux_resets
+        if resets is None:
+            return
+        for host_cid in self._host_cids:
+            if host_cid.stateless_reset_token and not host_cid.was_sent:
+                host_cid.stateless_reset_token = resets.token(host_cid.cid)
+        if not self._is_client:  # advertised in the transport parameters, not a frame
+            first = self._host_cids[0]
+            first.stateless_reset_token = resets.token(first.cid)
+
+    def _replenish_connection_ids(self) -> None:
+        known = {host_cid.cid for host_cid in self._host_cids}
+        super()._replenish_connection_ids()
+        self._derive_reset_tokens()
+        minted = self.cid_minted
+        if minted is not None:
+            for host_cid in self._host_cids:
+                if host_cid.cid not in known:
+                    minted(host_cid.cid)
+
+    def adopt_resettable_peer_cid(self) -> bool:
+        """Server side: move off the client's first connection ID to one it issued later.
+
+        A client cannot attach a reset token to its first connection ID (RFC 9000 gives it
+        no place to), so a client that lost the connection could not reset it while this
+        end still sent to that ID. Once the client's NEW_CONNECTION_ID frames have arrived,
+        switch to one of those (with its token). True when done or not needed."""
+        if self._is_client or self._peer_cid.stateless_reset_token:
+            return True
+        if not self._peer_cid_available:
+            return False
+        self.change_connection_id()
+        return True
+
+    def peer_reset_tokens(self) -> list[bytes]:
+        """The stateless reset tokens the peer issued with its connection IDs in use or in
+        reserve: a datagram ending in one of them is the peer saying it lost our state."""
+        tokens = [cid.stateless_reset_token for cid in self._peer_cid_available]
+        tokens.append(self._peer_cid.stateless_reset_token)
+        return [token for token in tokens if token]
 
     # -- identity ------------------------------------------------------------------------
 

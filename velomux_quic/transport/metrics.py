@@ -39,6 +39,10 @@ class TransportStats:
         "rejections",
         "send_backpressure",
         "send_failures_after_admission",
+        "stateless_resets_late",
+        "stateless_resets_received",
+        "stateless_resets_sent",
+        "stateless_resets_suppressed",
     )
 
     def __init__(self) -> None:
@@ -53,6 +57,14 @@ class TransportStats:
         self.dials = 0
         self.active_connections = 0
         self.registered_peers = 0
+        self.stateless_resets_sent = 0
+        """Resets sent for datagrams addressed to connections this node no longer has."""
+        self.stateless_resets_received = 0
+        """Connections ended because their peer reset them (it had lost their state)."""
+        self.stateless_resets_suppressed = 0
+        """Resets not sent because the rate bound was spent."""
+        self.stateless_resets_late = 0
+        """Resets that arrived for connections this node had already closed (ignored)."""
         self.rejections: Counter[str] = Counter()
         """Refused inbound input by reason (``oversized_frame``, ``unverified_data``, ...)."""
         self.peer_refusals: Counter[str] = Counter()
@@ -134,6 +146,18 @@ class TransportCollector(Collector):
         )
         expiry.add_metric([TRANSPORT_KEY], s.certificate_not_after)
         yield expiry
+        resets = CounterMetricFamily(
+            "velo_transport_stateless_resets",
+            "Stateless resets: sent for connections this node lost, received for ones its "
+            "peer lost (each such connection ends at once), suppressed by the rate bound, "
+            "late (for a connection already closed here; ignored)",
+            labels=["transport", "direction"],
+        )
+        resets.add_metric([TRANSPORT_KEY, "sent"], s.stateless_resets_sent)
+        resets.add_metric([TRANSPORT_KEY, "received"], s.stateless_resets_received)
+        resets.add_metric([TRANSPORT_KEY, "suppressed"], s.stateless_resets_suppressed)
+        resets.add_metric([TRANSPORT_KEY, "late"], s.stateless_resets_late)
+        yield resets
         dials = CounterMetricFamily(
             "velo_transport_dials", "Outbound connections started", labels=["transport"]
         )
