@@ -16,7 +16,6 @@ record per stream as it ends (tests/procs/oracle_consumer.py), and so does the p
 
 Windows are short (0.5 s heartbeat, 2 s QUIC idle timeout, 1 s mux health check) so a
 cell takes seconds. The children run on the test's event loop kind (uvloop or asyncio).
-Cells where today's code misses the chapter's outcome are ``xfail`` naming the defect.
 docs/reliability.md has the table of what each cell showed.
 """
 
@@ -195,12 +194,6 @@ async def assert_new_streams_work(
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.xfail(
-    strict=False,
-    reason="a consumer resumed past the idle timeout answers new attaches over the outbound "
-    "connection it still believes alive: the same two nodes stream again only once that "
-    "connection is found dead, intermittently later than the test's bound",
-)
 async def test_sigstop_of_the_consumer_past_the_idle_timeout_then_sigcont(
     cluster_factory: Callable[[Settings], Cluster],
 ) -> None:
@@ -261,13 +254,6 @@ async def stop_the_producer_past_the_idle_timeout(
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.xfail(
-    strict=False,
-    reason="the resumed producer's connection now ends at once (stateless reset or its own "
-    "idle timer), but the mux redials and keeps its epoch, so senders to slots the consumer "
-    "already dropped end only when something answers for those slots: at times later than "
-    "the bound",
-)
 async def test_sigstop_of_the_producer_past_the_idle_timeout_then_sigcont(
     cluster_factory: Callable[[Settings], Cluster],
 ) -> None:
@@ -280,12 +266,6 @@ async def test_sigstop_of_the_producer_past_the_idle_timeout_then_sigcont(
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.xfail(
-    strict=False,
-    reason="a producer resumed past the idle timeout keeps its dead connection: its first "
-    "attach waits the whole attach_timeout (10 s) unanswered, the next fail with 'connection "
-    "closed while waiting', and attaches work again only about 14 s after SIGCONT",
-)
 async def test_a_producer_resumed_past_the_idle_timeout_attaches_new_streams_at_once(
     cluster_factory: Callable[[Settings], Cluster],
 ) -> None:
