@@ -44,6 +44,11 @@ class ConnectionSnapshot:
     stream_openings: int = 0
     """Streams the peer opened toward this node whose opening has not arrived whole yet
     (``max_stream_openings``)."""
+    datagram_size: int = 1452
+    """The largest datagram (UDP payload) the connection sends now."""
+    datagram_mode: str = "base"
+    """How that size was chosen: ``pinned``, ``loopback``, ``base`` (discovery off),
+    ``searching``, ``complete`` or ``black_hole`` (see :class:`~.pmtu.DatagramMode`)."""
 
 
 @dataclass(frozen=True, slots=True)
