@@ -302,7 +302,7 @@ def test_the_datagram_size_is_read_per_transmit_from_max_datagram_size(
 ) -> None:
     """``set_datagram_size`` changes ``_max_datagram_size`` on a live connection; aioquic
     builds every transmit's packets from it, so the next datagrams are that large."""
-    client, server = _plain_pair(make_credentials)
+    client, _ = _plain_pair(make_credentials)
     assert client._max_datagram_size == 1452
     client._max_datagram_size = 4000
     client._loss._cc.congestion_window = 100_000

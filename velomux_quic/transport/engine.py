@@ -110,6 +110,7 @@ class _LossReportingRecovery(QuicPacketRecovery):
         if large:
             self._on_large_lost(large)
 
+
 _SMALLEST_STREAM_FRAME_HEADER = 4
 """A STREAM frame's header is at least type (1) + stream id (1) + length (2) bytes; with
 less room than that left in the packet, aioquic's own code builds no frame either."""
