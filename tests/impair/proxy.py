@@ -238,7 +238,8 @@ class _Direction:
         max_datagram: int | None = None,
     ) -> None:
         self._loop = loop
-        self._max_datagram = max_datagram
+        self.max_datagram = max_datagram
+        """Larger datagrams are dropped (``dropped_too_big``); None forwards every size."""
         self._notify = notify
         self._link = link
         self._rng = rng
@@ -270,7 +271,7 @@ class _Direction:
         if self.blackholed:  # after the draws, so a blackhole does not shift later fates
             counters.dropped_blackhole += 1
             return
-        if self._max_datagram is not None and len(data) > self._max_datagram:
+        if self.max_datagram is not None and len(data) > self.max_datagram:
             counters.dropped_too_big += 1
             return
         if lost:
@@ -517,6 +518,14 @@ class ImpairmentProxy:
             while not predicate(self.counters):
                 self._changed.clear()
                 await self._changed.wait()
+
+    def narrow(self, max_datagram: int | None) -> None:
+        """Drop datagrams larger than ``max_datagram`` from now on, both ways (None: none):
+        a path whose MTU shrank under a live connection (a route change, a tunnel)."""
+        if not self._directions:
+            raise RuntimeError("the proxy is not started")
+        for direction in self._directions.values():
+            direction.max_datagram = max_datagram
 
     def blackhole(self, on: bool, direction: str | None = None) -> None:
         """Cut the link (``on``) or restore it: while cut, every datagram arriving in

@@ -126,6 +126,7 @@ async def test_discovery_through_a_narrow_path_settles_below_its_limit(
         await more(a, b, b_seen, frames=64, size=30_000)
         counters = proxy.counters.client_to_server
         stats = generate_latest(a.registry).decode()
+        await a.close()  # while the proxy still carries its goodbye
     lost = metric(stats, 'velo_transport_pmtu_probes_total{outcome="lost",transport="quic"}')
     assert counters.dropped_too_big == lost > 0
     assert metric(stats, 'velo_transport_pmtu_probes_total{outcome="acked",transport="quic"}') >= (
@@ -157,3 +158,27 @@ def metric(text: str, sample: str) -> float:
         if line.startswith(sample + " "):
             return float(line.rsplit(" ", 1)[1])
     raise AssertionError(f"{sample} not exported")
+
+
+async def test_a_path_that_narrows_after_the_raise_falls_back_and_streams_on(
+    start_node: NodeFactory,
+) -> None:
+    """Black-hole detection end to end: settled at 8972 through the proxy, the path then
+    drops everything above 1500 bytes. Full-size packets are lost, the confirmation probes
+    too, the connection falls back to 1452 and every frame still arrives whole."""
+    config = TransportConfig(loopback_datagram_size=None)
+    b, b_seen = await start_node("b", config=config)
+    a, _ = await start_node("a", config=config)
+    async with ImpairmentProxy(b.address, Impairment(max_datagram=9000)) as proxy:
+        a.register_peer(b.instance_id, proxy.address)
+        await exchange_via(a, b, b_seen, frames=16, size=30_000)
+        assert (await wait_for_search(a, b.instance_id)).datagram_size == 8972
+        await more(a, b, b_seen, frames=16, size=30_000)  # at 8972
+        proxy.narrow(1500)
+        await more(a, b, b_seen, frames=64, size=30_000)
+        connection = outbound(a, b.instance_id)
+        stats = generate_latest(a.registry).decode()
+        assert proxy.counters.client_to_server.dropped_too_big > 0
+        await a.close()  # while the proxy still carries its goodbye
+    assert (connection.datagram_size, connection.datagram_mode) == (1452, "black_hole")
+    assert metric(stats, 'velo_transport_pmtu_black_holes_total{transport="quic"}') == 1
