@@ -23,8 +23,9 @@ producer
 
 Both reports also carry ``datagrams``: per connection its direction, datagram size and
 how that was chosen (``TransportSnapshot``), and ``transport_metrics``, the node's path
-MTU samples. With ``--settle``, the producer first waits (at most 20 s) until no
-connection is still searching for its path's datagram size.
+MTU samples; the producer's are taken after its last pass, before it finalizes. With
+``--settle`` it first waits there (at most 20 s) until no connection is still searching
+for its path's datagram size.
 
 Both exit 0 once they reported; a stream that failed is in the report, not the exit code.
 """
@@ -168,19 +169,19 @@ async def produce(args: argparse.Namespace) -> int:
             # returns without suspending while the stream's window has room, so a loop of
             # sends alone never lets the event loop write its frames or heartbeats.
             await asyncio.sleep(args.interval)  # also paces a fake producer: not synchronisation
+        if args.settle:  # before finalizing: the consumer closes once its streams ended
+            await settle(node)
+        datagrams, path_metrics = datagram_report(node), transport_metrics(node)
         retired = await asyncio.wait_for(
             asyncio.gather(*(s.finalize() for s in senders)), args.timeout
         )
-        elapsed = time.monotonic() - started
-        if args.settle:
-            await settle(node)
         emit(
             "done",
             retired=dict(Counter(r.value for r in retired)),
-            elapsed=elapsed,
+            elapsed=time.monotonic() - started,
             metrics=streaming_metrics(node),
-            datagrams=datagram_report(node),
-            transport_metrics=transport_metrics(node),
+            datagrams=datagrams,
+            transport_metrics=path_metrics,
         )
     return 0
 
