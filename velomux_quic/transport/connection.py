@@ -10,8 +10,9 @@ so it is one class in one file: the dial's handshake deadline, peer verification
 graceful and abrupt close, termination and what it reports; the datagrams in and the
 dispatch of aioquic's events; what arrives on streams (lanes into frames for the handler,
 request streams, the per-stream path's streams handed up as :mod:`.events`); the send side
-(lanes and the per-stream path's streams, their gates); pings, keepalive, timers and
-transmit. Its collaborators have narrow interfaces: the endpoint that owns it is a
+(lanes and the per-stream path's streams, their gates); the datagram size of its path
+(the plan and search of :mod:`.pmtu`, fed with its probes' fates); pings, keepalive,
+timers and transmit. Its collaborators have narrow interfaces: the endpoint that owns it is a
 :class:`ConnectionOwner`, its streams see it as a :class:`~.lanes.StreamHost`, and the
 layers above see only its :class:`~.events.PeerLink`.
 
