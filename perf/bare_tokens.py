@@ -32,9 +32,11 @@ the same ``StreamCheck`` on every arm. The inboxes end when the QUIC stream ends
 
 Transport settings are a velomux node's defaults: the same mutual TLS (the node's
 certificates, both sides verified by the library's ``PeerVerifier`` inside the handshake,
-as a node does), 1452-byte datagrams, the node's UDP socket buffers (``open_udp_socket``),
-the node's initial windows (a lane's 1 MiB for the stream, 16 MiB for the connection;
-aioquic grows both as data arrives), on the same event loop (uvloop where installed).
+as a node does), the datagram size a node uses on loopback (``loopback_datagram_size``,
+16 KiB) or the one pinned with ``--datagram-size``, the node's UDP socket buffers
+(``open_udp_socket``), the node's initial windows (a lane's 1 MiB for the stream, 16 MiB
+for the connection; aioquic grows both as data arrives), on the same event loop (uvloop
+where installed).
 """
 
 from __future__ import annotations
@@ -86,8 +88,20 @@ _CLOSE_WAIT_S = 5.0
 _NODE = TransportConfig()
 
 
+def chosen_datagram_size(pinned: int | None) -> int:
+    """What a node would use here: the pinned size, else its size for a peer on this host
+    (the arm runs on loopback only). From the handshake on: the arm has no path to learn."""
+    if pinned is not None:
+        return pinned
+    return _NODE.loopback_datagram_size or _NODE.base_datagram_size
+
+
 def _configuration(
-    credentials: NodeCredentials, *, is_client: bool, idle_timeout: float
+    credentials: NodeCredentials,
+    *,
+    is_client: bool,
+    idle_timeout: float,
+    datagram_size: int | None = None,
 ) -> QuicConfiguration:
     """A node's aioquic configuration (certificate, datagram size, windows), own ALPN.
 
@@ -97,7 +111,7 @@ def _configuration(
     configuration = make_quic_configuration(
         credentials,
         is_client=is_client,
-        max_datagram_size=_NODE.max_datagram_size,
+        max_datagram_size=chosen_datagram_size(datagram_size),
         idle_timeout=idle_timeout,
         max_stream_data=_NODE.lane_window,
         max_data=_NODE.connection_window,
@@ -286,13 +300,20 @@ class BareEngine:
 
     @classmethod
     async def connect(
-        cls, credentials: Path, handoffs: Sequence[dict[str, Any]], streams: int, timeout: float
+        cls,
+        credentials: Path,
+        handoffs: Sequence[dict[str, Any]],
+        streams: int,
+        timeout: float,
+        datagram_size: int | None = None,
     ) -> BareEngine:
         """Dial every frontend named in ``handoffs`` (its identity, address and the global
         indices of its streams); fails unless they own every stream exactly once."""
         node = NodeCredentials.load(credentials)
         verifier = PeerVerifier(node.trust_roots, node.trust_domain)
-        configuration = _configuration(node, is_client=True, idle_timeout=timeout)
+        configuration = _configuration(
+            node, is_client=True, idle_timeout=timeout, datagram_size=datagram_size
+        )
         counts = Counts()
         outboxes = [bytearray() for _ in handoffs]
         slots: list[bytearray | None] = [None] * streams
@@ -565,10 +586,17 @@ class BareFrontend(asyncio.DatagramProtocol):
 
     @classmethod
     async def listen(
-        cls, credentials: NodeCredentials, indices: Sequence[int], streams: int, timeout: float
+        cls,
+        credentials: NodeCredentials,
+        indices: Sequence[int],
+        streams: int,
+        timeout: float,
+        datagram_size: int | None = None,
     ) -> BareFrontend:
         """Bind a node-sized socket on loopback and wait for the engine."""
-        configuration = _configuration(credentials, is_client=False, idle_timeout=timeout)
+        configuration = _configuration(
+            credentials, is_client=False, idle_timeout=timeout, datagram_size=datagram_size
+        )
         verifier = PeerVerifier(credentials.trust_roots, credentials.trust_domain)
         sock, _ = open_udp_socket(
             _HOST, 0, receive_buffer=_NODE.udp_receive_buffer, send_buffer=_NODE.udp_send_buffer

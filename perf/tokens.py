@@ -453,7 +453,9 @@ async def frontend_main(args: argparse.Namespace) -> int:
     if args.impl == "bare":
         from bare_tokens import BareFrontend
 
-        bare = await BareFrontend.listen(credentials, tally.indices, scenario.streams, args.timeout)
+        bare = await BareFrontend.listen(
+            credentials, tally.indices, scenario.streams, args.timeout, args.datagram_size
+        )
         try:
             readers = _start_readers(args.consumer, bare.inboxes, tally)
             handoff = {
@@ -467,7 +469,7 @@ async def frontend_main(args: argparse.Namespace) -> int:
         finally:
             await bare.close()
         return 0
-    transport = TransportConfig(lanes=args.lanes)
+    transport = TransportConfig(lanes=args.lanes, max_datagram_size=args.datagram_size)
     node = await Node.start(credentials, transport=transport)
     async with node:
         anchors = [node.create_anchor() for _ in tally.indices]
@@ -738,7 +740,9 @@ async def engine_main(args: argparse.Namespace) -> int:
 
         handoffs = [json.loads(path.read_text()) for path in args.handoff]
         started = time.perf_counter()
-        bare = await BareEngine.connect(args.credentials, handoffs, scenario.streams, args.timeout)
+        bare = await BareEngine.connect(
+            args.credentials, handoffs, scenario.streams, args.timeout, args.datagram_size
+        )
         try:
             attach_s = time.perf_counter() - started
             say("attached", {"attach_s": attach_s, "transports": [TRANSPORT], "byte_cap": None})
@@ -751,7 +755,7 @@ async def engine_main(args: argparse.Namespace) -> int:
 
     impl = args.impl
     mux = engine_mux_config(impl)
-    transport = TransportConfig(lanes=args.lanes)
+    transport = TransportConfig(lanes=args.lanes, max_datagram_size=args.datagram_size)
     node = await Node.start(NodeCredentials.load(args.credentials), transport=transport, mux=mux)
     async with node:
         handles: list[StreamAnchorHandle | None] = [None] * scenario.streams
@@ -874,6 +878,8 @@ def _child_arguments(
     ]  # fmt: skip
     if args.grpc_insecure:
         arguments.append("--grpc-insecure")
+    if args.datagram_size is not None:
+        arguments += ["--datagram-size", str(args.datagram_size)]
     if args.profile == role and args.profiler == "cprofile":
         arguments += ["--profile", role]
     for key, value in extra.items():
@@ -1378,6 +1384,7 @@ def _document(
             "runs": args.runs,
             "consumer": args.consumer,
             "lanes": args.lanes,
+            "datagram_size": args.datagram_size or "per path",
             "pace_ms": args.pace_ms,
             "token_bytes": TOKEN_BYTES,
             "token_record_bytes": token_record_bytes(stamped=True),
@@ -1456,7 +1463,7 @@ async def orchestrate(args: argparse.Namespace) -> int:
         f"# tokens: {', '.join(impls)}, {args.runs} run{'s' if args.runs > 1 else ''} per "
         f"implementation{' (interleaved)' if len(impls) > 1 else ''}\n\n"
         f"One {TOKEN_BYTES}-byte token per stream per pass, consumer {args.consumer}, lanes "
-        f"{args.lanes}"
+        f"{args.lanes}, datagrams {args.datagram_size or 'per path'}"
         + (
             f", QUIC through the impairment proxy ({args.loss:.1%} loss, "
             f"{args.delay_ms:g} ms delay each way)"
@@ -1526,6 +1533,12 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--lanes", type=int, default=1, help="TransportConfig(lanes=N) on every QUIC node (1)"
+    )
+    parser.add_argument(
+        "--datagram-size",
+        type=int,
+        help="QUIC arms: pin every node's (and the bare arm's) datagram size to N bytes "
+        "(default: per path, 16384 on loopback)",
     )
     parser.add_argument(
         "--loss",
@@ -1612,6 +1625,8 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--pace-ms and --timeout must be positive")
     if not 1 <= args.lanes <= 16:
         parser.error("--lanes must be 1 to 16")
+    if args.datagram_size is not None and not 1200 <= args.datagram_size <= 65000:
+        parser.error("--datagram-size must be 1200 to 65000")
     if not args.single_stream and not any(y <= x for x in args.streams for y in args.frontends):
         parser.error("every scenario has more frontends than streams")
     return args

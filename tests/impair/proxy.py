@@ -24,6 +24,9 @@ Each direction applies, in this order, from its own seeded ``random.Random``:
 * **reordering**: with probability ``reorder``, hold the datagram back a further
   ``reorder_hold`` seconds outside the FIFO, so later datagrams overtake it.
 
+A ``max_datagram`` drops every datagram larger than it, both ways, as a path with a
+narrow link and DF set does (``dropped_too_big``): for path MTU discovery.
+
 Exactly three random numbers are drawn per datagram whatever the outcome, so with a
 given seed the n-th datagram of a direction meets the same fate in every run.
 
@@ -165,9 +168,14 @@ class Impairment:
     socket_buffer: int = 4 * MiB
     """Requested SO_RCVBUF / SO_SNDBUF of every socket: the kernel default (~208 KiB) would
     add loss of its own at speed, which the counters could not see."""
+    max_datagram: int | None = None
+    """Datagrams larger than this many bytes are dropped, both ways (a narrow path); None
+    forwards every size."""
 
     def __post_init__(self) -> None:
         Link(self.loss, self.delay, self.jitter, self.reorder, self.reorder_hold)  # validates
+        if self.max_datagram is not None and not 1 <= self.max_datagram <= MAX_DATAGRAM:
+            raise ValueError(f"max_datagram must be 1 to {MAX_DATAGRAM}, got {self.max_datagram}")
         if self.max_in_flight < 1 or self.max_in_flight_bytes < MAX_DATAGRAM:
             raise ValueError(
                 f"max_in_flight must be >= 1 and max_in_flight_bytes >= {MAX_DATAGRAM}"
@@ -188,8 +196,9 @@ class Impairment:
 @dataclass(slots=True)
 class LinkCounters:
     """What happened to the datagrams of one direction. Every received datagram ends up in
-    exactly one of dropped_loss, dropped_overflow, dropped_blackhole, send_errors, forwarded,
-    or is still in flight; ``reordered`` counts the held-back ones among them."""
+    exactly one of dropped_loss, dropped_overflow, dropped_blackhole, dropped_too_big,
+    send_errors, forwarded, or is still in flight; ``reordered`` counts the held-back ones
+    among them."""
 
     received: int = 0
     forwarded: int = 0
@@ -197,6 +206,8 @@ class LinkCounters:
     dropped_overflow: int = 0
     dropped_blackhole: int = 0
     """Dropped while the direction was cut (:meth:`ImpairmentProxy.blackhole`)."""
+    dropped_too_big: int = 0
+    """Dropped for being larger than ``Impairment.max_datagram``."""
     reordered: int = 0
     send_errors: int = 0
 
@@ -224,8 +235,11 @@ class _Direction:
         max_count: int,
         max_bytes: int,
         notify: Callable[[], None],
+        max_datagram: int | None = None,
     ) -> None:
         self._loop = loop
+        self.max_datagram = max_datagram
+        """Larger datagrams are dropped (``dropped_too_big``); None forwards every size."""
         self._notify = notify
         self._link = link
         self._rng = rng
@@ -256,6 +270,9 @@ class _Direction:
         lost, spread, held = draw() < link.loss, draw(), draw() < link.reorder
         if self.blackholed:  # after the draws, so a blackhole does not shift later fates
             counters.dropped_blackhole += 1
+            return
+        if self.max_datagram is not None and len(data) > self.max_datagram:
+            counters.dropped_too_big += 1
             return
         if lost:
             counters.dropped_loss += 1
@@ -433,6 +450,7 @@ class ImpairmentProxy:
                 config.max_in_flight,
                 config.max_in_flight_bytes,
                 self._changed.set,
+                config.max_datagram,
             )
         listen = _open_socket(family, config.socket_buffer)
         try:
@@ -500,6 +518,14 @@ class ImpairmentProxy:
             while not predicate(self.counters):
                 self._changed.clear()
                 await self._changed.wait()
+
+    def narrow(self, max_datagram: int | None) -> None:
+        """Drop datagrams larger than ``max_datagram`` from now on, both ways (None: none):
+        a path whose MTU shrank under a live connection (a route change, a tunnel)."""
+        if not self._directions:
+            raise RuntimeError("the proxy is not started")
+        for direction in self._directions.values():
+            direction.max_datagram = max_datagram
 
     def blackhole(self, on: bool, direction: str | None = None) -> None:
         """Cut the link (``on``) or restore it: while cut, every datagram arriving in
@@ -623,6 +649,9 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument("--max-in-flight", type=int, default=DEFAULT_MAX_IN_FLIGHT)
     parser.add_argument(
+        "--max-datagram", type=int, default=None, help="drop datagrams larger than this"
+    )
+    parser.add_argument(
         "--no-stdin", action="store_true", help="do not exit at end of standard input"
     )
     return parser.parse_args(argv)
@@ -637,6 +666,7 @@ def config_from(args: argparse.Namespace) -> Impairment:
         reorder_hold=args.reorder_ms / 1000.0,
         seed=args.seed,
         max_in_flight=args.max_in_flight,
+        max_datagram=args.max_datagram,
     )
 
 

@@ -72,6 +72,9 @@ class Host:
     def link(self, state: str) -> None:
         ip("-n", self.namespace, "link", "set", self.device, state)
 
+    def mtu(self, mtu: int) -> None:
+        ip("-n", self.namespace, "link", "set", self.device, "mtu", str(mtu))
+
     def link_info(self) -> dict[str, Any]:
         info: list[dict[str, Any]] = json.loads(
             ip("-n", self.namespace, "-j", "-s", "link", "show", "dev", self.device).stdout
@@ -283,7 +286,7 @@ def start_producer(
 
 def exchange(
     pair: HostPair, ca: CertificateAuthority, tmp_path: Path, transport: str, *, streams: int,
-    tokens: int, deadline: float,
+    tokens: int, deadline: float, producer_options: tuple[str, ...] = (),
 ) -> tuple[dict[str, Any], dict[str, Any]]:  # fmt: skip
     """Stream ``tokens`` items on each of ``streams`` streams across the veth; both reports."""
     with children() as running:
@@ -293,7 +296,7 @@ def exchange(
         )  # fmt: skip
         producer = start_producer(
             running, pair, ca, tmp_path, transport, ready,
-            "--tokens", str(tokens), "--timeout", str(deadline),
+            "--tokens", str(tokens), "--timeout", str(deadline), *producer_options,
         )  # fmt: skip
         done = producer.expect("done", deadline)
         report = consumer.expect("report", deadline)
@@ -405,3 +408,41 @@ def test_soak_many_streams_across_the_veth_link(
         hosts, ca, tmp_path, transport, streams=streams, tokens=tokens, deadline=1200
     )
     assert_complete(report, done, transport, streams, tokens)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("producer_mtu", "consumer_mtu", "settled", "refused_here"),
+    [
+        (1500, 1500, 1452, True),  # Ethernet: the kernel refuses the 4096 probes (EMSGSIZE)
+        (9000, 9000, 8972, False),  # jumbo frames under IPv4: 9000 - 20 - 8
+        (9000, 1500, 1452, False),  # sent, then dropped by the far end: probes lost on the way
+    ],
+)
+def test_the_datagram_size_settles_at_what_the_veth_path_carries(
+    hosts: HostPair,
+    ca: CertificateAuthority,
+    tmp_path: Path,
+    producer_mtu: int,
+    consumer_mtu: int,
+    settled: int,
+    refused_here: bool,
+) -> None:
+    hosts.producer.mtu(producer_mtu)
+    hosts.consumer.mtu(consumer_mtu)
+    streams, tokens = 16, 200
+    report, done = exchange(
+        hosts, ca, tmp_path, MESSENGER_MUX_KEY, streams=streams, tokens=tokens, deadline=60,
+        producer_options=("--settle",),
+    )  # fmt: skip
+    assert_complete(report, done, MESSENGER_MUX_KEY, streams, tokens)
+    dialed = [c for c in done["datagrams"] if c["outbound"]]
+    assert dialed and all((c["size"], c["mode"]) == (settled, "complete") for c in dialed), dialed
+    metrics = done["transport_metrics"]
+    acked = metrics['velo_transport_pmtu_probes_total{outcome="acked",transport="quic"}']
+    lost = metrics['velo_transport_pmtu_probes_total{outcome="lost",transport="quic"}']
+    assert acked >= (3 if settled > 1452 else 0)  # 4096, 8952, 8972
+    assert lost >= (0 if settled > 1452 else 3)  # 4096, three times
+    assert metrics['velo_transport_pmtu_black_holes_total{transport="quic"}'] == 0
+    too_big = metrics['velo_transport_datagrams_too_big_total{transport="quic"}']
+    assert (too_big >= 3) if refused_here else (too_big == 0), too_big

@@ -21,6 +21,12 @@ producer
     stream was sent ``--tokens`` items (``[stream index, n]``), one per stream per pass,
     and finalized, with how each retired, plus the node's ``velo_streaming_*`` samples.
 
+Both reports also carry ``datagrams``: per connection its direction, datagram size and
+how that was chosen (``TransportSnapshot``), and ``transport_metrics``, the node's path
+MTU samples; the producer's are taken after its last pass, before it finalizes. With
+``--settle`` it first waits there (at most 20 s) until no connection is still searching
+for its path's datagram size.
+
 Both exit 0 once they reported; a stream that failed is in the report, not the exit code.
 """
 
@@ -57,6 +63,32 @@ def streaming_metrics(node: Node) -> dict[str, float]:
             sample, _, value = line.rpartition(" ")
             metrics[sample] = float(value)
     return metrics
+
+
+def datagram_report(node: Node) -> list[dict[str, Any]]:
+    """Each connection's datagram size and how it was chosen, from the node's snapshot."""
+    return [
+        {"outbound": c.outbound, "size": c.datagram_size, "mode": c.datagram_mode}
+        for c in node.snapshot().transport.connections
+    ]
+
+
+def transport_metrics(node: Node) -> dict[str, float]:
+    """The node's path MTU samples (probes, black holes, sends too big for the device)."""
+    metrics: dict[str, float] = {}
+    for line in node.metrics_text().splitlines():
+        if line.startswith(("velo_transport_pmtu_", "velo_transport_datagrams_too_big")):
+            sample, _, value = line.rpartition(" ")
+            metrics[sample] = float(value)
+    return metrics
+
+
+async def settle(node: Node, timeout: float = 20.0) -> None:
+    """Until no connection searches for its datagram size. The search reports to no event
+    a test process could await, so this is a bounded poll of the snapshot."""
+    async with asyncio.timeout(timeout):
+        while any(c["mode"] == "searching" for c in datagram_report(node)):
+            await asyncio.sleep(0.05)
 
 
 def mux_config(args: argparse.Namespace) -> MuxConfig | None:
@@ -113,6 +145,8 @@ async def consume(args: argparse.Namespace) -> int:
             streams=results,
             elapsed=time.monotonic() - started,
             metrics=streaming_metrics(node),
+            datagrams=datagram_report(node),
+            transport_metrics=transport_metrics(node),
         )
     return 0
 
@@ -135,6 +169,9 @@ async def produce(args: argparse.Namespace) -> int:
             # returns without suspending while the stream's window has room, so a loop of
             # sends alone never lets the event loop write its frames or heartbeats.
             await asyncio.sleep(args.interval)  # also paces a fake producer: not synchronisation
+        if args.settle:  # before finalizing: the consumer closes once its streams ended
+            await settle(node)
+        datagrams, path_metrics = datagram_report(node), transport_metrics(node)
         retired = await asyncio.wait_for(
             asyncio.gather(*(s.finalize() for s in senders)), args.timeout
         )
@@ -143,6 +180,8 @@ async def produce(args: argparse.Namespace) -> int:
             retired=dict(Counter(r.value for r in retired)),
             elapsed=time.monotonic() - started,
             metrics=streaming_metrics(node),
+            datagrams=datagrams,
+            transport_metrics=path_metrics,
         )
     return 0
 
@@ -166,6 +205,9 @@ def main() -> int:
     producer.add_argument("--tokens", type=int, required=True)
     producer.add_argument("--interval", type=float, default=0.0, help="pause between passes")
     producer.add_argument("--timeout", type=float, default=60.0, help="for the retirements")
+    producer.add_argument(
+        "--settle", action="store_true", help="report once no datagram size search runs"
+    )
     producer.set_defaults(handler=produce)
     for role in (consumer, producer):
         role.add_argument(

@@ -326,3 +326,165 @@ def test_change_connection_id_moves_to_the_next_peer_connection_id(
     server.change_connection_id()
     assert server._peer_cid.cid == following.cid
     assert server._peer_cid.stateless_reset_token == following.stateless_reset_token
+
+
+# -- transport/engine.py: datagram size, transport parameters and path MTU probes --------------
+
+
+def test_the_datagram_size_is_read_per_transmit_from_max_datagram_size(
+    make_credentials: Callable[..., NodeCredentials],
+) -> None:
+    """``set_datagram_size`` changes ``_max_datagram_size`` on a live connection; aioquic
+    builds every transmit's packets from it, so the next datagrams are that large."""
+    client, _ = _plain_pair(make_credentials)
+    assert client._max_datagram_size == 1452
+    client._max_datagram_size = 4000
+    client._loss._cc.congestion_window = 100_000
+    client.send_stream_data(STREAM, bytes(50_000))
+    sizes = [len(data) for data, _ in client.datagrams_to_send(now=Clock.now)]
+    assert max(sizes) == 4000
+
+
+def test_the_congestion_controller_and_pacer_count_in_datagrams_of_a_size() -> None:
+    """``set_datagram_size`` rewrites these: Reno's and CUBIC's step, the pacer's burst."""
+    from aioquic.quic.congestion.base import K_INITIAL_WINDOW, K_MINIMUM_WINDOW
+    from aioquic.quic.congestion.cubic import CubicCongestionControl
+    from aioquic.quic.congestion.reno import RenoCongestionControl
+    from aioquic.quic.recovery import QuicPacketPacer
+
+    assert (K_INITIAL_WINDOW, K_MINIMUM_WINDOW) == (10, 2)
+    reno = RenoCongestionControl(max_datagram_size=1452)
+    assert reno._max_datagram_size == 1452 and reno.ssthresh is None
+    assert reno.congestion_window == 10 * 1452
+    cubic = CubicCongestionControl(max_datagram_size=1452)
+    assert cubic._max_datagram_size == 1452 and cubic.additive_increase_factor == 1452
+    assert QuicPacketPacer(max_datagram_size=1452)._max_datagram_size == 1452
+    assert QuicConfiguration().congestion_control_algorithm == "reno"
+
+
+def test_the_loss_recovery_is_built_from_these_arguments_and_kept_as_loss(
+    make_credentials: Callable[..., NodeCredentials],
+) -> None:
+    """EngineConnection replaces ``_loss`` in its constructor with a subclass built from
+    the same arguments, before anything used it; ``_on_packets_lost`` is what it wraps."""
+    from aioquic.quic.recovery import QuicPacketPacer, QuicPacketRecovery
+
+    assert _parameters(QuicPacketRecovery.__init__) == [
+        "self",
+        "congestion_control_algorithm",
+        "initial_rtt",
+        "max_datagram_size",
+        "peer_completed_address_validation",
+        "send_probe",
+        "logger",
+        "quic_logger",
+    ]
+    assert _parameters(QuicPacketRecovery._on_packets_lost) == [
+        "self",
+        "congestion_event",
+        "now",
+        "packets",
+        "persistent_congestion",
+        "space",
+    ]
+    client = QuicConnection(
+        configuration=_configuration(make_credentials("client"), is_client=True)
+    )
+    assert isinstance(client._loss, QuicPacketRecovery) and client._loss.spaces == []
+    for name in ("_configuration", "_is_client", "_quic_logger", "_logger", "_send_probe"):
+        assert hasattr(client, name), name
+    assert isinstance(client._loss._pacer, QuicPacketPacer)
+    assert client._loss.get_probe_timeout() > 0
+
+
+def test_transport_parameters_carry_max_udp_payload_size_and_aioquic_sends_none(
+    make_credentials: Callable[..., NodeCredentials],
+) -> None:
+    """EngineConnection adds max_udp_payload_size to what ``_serialize_transport_parameters``
+    returns and reads the peer's again after ``_parse_transport_parameters``."""
+    from aioquic._buffer import Buffer as TypedBuffer
+    from aioquic.quic.packet import (
+        QuicTransportParameters,
+        pull_quic_transport_parameters,
+        push_quic_transport_parameters,
+    )
+
+    assert _parameters(QuicConnection._serialize_transport_parameters) == ["self"]
+    assert _parameters(QuicConnection._parse_transport_parameters) == [
+        "self",
+        "data",
+        "from_session_ticket",
+    ]
+    client = QuicConnection(
+        configuration=_configuration(make_credentials("client"), is_client=True)
+    )
+    client.connect(SERVER, now=Clock.now)  # builds the TLS context and its parameters
+    ours = pull_quic_transport_parameters(
+        TypedBuffer(data=client._serialize_transport_parameters())
+    )
+    assert ours.max_udp_payload_size is None
+    buf = TypedBuffer(capacity=64)
+    push_quic_transport_parameters(buf, QuicTransportParameters(max_udp_payload_size=16384))
+    assert pull_quic_transport_parameters(TypedBuffer(data=buf.data)).max_udp_payload_size == 16384
+
+
+def test_what_a_probe_is_built_and_registered_with(
+    make_credentials: Callable[..., NodeCredentials],
+) -> None:
+    """``send_mtu_probe`` builds a 1-RTT packet with these, then registers it itself."""
+    from aioquic.quic.packet_builder import QuicDeliveryState, QuicSentPacket
+
+    assert _parameters(QuicPacketBuilder.__init__) == [
+        "self",
+        "host_cid",
+        "peer_cid",
+        "version",
+        "is_client",
+        "max_datagram_size",
+        "packet_number",
+        "peer_token",
+        "quic_logger",
+        "spin_bit",
+    ]
+    assert isinstance(QuicPacketBuilder.remaining_buffer_space, property)
+    assert isinstance(QuicPacketBuilder.packet_number, property)
+    assert {"in_flight", "sent_time", "sent_bytes", "delivery_handlers"} <= set(
+        QuicSentPacket.__dataclass_fields__
+    )
+    assert {state.name for state in QuicDeliveryState} >= {"ACKED", "LOST"}
+    assert quic_connection.QuicConnectionState.CONNECTED not in quic_connection.END_STATES
+    client, _ = _plain_pair(make_credentials)
+    assert client._cryptos[tls.Epoch.ONE_RTT].send.is_valid()
+    path = client._network_paths[0]
+    assert path.addr == SERVER and isinstance(path.bytes_sent, int)
+    assert isinstance(client._packet_number, int) and isinstance(client._peer_cid.cid, bytes)
+    assert isinstance(client._spin_bit, bool) and client._version is not None
+
+
+def test_a_lost_packet_not_in_flight_leaves_the_congestion_window_alone(
+    make_credentials: Callable[..., NodeCredentials],
+) -> None:
+    """Why a probe is registered with ``in_flight = False``: its loss is reported to its
+    delivery handler, and the congestion controller never hears of it."""
+    from aioquic.quic.packet_builder import QuicSentPacket
+
+    client, _ = _plain_pair(make_credentials)
+    recovery, space = client._loss, client._spaces[tls.Epoch.ONE_RTT]
+    window, in_flight = recovery.congestion_window, recovery.bytes_in_flight
+    heard: list[object] = []
+    packet = QuicSentPacket(
+        epoch=tls.Epoch.ONE_RTT,
+        in_flight=False,
+        is_ack_eliciting=True,
+        is_crypto_packet=False,
+        packet_number=10_000,
+        packet_type=quic_connection.QuicPacketType.ONE_RTT,
+        sent_bytes=8000,
+        sent_time=Clock.now,
+    )
+    packet.delivery_handlers.append((lambda state: heard.append(state), ()))
+    recovery.on_packet_sent(packet=packet, space=space)
+    assert recovery.bytes_in_flight == in_flight
+    recovery._on_packets_lost(now=Clock.now + 1, packets=[packet], space=space)
+    assert len(heard) == 1 and 10_000 not in space.sent_packets
+    assert (recovery.congestion_window, recovery.bytes_in_flight) == (window, in_flight)

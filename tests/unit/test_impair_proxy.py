@@ -146,7 +146,12 @@ def accounted(counters: Counters) -> bool:
     """Every datagram the proxy received is forwarded or dropped (none in flight)."""
     return all(
         c.received
-        == c.forwarded + c.dropped_loss + c.dropped_overflow + c.dropped_blackhole + c.send_errors
+        == c.forwarded
+        + c.dropped_loss
+        + c.dropped_overflow
+        + c.dropped_blackhole
+        + c.dropped_too_big
+        + c.send_errors
         for c in (counters.client_to_server, counters.server_to_client)
     )
 
@@ -219,6 +224,30 @@ async def test_a_blackhole_drops_everything_until_it_is_lifted(endpoints: Endpoi
         await client.wait_for(2)
         assert numbers(client.payloads, b"echo ") == [0, 51]
         assert accounted(proxy.counters)
+
+
+@pytest.mark.timeout(20)
+async def test_a_size_limit_drops_larger_datagrams_and_can_narrow_later(
+    endpoints: EndpointFactory,
+) -> None:
+    server = await endpoints(echo=True)
+    async with ImpairmentProxy(server.address, Impairment(max_datagram=3000)) as proxy:
+        client = await endpoints(remote=proxy.address)
+        for n, size in enumerate((1000, 2995, 3001, 9000)):
+            client.send(numbered(n, size))
+        await proxy.wait_until(lambda c: c.client_to_server.received == 4)
+        assert proxy.counters.client_to_server.dropped_too_big == 2
+        await server.wait_for(2)
+        assert numbers(server.payloads) == [0, 1]
+        await client.wait_for(2)  # both echoes (5 bytes longer) fit 3000 bytes
+        proxy.narrow(1000)
+        client.send(numbered(4, 1000))  # fits on the way there; its echo does not, back
+        await server.wait_for(3)
+        await proxy.wait_until(lambda c: c.server_to_client.dropped_too_big == 1)
+        assert numbers(client.payloads, b"echo ") == [0, 1]
+        assert accounted(proxy.counters)
+    with pytest.raises(ValueError, match="max_datagram must be 1 to 65535"):
+        Impairment(max_datagram=0)
 
 
 @pytest.mark.timeout(20)

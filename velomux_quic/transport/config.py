@@ -6,10 +6,26 @@ from dataclasses import dataclass
 
 from ..errors import ConfigurationError
 
-__all__ = ["MAX_LANES", "TransportConfig"]
+__all__ = [
+    "BASE_DATAGRAM_SIZE",
+    "MAX_DATAGRAM_SIZE",
+    "MAX_LANES",
+    "MIN_DATAGRAM_SIZE",
+    "TransportConfig",
+]
 
 MAX_LANES = 16
 """Lanes per peer at most: the mux names lanes in the low four bits of a batch's flags."""
+
+BASE_DATAGRAM_SIZE = 1452
+"""Every connection starts at this UDP payload size unless pinned: it fits a 1500-byte
+Ethernet path under IPv6 (40) and UDP (8) headers, with room for a tunnel's few bytes."""
+
+MIN_DATAGRAM_SIZE = 1200
+"""QUIC's smallest allowed maximum datagram size (RFC 9000 section 14)."""
+
+MAX_DATAGRAM_SIZE = 65000
+"""Below the UDP payload limits (65507 under IPv4, 65527 under IPv6)."""
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -19,11 +35,12 @@ MiB = 1024 * KiB
 class TransportConfig:
     """How one node's QUIC endpoint behaves. Every field has a safe default.
 
-    ``max_datagram_size`` is the largest QUIC packet (UDP payload) we send. 1452 fits a
-    1500-byte Ethernet path under IPv6 + UDP headers with room to spare and is the default;
-    on loopback (MTU 65536) a larger value such as 16 KiB cuts per-packet CPU for bulk
-    transfers, but never use it across a real network: an oversized datagram is dropped,
-    not fragmented, and QUIC sees it as loss.
+    Datagram sizes are chosen per connection (see :mod:`.pmtu`): every connection starts
+    at 1452 bytes, which fits a 1500-byte Ethernet path under IPv6 + UDP headers; one to
+    a peer on this host then uses ``loopback_datagram_size``, and one across hosts
+    searches for the largest size its path carries (``pmtu_discovery``, up to
+    ``pmtu_max``). Setting ``max_datagram_size`` pins one size for every connection
+    instead, and turns both off.
     """
 
     lanes: int = 1
@@ -32,7 +49,27 @@ class TransportConfig:
     max_message_size: int = 16 * MiB
     """Largest frame body accepted or sent; larger inbound lengths close the connection."""
 
-    max_datagram_size: int = 1452
+    max_datagram_size: int | None = None
+    """The one UDP payload size every connection uses (and asks its peer to use), when set:
+    no loopback size, no path discovery. None (the default) chooses per path. An oversized
+    datagram is dropped, not fragmented, so pin a large size only where every path carries it."""
+
+    pmtu_discovery: bool = True
+    """Across hosts, probe for the largest datagram the path carries (DPLPMTUD, RFC 8899):
+    padded PING probes above the current size, raised only when one is acknowledged, never
+    counted as congestion; a path that starts losing full-size packets falls back to 1452.
+    False keeps every such connection at 1452."""
+
+    pmtu_max: int = 8972
+    """The largest size path discovery probes: 8972 is the UDP payload of a 9000-byte jumbo
+    frame under IPv4 (8952 under IPv6). Raise it for larger jumbo frames."""
+
+    loopback_datagram_size: int | None = 16 * KiB
+    """The size of a connection to a peer on this host (a loopback address, or our own
+    bound address): the loopback device's MTU is 65536, and larger datagrams cut the CPU
+    spent per byte. Bounded by what the peer accepts (its max_udp_payload_size). None
+    treats such a peer like any other (path discovery, up to ``pmtu_max``)."""
+
     idle_timeout: float = 15.0
     """A silent peer is declared dead after this long (QUIC idle timeout)."""
 
@@ -137,6 +174,21 @@ class TransportConfig:
     """How long ``check_health`` waits for the handshake and a PING answer by default."""
 
     @property
+    def base_datagram_size(self) -> int:
+        """The size a connection starts at: ``max_datagram_size`` when pinned, else 1452."""
+        if self.max_datagram_size is not None:
+            return self.max_datagram_size
+        return BASE_DATAGRAM_SIZE
+
+    @property
+    def accepted_datagram_size(self) -> int:
+        """The largest datagram we ask peers to send us (our ``max_udp_payload_size``):
+        the pinned size, else the largest this node would use itself on any path."""
+        if self.max_datagram_size is not None:
+            return self.max_datagram_size
+        return max(BASE_DATAGRAM_SIZE, self.loopback_datagram_size or 0, self.pmtu_max)
+
+    @property
     def partial_frame_limit(self) -> int:
         """``max_partial_frame_bytes``, with None resolved (twice ``max_message_size``)."""
         if self.max_partial_frame_bytes is not None:
@@ -148,8 +200,19 @@ class TransportConfig:
             raise ConfigurationError(f"lanes must be 1 to {MAX_LANES}, got {self.lanes}")
         if self.max_message_size < 1 or self.max_message_size > (1 << 32) - 1:
             raise ConfigurationError("max_message_size must fit the u32 frame length")
-        if not 1200 <= self.max_datagram_size <= 65000:
-            raise ConfigurationError("max_datagram_size must be 1200 to 65000 bytes")
+        for name in ("max_datagram_size", "pmtu_max", "loopback_datagram_size"):
+            value = getattr(self, name)
+            if value is not None and not MIN_DATAGRAM_SIZE <= value <= MAX_DATAGRAM_SIZE:
+                raise ConfigurationError(
+                    f"{name} must be {MIN_DATAGRAM_SIZE} to {MAX_DATAGRAM_SIZE} bytes (a UDP"
+                    f" payload QUIC may use), got {value}"
+                )
+        if self.pmtu_max < BASE_DATAGRAM_SIZE:
+            raise ConfigurationError(
+                f"pmtu_max must be at least {BASE_DATAGRAM_SIZE} (the size every connection"
+                f" starts at), got {self.pmtu_max}; set pmtu_discovery = false instead, or pin"
+                " max_datagram_size for a path narrower than that"
+            )
         for name in (
             "idle_timeout",
             "keep_alive_interval",

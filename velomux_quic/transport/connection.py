@@ -10,8 +10,9 @@ so it is one class in one file: the dial's handshake deadline, peer verification
 graceful and abrupt close, termination and what it reports; the datagrams in and the
 dispatch of aioquic's events; what arrives on streams (lanes into frames for the handler,
 request streams, the per-stream path's streams handed up as :mod:`.events`); the send side
-(lanes and the per-stream path's streams, their gates); pings, keepalive, timers and
-transmit. Its collaborators have narrow interfaces: the endpoint that owns it is a
+(lanes and the per-stream path's streams, their gates); the datagram size of its path
+(the plan and search of :mod:`.pmtu`, fed with its probes' fates); pings, keepalive,
+timers and transmit. Its collaborators have narrow interfaces: the endpoint that owns it is a
 :class:`ConnectionOwner`, its streams see it as a :class:`~.lanes.StreamHost`, and the
 layers above see only its :class:`~.events.PeerLink`.
 
@@ -51,6 +52,7 @@ from .lanes import (
 from .metrics import TransportStats
 from .openings import DROP, REFUSED_TIMEOUT, StreamOpenings
 from .perstream_send import PerStreamOutbound
+from .pmtu import DatagramMode, PathMtuSearch, plan_path
 from .requests import IncomingRequests, OutgoingRequests
 from .snapshot import ConnectionSnapshot
 from .states import CloseCode, ConnectionState
@@ -61,6 +63,9 @@ logger = logging.getLogger(__name__)
 
 _CRYPTO_ERROR_FIRST = int(QuicErrorCode.CRYPTO_ERROR)
 _CRYPTO_ERROR_LAST = _CRYPTO_ERROR_FIRST + 0xFF
+
+_MIN_PROBE_TIMEOUT = 0.1
+"""A path MTU probe unanswered for three probe timeouts, and at least this long, is lost."""
 
 
 class ConnectionOwner(Protocol):
@@ -77,6 +82,9 @@ class ConnectionOwner(Protocol):
 
     @property
     def stats(self) -> TransportStats: ...
+
+    @property
+    def address(self) -> tuple[str, int]: ...
 
     def sendto(self, data: bytes, addr: tuple[str, int]) -> None: ...
 
@@ -159,6 +167,17 @@ class PeerConnection:
         self._cid_switch_pending = not is_client
         """Server side: still sending to the client's first connection ID, which carries
         no stateless reset token (see ``EngineConnection.adopt_resettable_peer_cid``)."""
+        self._pmtu: PathMtuSearch | None = None
+        self._pmtu_timer: asyncio.TimerHandle | None = None
+        self._pmtu_soon: asyncio.Handle | None = None
+        self._black_holes_counted = 0
+        self._datagram_mode = (
+            DatagramMode.PINNED if config.max_datagram_size is not None else DatagramMode.BASE
+        )
+        self._counted_size: int | None = None
+        quic.accepted_datagram_size = config.accepted_datagram_size
+        quic.mtu_probe_observer = self._mtu_probe_answered
+        quic.large_loss_observer = self._large_packets_lost
 
     def _count_request_refusal(self, reason: str) -> None:
         self.stats.rejections[reason] += 1
@@ -352,7 +371,111 @@ class PeerConnection:
             partial_requests=self.requests_in.partial_count + self.requests_in.serving_count,
             partial_frame_bytes=self._partial_bytes,
             stream_openings=self._openings.pending,
+            datagram_size=self.quic.datagram_size,
+            datagram_mode=self._datagram_mode.value,
         )
+
+    # -- datagram size -------------------------------------------------------------------
+
+    def _start_datagram_plan(self) -> None:
+        """Established: choose the datagram size for this path (see :mod:`.pmtu`)."""
+        config = self.transport.config
+        remote = self.remote_address[0] if self.remote_address is not None else ""
+        plan = plan_path(config, self.transport.address[0], remote)
+        limit = self.quic.peer_max_udp_payload_size
+        self._datagram_mode = plan.mode
+        if plan.search_max is not None:
+            search = PathMtuSearch(min(plan.size, limit), min(plan.search_max, limit))
+            self._pmtu = search
+            self._datagram_mode = search.mode
+            self.quic.large_packet_threshold = search.base
+            self._use_datagram_size(search.size)
+            self._pmtu_step()
+        else:
+            self._use_datagram_size(min(plan.size, limit))
+
+    def _use_datagram_size(self, size: int) -> None:
+        if size != self.quic.datagram_size:
+            self.quic.set_datagram_size(size)
+        sizes = self.stats.datagram_sizes
+        if self._counted_size is not None:
+            sizes[self._counted_size] -= 1
+            if not sizes[self._counted_size]:
+                del sizes[self._counted_size]
+        sizes[size] += 1
+        self._counted_size = size
+
+    def _forget_datagram_size(self) -> None:
+        if self._counted_size is not None:
+            sizes = self.stats.datagram_sizes
+            sizes[self._counted_size] -= 1
+            if not sizes[self._counted_size]:
+                del sizes[self._counted_size]
+            self._counted_size = None
+
+    def _mtu_probe_answered(self, size: int, acked: bool) -> None:
+        """aioquic's loss detection decided a probe's fate (inside its receive path, so the
+        next probe waits for a callback of its own)."""
+        search = self._pmtu
+        if search is None:
+            return
+        if acked:
+            self.stats.pmtu_probes["acked"] += 1
+            search.probe_acked(size)
+        elif search.probe_lost(size, self._loop.time()):
+            self.stats.pmtu_probes["lost"] += 1
+        self._pmtu_step_soon()
+
+    def _large_packets_lost(self, count: int) -> None:
+        search = self._pmtu
+        if search is not None and search.size > search.base:
+            search.large_packets_lost(count)
+            self._pmtu_step_soon()
+
+    def _pmtu_step_soon(self) -> None:
+        if self._pmtu_soon is None and self.state is ConnectionState.ESTABLISHED:
+            self._pmtu_soon = self._loop.call_soon(self._pmtu_step)
+
+    def _pmtu_step(self) -> None:
+        """Give up on an overdue probe, send the next one, and follow the search's size."""
+        self._pmtu_soon = None
+        search = self._pmtu
+        if search is None or self.state is not ConnectionState.ESTABLISHED:
+            return
+        now = self._loop.time()
+        if search.expire(now) is not None:
+            self.stats.pmtu_probes["lost"] += 1
+        retry_at: float | None = None
+        size = search.next_probe(now)
+        if size is not None:
+            datagrams = self.quic.send_mtu_probe(size, now)
+            if datagrams:
+                for data, addr in datagrams:
+                    self.transport.sendto(data, addr)
+                self.stats.datagrams_out += len(datagrams)
+                self.stats.pmtu_probes["sent"] += 1
+                timeout = max(3 * self.quic.probe_timeout, _MIN_PROBE_TIMEOUT)
+                search.probe_sent(size, now, timeout)
+            else:  # no 1-RTT keys to send with yet: try again shortly
+                retry_at = now + _MIN_PROBE_TIMEOUT
+        if search.size != self._counted_size:
+            self._use_datagram_size(search.size)
+        self._datagram_mode = search.mode
+        if search.black_holes != self._black_holes_counted:
+            self.stats.pmtu_black_holes += search.black_holes - self._black_holes_counted
+            self._black_holes_counted = search.black_holes
+            logger.info(
+                "connection %s %s: full-size datagrams are lost; back to %d bytes",
+                "to" if self.is_client else "from",
+                self._peer_name(),
+                search.size,
+            )
+        if self._pmtu_timer is not None:
+            self._pmtu_timer.cancel()
+            self._pmtu_timer = None
+        deadline = search.deadline if retry_at is None else retry_at
+        if deadline is not None:
+            self._pmtu_timer = self._loop.call_at(deadline, self._pmtu_step)
 
     async def ping(self, timeout: float) -> None:
         uid = self._next_ping
@@ -752,6 +875,7 @@ class PeerConnection:
         self._schedule_keepalive()
         if not self.is_client:
             self._schedule_partial_sweep()
+        self._start_datagram_plan()
         self.transport.connection_established(self)
         self._poll_gates()
 
@@ -768,10 +892,15 @@ class PeerConnection:
             self._half_open_check,
             self._opening_timer,
             self._partial_sweep,
+            self._pmtu_timer,
+            self._pmtu_soon,
         ):
             if handle is not None:
                 handle.cancel()
         self._opening_timer = self._partial_sweep = None
+        self._pmtu_timer = self._pmtu_soon = None
+        self._pmtu = None
+        self._forget_datagram_size()
         self._openings.clear()
         self._timer = self._transmit_handle = self._keepalive = self._handshake_deadline = None
         self._half_open_check = None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import errno
 import logging
 import os
 from collections.abc import Iterable
@@ -167,7 +168,7 @@ class QuicTransport(asyncio.DatagramProtocol):
             make_quic_configuration(
                 credentials,
                 is_client=is_client,
-                max_datagram_size=self.config.max_datagram_size,
+                max_datagram_size=self.config.base_datagram_size,
                 idle_timeout=self.config.idle_timeout,
                 max_stream_data=self.config.stream_window,
                 max_data=self.config.connection_window,
@@ -440,8 +441,12 @@ class QuicTransport(asyncio.DatagramProtocol):
             self._udp_closed.set_result(None)
 
     def error_received(self, exc: Exception) -> None:
-        """asyncio: an ICMP error on the socket; logged only."""
+        """asyncio: an ICMP error on the socket, or a send it refused; logged only."""
         # ICMP errors (port unreachable, ...) surface here; QUIC's own timers handle them.
+        # EMSGSIZE is a datagram above the device MTU (a path MTU probe): counted, and its
+        # loss tells the search the size is too big.
+        if isinstance(exc, OSError) and exc.errno == errno.EMSGSIZE:
+            self.stats.datagrams_too_big += 1
         logger.debug("UDP error: %s", exc)
 
     def datagram_received(self, data: bytes, addr: Address) -> None:

@@ -20,6 +20,14 @@ What aioquic does not offer through its public API, and we need:
   it is kept here, for the streams registered with :meth:`track_send_backlog`, and
   updated where it changes: a write, a STREAM frame carrying new bytes, a
   MAX_STREAM_DATA, a reset (ours or the peer's STOP_SENDING).
+* **Datagram sizes per path.** aioquic fixes a connection's datagram size at
+  construction and neither advertises nor reads ``max_udp_payload_size``. Here the size
+  can be changed on a live connection (:meth:`EngineConnection.set_datagram_size`, which
+  updates the packet builder's size, the congestion controller's and the pacer's), our
+  limit is advertised and the peer's read, and :meth:`EngineConnection.send_mtu_probe`
+  sends a padded PING of a given size that is tracked for acknowledgement but kept out
+  of bytes in flight, so its loss never shrinks the congestion window (RFC 9000 section
+  14.4). Losses of ordinary packets are reported by size, for black-hole detection.
 * **Full packets.** aioquic offers every stream with queued data a frame in every packet
   it builds, even once the packet is full. With a thousand streams each holding a record,
   that was most of the per-stream path's CPU; a stream frame that cannot fit returns at
@@ -34,19 +42,29 @@ test what this class does with them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from aioquic import tls
 from aioquic._buffer import Buffer  # typed there; aioquic.buffer re-exports it untyped
+from aioquic.quic.congestion.base import K_INITIAL_WINDOW, K_MINIMUM_WINDOW
 from aioquic.quic.connection import (
+    END_STATES,
     MAX_STREAM_DATA_FRAME_CAPACITY,
     Limit,
+    NetworkAddress,
     QuicConnection,
     QuicReceiveContext,
 )
-from aioquic.quic.packet import QuicFrameType
-from aioquic.quic.packet_builder import QuicPacketBuilder
+from aioquic.quic.packet import (
+    QuicFrameType,
+    QuicPacketType,
+    QuicTransportParameters,
+    pull_quic_transport_parameters,
+    push_quic_transport_parameters,
+)
+from aioquic.quic.packet_builder import QuicDeliveryState, QuicPacketBuilder, QuicSentPacket
+from aioquic.quic.recovery import QuicPacketRecovery, QuicPacketSpace
 from aioquic.quic.stream import QuicStream
 
 from ..ids import InstanceId
@@ -54,9 +72,45 @@ from ..security.tls import Role, VerifyingContext, install_peer_verification
 from ..security.verify import PeerVerificationError, PeerVerifier
 from .resets import StatelessResets
 
-__all__ = ["EngineConnection"]
+__all__ = ["UNLIMITED_UDP_PAYLOAD", "EngineConnection"]
 
 Consumed = Callable[[], int]
+
+UNLIMITED_UDP_PAYLOAD = 65527
+"""``max_udp_payload_size`` of a peer that sends none (RFC 9000 section 18.2)."""
+
+
+class _LossReportingRecovery(QuicPacketRecovery):
+    """aioquic's loss recovery, which also reports how many in-flight packets larger
+    than a threshold each loss declared (the black-hole detector's input)."""
+
+    def __init__(self, *, on_large_lost: Callable[[int], None], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.large_threshold = 1 << 30
+        self._on_large_lost = on_large_lost
+
+    def _on_packets_lost(
+        self,
+        *,
+        congestion_event: bool = True,
+        now: float,
+        packets: Iterable[QuicSentPacket],
+        persistent_congestion: bool = False,
+        space: QuicPacketSpace,
+    ) -> None:
+        packets = packets if isinstance(packets, list | tuple) else list(packets)
+        threshold = self.large_threshold
+        large = sum(1 for p in packets if p.in_flight and p.sent_bytes > threshold)
+        super()._on_packets_lost(
+            congestion_event=congestion_event,
+            now=now,
+            packets=packets,
+            persistent_congestion=persistent_congestion,
+            space=space,
+        )
+        if large:
+            self._on_large_lost(large)
+
 
 _SMALLEST_STREAM_FRAME_HEADER = 4
 """A STREAM frame's header is at least type (1) + stream id (1) + length (2) bytes; with
@@ -74,6 +128,7 @@ class EngineConnection(QuicConnection):
         expected_peer: InstanceId | None,
         max_concurrent_streams: int,
         resets: StatelessResets | None = None,
+        accepted_datagram_size: int = UNLIMITED_UDP_PAYLOAD,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -82,6 +137,27 @@ class EngineConnection(QuicConnection):
         """Called with each host connection ID as it is made (before it is ever sent), so
         the endpoint routes it from the start; set by the owner after construction."""
         self._derive_reset_tokens()
+        self.accepted_datagram_size = accepted_datagram_size
+        """The ``max_udp_payload_size`` we advertise; set before the handshake starts."""
+        self.peer_max_udp_payload_size = UNLIMITED_UDP_PAYLOAD
+        """The largest datagram the peer accepts (its transport parameter, once known)."""
+        self.mtu_probe_observer: Callable[[int, bool], None] | None = None
+        """Told (size, acknowledged) when a probe of :meth:`send_mtu_probe` is answered or lost."""
+        self.large_loss_observer: Callable[[int], None] | None = None
+        """Told how many packets above :attr:`large_packet_threshold` a loss declared."""
+        configuration = self._configuration
+        # Same arguments as aioquic's own, in QuicConnection.__init__; nothing has used
+        # the recovery yet (its spaces are set in _initialize).
+        self._loss = self._reporting_loss = _LossReportingRecovery(
+            congestion_control_algorithm=configuration.congestion_control_algorithm,
+            initial_rtt=configuration.initial_rtt,
+            max_datagram_size=self._max_datagram_size,
+            peer_completed_address_validation=not self._is_client,
+            quic_logger=self._quic_logger,
+            send_probe=self._send_probe,
+            logger=self._logger,
+            on_large_lost=self._large_packets_lost,
+        )
         self._velomux_verifier = verifier
         self._velomux_peer_role: Role = peer_role
         self._velomux_expected = expected_peer
@@ -183,6 +259,116 @@ class EngineConnection(QuicConnection):
         """Why *we* refused the peer, when we did."""
         context = getattr(self, "tls", None)
         return context.velomux_error if isinstance(context, VerifyingContext) else None
+
+    # -- datagram size -------------------------------------------------------------------
+
+    def _serialize_transport_parameters(self) -> bytes:
+        # aioquic advertises no max_udp_payload_size: add ours to what it serialized.
+        data = super()._serialize_transport_parameters()
+        parameters = pull_quic_transport_parameters(Buffer(data=data))
+        parameters.max_udp_payload_size = self.accepted_datagram_size
+        buf = Buffer(capacity=len(data) + 16)
+        push_quic_transport_parameters(buf, parameters)
+        return bytes(buf.data)
+
+    def _parse_transport_parameters(self, data: bytes, from_session_ticket: bool = False) -> None:
+        super()._parse_transport_parameters(data, from_session_ticket)
+        parameters: QuicTransportParameters = pull_quic_transport_parameters(Buffer(data=data))
+        if parameters.max_udp_payload_size is not None:  # aioquic checked it is >= 1200
+            self.peer_max_udp_payload_size = int(parameters.max_udp_payload_size)
+
+    @property
+    def datagram_size(self) -> int:
+        """The largest datagram this connection builds now."""
+        return int(self._max_datagram_size)
+
+    @property
+    def probe_timeout(self) -> float:
+        """QUIC's probe timeout (PTO) now, without backoff: about an RTT plus its variance
+        and the peer's acknowledgement delay."""
+        return float(self._loss.get_probe_timeout())
+
+    @property
+    def large_packet_threshold(self) -> int:
+        """Packets above this many bytes count for :attr:`large_loss_observer`."""
+        return self._reporting_loss.large_threshold
+
+    @large_packet_threshold.setter
+    def large_packet_threshold(self, size: int) -> None:
+        self._reporting_loss.large_threshold = size
+
+    def set_datagram_size(self, size: int) -> None:
+        """Build datagrams of up to ``size`` bytes from the next transmit on.
+
+        The packet builder, the congestion controller (its window steps and minimum) and
+        the pacer all count in datagrams of this size. A raised size also raises the
+        congestion window to the minimum it has in datagrams (the initial window while
+        still in slow start, RFC 9002 section 7.2), so that a full datagram fits at all.
+        """
+        self._max_datagram_size = size
+        loss = self._loss
+        controller = loss._cc
+        if hasattr(controller, "_max_datagram_size"):
+            controller._max_datagram_size = size
+        if hasattr(controller, "additive_increase_factor"):
+            controller.additive_increase_factor = size
+        loss._pacer._max_datagram_size = size
+        floor = (K_INITIAL_WINDOW if controller.ssthresh is None else K_MINIMUM_WINDOW) * size
+        if controller.congestion_window < floor:
+            controller.congestion_window = floor
+
+    def send_mtu_probe(self, size: int, now: float) -> list[tuple[bytes, NetworkAddress]]:
+        """One datagram of exactly ``size`` bytes: a 1-RTT packet of a PING and PADDING.
+
+        It is acknowledged like any packet, and :attr:`mtu_probe_observer` hears whether
+        it was; but it is not in flight, so the congestion controller neither waits for
+        room for it nor reacts to its loss. Nothing is built before the handshake is
+        confirmed, or once the connection is closing.
+        """
+        if not self._handshake_confirmed or self._state in END_STATES:
+            return []
+        crypto = self._cryptos[tls.Epoch.ONE_RTT]
+        if not crypto.send.is_valid():
+            return []
+        network_path = self._network_paths[0]
+        assert self._version is not None  # negotiated before the handshake completed
+        builder = QuicPacketBuilder(
+            host_cid=self.host_cid,
+            is_client=self._is_client,
+            max_datagram_size=size,
+            packet_number=self._packet_number,
+            peer_cid=self._peer_cid.cid,
+            quic_logger=self._quic_logger,
+            spin_bit=self._spin_bit,
+            version=self._version,
+        )
+        builder.start_packet(QuicPacketType.ONE_RTT, crypto)
+        buf = builder.start_frame(
+            QuicFrameType.PING, handler=self._on_mtu_probe_delivery, handler_args=(size,)
+        )
+        buf.push_bytes(bytes(builder.remaining_buffer_space))  # PADDING frames to the end
+        datagrams, packets = builder.flush()
+        self._packet_number = builder.packet_number
+        space = self._spaces[tls.Epoch.ONE_RTT]
+        for packet in packets:
+            packet.in_flight = False  # a probe's loss says "too big", not "congested"
+            packet.sent_time = now
+            self._loss.on_packet_sent(packet=packet, space=space)
+        sent = []
+        for datagram in datagrams:
+            network_path.bytes_sent += len(datagram)
+            sent.append((datagram, network_path.addr))
+        return sent
+
+    def _on_mtu_probe_delivery(self, delivery: QuicDeliveryState, size: int) -> None:
+        observer = self.mtu_probe_observer
+        if observer is not None:
+            observer(size, delivery == QuicDeliveryState.ACKED)
+
+    def _large_packets_lost(self, count: int) -> None:
+        observer = self.large_loss_observer
+        if observer is not None:
+            observer(count)
 
     # -- send side -----------------------------------------------------------------------
 

@@ -11,13 +11,21 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterator
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeHistogramMetricFamily,
+    GaugeMetricFamily,
+)
 from prometheus_client.registry import Collector, CollectorRegistry
 
 __all__ = ["TRANSPORT_KEY", "TransportCollector", "TransportStats"]
 
 TRANSPORT_KEY = "quic"
 """Value of the ``transport`` label on every series this transport exports."""
+
+DATAGRAM_SIZE_BUCKETS = (1200, 1452, 2048, 4096, 8192, 8952, 8972, 16384, 32768, 65527)
+"""Upper bounds of the datagram-size histogram: the base, the jumbo-frame payloads, the
+loopback default."""
 
 
 class TransportStats:
@@ -29,12 +37,16 @@ class TransportStats:
         "bytes_out",
         "certificate_not_after",
         "credential_reloads",
+        "datagram_sizes",
         "datagrams_in",
         "datagrams_out",
+        "datagrams_too_big",
         "dials",
         "frames_in",
         "frames_out",
         "peer_refusals",
+        "pmtu_black_holes",
+        "pmtu_probes",
         "registered_peers",
         "rejections",
         "send_backpressure",
@@ -73,6 +85,13 @@ class TransportStats:
         """``reload_credentials`` calls by outcome (``ok``, ``refused``)."""
         self.certificate_not_after = 0.0
         """Unix time at which the certificate new connections present expires."""
+        self.datagram_sizes: Counter[int] = Counter()
+        """Established connections by the datagram size each uses now."""
+        self.pmtu_probes: Counter[str] = Counter()
+        """Path MTU probes by outcome: ``sent``, ``acked``, ``lost``."""
+        self.pmtu_black_holes = 0
+        self.datagrams_too_big = 0
+        """Sends the kernel refused as larger than the device's MTU (EMSGSIZE)."""
 
 
 class TransportCollector(Collector):
@@ -82,7 +101,9 @@ class TransportCollector(Collector):
         self._stats = stats
         self._connections = connections
 
-    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+    def collect(
+        self,
+    ) -> Iterator[CounterMetricFamily | GaugeMetricFamily | GaugeHistogramMetricFamily]:
         s = self._stats
         labels = ["transport", "direction", "message_type", "outcome"]
         frames = CounterMetricFamily(
@@ -173,6 +194,48 @@ class TransportCollector(Collector):
         )
         peers.add_metric([TRANSPORT_KEY], s.registered_peers)
         yield peers
+        yield from self._datagram_series(s)
+
+    @staticmethod
+    def _datagram_series(
+        s: TransportStats,
+    ) -> Iterator[CounterMetricFamily | GaugeHistogramMetricFamily]:
+        sizes = GaugeHistogramMetricFamily(
+            "velo_transport_datagram_size_bytes",
+            "Established connections by the datagram size each uses now",
+            labels=["transport"],
+        )
+        buckets: list[tuple[str, float]] = []
+        for bound in DATAGRAM_SIZE_BUCKETS:
+            count = sum(n for size, n in s.datagram_sizes.items() if size <= bound)
+            buckets.append((str(bound), count))
+        buckets.append(("+Inf", sum(s.datagram_sizes.values())))
+        sizes.add_metric(
+            [TRANSPORT_KEY], buckets, sum(size * n for size, n in s.datagram_sizes.items())
+        )
+        yield sizes
+        probes = CounterMetricFamily(
+            "velo_transport_pmtu_probes",
+            "Path MTU probes (padded PINGs above the current size), by outcome",
+            labels=["transport", "outcome"],
+        )
+        for outcome in ("sent", "acked", "lost"):
+            probes.add_metric([TRANSPORT_KEY, outcome], s.pmtu_probes[outcome])
+        yield probes
+        holes = CounterMetricFamily(
+            "velo_transport_pmtu_black_holes",
+            "Connections that fell back to the base datagram size: full-size packets were lost",
+            labels=["transport"],
+        )
+        holes.add_metric([TRANSPORT_KEY], s.pmtu_black_holes)
+        yield holes
+        too_big = CounterMetricFamily(
+            "velo_transport_datagrams_too_big",
+            "Datagrams the kernel refused to send as larger than the device MTU (EMSGSIZE)",
+            labels=["transport"],
+        )
+        too_big.add_metric([TRANSPORT_KEY], s.datagrams_too_big)
+        yield too_big
 
     @classmethod
     def register(

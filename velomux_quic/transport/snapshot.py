@@ -50,6 +50,11 @@ class ConnectionSnapshot:
     had when the connection was made, which a credentials reload does not change."""
     peer_certificate_serial: str | None = None
     """Serial (hex) of the certificate the peer presented, once it passed verification."""
+    datagram_size: int = 1452
+    """The largest datagram (UDP payload) the connection sends now."""
+    datagram_mode: str = "base"
+    """How that size was chosen: ``pinned``, ``loopback``, ``base`` (discovery off),
+    ``searching``, ``complete`` or ``black_hole`` (see :class:`~.pmtu.DatagramMode`)."""
 
 
 @dataclass(frozen=True, slots=True)
