@@ -515,9 +515,12 @@ def _spiffe_id(certificate: x509.Certificate) -> str | None:
     return uris[0] if uris else None
 
 
-def _certificate_facts(node: Node, peer: InstanceId, info: dict[str, Any]) -> dict[str, Any]:
-    """The certificate the peer reports, checked against this node's trust roots and the
-    InstanceId its handshake proved."""
+def _certificate_facts(
+    node: Node, peer: InstanceId, info: dict[str, Any], presented_serial: str | None
+) -> dict[str, Any]:
+    """The certificate the peer reports, checked against this node's trust roots, the
+    InstanceId its handshake proved and the serial of the certificate it presented in that
+    handshake (``presented_serial``, from the connection snapshot)."""
     try:
         chain = x509.load_pem_x509_certificates(str(info["certificate"]).encode())
     except (KeyError, ValueError) as error:
@@ -529,7 +532,15 @@ def _certificate_facts(node: Node, peer: InstanceId, info: dict[str, Any]) -> di
         "not_after": leaf.not_valid_after_utc.isoformat(),
         "issuer": leaf.issuer.rfc4514_string(),
         "spiffe_id": _spiffe_id(leaf),
+        "presented_serial": presented_serial,
     }
+    if presented_serial is not None and presented_serial != facts["serial"]:
+        return {
+            **facts,
+            "checked": False,
+            "error": f"the peer reports certificate serial {facts['serial']} but presented "
+            f"{presented_serial} in the handshake",
+        }
     own = node.messenger.transport.credentials
     try:
         PeerVerifier(own.trust_roots, own.trust_domain).verify(
@@ -588,7 +599,9 @@ async def _identity(node: Node, peer: InstanceId, timeout: float) -> dict[str, A
     identity["name"] = identity["name"] or str(info.get("name", ""))
     identity["peer_mux"] = bool(info.get("mux"))
     identity["peer_lanes"] = info.get("lanes")
-    identity["certificate"] = _certificate_facts(node, peer, info)
+    identity["certificate"] = _certificate_facts(
+        node, peer, info, connection.peer_certificate_serial
+    )
     if not identity["certificate"]["checked"]:
         identity["refusal"] = {
             "reason": "reported_certificate",
@@ -715,9 +728,12 @@ def render_text(report: dict[str, Any]) -> str:
             f"  certificate    serial {certificate['serial']}, not after "
             f"{certificate['not_after']}, issuer {certificate['issuer']}"
         )
-        lines.append(
-            f"  sha256         {certificate['sha256']} (as the peer reports it; {checked})"
+        origin = (
+            "the certificate it presented in the handshake"
+            if certificate.get("presented_serial") == certificate["serial"]
+            else "as the peer reports it"
         )
+        lines.append(f"  sha256         {certificate['sha256']} ({origin}; {checked})")
         if certificate.get("spiffe_id"):
             lines.append(f"  spiffe id      {certificate['spiffe_id']}")
     if identity["handshake_seconds"] is not None:

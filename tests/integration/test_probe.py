@@ -172,6 +172,8 @@ async def test_a_probe_to_a_sink_verifies_it_and_loses_nothing(
         assert identity["verified"] is True and identity["refusal"] is None
         assert identity["instance_id"] == str(sink.instance_id)
         assert identity["certificate"]["checked"] is True
+        # The serial the sink reports is the one it presented in this handshake.
+        assert identity["certificate"]["presented_serial"] == identity["certificate"]["serial"]
         assert identity["handshake_seconds"] > 0
         delivery = report["delivery"]
         assert delivery["records_sent"] > 0
