@@ -327,6 +327,13 @@ class EtcdServer:
         process.wait(timeout=10)
         self._process = None
 
+    def wipe(self) -> None:
+        """Remove the data directory of a stopped member: its next start is an empty etcd
+        at the same endpoint (a member that lost its disk)."""
+        if self.running:
+            raise RuntimeError("stop etcd before wiping its data")
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+
     def restart(self) -> None:
         """Stop and start again on the same ports and data directory."""
         self.stop()

@@ -138,6 +138,18 @@ class _SessionLost(Exception):
     """The watch stream ended or a renewal found the lease gone: start a new session."""
 
 
+async def _rpc(call: Any, timeout: float) -> Any:
+    """Await one etcd call, bounded; a call cancelled under us (the session closed its
+    channel meanwhile) is a ``ConnectionError``, so only a cancel of our own task is one."""
+    try:
+        return await asyncio.wait_for(call, timeout)
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
+        raise ConnectionError("the etcd channel closed during the call") from None
+
+
 class EtcdPeers:
     """Discovery through etcd v3: a leased key per node, and a watch on the prefix.
 
@@ -299,9 +311,7 @@ class EtcdPeers:
             return
         client = self._client
         if client is not None and self.connected:
-            await asyncio.wait_for(
-                client.delete(self.key_of(instance_id).encode()), self._rpc_timeout
-            )
+            await _rpc(client.delete(self.key_of(instance_id).encode()), self._rpc_timeout)
 
     async def lookup(self, instance_id: InstanceId) -> PeerRecord | None:
         """The record of ``instance_id`` in the watched view, None if it has none."""
@@ -458,7 +468,7 @@ class EtcdPeers:
                 if self._record is not None:
                     await self._register(client)
                 continue
-            reply = await asyncio.wait_for(client.refresh_lease(lease_id), self._rpc_timeout)
+            reply = await _rpc(client.refresh_lease(lease_id), self._rpc_timeout)
             if reply is None or reply.TTL <= 0:
                 _log.warning("etcd lease %x expired under us: registering again", lease_id)
                 if self._lease_id == lease_id:
@@ -472,17 +482,13 @@ class EtcdPeers:
             if record is None:
                 return
             if self._lease_id is None:
-                lease = await asyncio.wait_for(client.lease(self.lease_ttl), self._rpc_timeout)
+                lease = await _rpc(client.lease(self.lease_ttl), self._rpc_timeout)
                 self._lease_id = lease.id
                 self._put_record = None
             if self._put_record == record:
                 return
-            await asyncio.wait_for(
-                client.put(
-                    self.key_of(record.instance_id).encode(), _encode(record), lease=self._lease_id
-                ),
-                self._rpc_timeout,
-            )
+            key = self.key_of(record.instance_id).encode()
+            await _rpc(client.put(key, _encode(record), lease=self._lease_id), self._rpc_timeout)
             self._put_record = record
 
     async def _revoke(self) -> None:
@@ -492,7 +498,7 @@ class EtcdPeers:
         if lease_id is None or client is None:
             return
         try:
-            await asyncio.wait_for(client.revoke_lease(lease_id), self._rpc_timeout)
+            await _rpc(client.revoke_lease(lease_id), self._rpc_timeout)
         except Exception as exc:
             _log.warning("etcd: revoking lease %x failed (%r); it lapses in its TTL", lease_id, exc)
 
