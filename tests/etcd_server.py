@@ -163,7 +163,9 @@ class EtcdTls:
             return key, cert
 
         def save(stem: str, pair: tuple[ec.EllipticCurvePrivateKey, x509.Certificate]) -> None:
-            (directory / f"{stem}.pem").write_bytes(pair[1].public_bytes(serialization.Encoding.PEM))
+            (directory / f"{stem}.pem").write_bytes(
+                pair[1].public_bytes(serialization.Encoding.PEM)
+            )
             _write_key(directory / f"{stem}.key", pair[0])
 
         ca = authority("velomux test etcd CA")

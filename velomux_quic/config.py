@@ -11,8 +11,8 @@ The file has a ``[node]`` section for the node's own keys, one ``[[peers]]`` tab
 statically known peer, and one section per layer (``[transport]``, ``[messenger]``,
 ``[streaming]``, ``[mux]``, with ``[mux.flush_policy]``) whose keys are the fields of
 that layer's config class, and a ``[discovery]`` section (:class:`DiscoveryConfig`: how
-the node finds the others: none, a shared directory, or etcd). Every key is optional; an absent key takes the class's
-default. A bad value (unknown key, wrong type, out of range) raises
+the node finds the others: none, a shared directory, or etcd). Every key is optional;
+an absent key takes the class's default. A bad value (unknown key, wrong type, out of range) raises
 :class:`~velomux_quic.errors.ConfigurationError` naming the file or environment
 variable, the key and the reason: the layers' own validation decides what is in range,
 so a rule is written once.
@@ -125,7 +125,7 @@ class DiscoveryConfig:
                 f'directory is used only with backend = "directory" (backend is '
                 f"{self.backend!r}): remove it or change the backend"
             )
-        if isinstance(self.etcd_endpoints, str) or not isinstance(self.etcd_endpoints, tuple):
+        if not isinstance(self.etcd_endpoints, tuple):
             raise ConfigurationError(
                 f"etcd_endpoints must be a list of host:port, got {self.etcd_endpoints!r}"
             )
@@ -135,9 +135,7 @@ class DiscoveryConfig:
             try:
                 parse_endpoint(endpoint)
             except ConfigurationError:
-                raise ConfigurationError(
-                    f"etcd_endpoints: {endpoint!r} is not host:port"
-                ) from None
+                raise ConfigurationError(f"etcd_endpoints: {endpoint!r} is not host:port") from None
         prefix = self.etcd_prefix
         if not isinstance(prefix, str) or not prefix.startswith("/") or not prefix.strip("/"):
             raise ConfigurationError(
@@ -151,8 +149,7 @@ class DiscoveryConfig:
             )
         if (self.etcd_cert is None) != (self.etcd_key is None):
             raise ConfigurationError(
-                "etcd_cert and etcd_key: give both (the client certificate and its key) or "
-                "neither"
+                "etcd_cert and etcd_key: give both (the client certificate and its key) or neither"
             )
 
     def backend_for(self, peer_directory: str | None = None) -> PeerDiscovery | None:
@@ -160,7 +157,7 @@ class DiscoveryConfig:
         :class:`DirectoryPeers` of a ``[node] peer_directory``; ConfigurationError when a
         file it names cannot be read or the etcd client is not installed."""
         if self.backend == "etcd":
-            from .messenger.etcd import EtcdPeers  # noqa: PLC0415  (imports aetcd)
+            from .messenger.etcd import EtcdPeers
 
             return EtcdPeers(
                 self.etcd_endpoints,

@@ -117,6 +117,15 @@ async def test_nodes_discover_each_other_call_and_stream(
     assert [item async for item in anchor] == list(range(20))
     assert metric(a, "velo_discovery_connected", backend="etcd") == 1
     assert metric(a, "velo_discovery_peer_events_total", backend="etcd", event="join") >= 2
+    # Every discovery series the node exports has its row in the operations page.
+    page = (ROOT / "docs" / "operations.md").read_text()
+    exported = {
+        line.split()[2]
+        for line in a.metrics_text().splitlines()
+        if line.startswith("# TYPE velo_discovery_")
+    }
+    assert len(exported) == 5, exported
+    assert [name for name in sorted(exported) if f"`{name}{{" not in page] == []
 
 
 async def test_a_closed_node_leaves_the_others_at_once(
@@ -227,9 +236,7 @@ async def test_etcd_losing_its_data_the_nodes_re_put_and_departed_peers_go(
     ghost = etcd_peers(etcd, prefix)
     ghost_record = PeerRecord(new_instance_id(), ("127.0.0.1", 9), name="ghost")
     await ghost.publish(ghost_record)
-    await eventually(
-        lambda: {b.instance_id, ghost_record.instance_id} <= set(peers_of(a)), "joins"
-    )
+    await eventually(lambda: {b.instance_id, ghost_record.instance_id} <= set(peers_of(a)), "joins")
     await asyncio.to_thread(etcd.kill)
     await ghost.close()  # its revoke cannot reach etcd: the ghost just goes away
     await asyncio.to_thread(etcd.wipe)
@@ -259,7 +266,9 @@ async def test_malformed_records_are_ignored_and_counted(
         async def put(key: str, value: bytes) -> None:
             await client.put(f"{prefix}/{key}".encode(), value)
 
-        await put(str(victim_key), json.dumps(PeerRecord(victim_key, ("127.0.0.1", 9)).to_json()).encode())
+        await put(
+            str(victim_key), json.dumps(PeerRecord(victim_key, ("127.0.0.1", 9)).to_json()).encode()
+        )
         await eventually(lambda: victim_key in peers_of(a), "a first, valid record")
         await put(str(junk_key), b"\xff\xfe not json")
         await put(str(victim_key), b"{}")  # a known key overwritten with junk: it leaves
@@ -302,14 +311,18 @@ async def test_a_forged_address_for_a_node_is_never_dialed_as_that_node(
     forged = PeerRecord(victim.instance_id, attacker.address, name="victim")
     client = await raw_client(etcd)
     try:
-        await client.put(f"{prefix}/{victim.instance_id}".encode(), json.dumps(forged.to_json()).encode())
+        await client.put(
+            f"{prefix}/{victim.instance_id}".encode(), json.dumps(forged.to_json()).encode()
+        )
     finally:
         await client.close()
     # The registry says where: it now points at the attacker ...
     await eventually(
         lambda: peers_of(caller)[victim.instance_id].address == attacker.address, "moved"
     )
-    refusals_before = metric(caller, "velo_transport_peer_refusals_total", reason="identity_mismatch")
+    refusals_before = metric(
+        caller, "velo_transport_peer_refusals_total", reason="identity_mismatch"
+    )
     # ... and the certificate says who: no call to the victim reaches the attacker.
     for attempt in range(3):
         with pytest.raises(VelomuxError):
@@ -405,7 +418,9 @@ lease_ttl = 3
             await client.close()
         assert stored is not None
         assert PeerRecord.from_bytes(stored.value).address == node.address
-    with pytest.raises(ConfigurationError, match=r"VELOMUX_DISCOVERY_LEASE_TTL: lease_ttl .*whole number"):
+    with pytest.raises(
+        ConfigurationError, match=r"VELOMUX_DISCOVERY_LEASE_TTL: lease_ttl .*whole number"
+    ):
         NodeConfig.from_toml(path, environ={"VELOMUX_DISCOVERY_LEASE_TTL": "0"})
     with pytest.raises(ConfigurationError, match=r"ENDPOINTS: etcd_endpoints: 'nowhere' is not"):
         NodeConfig.from_toml(path, environ={"VELOMUX_DISCOVERY_ETCD_ENDPOINTS": "a:1,nowhere"})
@@ -416,6 +431,5 @@ lease_ttl = 3
     bad.write_text('[node]\npeer_directory = "x"\n[discovery]\nbackend = "etcd"\n')
     with pytest.raises(ConfigurationError, match=r"node\.peer_directory.*keep one"):
         NodeConfig.from_toml(bad, environ={})
-    with pytest.raises(ConfigurationError, match="CA file .* cannot read it"):
+    with pytest.raises(ConfigurationError, match=r"CA file .* cannot read it"):
         DiscoveryConfig(backend="etcd", etcd_ca=str(tmp_path / "missing.pem")).backend_for()
-

@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
+import importlib
 import json
+import logging
 import random
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -94,7 +95,9 @@ def _read_file(what: str, path: str | Path) -> bytes:
 
 def _import_aetcd() -> Any:
     try:
-        import aetcd  # type: ignore[import-untyped]  # noqa: PLC0415
+        # By name: aetcd ships no type information, and an optional module is not
+        # part of what a user's type checker must resolve.
+        aetcd = importlib.import_module("aetcd")
     except ImportError:
         raise ConfigurationError(
             f"etcd discovery needs the aetcd client: {_INSTALL_HINT}"
@@ -106,7 +109,7 @@ def _client_class(aetcd: Any) -> Any:
     """aetcd's Client, able to speak TLS: aetcd opens only plaintext channels itself, so
     the subclass opens a ``grpc.aio.secure_channel`` with the given credentials and sets
     up the same stubs its ``connect`` does."""
-    import grpc  # noqa: PLC0415  (aetcd's own dependency)
+    grpc = importlib.import_module("grpc")
 
     class Client(aetcd.Client):  # type: ignore[misc]
         def __init__(self, *args: Any, credentials: Any = None, **kwargs: Any) -> None:
@@ -224,8 +227,7 @@ class EtcdPeers:
         self._aetcd = _import_aetcd()
         self._credentials: Any = None
         if ca_file is not None or cert_file is not None:
-            import grpc  # noqa: PLC0415
-
+            grpc = importlib.import_module("grpc")
             self._credentials = grpc.ssl_channel_credentials(
                 root_certificates=None if ca_file is None else _read_file("CA file", ca_file),
                 private_key=None if key_file is None else _read_file("key file", key_file),
@@ -384,11 +386,9 @@ class EtcdPeers:
                 port=port,
                 timeout=self._rpc_timeout,
                 credentials=self._credentials,
-                options={
-                    "grpc.keepalive_time_ms": 5000,
-                    "grpc.keepalive_timeout_ms": 5000,
-                    "grpc.keepalive_permit_without_calls": 1,
-                },
+                # HTTP/2 pings on the watch stream notice a silent network loss; no
+                # more often than etcd's --grpc-keepalive-min-time (5 s) allows.
+                options={"grpc.keepalive_time_ms": 10000, "grpc.keepalive_timeout_ms": 5000},
             )
             established = False
             try:
@@ -511,27 +511,28 @@ class EtcdPeers:
             text = suffix.decode("ascii")
             instance_id = InstanceId.parse(text)
         except (UnicodeDecodeError, ValueError):
-            return None, self._reject("bad_key", key, "the key is not <prefix>/<instance-uuid>")
+            self._reject("bad_key", key, "the key is not <prefix>/<instance-uuid>")
+            return None, None
         if str(instance_id) != text:
-            return None, self._reject("bad_key", key, "the key's UUID is not in canonical form")
+            self._reject("bad_key", key, "the key's UUID is not in canonical form")
+            return None, None
         if len(value) > self._max_record_bytes:
-            return instance_id, self._reject(
-                "too_large", key, f"{len(value)} bytes, more than {self._max_record_bytes}"
-            )
+            why = f"{len(value)} bytes, more than {self._max_record_bytes}"
+            self._reject("too_large", key, why)
+            return instance_id, None
         try:
             record = PeerRecord.from_bytes(value)
         except PeerRecordError as exc:
-            return instance_id, self._reject("malformed", key, str(exc))
+            self._reject("malformed", key, str(exc))
+            return instance_id, None
         if record.instance_id != instance_id:
-            return instance_id, self._reject(
-                "instance_mismatch", key, f"the record describes {record.instance_id}"
-            )
+            self._reject("instance_mismatch", key, f"the record describes {record.instance_id}")
+            return instance_id, None
         return instance_id, record
 
     def _reject(self, reason: str, key: bytes, why: str) -> None:
         self.rejected[reason] += 1
         _log.warning("etcd: ignoring the record at %r: %s", key[:200], why)
-        return None
 
     def _put(self, key: bytes, value: bytes) -> None:
         instance_id, record = self._decode(key, value)
@@ -627,4 +628,3 @@ class _EtcdCollector(Collector):
         )
         peers_gauge.add_metric(["etcd"], peers.view_size)
         yield peers_gauge
-
