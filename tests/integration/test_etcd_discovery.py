@@ -9,6 +9,7 @@ bounded loops on a condition the node reports (its snapshot, its metrics), never
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -143,6 +144,37 @@ async def test_a_closed_node_leaves_the_others_at_once(
         assert await client.get(f"{prefix}/{b.instance_id}".encode()) is None
     finally:
         await client.close()
+
+
+async def test_a_node_back_at_a_new_address_is_dialed_there(
+    etcd: EtcdServer,
+    prefix: str,
+    start_nodes: StartNode,
+    make_credentials: Callable[..., NodeCredentials],
+) -> None:
+    a = await start_nodes("node-a", discovery=etcd_peers(etcd, prefix))
+    credentials = make_credentials("node-b")
+    async with contextlib.AsyncExitStack() as stack:
+        first = await Node.start(credentials, discovery=etcd_peers(etcd, prefix))
+        stack.push_async_callback(first.close)
+        first.register_handler("who", lambda ctx: b"first")
+        await eventually(lambda: first.instance_id in peers_of(a), "b joins")
+        assert await a.call(first.instance_id, "who", b"", timeout=10) == b"first"
+        # The same identity comes up elsewhere (a restart on a new port) and re-registers
+        # over the record of the old process, which is still alive but forgotten.
+        second = await Node.start(credentials, discovery=etcd_peers(etcd, prefix))
+        stack.push_async_callback(second.close)
+        second.register_handler("who", lambda ctx: b"second")
+        assert second.instance_id == first.instance_id and second.address != first.address
+        await eventually(
+            lambda: peers_of(a)[first.instance_id].address == second.address, "a hears the move"
+        )
+        assert await a.call(first.instance_id, "who", b"", timeout=10) == b"second"
+        assert metric(a, "velo_discovery_peer_events_total", backend="etcd", event="change") >= 1
+        await first.close()
+        # The old process's close revoked its own lease only: the new record stays.
+        assert await a.call(second.instance_id, "who", b"", timeout=10) == b"second"
+        assert peers_of(a)[second.instance_id].address == second.address
 
 
 async def test_a_killed_process_lapses_from_the_registry_within_its_ttl(
@@ -433,3 +465,28 @@ lease_ttl = 3
         NodeConfig.from_toml(bad, environ={})
     with pytest.raises(ConfigurationError, match=r"CA file .* cannot read it"):
         DiscoveryConfig(backend="etcd", etcd_ca=str(tmp_path / "missing.pem")).backend_for()
+
+
+async def test_the_view_is_bounded_however_many_records_the_store_holds(
+    etcd: EtcdServer, prefix: str
+) -> None:
+    observer = etcd_peers(etcd, prefix, max_records=2)
+    seen: list[InstanceId] = []
+    unsubscribe = observer.watch(lambda record, instance_id: seen.append(instance_id))
+    assert await observer.snapshot() == []  # live: the puts below arrive by the watch, in order
+    client = await raw_client(etcd)
+    try:
+        records = [PeerRecord(new_instance_id(), ("127.0.0.1", 9)) for _ in range(4)]
+        for record in records:
+            key = f"{prefix}/{record.instance_id}".encode()
+            await client.put(key, json.dumps(record.to_json()).encode())
+        await eventually(lambda: observer.rejected["too_many"] == 2, "the flood is refused")
+        assert observer.view_size == 2
+        assert seen == [records[0].instance_id, records[1].instance_id]
+        # A place frees up when a listed record leaves.
+        await client.delete(f"{prefix}/{records[0].instance_id}".encode())
+        await eventually(lambda: observer.view_size == 1, "the leave")
+    finally:
+        unsubscribe()
+        await client.close()
+        await observer.close()

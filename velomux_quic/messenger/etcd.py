@@ -66,7 +66,10 @@ DEFAULT_ETCD_PREFIX = "/velomux/nodes"
 DEFAULT_LEASE_TTL = 10
 """Seconds a SIGKILLed node's record outlives it, at most."""
 
-REJECT_REASONS = ("bad_key", "too_large", "malformed", "instance_mismatch")
+DEFAULT_MAX_RECORDS = 10_000
+"""Records held in the view at most: a writer flooding the prefix cannot exhaust memory."""
+
+REJECT_REASONS = ("bad_key", "too_large", "malformed", "instance_mismatch", "too_many")
 """The ``reason`` label of ``velo_discovery_records_rejected_total``."""
 
 _INSTALL_HINT = "pip install 'velomux-quic[etcd]'"
@@ -167,7 +170,9 @@ class EtcdPeers:
     :meth:`publish` waits for the first registration before it returns with
     ``connected`` False (the backend keeps trying; the node starts without etcd rather
     than not at all); ``rpc_timeout`` bounds each etcd call; the pause between sessions
-    grows from 0.1 s to ``max_backoff``.
+    grows from 0.1 s to ``max_backoff``. A value larger than ``max_record_bytes`` is
+    ignored, and the view holds at most ``max_records`` records (new ones past it are
+    ignored as ``too_many``), so what the store holds cannot exhaust this process.
 
     Files are read here, so a wrong path fails at construction, with a
     :class:`~velomux_quic.errors.ConfigurationError` naming it; so does a missing aetcd.
@@ -188,6 +193,7 @@ class EtcdPeers:
         rpc_timeout: float = 5.0,
         max_backoff: float = 5.0,
         max_record_bytes: int = PEER_RECORD_MAX_BYTES,
+        max_records: int = DEFAULT_MAX_RECORDS,
         registry: CollectorRegistry | None = None,
     ) -> None:
         if isinstance(endpoints, str):
@@ -224,6 +230,7 @@ class EtcdPeers:
         self._rpc_timeout = float(rpc_timeout)
         self._max_backoff = float(max_backoff)
         self._max_record_bytes = max_record_bytes
+        self._max_records = max_records
         self._aetcd = _import_aetcd()
         self._credentials: Any = None
         if ca_file is not None or cert_file is not None:
@@ -246,6 +253,7 @@ class EtcdPeers:
         self._register_lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._live = asyncio.Event()
+        self._gave_up_waiting = False
         self._closed = False
         self._sessions = 0
         self.reconnects = 0
@@ -366,11 +374,14 @@ class EtcdPeers:
             )
 
     async def _wait_live(self) -> None:
-        if self.connected:
+        """Wait (bounded) for the first session; later outages never make callers wait:
+        they get the last view."""
+        if self.connected or self._sessions > 0 or self._gave_up_waiting:
             return
         try:
             await asyncio.wait_for(self._live.wait(), self._connect_timeout)
         except TimeoutError:
+            self._gave_up_waiting = True  # the next callers get the (empty) view at once
             _log.warning(
                 "etcd at %s not reachable within %.1f s; going on without it and retrying",
                 ", ".join(self.endpoints),
@@ -561,6 +572,10 @@ class EtcdPeers:
     def _set(self, instance_id: InstanceId, record: PeerRecord | None) -> None:
         previous = self._view.get(instance_id)
         if previous == record:
+            return
+        if previous is None and len(self._view) >= self._max_records:
+            key = self.key_of(instance_id).encode()
+            self._reject("too_many", key, f"the view already holds {self._max_records} records")
             return
         if record is None:
             del self._view[instance_id]
