@@ -14,8 +14,12 @@ run never depends on, or disturbs, anything else on the machine::
 authentication (etcd's ``--client-cert-auth``); the :class:`EtcdTls` holds the CA, the
 server's certificate and a client certificate to connect with. The binary is ``etcd`` on
 ``PATH`` (Debian's ``etcd-server``; ``make etcd`` installs it); :func:`etcd_binary` finds
-it and :func:`require_etcd` skips a test with the reason when it is missing. The pytest
-fixture ``etcd_server`` in ``tests/integration/test_etcd_discovery.py`` wraps this class.
+it and :func:`require_etcd` skips a test with the reason when it is missing.
+
+The pytest fixture :func:`etcd_server` is a started server for one test (import it into a
+test module: ``from tests.etcd_server import etcd_server``). ``start``, ``stop``,
+``restart`` and ``kill`` block (a start waits for health): an async test calls them through
+``asyncio.to_thread`` so its nodes keep running meanwhile.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -44,7 +49,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-__all__ = ["EtcdServer", "EtcdTls", "etcd_binary", "require_etcd"]
+__all__ = ["EtcdServer", "EtcdTls", "etcd_binary", "etcd_server", "require_etcd"]
 
 HEALTH_TIMEOUT = 30.0
 """How long :meth:`EtcdServer.start` waits for ``/health`` (2 shared cores can be slow)."""
@@ -368,3 +373,11 @@ class EtcdServer:
         traceback: TracebackType | None,
     ) -> None:
         self.close()
+
+
+@pytest.fixture
+def etcd_server() -> Iterator[EtcdServer]:
+    """A running etcd member for one test (skipped when there is no etcd), gone after it."""
+    require_etcd()
+    with EtcdServer() as server:
+        yield server

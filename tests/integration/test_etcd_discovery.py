@@ -17,7 +17,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import StartNode
-from tests.etcd_server import EtcdServer, EtcdTls, require_etcd
+from tests.etcd_server import EtcdServer, EtcdTls, etcd_server, require_etcd  # noqa: F401
 from velomux_quic import (
     ConfigurationError,
     Context,
@@ -45,13 +45,6 @@ aetcd = pytest.importorskip("aetcd", reason="the etcd extra: pip install 'velomu
 ROOT = Path(__file__).resolve().parents[2]
 TTL = 2
 WAIT = 20.0
-
-
-@pytest.fixture
-def etcd() -> Iterator[EtcdServer]:
-    require_etcd()
-    with EtcdServer() as server:
-        yield server
 
 
 @pytest.fixture
@@ -81,25 +74,25 @@ def metric(node: Node, name: str, **labels: str) -> float:
     return total
 
 
-def etcd_peers(etcd: EtcdServer, prefix: str, **options: Any) -> EtcdPeers:
+def etcd_peers(etcd_server: EtcdServer, prefix: str, **options: Any) -> EtcdPeers:
     options.setdefault("lease_ttl", TTL)
     options.setdefault("connect_timeout", 10.0)
-    return EtcdPeers([etcd.endpoint], prefix=prefix, **options)
+    return EtcdPeers([etcd_server.endpoint], prefix=prefix, **options)
 
 
-async def raw_client(etcd: EtcdServer) -> Any:
-    host, port = etcd.endpoint.split(":")
+async def raw_client(etcd_server: EtcdServer) -> Any:
+    host, port = etcd_server.endpoint.split(":")
     client = aetcd.Client(host=host, port=int(port), timeout=5)
     await client.connect()
     return client
 
 
 async def test_nodes_discover_each_other_call_and_stream(
-    etcd: EtcdServer, prefix: str, start_nodes: StartNode
+    etcd_server: EtcdServer, prefix: str, start_nodes: StartNode
 ) -> None:
-    a = await start_nodes("node-a", discovery=etcd_peers(etcd, prefix))
-    b = await start_nodes("node-b", discovery=etcd_peers(etcd, prefix))
-    c = await start_nodes("node-c", discovery=etcd_peers(etcd, prefix))
+    a = await start_nodes("node-a", discovery=etcd_peers(etcd_server, prefix))
+    b = await start_nodes("node-b", discovery=etcd_peers(etcd_server, prefix))
+    c = await start_nodes("node-c", discovery=etcd_peers(etcd_server, prefix))
     # Nobody was told about anybody: the watch brings every node to the others.
     for node in (a, b, c):
         others = {n.instance_id for n in (a, b, c)} - {node.instance_id}
@@ -130,16 +123,16 @@ async def test_nodes_discover_each_other_call_and_stream(
 
 
 async def test_a_closed_node_leaves_the_others_at_once(
-    etcd: EtcdServer, prefix: str, start_nodes: StartNode
+    etcd_server: EtcdServer, prefix: str, start_nodes: StartNode
 ) -> None:
     # A 30 s lease: the leave seen within the wait below came from the revoke and the
     # watch, not from the lease running out.
-    a = await start_nodes("node-a", discovery=etcd_peers(etcd, prefix, lease_ttl=30))
-    b = await start_nodes("node-b", discovery=etcd_peers(etcd, prefix, lease_ttl=30))
+    a = await start_nodes("node-a", discovery=etcd_peers(etcd_server, prefix, lease_ttl=30))
+    b = await start_nodes("node-b", discovery=etcd_peers(etcd_server, prefix, lease_ttl=30))
     await eventually(lambda: b.instance_id in peers_of(a), "b joins a")
     await b.close()
     await eventually(lambda: b.instance_id not in peers_of(a), "b leaves a", timeout=10)
-    client = await raw_client(etcd)
+    client = await raw_client(etcd_server)
     try:
         assert await client.get(f"{prefix}/{b.instance_id}".encode()) is None
     finally:
@@ -147,22 +140,22 @@ async def test_a_closed_node_leaves_the_others_at_once(
 
 
 async def test_a_node_back_at_a_new_address_is_dialed_there(
-    etcd: EtcdServer,
+    etcd_server: EtcdServer,
     prefix: str,
     start_nodes: StartNode,
     make_credentials: Callable[..., NodeCredentials],
 ) -> None:
-    a = await start_nodes("node-a", discovery=etcd_peers(etcd, prefix))
+    a = await start_nodes("node-a", discovery=etcd_peers(etcd_server, prefix))
     credentials = make_credentials("node-b")
     async with contextlib.AsyncExitStack() as stack:
-        first = await Node.start(credentials, discovery=etcd_peers(etcd, prefix))
+        first = await Node.start(credentials, discovery=etcd_peers(etcd_server, prefix))
         stack.push_async_callback(first.close)
         first.register_handler("who", lambda ctx: b"first")
         await eventually(lambda: first.instance_id in peers_of(a), "b joins")
         assert await a.call(first.instance_id, "who", b"", timeout=10) == b"first"
         # The same identity comes up elsewhere (a restart on a new port) and re-registers
         # over the record of the old process, which is still alive but forgotten.
-        second = await Node.start(credentials, discovery=etcd_peers(etcd, prefix))
+        second = await Node.start(credentials, discovery=etcd_peers(etcd_server, prefix))
         stack.push_async_callback(second.close)
         second.register_handler("who", lambda ctx: b"second")
         assert second.instance_id == first.instance_id and second.address != first.address
@@ -178,9 +171,9 @@ async def test_a_node_back_at_a_new_address_is_dialed_there(
 
 
 async def test_a_killed_process_lapses_from_the_registry_within_its_ttl(
-    etcd: EtcdServer, prefix: str, start_nodes: StartNode
+    etcd_server: EtcdServer, prefix: str, start_nodes: StartNode
 ) -> None:
-    a = await start_nodes("node-a", discovery=etcd_peers(etcd, prefix))
+    a = await start_nodes("node-a", discovery=etcd_peers(etcd_server, prefix))
     # subprocess.Popen, not the loop's subprocess support: uvloop forks and runs Python
     # in the child before exec, which is unsafe while gRPC's threads run (docs/operations.md).
     child = await asyncio.to_thread(
@@ -190,7 +183,7 @@ async def test_a_killed_process_lapses_from_the_registry_within_its_ttl(
             "-m",
             "tests.procs.etcd_registrant",
             "--endpoint",
-            etcd.endpoint,
+            etcd_server.endpoint,
             "--prefix",
             prefix,
             "--ttl",
@@ -224,10 +217,10 @@ async def test_a_killed_process_lapses_from_the_registry_within_its_ttl(
 
 
 async def test_etcd_restarted_mid_run_the_nodes_re_register_and_go_on(
-    etcd: EtcdServer, prefix: str, start_nodes: StartNode
+    etcd_server: EtcdServer, prefix: str, start_nodes: StartNode
 ) -> None:
-    a = await start_nodes("node-a", discovery=etcd_peers(etcd, prefix, max_backoff=0.5))
-    b = await start_nodes("node-b", discovery=etcd_peers(etcd, prefix, max_backoff=0.5))
+    a = await start_nodes("node-a", discovery=etcd_peers(etcd_server, prefix, max_backoff=0.5))
+    b = await start_nodes("node-b", discovery=etcd_peers(etcd_server, prefix, max_backoff=0.5))
     await eventually(lambda: b.instance_id in peers_of(a), "b joins a")
     b.register_handler("echo", lambda ctx: bytes(ctx.payload))
     host, port = await a.serve_ops("127.0.0.1", 0)
@@ -240,20 +233,20 @@ async def test_etcd_restarted_mid_run_the_nodes_re_register_and_go_on(
             return int(error.code)
 
     assert await asyncio.to_thread(ready) == 200
-    await asyncio.to_thread(etcd.stop)
+    await asyncio.to_thread(etcd_server.stop)
     discovery = a.messenger.discovery
     assert isinstance(discovery, EtcdPeers)
     await eventually(lambda: not discovery.connected, "a sees etcd gone")
     assert await asyncio.to_thread(ready) == 503, "readiness reports discovery down"
     # The node still works from its last view while etcd is away.
     assert await a.call(b.instance_id, "echo", b"during", timeout=10) == b"during"
-    await asyncio.to_thread(etcd.start)
+    await asyncio.to_thread(etcd_server.start)
     await eventually(lambda: discovery.connected, "a reconnects")
     await eventually(
         lambda: metric(a, "velo_discovery_reconnects_total", backend="etcd") >= 1, "counted"
     )
     # Both re-registered: a node that joins now sees both, and both see it.
-    c = await start_nodes("node-c", discovery=etcd_peers(etcd, prefix))
+    c = await start_nodes("node-c", discovery=etcd_peers(etcd_server, prefix))
     await eventually(lambda: {a.instance_id, b.instance_id} <= set(peers_of(c)), "c sees a, b")
     await eventually(lambda: c.instance_id in peers_of(a) and c.instance_id in peers_of(b), "")
     assert await a.call(b.instance_id, "echo", b"after", timeout=10) == b"after"
@@ -261,22 +254,22 @@ async def test_etcd_restarted_mid_run_the_nodes_re_register_and_go_on(
 
 
 async def test_etcd_losing_its_data_the_nodes_re_put_and_departed_peers_go(
-    etcd: EtcdServer, prefix: str, start_nodes: StartNode
+    etcd_server: EtcdServer, prefix: str, start_nodes: StartNode
 ) -> None:
-    a = await start_nodes("node-a", discovery=etcd_peers(etcd, prefix, max_backoff=0.5))
-    b = await start_nodes("node-b", discovery=etcd_peers(etcd, prefix, max_backoff=0.5))
-    ghost = etcd_peers(etcd, prefix)
+    a = await start_nodes("node-a", discovery=etcd_peers(etcd_server, prefix, max_backoff=0.5))
+    b = await start_nodes("node-b", discovery=etcd_peers(etcd_server, prefix, max_backoff=0.5))
+    ghost = etcd_peers(etcd_server, prefix)
     ghost_record = PeerRecord(new_instance_id(), ("127.0.0.1", 9), name="ghost")
     await ghost.publish(ghost_record)
     await eventually(lambda: {b.instance_id, ghost_record.instance_id} <= set(peers_of(a)), "joins")
-    await asyncio.to_thread(etcd.kill)
+    await asyncio.to_thread(etcd_server.kill)
     await ghost.close()  # its revoke cannot reach etcd: the ghost just goes away
-    await asyncio.to_thread(etcd.wipe)
-    await asyncio.to_thread(etcd.start)  # an empty etcd at the same endpoint
+    await asyncio.to_thread(etcd_server.wipe)
+    await asyncio.to_thread(etcd_server.start)  # an empty etcd at the same endpoint
     # a's resync finds no ghost (removed) and b's record again (b re-put it).
     await eventually(lambda: ghost_record.instance_id not in peers_of(a), "the ghost goes")
     await eventually(lambda: b.instance_id in peers_of(a), "b is listed again")
-    client = await raw_client(etcd)
+    client = await raw_client(etcd_server)
     try:
         listing = await client.get_prefix(f"{prefix}/".encode())
         keys = {kv.key.decode() for kv in listing}
@@ -286,13 +279,13 @@ async def test_etcd_losing_its_data_the_nodes_re_put_and_departed_peers_go(
 
 
 async def test_malformed_records_are_ignored_and_counted(
-    etcd: EtcdServer, prefix: str, start_nodes: StartNode
+    etcd_server: EtcdServer, prefix: str, start_nodes: StartNode
 ) -> None:
-    a = await start_nodes("node-a", discovery=etcd_peers(etcd, prefix))
+    a = await start_nodes("node-a", discovery=etcd_peers(etcd_server, prefix))
     valid = PeerRecord(new_instance_id(), ("127.0.0.1", 9), name="valid")
     mismatched = PeerRecord(new_instance_id(), ("127.0.0.1", 9))
     victim_key, large_key, junk_key = new_instance_id(), new_instance_id(), new_instance_id()
-    client = await raw_client(etcd)
+    client = await raw_client(etcd_server)
     try:
 
         async def put(key: str, value: bytes) -> None:
@@ -323,10 +316,10 @@ async def test_malformed_records_are_ignored_and_counted(
 
 
 async def test_a_forged_address_for_a_node_is_never_dialed_as_that_node(
-    etcd: EtcdServer, prefix: str, start_nodes: StartNode
+    etcd_server: EtcdServer, prefix: str, start_nodes: StartNode
 ) -> None:
-    caller = await start_nodes("caller", discovery=etcd_peers(etcd, prefix))
-    victim = await start_nodes("victim", discovery=etcd_peers(etcd, prefix))
+    caller = await start_nodes("caller", discovery=etcd_peers(etcd_server, prefix))
+    victim = await start_nodes("victim", discovery=etcd_peers(etcd_server, prefix))
     # The attacker holds a valid certificate of the same cluster, for its own identity.
     attacker = await start_nodes("attacker")
     reached: list[bytes] = []
@@ -341,7 +334,7 @@ async def test_a_forged_address_for_a_node_is_never_dialed_as_that_node(
     assert await caller.call(victim.instance_id, "secret", b"one", timeout=10) == b"victim"
 
     forged = PeerRecord(victim.instance_id, attacker.address, name="victim")
-    client = await raw_client(etcd)
+    client = await raw_client(etcd_server)
     try:
         await client.put(
             f"{prefix}/{victim.instance_id}".encode(), json.dumps(forged.to_json()).encode()
@@ -375,11 +368,11 @@ async def test_tls_to_etcd_with_client_certificates(
 ) -> None:
     require_etcd()
     tls = EtcdTls.create(tmp_path / "etcd-tls")
-    with EtcdServer(tls=tls) as etcd:
+    with EtcdServer(tls=tls) as etcd_server:
 
         def secured(**options: Any) -> EtcdPeers:
             return etcd_peers(
-                etcd,
+                etcd_server,
                 prefix,
                 ca_file=tls.ca,
                 cert_file=tls.client_cert,
@@ -395,7 +388,7 @@ async def test_tls_to_etcd_with_client_certificates(
 
         # A client whose certificate etcd does not trust never gets a session.
         intruder = etcd_peers(
-            etcd,
+            etcd_server,
             prefix,
             ca_file=tls.ca,
             cert_file=tls.untrusted_cert,
@@ -408,7 +401,7 @@ async def test_tls_to_etcd_with_client_certificates(
         finally:
             await intruder.close()
         # Nor one without TLS at all.
-        plain = etcd_peers(etcd, prefix, connect_timeout=2.0)
+        plain = etcd_peers(etcd_server, prefix, connect_timeout=2.0)
         try:
             assert await plain.snapshot() == []
             assert not plain.connected
@@ -419,7 +412,10 @@ async def test_tls_to_etcd_with_client_certificates(
 
 
 async def test_node_config_selects_etcd_and_names_bad_keys(
-    etcd: EtcdServer, prefix: str, tmp_path: Path, make_credentials: Callable[..., NodeCredentials]
+    etcd_server: EtcdServer,
+    prefix: str,
+    tmp_path: Path,
+    make_credentials: Callable[..., NodeCredentials],
 ) -> None:
     credentials = make_credentials("configured")
     directory = tmp_path / "creds"
@@ -432,18 +428,18 @@ credentials = "{directory}"
 
 [discovery]
 backend = "etcd"
-etcd_endpoints = ["{etcd.endpoint}"]
+etcd_endpoints = ["{etcd_server.endpoint}"]
 etcd_prefix = "{prefix}"
 lease_ttl = 3
 """
     )
     config = NodeConfig.from_toml(path, environ={})
     assert config.discovery == DiscoveryConfig(
-        backend="etcd", etcd_endpoints=(etcd.endpoint,), etcd_prefix=prefix, lease_ttl=3
+        backend="etcd", etcd_endpoints=(etcd_server.endpoint,), etcd_prefix=prefix, lease_ttl=3
     )
     async with Node.open(config) as node:
         assert isinstance(node.messenger.discovery, EtcdPeers)
-        client = await raw_client(etcd)
+        client = await raw_client(etcd_server)
         try:
             stored = await client.get(f"{prefix}/{node.instance_id}".encode())
         finally:
@@ -468,13 +464,13 @@ lease_ttl = 3
 
 
 async def test_the_view_is_bounded_however_many_records_the_store_holds(
-    etcd: EtcdServer, prefix: str
+    etcd_server: EtcdServer, prefix: str
 ) -> None:
-    observer = etcd_peers(etcd, prefix, max_records=2)
+    observer = etcd_peers(etcd_server, prefix, max_records=2)
     seen: list[InstanceId] = []
     unsubscribe = observer.watch(lambda record, instance_id: seen.append(instance_id))
     assert await observer.snapshot() == []  # live: the puts below arrive by the watch, in order
-    client = await raw_client(etcd)
+    client = await raw_client(etcd_server)
     try:
         records = [PeerRecord(new_instance_id(), ("127.0.0.1", 9)) for _ in range(4)]
         for record in records:
