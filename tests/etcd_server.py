@@ -16,8 +16,10 @@ server's certificate and a client certificate to connect with. The binary is ``e
 ``PATH`` (Debian's ``etcd-server``; ``make etcd`` installs it); :func:`etcd_binary` finds
 it and :func:`require_etcd` skips a test with the reason when it is missing.
 
-The pytest fixture :func:`etcd_server` is a started server for one test (import it into a
-test module: ``from tests.etcd_server import etcd_server``). ``start``, ``stop``,
+The pytest fixture :func:`etcd_server` is a started server for one test. A test module
+takes it by assignment (``from tests import etcd_server as etcd_fixtures`` then
+``etcd_server = etcd_fixtures.etcd_server``: importing the name itself trips ruff's F811
+on every test that takes the fixture as a parameter). ``start``, ``stop``,
 ``restart`` and ``kill`` block (a start waits for health): an async test calls them through
 ``asyncio.to_thread`` so its nodes keep running meanwhile.
 """

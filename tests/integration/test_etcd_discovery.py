@@ -24,8 +24,9 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests import etcd_server as etcd_fixtures
 from tests.conftest import StartNode
-from tests.etcd_server import EtcdServer, EtcdTls, etcd_server, require_etcd  # noqa: F401
+from tests.etcd_server import EtcdServer, EtcdTls, require_etcd
 from velomux_quic import (
     ConfigurationError,
     Context,
@@ -41,6 +42,8 @@ from velomux_quic import (
 from velomux_quic.ids import new_instance_id
 
 aetcd = pytest.importorskip("aetcd", reason="the etcd extra: pip install 'velomux-quic[etcd]'")
+
+etcd_server = etcd_fixtures.etcd_server  # the fixture: a running etcd for each test
 
 ROOT = Path(__file__).resolve().parents[2]
 TTL = 2
