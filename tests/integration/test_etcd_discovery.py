@@ -489,3 +489,57 @@ async def test_the_view_is_bounded_however_many_records_the_store_holds(
         unsubscribe()
         await client.close()
         await observer.close()
+
+
+@pytest.mark.one_loop
+async def test_a_velomux_node_service_joins_by_config_and_lapses_when_killed(
+    etcd_server: EtcdServer,
+    prefix: str,
+    tmp_path: Path,
+    start_nodes: StartNode,
+    make_credentials: Callable[..., NodeCredentials],
+) -> None:
+    a = await start_nodes("node-a", discovery=etcd_peers(etcd_server, prefix))
+    credentials = make_credentials("sink").save(tmp_path / "sink")
+    config = tmp_path / "node.toml"
+    config.write_text(
+        f'[node]\ncredentials = "{credentials}"\nname = "sink-0"\n\n'
+        f'[discovery]\nbackend = "etcd"\netcd_endpoints = ["{etcd_server.endpoint}"]\n'
+        f'etcd_prefix = "{prefix}"\nlease_ttl = {TTL}\n'
+    )
+    service = await asyncio.to_thread(
+        subprocess.Popen,
+        [sys.executable, "-m", "velomux_quic.cli", "node", "--config", str(config), "--ops", "off"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert service.stdout is not None
+
+        def listening() -> str:
+            assert service.stdout is not None
+            for line in service.stdout:
+                if "event=listening" in line:
+                    return line
+            raise AssertionError("the service exited before it listened")
+
+        line = await asyncio.wait_for(asyncio.to_thread(listening), WAIT)
+        fields = dict(item.split("=", 1) for item in line.split() if "=" in item)
+        sink = InstanceId.parse(fields["instance"])
+        # Nobody told a where the service is: its record in etcd did.
+        await eventually(lambda: sink in peers_of(a), "the service joins by its config")
+        reply = json.loads(await a.call(sink, "velomux.sink", b"", timeout=10))
+        assert isinstance(reply["handle"], int)
+        service.send_signal(signal.SIGKILL)
+        await asyncio.to_thread(service.wait, 10)
+        await eventually(lambda: sink not in peers_of(a), "its lease lapses", timeout=TTL + 8)
+    finally:
+        if service.poll() is None:
+            service.kill()
+        await asyncio.to_thread(service.wait, 10)
+        if service.stdout is not None:
+            service.stdout.close()
