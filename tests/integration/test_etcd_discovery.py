@@ -543,3 +543,32 @@ async def test_a_velomux_node_service_joins_by_config_and_lapses_when_killed(
         await asyncio.to_thread(service.wait, 10)
         if service.stdout is not None:
             service.stdout.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_calls_go_on_through_repeated_etcd_restarts_and_node_churn(
+    etcd_server: EtcdServer, prefix: str, start_nodes: StartNode
+) -> None:
+    a = await start_nodes("node-a", discovery=etcd_peers(etcd_server, prefix, max_backoff=1.0))
+    b = await start_nodes("node-b", discovery=etcd_peers(etcd_server, prefix, max_backoff=1.0))
+    b.register_handler("echo", lambda ctx: bytes(ctx.payload))
+    await eventually(lambda: b.instance_id in peers_of(a), "b joins")
+    discovery = a.messenger.discovery
+    assert isinstance(discovery, EtcdPeers)
+    calls = 0
+    for cycle in range(5):
+        await asyncio.to_thread(etcd_server.kill if cycle % 2 else etcd_server.stop)
+        await eventually(lambda: not discovery.connected, "a sees etcd gone")
+        for _ in range(20):  # the last view still routes
+            assert await a.call(b.instance_id, "echo", b"%d" % calls, timeout=10) == b"%d" % calls
+            calls += 1
+        await asyncio.to_thread(etcd_server.start)
+        await eventually(lambda: discovery.connected, "a reconnects", timeout=30)
+        # A node joining and one leaving between restarts reach a's registry.
+        churn = await start_nodes(f"churn-{cycle}", discovery=etcd_peers(etcd_server, prefix))
+        await eventually(lambda churn=churn: churn.instance_id in peers_of(a), "churn joins")
+        await churn.close()
+        await eventually(lambda churn=churn: churn.instance_id not in peers_of(a), "churn leaves")
+    assert metric(a, "velo_discovery_reconnects_total", backend="etcd") >= 5
+    assert set(peers_of(a)) == {b.instance_id}
