@@ -304,9 +304,19 @@ async def test_malformed_records_are_ignored_and_counted(
         await put(str(large_key), b" " * (64 * 1024 + 1) + b"{}")
         await put("not-a-uuid", json.dumps(valid.to_json()).encode())
         await put(str(valid.instance_id), json.dumps(valid.to_json()).encode())  # a barrier
+        await eventually(lambda: valid.instance_id in peers_of(a), "the valid record arrives")
+        # Another spelling of a listed node's UUID is not its key: putting it is refused,
+        # and deleting it does not remove the node.
+        upper = str(valid.instance_id).upper()
+        await put(upper, json.dumps(valid.to_json()).encode())
+        await client.delete(f"{prefix}/{upper}".encode())
+        barrier = new_instance_id()
+        await put(
+            str(barrier), json.dumps(PeerRecord(barrier, ("127.0.0.1", 9)).to_json()).encode()
+        )
+        await eventually(lambda: barrier in peers_of(a), "the second barrier arrives")
     finally:
         await client.close()
-    await eventually(lambda: valid.instance_id in peers_of(a), "the valid record arrives")
     known = set(peers_of(a))
     assert victim_key not in known
     assert junk_key not in known and large_key not in known
@@ -315,7 +325,8 @@ async def test_malformed_records_are_ignored_and_counted(
         reason: metric(a, "velo_discovery_records_rejected_total", backend="etcd", reason=reason)
         for reason in ("malformed", "instance_mismatch", "too_large", "bad_key")
     }
-    assert counts == {"malformed": 2, "instance_mismatch": 1, "too_large": 1, "bad_key": 1}
+    assert counts == {"malformed": 2, "instance_mismatch": 1, "too_large": 1, "bad_key": 2}
+    assert valid.instance_id in known
 
 
 async def test_a_forged_address_for_a_node_is_never_dialed_as_that_node(

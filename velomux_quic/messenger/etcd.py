@@ -355,7 +355,8 @@ class EtcdPeers:
         self._closed = True
         self._listeners.clear()
         with contextlib.suppress(Exception):
-            await self._revoke()
+            # Bounded tighter than other calls: a close should not hang on a silent etcd.
+            await self._revoke(timeout=min(self._rpc_timeout, 2.0))
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
@@ -502,14 +503,14 @@ class EtcdPeers:
             await _rpc(client.put(key, _encode(record), lease=self._lease_id), self._rpc_timeout)
             self._put_record = record
 
-    async def _revoke(self) -> None:
+    async def _revoke(self, timeout: float | None = None) -> None:
         lease_id, self._lease_id = self._lease_id, None
         self._put_record = None
         client = self._client
         if lease_id is None or client is None:
             return
         try:
-            await _rpc(client.revoke_lease(lease_id), self._rpc_timeout)
+            await _rpc(client.revoke_lease(lease_id), timeout or self._rpc_timeout)
         except Exception as exc:
             _log.warning("etcd: revoking lease %x failed (%r); it lapses in its TTL", lease_id, exc)
 
@@ -552,11 +553,15 @@ class EtcdPeers:
             self._set(instance_id, record)
 
     def _delete(self, key: bytes) -> None:
+        text = key[len(self._key_prefix) :].decode("ascii", errors="replace")
         try:
-            instance_id = InstanceId.parse(key[len(self._key_prefix) :].decode("ascii"))
-        except (UnicodeDecodeError, ValueError):
+            instance_id = InstanceId.parse(text)
+        except ValueError:
             return
-        self._set(instance_id, None)
+        # Only the canonical key is a node's: deleting another spelling of its UUID
+        # (a key the view never took) must not remove the node.
+        if str(instance_id) == text:
+            self._set(instance_id, None)
 
     def _resync(self, items: Iterable[tuple[bytes, bytes]]) -> None:
         fresh: dict[InstanceId, PeerRecord] = {}
