@@ -140,6 +140,20 @@ def _client_class(aetcd: Any) -> Any:
     return Client
 
 
+async def _close_client(client: Any) -> None:
+    """Close a session's client, bounded, and its gRPC channel whatever aetcd's close did.
+
+    aetcd's close first shuts its watcher down, which can wait on a full request queue of
+    a dead stream; the channel must still close, or gRPC keeps its threads and sockets.
+    """
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(asyncio.shield(client.close()), 2.0)
+    channel = getattr(client, "channel", None)
+    if channel is not None:  # aetcd's close did not get that far
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(channel.close(), 2.0)
+
+
 class _SessionLost(Exception):
     """The watch stream ended or a renewal found the lease gone: start a new session."""
 
@@ -390,6 +404,18 @@ class EtcdPeers:
             )
 
     async def _run(self) -> None:
+        # Hold gRPC's asyncio stack for the backend's whole life: it starts and stops its
+        # poller thread as its count of live channels goes 0 -> 1 -> 0, and that stop has
+        # raced with the loop in some gRPC versions; without the hold, every reconnection
+        # would stop and start it again.
+        aio = importlib.import_module("grpc.aio")
+        aio.init_grpc_aio()
+        try:
+            await self._sessions_until_closed()
+        finally:
+            aio.shutdown_grpc_aio()
+
+    async def _sessions_until_closed(self) -> None:
         failures = 0
         while not self._closed:
             host, port = self._endpoints[(self._sessions + failures) % len(self._endpoints)]
@@ -414,8 +440,7 @@ class EtcdPeers:
             finally:
                 self._live.clear()
                 self._client = None
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(asyncio.shield(client.close()), 2.0)
+                await _close_client(client)
             failures = 0 if established else failures + 1
             delay = min(self._max_backoff, _MIN_BACKOFF * 2 ** min(failures, 16))
             await asyncio.sleep(delay * random.uniform(0.5, 1.0))
