@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install test test-slow soak demo certs lint docs perf fuzz clean
+.PHONY: install etcd test test-slow soak demo certs lint docs perf fuzz clean
 
 # editable_mode=compat installs a plain .pth entry for the source tree: setuptools' default
 # editable install is an import hook, which mypy cannot see, so a user program's
@@ -14,16 +14,31 @@ PYTEST_ARGS ?=
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,lint,perf,docs]' --config-settings editable_mode=compat
+	$(PY) -m pip install --quiet -e '.[test,lint,perf,docs,etcd]' --config-settings editable_mode=compat
 	touch $(STAMP)
 
 install: $(STAMP)
 
-test: $(STAMP)
+# The etcd server the discovery tests start (each its own, on free loopback ports, so a
+# service the package may start on 2379 does not matter): Debian's etcd-server, installed
+# when `etcd` is not on PATH and we are root; otherwise those tests skip, saying why.
+etcd:
+	@if ! command -v etcd >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			echo "installing etcd-server (Debian) for the discovery tests"; \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null \
+			|| { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null; } \
+			|| echo "etcd-server did not install: the etcd discovery tests will skip"; \
+		else \
+			echo "etcd not found (and not root): the etcd discovery tests will skip"; \
+		fi; \
+	fi
+
+test: $(STAMP) etcd
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 # The long soak and multi-host variants (marked `slow`).
-test-slow: $(STAMP)
+test-slow: $(STAMP) etcd
 	$(PY) -m pytest -q -m slow --timeout=1800 $(PYTEST_ARGS)
 
 # The oracle soak: random streams through 2% loss between two node processes, every item

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 
-from .config import NodeConfig, PeerEntry
+from .config import DiscoveryConfig, NodeConfig, PeerEntry
 from .errors import (
     AdmissionCancelled,
     AdmissionError,
@@ -95,6 +95,7 @@ from .messenger import (
     PeerRegistry,
     StaticPeers,
 )
+from .messenger.etcd import EtcdPeers
 from .messenger.registry import Context, Dispatch
 from .mux.config import (
     AutoFlush,
@@ -137,7 +138,9 @@ __all__ = [
     "DeserializationError",
     "DialError",
     "DirectoryPeers",
+    "DiscoveryConfig",
     "Dispatch",
+    "EtcdPeers",
     "FlushPolicy",
     "FrameDecodeError",
     "FrameTooLarge",

@@ -10,8 +10,9 @@ host or per container through the environment::
 The file has a ``[node]`` section for the node's own keys, one ``[[peers]]`` table per
 statically known peer, and one section per layer (``[transport]``, ``[messenger]``,
 ``[streaming]``, ``[mux]``, with ``[mux.flush_policy]``) whose keys are the fields of
-that layer's config class. Every key is optional; an absent key takes the class's
-default. A bad value (unknown key, wrong type, out of range) raises
+that layer's config class, and a ``[discovery]`` section (:class:`DiscoveryConfig`: how
+the node finds the others: none, a shared directory, or etcd). Every key is optional;
+an absent key takes the class's default. A bad value (unknown key, wrong type, out of range) raises
 :class:`~velomux_quic.errors.ConfigurationError` naming the file or environment
 variable, the key and the reason: the layers' own validation decides what is in range,
 so a rule is written once.
@@ -35,12 +36,13 @@ from typing import Any
 
 from .errors import ConfigurationError, PeerRecordError
 from .ids import InstanceId
-from .messenger import MessengerConfig, PeerRecord
+from .messenger import DirectoryPeers, MessengerConfig, PeerDiscovery, PeerRecord
+from .messenger.etcd import DEFAULT_ETCD_PREFIX, DEFAULT_LEASE_TTL, parse_endpoint
 from .mux.config import AutoFlush, FlushPolicy, Manual, MuxConfig
 from .streaming.config import StreamingConfig
 from .transport.config import TransportConfig
 
-__all__ = ["ENV_PREFIX", "NodeConfig", "PeerEntry"]
+__all__ = ["DISCOVERY_BACKENDS", "ENV_PREFIX", "DiscoveryConfig", "NodeConfig", "PeerEntry"]
 
 ENV_PREFIX = "VELOMUX_"
 """Environment overrides are ``VELOMUX_<SECTION>_<KEY>`` (``VELOMUX_NODE_PORT=7000``)."""
@@ -76,6 +78,102 @@ class PeerEntry:
             raise ConfigurationError(f"instance_id is not a UUID: {error}") from None
 
 
+DISCOVERY_BACKENDS = ("none", "directory", "etcd")
+"""The values of ``[discovery] backend``."""
+
+
+@dataclass(frozen=True, slots=True)
+class DiscoveryConfig:
+    """How a node finds the other nodes: the ``[discovery]`` section.
+
+    ``backend = "none"`` (the default) is static peers only (``[[peers]]``, ``add_peer``;
+    ``[node] peer_directory`` still selects a directory, as before). ``"directory"`` is
+    :class:`~velomux_quic.DirectoryPeers` on ``directory``, for the processes of one host.
+    ``"etcd"`` is :class:`~velomux_quic.EtcdPeers`: a leased key per node under
+    ``etcd_prefix`` on the etcd cluster at ``etcd_endpoints``, watched, with TLS when
+    ``etcd_ca`` is set (and a client certificate with ``etcd_cert`` and ``etcd_key``).
+    Validated on construction; files are read when the node starts.
+    """
+
+    backend: str = "none"
+    """``"none"``, ``"directory"`` or ``"etcd"``."""
+    directory: str | None = None
+    """The shared directory of ``backend = "directory"`` (required there, unused elsewhere)."""
+    etcd_endpoints: tuple[str, ...] = ("127.0.0.1:2379",)
+    """``host:port`` of each etcd member, tried in turn."""
+    etcd_prefix: str = DEFAULT_ETCD_PREFIX
+    """Key prefix of the records: ``<etcd_prefix>/<instance-uuid>``."""
+    lease_ttl: int = DEFAULT_LEASE_TTL
+    """Seconds of the record's lease: how long a killed node stays listed, at most."""
+    etcd_ca: str | None = None
+    """CA file that verifies etcd's certificate; set, the connection is TLS."""
+    etcd_cert: str | None = None
+    """This node's client certificate for etcd's ``--client-cert-auth`` (with ``etcd_key``)."""
+    etcd_key: str | None = None
+    """The private key of ``etcd_cert``."""
+
+    def __post_init__(self) -> None:
+        if self.backend not in DISCOVERY_BACKENDS:
+            raise ConfigurationError(
+                f"backend must be one of {', '.join(map(repr, DISCOVERY_BACKENDS))}, "
+                f"got {self.backend!r}"
+            )
+        if self.backend == "directory" and not self.directory:
+            raise ConfigurationError('directory: backend = "directory" needs a directory path')
+        if self.directory is not None and self.backend != "directory":
+            raise ConfigurationError(
+                f'directory is used only with backend = "directory" (backend is '
+                f"{self.backend!r}): remove it or change the backend"
+            )
+        if not isinstance(self.etcd_endpoints, tuple):
+            raise ConfigurationError(
+                f"etcd_endpoints must be a list of host:port, got {self.etcd_endpoints!r}"
+            )
+        if not self.etcd_endpoints:
+            raise ConfigurationError("etcd_endpoints must name at least one host:port")
+        for endpoint in self.etcd_endpoints:
+            try:
+                parse_endpoint(endpoint)
+            except ConfigurationError:
+                raise ConfigurationError(f"etcd_endpoints: {endpoint!r} is not host:port") from None
+        prefix = self.etcd_prefix
+        if not isinstance(prefix, str) or not prefix.startswith("/") or not prefix.strip("/"):
+            raise ConfigurationError(
+                f"etcd_prefix must be an absolute key path such as {DEFAULT_ETCD_PREFIX!r}, "
+                f"got {prefix!r}"
+            )
+        ttl = self.lease_ttl
+        if isinstance(ttl, bool) or not isinstance(ttl, int) or not 1 <= ttl <= 86400:
+            raise ConfigurationError(
+                f"lease_ttl must be a whole number of seconds, 1 to 86400, got {ttl!r}"
+            )
+        if (self.etcd_cert is None) != (self.etcd_key is None):
+            raise ConfigurationError(
+                "etcd_cert and etcd_key: give both (the client certificate and its key) or neither"
+            )
+
+    def backend_for(self, peer_directory: str | None = None) -> PeerDiscovery | None:
+        """The discovery backend this section describes (None for ``"none"``), or the
+        :class:`DirectoryPeers` of a ``[node] peer_directory``; ConfigurationError when a
+        file it names cannot be read or the etcd client is not installed."""
+        if self.backend == "etcd":
+            from .messenger.etcd import EtcdPeers
+
+            return EtcdPeers(
+                self.etcd_endpoints,
+                prefix=self.etcd_prefix,
+                lease_ttl=self.lease_ttl,
+                ca_file=self.etcd_ca,
+                cert_file=self.etcd_cert,
+                key_file=self.etcd_key,
+            )
+        if self.backend == "directory" and self.directory is not None:
+            return DirectoryPeers(self.directory)
+        if peer_directory is not None:
+            return DirectoryPeers(peer_directory)
+        return None
+
+
 @dataclass(frozen=True, slots=True)
 class NodeConfig:
     """How to start one node: its credentials, address, peers and every layer's config.
@@ -101,6 +199,7 @@ class NodeConfig:
     messenger: MessengerConfig = field(default_factory=MessengerConfig)
     streaming: StreamingConfig = field(default_factory=StreamingConfig)
     mux: MuxConfig = field(default_factory=MuxConfig)
+    discovery: DiscoveryConfig = field(default_factory=DiscoveryConfig)
 
     def __post_init__(self) -> None:
         if not isinstance(self.credentials, str) or not self.credentials:
@@ -111,6 +210,11 @@ class NodeConfig:
             raise ConfigurationError(f"port must be an integer, got {self.port!r}")
         if not 0 <= self.port <= 65535:
             raise ConfigurationError(f"port must be 0 to 65535, got {self.port}")
+        if self.peer_directory is not None and self.discovery.backend != "none":
+            raise ConfigurationError(
+                f"peer_directory and discovery.backend = {self.discovery.backend!r} both choose "
+                "the discovery: keep one"
+            )
         for index, peer in enumerate(self.peers):
             try:
                 peer.record()
@@ -169,6 +273,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "messenger": MessengerConfig,
     "streaming": StreamingConfig,
     "mux": MuxConfig,
+    "discovery": DiscoveryConfig,
 }
 """Each layer's section: its name in the file (and the NodeConfig field) and its class."""
 
@@ -344,6 +449,11 @@ class _Loader:
 
     def checked(self, where: str, value: Any, annotation: Any) -> Any:
         """A TOML value of the field's type (an int is a float too); else an error."""
+        if typing.get_origin(annotation) is tuple:
+            # A list of strings (etcd_endpoints): TOML's array, kept as a tuple.
+            if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+                raise self.fail(where, f"must be a list of strings, got {value!r}")
+            return tuple(value)
         kinds = _kinds(annotation)
         if float in kinds and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
@@ -357,6 +467,9 @@ class _Loader:
 
     def parsed(self, where: str, text: str, annotation: Any) -> Any:
         """An environment variable's text, parsed by the field's type."""
+        if typing.get_origin(annotation) is tuple:
+            # A list is comma-separated: VELOMUX_DISCOVERY_ETCD_ENDPOINTS=10.0.0.1:2379,...
+            return tuple(item.strip() for item in text.split(",") if item.strip())
         kinds = _kinds(annotation)
         stripped = text.strip()
         if type(None) in kinds and stripped.lower() in _NO_VALUE:

@@ -35,7 +35,6 @@ from .config import NodeConfig
 from .errors import ConfigurationError, UsageError
 from .ids import InstanceId, StreamAnchorHandle, WorkerId
 from .messenger import (
-    DirectoryPeers,
     Messenger,
     MessengerConfig,
     PeerDiscovery,
@@ -167,21 +166,22 @@ class Node:
         ``host:port`` (default ``127.0.0.1``; port 0, the default: any free port; read
         :attr:`address`).
 
-        Or it is a :class:`~velomux_quic.NodeConfig` (``NodeConfig.from_toml(path)``),
-        which then supplies the credentials, address, name, peers, peer directory and
-        every layer's config: passing one of those arguments as well is a
-        ConfigurationError (change the config with ``dataclasses.replace`` instead), so
-        no setting is silently ignored. ``registry``, and ``peers`` or ``discovery``
-        given here, still apply (given peers join the configured ones; a given
-        ``discovery`` replaces the configured directory).
+        Or it is a :class:`~velomux_quic.NodeConfig` (``NodeConfig.from_toml(path)``), which
+        then supplies the credentials, address, name, peers, discovery (its ``[discovery]``
+        section, or ``peer_directory``) and every layer's config: passing one of those
+        arguments as well is a ConfigurationError (change the config with
+        ``dataclasses.replace`` instead), so no setting is silently ignored. ``registry``,
+        and ``peers`` or ``discovery`` given here, still apply (given peers join the
+        configured ones; a given ``discovery`` replaces the configured one).
 
         ``peers`` are the nodes it knows from the start: PeerRecords (another node's
-        :attr:`record`) or an existing :class:`PeerRegistry` to share. ``discovery``
-        (for example a ``DirectoryPeers``) publishes this node's record and finds
-        peers it is asked to reach. ``registry`` is the Prometheus registry its metrics
-        go to (a new one by default). ``name`` labels the node in records and logs
-        (the credentials' name by default). The configs default to the design
-        chapter's values; ``mux=MuxConfig(enabled=False)`` (or the environment variable
+        :attr:`record`) or an existing :class:`PeerRegistry` to share. ``discovery`` (for
+        example a ``DirectoryPeers`` or an ``EtcdPeers``) publishes this node's record and
+        finds peers it is asked to reach; one that watches (``EtcdPeers``) also adds and
+        removes peers as they join and leave. ``registry`` is the Prometheus registry its
+        metrics go to (a new one by default). ``name`` labels the node in records and logs
+        (the credentials' name by default). The configs default to the design chapter's
+        values; ``mux=MuxConfig(enabled=False)`` (or the environment variable
         ``VELO_MESSENGER_MUX_DISABLE=1``) runs without the mux.
 
         Raises :class:`~velomux_quic.errors.CredentialsError` for missing or unusable
@@ -211,8 +211,9 @@ class Node:
             transport, messenger = config.transport, config.messenger
             streaming, mux = config.streaming, config.mux
             peers = _with_configured_peers(peers, config.peer_records())
-            if discovery is None and config.peer_directory is not None:
-                discovery = DirectoryPeers(config.peer_directory)
+            if discovery is None:
+                # [discovery] (none, directory, etcd), or the older [node] peer_directory.
+                discovery = config.discovery.backend_for(config.peer_directory)
         host = "127.0.0.1" if host is None else host
         port = 0 if port is None else port
         credentials_dir = None

@@ -11,6 +11,7 @@ import pytest
 
 from velomux_quic import (
     ConfigurationError,
+    DiscoveryConfig,
     Manual,
     MessengerConfig,
     MuxConfig,
@@ -61,6 +62,7 @@ def _documents(section: str, key: str) -> bool:
         ("streaming", StreamingConfig),
         ("mux", MuxConfig),
         ("mux.flush_policy", AutoFlush),
+        ("discovery", DiscoveryConfig),
     ],
 )
 def test_the_sample_documents_every_field_of_every_layer(
@@ -75,7 +77,7 @@ def test_the_sample_documents_every_field_of_every_layer(
 def test_the_sample_documents_every_node_key_and_a_peer() -> None:
     text = SAMPLE.read_text()
     node = _section(text, "node")
-    layers = {"transport", "messenger", "streaming", "mux", "peers"}
+    layers = {"transport", "messenger", "streaming", "mux", "peers", "discovery"}
     own = [f.name for f in dataclasses.fields(NodeConfig) if f.name not in layers]
     assert [name for name in own if not _documents(node, name)] == []
     assert "# [[peers]]" in text

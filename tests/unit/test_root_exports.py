@@ -40,6 +40,8 @@ SURFACE = {
     "PeerDiscovery",
     "DirectoryPeers",
     "StaticPeers",
+    "EtcdPeers",
+    "DiscoveryConfig",
     "Context",
     "Dispatch",
     "ensure_dev_cluster",

@@ -78,7 +78,15 @@ from .errors import (
 )
 from .headers import RESERVED_PREFIX, HeaderCodec
 from .metrics import MessengerMetrics
-from .peers import PeerDiscovery, PeerRecord, PeerRegistry, WorkerIdCollision, sync_registry
+from .peers import (
+    DiscoveryFeed,
+    PeerDiscovery,
+    PeerRecord,
+    PeerRegistry,
+    PeerWatch,
+    WorkerIdCollision,
+    sync_registry,
+)
 from .registry import Context, Dispatch, Handler, HandlerRegistry, HandlerSpec
 from .rendezvous import RefusalHook, Rendezvous, StagedRefusal, StagingListener
 from .snapshot import MessengerSnapshot
@@ -149,6 +157,7 @@ class Messenger(TransportHandler):
         self._background: set[asyncio.Future[None]] = set()
         self._closed = False
         self._discovery: PeerDiscovery | None = None
+        self._unwatch: Callable[[], None] | None = None
         self._stream_acceptor: TransportHandler | None = None
         self._pending_replies: dict[InstanceId, int] = {}
         """Bytes of replies waiting in each peer's admission gates (entries go at zero)."""
@@ -184,7 +193,11 @@ class Messenger(TransportHandler):
         """Start the node's transport with this messenger as its handler.
 
         With ``discovery``, the node publishes its own record there, loads every record
-        it finds, and looks up a peer it does not know the first time it calls it.
+        it finds, and looks up a peer it does not know the first time it calls it. A
+        backend that is also a :class:`~velomux_quic.messenger.peers.PeerWatch` (etcd)
+        exports its metrics in ``registry`` and pushes joins, moves and leaves into the
+        peer registry as they happen, through a
+        :class:`~velomux_quic.messenger.peers.DiscoveryFeed`.
         """
         registry = registry or CollectorRegistry()
         messenger = cls(config or MessengerConfig(), registry, peers or PeerRegistry())
@@ -201,8 +214,18 @@ class Messenger(TransportHandler):
         if discovery is not None:
             messenger._discovery = discovery
             try:
+                if isinstance(discovery, PeerWatch):
+                    discovery.bind_metrics(registry)
                 await discovery.publish(messenger.own_record(name))
-                await sync_registry(messenger.peers, discovery)
+                if isinstance(discovery, PeerWatch):
+                    feed = DiscoveryFeed(
+                        messenger.peers,
+                        own=messenger.instance_id,
+                        on_moved=messenger._peer_moved,
+                    )
+                    messenger._unwatch = discovery.watch(feed)
+                else:
+                    await sync_registry(messenger.peers, discovery)
             except BaseException:
                 await messenger.close()
                 raise
@@ -283,6 +306,12 @@ class Messenger(TransportHandler):
             self._transport.unregister_peer(instance_id)
         else:
             self._transport.register_peer(record.instance_id, record.address)
+
+    def _peer_moved(self, instance_id: InstanceId) -> None:
+        # Discovery says the peer listens elsewhere now (it restarted there): a connection
+        # to the old address leads nowhere, and the next send dials the new one.
+        if self._transport is not None and not self._closed:
+            self._transport.disconnect(instance_id, outbound=True, inbound=False)
 
     # -- handlers ------------------------------------------------------------------------
 
@@ -923,6 +952,9 @@ class Messenger(TransportHandler):
             await asyncio.gather(*self._background, return_exceptions=True)
         await self._dispatcher.close()
         self._rendezvous.close()
+        if self._unwatch is not None:
+            self._unwatch()
+            self._unwatch = None
         if self._discovery is not None:
             try:
                 await self._discovery.close()  # withdraws our record

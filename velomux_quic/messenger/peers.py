@@ -5,8 +5,12 @@ map the messenger routes by: InstanceId to record, and WorkerId back to Instance
 because a stream handle carries only the 64-bit WorkerId of its consumer node. A
 :class:`PeerDiscovery` backend fills the registry; two ship here, a static list from
 the node configuration (:class:`StaticPeers`) and a directory of record files shared
-by the processes of one host (:class:`DirectoryPeers`). Anything that can publish,
-withdraw and list records (etcd with leases, NATS) fits the same protocol.
+by the processes of one host (:class:`DirectoryPeers`); a third, on etcd, is
+:class:`~velomux_quic.messenger.etcd.EtcdPeers` in its own module. Anything that can
+publish, withdraw and list records fits the same protocol. A backend that also hears
+changes as they happen (a watch) implements the optional :class:`PeerWatch` too; the
+messenger then applies its joins, moves and leaves through a :class:`DiscoveryFeed`
+instead of pulling a snapshot once.
 
 Discovery only ever says where a node claims to be. Who answers at that address is
 decided by the mutual-TLS handshake, which proves the InstanceId from the certificate,
@@ -27,7 +31,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TypeGuard, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeGuard, runtime_checkable
 
 from velomux_quic.errors import (
     ConfigurationError,
@@ -39,15 +43,20 @@ from velomux_quic.ids import InstanceId, WorkerId, worker_id_of
 from velomux_quic.security._files import write_public
 from velomux_quic.transport.config import MAX_LANES
 
+if TYPE_CHECKING:
+    from prometheus_client.registry import CollectorRegistry
+
 __all__ = [
     "PEER_DIRECTORY_MODE",
     "PEER_RECORD_MAX_BYTES",
     "DirectoryPeers",
+    "DiscoveryFeed",
     "PeerDiscovery",
     "PeerListener",
     "PeerRecord",
     "PeerRecordError",
     "PeerRegistry",
+    "PeerWatch",
     "StaticPeers",
     "SyncReport",
     "WorkerIdCollision",
@@ -334,6 +343,86 @@ class PeerDiscovery(Protocol):
     async def close(self) -> None:
         """Release the backend; records published through it are withdrawn, as a
         lease-based backend's would lapse. Publishing afterwards raises ``RuntimeError``."""
+
+
+@runtime_checkable
+class PeerWatch(Protocol):
+    """The optional push half of discovery, for a backend that hears changes as they happen.
+
+    :class:`PeerDiscovery` is pull: the messenger loads a snapshot at start and looks up
+    a peer it does not know. A backend with a watch (etcd) also implements this, and the
+    messenger then uses it instead of the one snapshot: it subscribes a
+    :class:`DiscoveryFeed` with :meth:`watch` right after publishing its own record, so
+    joins, moves (a node back at a new address) and leaves reach the registry at once.
+    ``connected`` is what the node's readiness reads; :meth:`bind_metrics` puts the
+    backend's series into the node's Prometheus registry.
+    """
+
+    @property
+    def connected(self) -> bool:
+        """Whether the backend's view is live now (False while its store is unreachable)."""
+
+    def watch(self, listener: PeerListener) -> Callable[[], None]:
+        """Call ``listener(record, instance_id)`` for every record the backend knows now
+        (synchronously, before returning) and for each change after (``None`` for a
+        leave); returns a function that unsubscribes it. Records the backend rejected
+        never reach a listener."""
+
+    def bind_metrics(self, registry: CollectorRegistry) -> None:
+        """Export the backend's metrics in ``registry`` (the node's)."""
+
+
+class DiscoveryFeed:
+    """Applies what a :class:`PeerWatch` backend pushes to a :class:`PeerRegistry`.
+
+    A join or a change is ``registry.add`` (a WorkerId collision is logged, counted in
+    ``collisions`` and kept out, as in :func:`sync_registry`). A leave removes a peer only
+    if discovery brought it in and nobody replaced its record since: a peer configured
+    statically or added with ``add_peer`` before discovery heard of it may have its
+    address updated by discovery, but is never removed by it, and a record the
+    application replaced is the application's. The node's own InstanceId is skipped:
+    a record naming this node (its own, or a forged one) says nothing it needs.
+    ``on_moved(instance_id)`` is called when a known peer's address changed, so the
+    messenger can drop a connection to where the peer no longer is.
+    """
+
+    def __init__(
+        self,
+        registry: PeerRegistry,
+        *,
+        own: InstanceId | None = None,
+        on_moved: Callable[[InstanceId], None] | None = None,
+    ) -> None:
+        self._registry = registry
+        self._own = own
+        self._on_moved = on_moved
+        self._brought: dict[InstanceId, PeerRecord] = {}
+        self.collisions = 0
+        """Records kept out because another peer holds their WorkerId."""
+
+    def brought_in(self) -> set[InstanceId]:
+        """The peers this feed added and would remove on their leave."""
+        return set(self._brought)
+
+    def __call__(self, record: PeerRecord | None, instance_id: InstanceId) -> None:
+        if instance_id == self._own:
+            return
+        if record is None:
+            brought = self._brought.pop(instance_id, None)
+            if brought is not None and self._registry.get(instance_id) == brought:
+                self._registry.remove(instance_id)
+            return
+        previous = self._registry.get(instance_id)
+        try:
+            self._registry.add(record)
+        except WorkerIdCollision as exc:
+            self.collisions += 1
+            _log.warning("peer %s not added: %s", instance_id, exc)
+            return
+        if previous is None or instance_id in self._brought:
+            self._brought[instance_id] = record
+        if previous is not None and previous.address != record.address and self._on_moved:
+            self._on_moved(instance_id)
 
 
 class StaticPeers:
