@@ -36,6 +36,7 @@ import signal
 import socket
 import ssl
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -204,9 +205,20 @@ class EtcdServer:
     :meth:`log_tail` reads for an assertion message.
     """
 
-    def __init__(self, *, tls: EtcdTls | None = None, binary: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        tls: EtcdTls | None = None,
+        binary: str | None = None,
+        host: str = "127.0.0.1",
+        namespace: str | None = None,
+    ) -> None:
         self.binary = binary or require_etcd()
         self.tls = tls
+        self.host = host
+        """The address it listens on (loopback, or an address inside ``namespace``)."""
+        self.namespace = namespace
+        """A network namespace to run in (``ip netns exec``), for multi-host tests."""
         self.client_port = _free_tcp_port()
         self.peer_port = _free_tcp_port()
         while self.peer_port == self.client_port:
@@ -219,12 +231,12 @@ class EtcdServer:
     @property
     def endpoint(self) -> str:
         """``host:port`` of the client listener."""
-        return f"127.0.0.1:{self.client_port}"
+        return f"{self.host}:{self.client_port}"
 
     @property
     def client_url(self) -> str:
         scheme = "https" if self.tls is not None else "http"
-        return f"{scheme}://127.0.0.1:{self.client_port}"
+        return f"{scheme}://{self.host}:{self.client_port}"
 
     @property
     def running(self) -> bool:
@@ -235,8 +247,9 @@ class EtcdServer:
         return None if self._process is None else self._process.pid
 
     def command(self) -> list[str]:
-        peer_url = f"http://127.0.0.1:{self.peer_port}"
+        peer_url = f"http://{self.host}:{self.peer_port}"
         command = [
+            *self._netns(),
             self.binary,
             "--name",
             "velomux-test",
@@ -297,8 +310,21 @@ class EtcdServer:
                 )
             time.sleep(0.05)
 
+    def _netns(self) -> list[str]:
+        return [] if self.namespace is None else ["ip", "netns", "exec", self.namespace]
+
     def healthy(self) -> bool:
         """Whether ``/health`` answers ``{"health": "true"}`` now."""
+        if self.namespace is not None:  # asked from inside the namespace, plaintext only
+            check = (
+                "import json,sys,urllib.request;"
+                f"body=json.loads(urllib.request.urlopen('{self.client_url}/health',timeout=1).read());"
+                "sys.exit(0 if body.get('health')=='true' else 1)"
+            )
+            result = subprocess.run(
+                [*self._netns(), sys.executable, "-c", check], capture_output=True, timeout=10
+            )
+            return result.returncode == 0
         context: ssl.SSLContext | None = None
         if self.tls is not None:
             context = ssl.create_default_context(cafile=str(self.tls.ca))

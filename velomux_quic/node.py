@@ -157,6 +157,7 @@ class Node:
         peers: PeerRegistry | Iterable[PeerRecord] | None = None,
         discovery: PeerDiscovery | None = None,
         name: str = "",
+        publish: bool = True,
     ) -> Node:
         """Start a node and return it running; the caller must :meth:`close` it.
 
@@ -178,7 +179,10 @@ class Node:
         :attr:`record`) or an existing :class:`PeerRegistry` to share. ``discovery`` (for
         example a ``DirectoryPeers`` or an ``EtcdPeers``) publishes this node's record and
         finds peers it is asked to reach; one that watches (``EtcdPeers``) also adds and
-        removes peers as they join and leave. ``registry`` is the Prometheus registry its
+        removes peers as they join and leave. ``publish=False`` uses discovery to find
+        peers without listing this node there: for a short-lived client such as
+        ``velomux probe``, which others must not dial or route to. ``registry`` is the
+        Prometheus registry its
         metrics go to (a new one by default). ``name`` labels the node in records and logs
         (the credentials' name by default). The configs default to the design chapter's
         values; ``mux=MuxConfig(enabled=False)`` (or the environment variable
@@ -233,6 +237,7 @@ class Node:
             peers=peers,
             discovery=discovery,
             name=name,
+            publish=publish,
         )
         mux = mux or MuxConfig()
         try:
@@ -263,6 +268,7 @@ class Node:
         peers: PeerRegistry | Iterable[PeerRecord] | None = None,
         discovery: PeerDiscovery | None = None,
         name: str = "",
+        publish: bool = True,
     ) -> contextlib.AbstractAsyncContextManager[Node]:
         """``async with Node.open(...) as node:``, the same as :func:`open_node`.
 
@@ -282,6 +288,7 @@ class Node:
                 peers=peers,
                 discovery=discovery,
                 name=name,
+                publish=publish,
             )
         )
 
@@ -691,6 +698,7 @@ def open_node(
     peers: PeerRegistry | Iterable[PeerRecord] | None = None,
     discovery: PeerDiscovery | None = None,
     name: str = "",
+    publish: bool = True,
 ) -> contextlib.AbstractAsyncContextManager[Node]:
     """Open a node for the length of an ``async with`` block::
 
@@ -713,6 +721,7 @@ def open_node(
         peers=peers,
         discovery=discovery,
         name=name,
+        publish=publish,
     )
 
 

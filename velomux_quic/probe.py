@@ -612,6 +612,22 @@ async def _identity(node: Node, peer: InstanceId, timeout: float) -> dict[str, A
     return identity
 
 
+async def _refuse_a_running_identity(node: Node) -> None:
+    """A probe with a running node's credentials would look like that node to its peers
+    (which close the older of two connections from one identity): refuse it."""
+    discovery = node.messenger.discovery
+    if discovery is None:
+        return
+    record = await discovery.lookup(node.instance_id)
+    if record is not None:
+        host, port = record.address
+        raise ConfigurationError(
+            f"the probe's credentials are those of a running node ({record.name or 'unnamed'} "
+            f"at {host}:{port}, {node.instance_id}): give the probe credentials of its own "
+            "(velomux certs issue --name probe-...)"
+        )
+
+
 async def probe(config: NodeConfig, spec: str, options: ProbeOptions) -> dict[str, Any]:
     """Run one probe and return its report (the ``--json`` object).
 
@@ -620,7 +636,13 @@ async def probe(config: NodeConfig, spec: str, options: ProbeOptions) -> dict[st
     SIGINT during the run ends the streaming window early (the report says
     ``interrupted``); a second one cancels the probe.
     """
-    node = await Node.start(config)
+    # Discovery finds the peer; the probe is not listed there (nobody is to route to it).
+    node = await Node.start(config, publish=False)
+    try:
+        await _refuse_a_running_identity(node)
+    except BaseException:
+        await node.close()
+        raise
     loop = asyncio.get_running_loop()
     main = asyncio.current_task()
     interrupted: list[bool] = []

@@ -33,6 +33,7 @@ import sys
 import time
 import zlib
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +50,7 @@ from .errors import (
     VelomuxError,
 )
 from .ids import InstanceId, StreamAnchorHandle
+from .messenger.peers import PeerRecord
 from .messenger.registry import Context
 from .node import Node
 from .runtime import run
@@ -450,6 +452,34 @@ class _Sink:
         _emit("stream_end", peer=peer, records=count.records, outcome=outcome)
 
 
+def _report_peers(node: Node) -> Callable[[], None]:
+    """One event line per peer the node knows now (``peer_joined``), then one per change:
+    ``peer_joined``, ``peer_moved`` (at a new address) or ``peer_left``, as discovery or
+    the configuration says; a record refreshed in place says nothing. Returns the call
+    that stops it."""
+    registry = node.messenger.peers
+    known: dict[InstanceId, tuple[str, int]] = {}
+
+    def report(record: PeerRecord, event: str) -> None:
+        known[record.instance_id] = record.address
+        host, port = record.address
+        _emit(event, instance=record.instance_id, name=record.name, address=f"{host}:{port}")
+
+    for record in registry:
+        report(record, "peer_joined")
+
+    def changed(record: PeerRecord | None, instance_id: InstanceId) -> None:
+        if record is None:
+            if known.pop(instance_id, None) is not None:
+                _emit("peer_left", instance=instance_id)
+        elif instance_id not in known:
+            report(record, "peer_joined")
+        elif known[instance_id] != record.address:
+            report(record, "peer_moved")
+
+    return registry.subscribe(changed)
+
+
 def _reload_credentials(node: Node) -> None:
     """SIGHUP: read the configured credentials directory again; a bad set changes nothing."""
     try:
@@ -512,7 +542,9 @@ async def serve(config: NodeConfig, drain_timeout: float, ops: str = "127.0.0.1:
             peers=len(config.peers),
             ops=ops_address or "off",
         )
+        unsubscribe = _report_peers(node)
         await stop.wait()
+        unsubscribe()
         _emit("stopping", signal=received[0], open_streams=len(sink.tasks))
         # Inbound streams get the window to finish as well as this node's own senders.
         drained = await node.drain(drain_timeout)

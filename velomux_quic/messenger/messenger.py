@@ -189,15 +189,16 @@ class Messenger(TransportHandler):
         peers: PeerRegistry | None = None,
         discovery: PeerDiscovery | None = None,
         name: str = "",
+        publish: bool = True,
     ) -> Messenger:
         """Start the node's transport with this messenger as its handler.
 
-        With ``discovery``, the node publishes its own record there, loads every record
-        it finds, and looks up a peer it does not know the first time it calls it. A
-        backend that is also a :class:`~velomux_quic.messenger.peers.PeerWatch` (etcd)
-        exports its metrics in ``registry`` and pushes joins, moves and leaves into the
-        peer registry as they happen, through a
-        :class:`~velomux_quic.messenger.peers.DiscoveryFeed`.
+        With ``discovery``, the node publishes its own record there (unless ``publish``
+        is False: a client that only looks others up), loads every record it finds, and
+        looks up a peer it does not know the first time it calls it. A backend that is
+        also a :class:`~velomux_quic.messenger.peers.PeerWatch` (etcd) exports its
+        metrics in ``registry`` and pushes joins, moves and leaves into the peer registry
+        as they happen, through a :class:`~velomux_quic.messenger.peers.DiscoveryFeed`.
         """
         registry = registry or CollectorRegistry()
         messenger = cls(config or MessengerConfig(), registry, peers or PeerRegistry())
@@ -216,7 +217,8 @@ class Messenger(TransportHandler):
             try:
                 if isinstance(discovery, PeerWatch):
                     discovery.bind_metrics(registry)
-                await discovery.publish(messenger.own_record(name))
+                if publish:
+                    await discovery.publish(messenger.own_record(name))
                 if isinstance(discovery, PeerWatch):
                     feed = DiscoveryFeed(
                         messenger.peers,
