@@ -269,6 +269,17 @@ async def check_cluster(cluster: Cluster, *, every_pair: bool) -> None:
         assert delivery["records_sent"] == 4 * int(records)
         assert delivery["records_lost"] == 0 and delivery["checksum_mismatches"] == 0
 
+    # The probes looked their peers up in etcd but were never listed there.
+    for service in cluster.services.values():
+        names = {e.get("name", "") for e in service.events if e.get("event") == "peer_joined"}
+        assert not any(name.startswith("probe-") for name in names), names
+    # A probe with a running node's credentials would pass for that node: refused.
+    status, out, err = await run(
+        cluster.hosts["a"], sys.executable, "-m", "velomux_quic.cli", "probe", "node-b",
+        "--config", str(cluster.directory / "node-a.toml"), "--json",
+    )  # fmt: skip
+    assert status == 2 and "running node" in err, (status, out, err)
+
     # The endpoints: the mux series in /metrics, each node ready with discovery connected.
     for name in NODES:
         code, text = await http_get(cluster.hosts[name], cluster.ops(name), "/metrics")
