@@ -107,7 +107,17 @@ async def _handshake_done(socket: zmq.asyncio.Socket) -> None:
             event = await recv_monitor_message(monitor)
             if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 return
-            raise BenchFailure(f"the CURVE handshake failed: {event}")
+            endpoint = event["endpoint"].decode(errors="replace")
+            if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                raise BenchFailure(
+                    f"the frontend on {endpoint} refused the engine's CURVE key (ZAP status "
+                    f"{int(event['value'])}): the frontends admit only the public key in the "
+                    "run's engine key directory"
+                )
+            raise BenchFailure(
+                f"the CURVE handshake with {endpoint} failed ({zmq.Event(event['event']).name}): "
+                "the frontend's server key in its handoff does not match the socket"
+            )
     finally:
         socket.disable_monitor()
         monitor.close(linger=0)
