@@ -1117,7 +1117,10 @@ class ZmqArm(Arm):
         engine: dict[str, float],
         frontends: list[dict[str, float]],
     ) -> dict[str, Any]:
-        return {"engine_send_waits": engine["send_waits"]} | _write_figures(engine, scenario.passes)
+        # recv_again: reads that woke to no message and were retried (pyzmq's asyncio).
+        again = sum(p["recv_again"] for p in frontends)
+        figures = {"engine_send_waits": engine["send_waits"], "frontends_recv_again": again}
+        return figures | _write_figures(engine, scenario.passes)
 
 
 def _with(

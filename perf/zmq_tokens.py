@@ -34,7 +34,7 @@ import struct
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import msgpack
 import zmq
@@ -81,6 +81,7 @@ class Counts:
 
     def __init__(self) -> None:
         self.send_waits = 0
+        self.recv_again = 0
         self.writes = 0
         self.records = 0
         self.bytes = 0
@@ -88,6 +89,7 @@ class Counts:
     def snapshot(self) -> dict[str, float]:
         return {
             "send_waits": float(self.send_waits),
+            "recv_again": float(self.recv_again),
             "writes": float(self.writes),
             "records": float(self.records),
             "bytes": float(self.bytes),
@@ -215,7 +217,7 @@ class ZmqEngine:
         counts = self._counts
         number = _PASS.pack(pass_)
         for socket, outbox, records in self._writes:
-            if not socket.get(zmq.EVENTS) & zmq.POLLOUT:
+            if not cast(int, socket.get(zmq.EVENTS)) & zmq.POLLOUT:
                 counts.send_waits += 1
             payload = bytes(outbox)
             outbox.clear()
@@ -282,7 +284,7 @@ class ZmqFrontend:
 
     @property
     def port(self) -> int:
-        endpoint = self._socket.get(zmq.LAST_ENDPOINT).decode()
+        endpoint = cast(bytes, self._socket.get(zmq.LAST_ENDPOINT)).decode()
         return int(endpoint.rsplit(":", 1)[1])
 
     def counts(self) -> dict[str, float]:
@@ -293,7 +295,14 @@ class ZmqFrontend:
         feed = self._parser.feed
         try:
             while True:
-                frames = await self._socket.recv_multipart()
+                try:
+                    frames = await self._socket.recv_multipart()
+                except zmq.Again:
+                    # pyzmq's asyncio socket can wake on its descriptor and find no
+                    # message yet (its edge-triggered FD races the non-blocking read):
+                    # nothing was taken, so read again. Counted, not hidden.
+                    counts.recv_again += 1
+                    continue
                 if len(frames) == 1 and frames[0] == END:
                     if self._parser.pending:
                         raise BenchFailure("the stream ended inside a record")
@@ -306,8 +315,11 @@ class ZmqFrontend:
                 feed(frames[1])
         except BenchFailure as failure:
             self._end(failure)
-        except (asyncio.CancelledError, zmq.ZMQError):
-            self._end(BenchFailure("the frontend's socket closed"))
+        except zmq.ZMQError as exc:
+            self._end(BenchFailure(f"the frontend's socket failed: {exc} (errno {exc.errno})"))
+            raise
+        except asyncio.CancelledError:
+            self._end(BenchFailure("the frontend's socket closed while streams were open"))
             raise
 
     def _end(self, failure: BenchFailure | None) -> None:
