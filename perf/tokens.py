@@ -1,4 +1,4 @@
-"""The decode-engine token benchmark: one engine, Y frontends, six implementations.
+"""The decode-engine token benchmark: one engine, Y frontends, seven implementations.
 
 A decode engine emits one token per live request per forward pass; each request's tokens go
 to the frontend that owns it. Here one engine process streams ``--streams`` X requests to
@@ -30,7 +30,17 @@ processes; a failed run is reported as failed and the others go on:
   the frontend cuts the stream into records and feeds per-stream inboxes that the same
   consumer code reads. Same mutual TLS, datagram size, socket buffers and windows as a
   node; ``--lanes`` does not apply. The mux should stay within 10% of a bare prototype
-  that only packs records into one QUIC stream: the ``mux / bare`` ratios say how close.
+  that only packs records into one QUIC stream: the ``mux / bare`` ratios say how close;
+* ``zmq``: pyzmq over TCP on loopback (``perf/zmq_tokens.py``), what a Python engineer
+  might build by hand: the engine connects a PUSH socket to each frontend's PULL socket,
+  CURVE both ways (each frontend a CURVE server admitting only the engine's key, written
+  once per run in the run's temporary directory; the engine checks the frontend's key
+  from its handoff), one two-frame message per pass per frontend carrying the bare arm's
+  records, cut into the bare arm's inboxes. No datagram counts (TCP).
+
+Each implementation is one class behind one interface (``ARMS``): how its children start
+and what they hand over, the frontend's and the engine's side, and the figures it reads
+from its counters.
 
 The QUIC arms run every node over mutual TLS (certificates made on demand in a temporary
 directory) with ``TransportConfig(lanes=--lanes)``; every sender's negotiated transport must
@@ -66,8 +76,9 @@ What a run reports:
 * from the nodes' counters (QUIC arms): UDP datagrams per token each way
   (``velo_transport_datagrams_total``) and, on the mux arms, records per wire write
   (``velo_streaming_mux_records_total / velo_streaming_mux_batches_total``, sent) against
-  the most 54-byte token records one batch holds; n/a for gRPC. The bare arm counts its
-  own datagrams, and its records per ``send_stream_data`` call (one per frontend per pass);
+  the most 54-byte token records one batch holds; n/a for gRPC and ZeroMQ. The bare arm
+  counts its own datagrams, and its records per ``send_stream_data`` call (one per
+  frontend per pass), the zmq arm its records per message (no datagrams: TCP);
 * latency, emit to receive: the engine stamps ``perf_counter_ns()`` into each token as it
   emits it, each frontend subtracts it from its own ``perf_counter_ns()`` when the token
   reaches the consumer's code. *First token* is each stream's first token; *later tokens*
