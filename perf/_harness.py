@@ -69,7 +69,8 @@ __all__ = [
 
 
 class BenchFailure(Exception):
-    """The run is invalid (lost, duplicated or reordered tokens, a hang, a dead child)."""
+    """The run is invalid (lost, duplicated or reordered tokens or items, a hang, a dead
+    child)."""
 
 
 # -- the token ---------------------------------------------------------------------------
@@ -210,12 +211,17 @@ class Window:
         usage = resource.getrusage(resource.RUSAGE_SELF)
         return cls(counters, usage.ru_utime, usage.ru_stime, time.perf_counter())
 
-    def close(self, node: Node | None) -> dict[str, Any]:
+    def cpu(self) -> dict[str, float]:
+        """User and system CPU seconds since ``open``, without the counters (for a child
+        that reads counters of its own)."""
         usage = resource.getrusage(resource.RUSAGE_SELF)
+        return {"cpu_user_s": usage.ru_utime - self.user, "cpu_sys_s": usage.ru_stime - self.system}
+
+    def close(self, node: Node | None) -> dict[str, Any]:
+        cpu = self.cpu()
         counters = read_counters(node) if node is not None else {}
         return {
-            "cpu_user_s": usage.ru_utime - self.user,
-            "cpu_sys_s": usage.ru_stime - self.system,
+            **cpu,
             "counters": {key: counters[key] - self.counters[key] for key in counters},
         }
 
@@ -239,11 +245,15 @@ async def stdin_reader() -> asyncio.StreamReader:
     return reader
 
 
-async def expect_line(reader: asyncio.StreamReader, word: str) -> None:
-    """The next line must be ``word``; an empty line means the benchmark went away."""
+async def expect_line(reader: asyncio.StreamReader, word: str) -> dict[str, Any]:
+    """The next line must be ``word``, optionally followed by a JSON object (returned; ``{}``
+    when there is none); an empty line means the benchmark went away."""
     line = (await reader.readline()).decode().strip()
-    if line != word:
-        raise BenchFailure(f"expected {word!r} from the benchmark, got {line!r}")
+    said, _, payload = line.partition(" ")
+    if said != word:
+        raise BenchFailure(f"expected {word!r} from the benchmark, got {line[:200]!r}")
+    result: dict[str, Any] = json.loads(payload) if payload else {}
+    return result
 
 
 def profile_report(profiler: cProfile.Profile | None, role: str, dump: Path | None = None) -> None:
@@ -318,12 +328,17 @@ class Child:
 
     @classmethod
     async def spawn(cls, name: str, script: Path, arguments: list[str]) -> Child:
+        """``script`` with ``arguments`` under this interpreter."""
+        return await cls.start(name, [sys.executable, str(script), *arguments])
+
+    @classmethod
+    async def start(cls, name: str, command: list[str], cwd: Path | None = None) -> Child:
+        """Any command (``python -m`` a module, from ``cwd``)."""
         process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            str(script),
-            *arguments,
+            *command,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
+            cwd=cwd,
         )
         return cls(name, process)
 
@@ -331,21 +346,32 @@ class Child:
     def pid(self) -> int:
         return self.process.pid
 
-    def send(self, word: str) -> None:
+    def send(self, word: str, payload: dict[str, Any] | None = None) -> None:
+        """One line to the child: ``word``, and ``payload`` as JSON after it."""
         assert self.process.stdin is not None
+        line = word if payload is None else f"{word} {json.dumps(payload)}"
         if self.process.returncode is None and not self.process.stdin.is_closing():
-            self.process.stdin.write(word.encode() + b"\n")
+            self.process.stdin.write(line.encode() + b"\n")
 
-    async def expect(self, word: str) -> dict[str, Any]:
-        """The child's next line must be ``word`` (with its payload); ``failed`` or an exit
-        becomes a BenchFailure naming the child."""
+    def close_stdin(self) -> None:
+        """End the child's input (a child that runs until its stdin closes then stops)."""
+        if self.process.stdin is not None and not self.process.stdin.is_closing():
+            self.process.stdin.close()
+
+    async def _line(self, what: str) -> str:
         assert self.process.stdout is not None
         line = (await self.process.stdout.readline()).decode().strip()
         if not line:
             code = await self.process.wait()
             raise BenchFailure(
-                f"the {self.name} exited with code {code} before {word!r} (its stderr is above)"
+                f"the {self.name} exited with code {code} before {what} (its stderr is above)"
             )
+        return line
+
+    async def expect(self, word: str) -> dict[str, Any]:
+        """The child's next line must be ``word`` (with its payload); ``failed`` or an exit
+        becomes a BenchFailure naming the child."""
+        line = await self._line(repr(word))
         said, _, payload = line.partition(" ")
         if said == "failed" and word != "failed":
             error = json.loads(payload).get("error", "?") if payload else "?"
@@ -353,6 +379,16 @@ class Child:
         if said != word:
             raise BenchFailure(f"the {self.name} said {line[:200]!r}, expected {word!r}")
         result: dict[str, Any] = json.loads(payload) if payload else {}
+        return result
+
+    async def expect_json(self, what: str) -> dict[str, Any]:
+        """The child's next line must be one JSON object (a child that is not a benchmark
+        child, such as the impairment proxy, speaks so)."""
+        line = await self._line(what)
+        try:
+            result: dict[str, Any] = json.loads(line)
+        except json.JSONDecodeError:
+            raise BenchFailure(f"the {self.name} said {line[:200]!r}, expected {what}") from None
         return result
 
     async def finish(self, timeout: float) -> int:
@@ -367,6 +403,14 @@ class Child:
     def kill(self) -> None:
         if self.process.returncode is None:
             self.process.kill()
+
+    async def reap(self, timeout: float = 10.0) -> None:
+        """Kill the child if it still runs and wait (bounded) until it is gone."""
+        self.kill()
+        try:
+            await asyncio.wait_for(self.process.wait(), timeout)
+        except TimeoutError:  # pragma: no cover - a SIGKILLed child always goes
+            print(f"warning: the {self.name} survived SIGKILL", file=sys.stderr)
 
     async def last_words(self, timeout: float = 2.0) -> str | None:
         """After the child exited: the error of the ``failed`` line it left unread, if any.

@@ -438,10 +438,18 @@ class Inbox:
             if not waiter.done():
                 waiter.set_result(None)
 
+    def _failed(self) -> BenchFailure:
+        """This inbox's own copy of the failure that ended every inbox (so the note its
+        reader adds is not added to every other stream's)."""
+        assert self._failure is not None
+        failure = BenchFailure(*self._failure.args)
+        failure.__cause__ = self._failure.__cause__
+        return failure
+
     async def _wait(self) -> None:
         """Park until the feeder puts an item or ends the inbox (raises at the end)."""
         if self._failure is not None:
-            raise self._failure
+            raise self._failed()
         if self._ended:
             raise StopAsyncIteration
         waiter = self._loop.create_future()
@@ -456,7 +464,7 @@ class Inbox:
         while not items:
             await self._wait()
         if self._failure is not None:
-            raise self._failure
+            raise self._failed()
         return items.popleft()
 
     async def take_ready(self) -> list[Any]:
@@ -466,7 +474,7 @@ class Inbox:
         while not items:
             await self._wait()
         if self._failure is not None:
-            raise self._failure
+            raise self._failed()
         taken = list(items)
         items.clear()
         return taken

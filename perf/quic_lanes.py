@@ -87,7 +87,6 @@ import contextlib
 import json
 import os
 import platform
-import resource
 import socket
 import statistics
 import struct
@@ -100,9 +99,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from _harness import (
+    BenchFailure,
+    Child,
     CountingTransport,
     DatagramCount,
+    Window,
     busy_before,
+    expect_line,
+    loop_environment,
     package_version,
     run_child,
     say,
@@ -163,10 +167,6 @@ stream may fill alone (aioquic grows both as data arrives), so that the ceiling 
 held back by flow control where the mux's n lanes would have n lane windows."""
 
 REPOSITORY = Path(__file__).resolve().parent.parent
-
-
-class BenchFailure(Exception):
-    """The run is invalid (lost, duplicated or reordered items, a hang, a dead child)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,42 +248,6 @@ class Tally:
 
 
 # -- measuring inside a child -----------------------------------------------------------
-
-
-@dataclass
-class Window:
-    """CPU at the start of a measured window; ``close`` gives the deltas."""
-
-    user: float
-    system: float
-    at: float
-
-    @classmethod
-    def open(cls) -> Window:
-        usage = resource.getrusage(resource.RUSAGE_SELF)
-        return cls(usage.ru_utime, usage.ru_stime, time.perf_counter())
-
-    def close(self) -> dict[str, float]:
-        usage = resource.getrusage(resource.RUSAGE_SELF)
-        return {"cpu_user_s": usage.ru_utime - self.user, "cpu_sys_s": usage.ru_stime - self.system}
-
-
-async def _expect_line(reader: asyncio.StreamReader, word: str) -> dict[str, Any]:
-    """The next line from the benchmark, which must be ``word`` (and optional JSON)."""
-    line = (await reader.readline()).decode().strip()
-    said, _, payload = line.partition(" ")
-    if said != word:
-        raise BenchFailure(f"expected {word!r} from the benchmark, got {line[:200]!r}")
-    result: dict[str, Any] = json.loads(payload) if payload else {}
-    return result
-
-
-def _environment() -> dict[str, Any]:
-    loop = asyncio.get_running_loop()
-    return {
-        "loop": f"{type(loop).__module__}.{type(loop).__qualname__}",
-        "clock": time.get_clock_info("perf_counter").implementation,
-    }
 
 
 def _transport_config(args: argparse.Namespace) -> TransportConfig:
@@ -385,8 +349,8 @@ async def mux_consumer_main(args: argparse.Namespace) -> int:
                     "handles": [anchor.handle.to_wire() for anchor in anchors],
                 },
             )
-            await _expect_line(stdin, "go")
-            window, datagrams = Window.open(), _datagrams(node)
+            await expect_line(stdin, "go")
+            window, datagrams = Window.open(None), _datagrams(node)
             tally.armed = window.at
             say("armed", {"at": window.at})
             try:
@@ -406,15 +370,15 @@ async def mux_consumer_main(args: argparse.Namespace) -> int:
                     "last_at": tally.last,
                     "ended_at": ended_at,
                     "datagrams": _delta(_datagrams(node), datagrams),
-                    **window.close(),
-                    **_environment(),
+                    **window.cpu(),
+                    **loop_environment(),
                 },
             )
         finally:
             for reader in readers:
                 reader.cancel()
             await asyncio.gather(*readers, return_exceptions=True)
-        await _expect_line(stdin, "exit")
+        await expect_line(stdin, "exit")
     return 0
 
 
@@ -462,7 +426,7 @@ async def send_stream(sender: StreamSender, index: int, items: int) -> None:
 async def mux_producer_main(args: argparse.Namespace) -> int:
     stdin = await stdin_reader()
     async with await _start_node(args) as node:
-        peer = await _expect_line(stdin, "peer")
+        peer = await expect_line(stdin, "peer")
         consumer = InstanceId.parse(peer["instance_id"])
         node.add_peer(consumer, (peer["address"][0], int(peer["address"][1])))
         handles = [StreamAnchorHandle.from_wire(wire) for wire in peer["handles"]]
@@ -478,9 +442,9 @@ async def mux_producer_main(args: argparse.Namespace) -> int:
             raise BenchFailure(f"attached over {transports}, not only {MESSENGER_MUX_KEY}")
         say("attached", {"attach_s": attach_s, "lanes": node.messenger.transport.lanes(consumer)})
 
-        await _expect_line(stdin, "go")
+        await expect_line(stdin, "go")
         lanes.reset()
-        window, datagrams = Window.open(), _datagrams(node)
+        window, datagrams = Window.open(None), _datagrams(node)
         try:
             async with asyncio.timeout(args.timeout):
                 await asyncio.gather(
@@ -494,8 +458,8 @@ async def mux_producer_main(args: argparse.Namespace) -> int:
         outcomes = sorted({outcome.value for outcome in retired})
         if outcomes != [Retired.SENT.value]:
             raise BenchFailure(f"streams retired as {outcomes}, expected only 'sent'")
-        await _expect_line(stdin, "done")  # the consumer has every item
-        cpu = window.close()
+        await expect_line(stdin, "done")  # the consumer has every item
+        cpu = window.cpu()
         say(
             "result",
             {
@@ -505,10 +469,10 @@ async def mux_producer_main(args: argparse.Namespace) -> int:
                 "datagrams": _delta(_datagrams(node), datagrams),
                 **lanes.report(),
                 **cpu,
-                **_environment(),
+                **loop_environment(),
             },
         )
-        await _expect_line(stdin, "exit")
+        await expect_line(stdin, "exit")
     return 0
 
 
@@ -669,8 +633,8 @@ async def raw_receiver_main(args: argparse.Namespace) -> int:
     try:
         host, port = transport.get_extra_info("sockname")[:2]
         say("ready", {"address": [host, port]})
-        await _expect_line(stdin, "go")
-        window, datagrams = Window.open(), server.count.snapshot()
+        await expect_line(stdin, "go")
+        window, datagrams = Window.open(None), server.count.snapshot()
         say("armed", {"at": window.at})
         try:
             async with asyncio.timeout(args.timeout):
@@ -691,11 +655,11 @@ async def raw_receiver_main(args: argparse.Namespace) -> int:
                 "last_at": tally.last,
                 "ended_at": ended_at,
                 "datagrams": _delta(server.count.snapshot(), datagrams),
-                **window.close(),
-                **_environment(),
+                **window.cpu(),
+                **loop_environment(),
             },
         )
-        await _expect_line(stdin, "exit")
+        await expect_line(stdin, "exit")
     finally:
         transport.close()
     return 0
@@ -707,7 +671,7 @@ async def raw_sender_main(args: argparse.Namespace) -> int:
     configuration = _raw_configuration(args, is_client=True)
     cadata = b"".join(root.public_bytes(Encoding.PEM) for root in credentials.trust_roots)
     configuration.load_verify_locations(cadata=cadata)
-    peer = await _expect_line(stdin, "peer")
+    peer = await expect_line(stdin, "peer")
     loop = asyncio.get_running_loop()
     count = DatagramCount()
     quic = QuicConnection(configuration=configuration)
@@ -720,8 +684,8 @@ async def raw_sender_main(args: argparse.Namespace) -> int:
         async with asyncio.timeout(args.timeout):
             await protocol.wait_connected()
         say("attached", {"attach_s": time.perf_counter() - started, "lanes": args.arm_lanes})
-        await _expect_line(stdin, "go")
-        window, datagrams = Window.open(), count.snapshot()
+        await expect_line(stdin, "go")
+        window, datagrams = Window.open(None), count.snapshot()
         # Client-initiated unidirectional streams are 4k + 2 (RFC 9000, 2.1); aioquic's
         # get_next_available_stream_id would name the same unopened stream every time.
         streams = [4 * k + 2 for k in range(args.arm_lanes)]
@@ -734,8 +698,8 @@ async def raw_sender_main(args: argparse.Namespace) -> int:
             protocol.transmit()
             await asyncio.sleep(0)  # let acknowledgements in between passes
         sent_at = time.perf_counter()
-        await _expect_line(stdin, "done")  # the receiver has every item
-        cpu = window.close()
+        await expect_line(stdin, "done")  # the receiver has every item
+        cpu = window.cpu()
         say(
             "result",
             {
@@ -745,109 +709,20 @@ async def raw_sender_main(args: argparse.Namespace) -> int:
                 "datagrams": _delta(count.snapshot(), datagrams),
                 "lanes_with_data": args.arm_lanes,
                 **cpu,
-                **_environment(),
+                **loop_environment(),
             },
         )
         protocol.close()
         with contextlib.suppress(TimeoutError):  # draining is outside the measurement
             async with asyncio.timeout(5):
                 await protocol.wait_closed()
-        await _expect_line(stdin, "exit")
+        await expect_line(stdin, "exit")
     finally:
         transport.close()
     return 0
 
 
 # -- the orchestrator -------------------------------------------------------------------
-
-
-class Child:
-    """A child process speaking a line protocol on its stdin and stdout."""
-
-    def __init__(self, name: str, process: asyncio.subprocess.Process) -> None:
-        self.name = name
-        self.process = process
-
-    @classmethod
-    async def spawn(cls, name: str, command: list[str]) -> Child:
-        process = await asyncio.create_subprocess_exec(
-            *command,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            cwd=REPOSITORY,
-        )
-        return cls(name, process)
-
-    def send(self, word: str, payload: dict[str, Any] | None = None) -> None:
-        assert self.process.stdin is not None
-        line = word if payload is None else f"{word} {json.dumps(payload)}"
-        self.process.stdin.write(line.encode() + b"\n")
-
-    def close_stdin(self) -> None:
-        if self.process.stdin is not None and not self.process.stdin.is_closing():
-            self.process.stdin.close()
-
-    async def line(self, what: str) -> str:
-        assert self.process.stdout is not None
-        line = (await self.process.stdout.readline()).decode().strip()
-        if not line:
-            code = await self.process.wait()
-            raise BenchFailure(
-                f"the {self.name} exited with code {code} before {what} (its stderr is above)"
-            )
-        return line
-
-    async def expect(self, word: str) -> dict[str, Any]:
-        line = await self.line(repr(word))
-        said, _, payload = line.partition(" ")
-        if said == "failed" and word != "failed":
-            error = json.loads(payload).get("error", "?") if payload else "?"
-            raise BenchFailure(f"the {self.name} failed: {error}")
-        if said != word:
-            raise BenchFailure(f"the {self.name} said {line[:200]!r}, expected {word!r}")
-        result: dict[str, Any] = json.loads(payload) if payload else {}
-        return result
-
-    async def expect_json(self, what: str) -> dict[str, Any]:
-        line = await self.line(what)
-        try:
-            result: dict[str, Any] = json.loads(line)
-        except json.JSONDecodeError:
-            raise BenchFailure(f"the {self.name} said {line[:200]!r}, expected {what}") from None
-        return result
-
-    async def last_words(self) -> str | None:
-        """The error a dead child said on its way out (its ``failed`` line), if any."""
-        assert self.process.stdout is not None
-        try:
-            async with asyncio.timeout(2):
-                rest = await self.process.stdout.read()
-        except TimeoutError:
-            return None
-        for line in rest.decode(errors="replace").splitlines():
-            said, _, payload = line.partition(" ")
-            if said == "failed" and payload:
-                try:
-                    return str(json.loads(payload).get("error", payload))
-                except json.JSONDecodeError:
-                    return payload
-        return None
-
-    async def finish(self, timeout: float) -> int:
-        """Wait for a clean exit; kill it if it does not come."""
-        try:
-            return await asyncio.wait_for(self.process.wait(), timeout)
-        except TimeoutError:
-            await self.kill()
-            raise BenchFailure(f"the {self.name} did not exit within {timeout:g} s") from None
-
-    async def kill(self) -> None:
-        if self.process.returncode is None:
-            self.process.kill()
-        try:
-            await asyncio.wait_for(self.process.wait(), 10)
-        except TimeoutError:  # pragma: no cover - a SIGKILLed child always goes
-            print(f"warning: the {self.name} survived SIGKILL", file=sys.stderr)
 
 
 def _child_command(args: argparse.Namespace, arm: Arm, role: str, credentials: Path) -> list[str]:
@@ -911,19 +786,23 @@ async def _start(
     said; ``children`` gets every process as soon as it exists, for the caller to kill."""
     timeout = args.timeout
     receiver, sender = ("consumer", "producer") if arm.system == "mux" else ("receiver", "sender")
-    consumer = await Child.spawn(receiver, _child_command(args, arm, receiver, nodes["consumer"]))
+    consumer = await Child.start(
+        receiver, _child_command(args, arm, receiver, nodes["consumer"]), REPOSITORY
+    )
     children.append(consumer)
     ready = await watched(consumer.expect("ready"), [], f"starting the {receiver}", timeout)
     address = ready["address"]
     proxy: Child | None = None
     if arm.condition == "impaired":
-        proxy = await Child.spawn("proxy", _proxy_command(args, address, number))
+        proxy = await Child.start("proxy", _proxy_command(args, address, number), REPOSITORY)
         children.append(proxy)
         where = await watched(
             proxy.expect_json("its address"), [consumer], "starting the proxy", timeout
         )
         address = [where["host"], where["port"]]
-    producer = await Child.spawn(sender, _child_command(args, arm, sender, nodes["producer"]))
+    producer = await Child.start(
+        sender, _child_command(args, arm, sender, nodes["producer"]), REPOSITORY
+    )
     children.append(producer)
     cast = Cast(consumer, proxy, producer)
     producer.send("peer", {**ready, "address": address})
@@ -978,7 +857,7 @@ async def one_run(
         counters = await _stop(args, cast)
     finally:
         for child in children:
-            await child.kill()
+            await child.reap()
     return _summarise(args, arm, Exchange(attached, sent, received, counters))
 
 

@@ -1,4 +1,4 @@
-"""The decode-engine token benchmark: one engine, Y frontends, six implementations.
+"""The decode-engine token benchmark: one engine, Y frontends, seven implementations.
 
 A decode engine emits one token per live request per forward pass; each request's tokens go
 to the frontend that owns it. Here one engine process streams ``--streams`` X requests to
@@ -30,7 +30,17 @@ processes; a failed run is reported as failed and the others go on:
   the frontend cuts the stream into records and feeds per-stream inboxes that the same
   consumer code reads. Same mutual TLS, datagram size, socket buffers and windows as a
   node; ``--lanes`` does not apply. The mux should stay within 10% of a bare prototype
-  that only packs records into one QUIC stream: the ``mux / bare`` ratios say how close.
+  that only packs records into one QUIC stream: the ``mux / bare`` ratios say how close;
+* ``zmq``: pyzmq over TCP on loopback (``perf/zmq_tokens.py``), what a Python engineer
+  might build by hand: the engine connects a PUSH socket to each frontend's PULL socket,
+  CURVE both ways (each frontend a CURVE server admitting only the engine's key, written
+  once per run in the run's temporary directory; the engine checks the frontend's key
+  from its handoff), one two-frame message per pass per frontend carrying the bare arm's
+  records, cut into the bare arm's inboxes. No datagram counts (TCP).
+
+Each implementation is one class behind one interface (``ARMS``): how its children start
+and what they hand over, the frontend's and the engine's side, and the figures it reads
+from its counters.
 
 The QUIC arms run every node over mutual TLS (certificates made on demand in a temporary
 directory) with ``TransportConfig(lanes=--lanes)``; every sender's negotiated transport must
@@ -66,8 +76,9 @@ What a run reports:
 * from the nodes' counters (QUIC arms): UDP datagrams per token each way
   (``velo_transport_datagrams_total``) and, on the mux arms, records per wire write
   (``velo_streaming_mux_records_total / velo_streaming_mux_batches_total``, sent) against
-  the most 54-byte token records one batch holds; n/a for gRPC. The bare arm counts its
-  own datagrams, and its records per ``send_stream_data`` call (one per frontend per pass);
+  the most 54-byte token records one batch holds; n/a for gRPC and ZeroMQ. The bare arm
+  counts its own datagrams, and its records per ``send_stream_data`` call (one per
+  frontend per pass), the zmq arm its records per message (no datagrams: TCP);
 * latency, emit to receive: the engine stamps ``perf_counter_ns()`` into each token as it
   emits it, each frontend subtracts it from its own ``perf_counter_ns()`` when the token
   reaches the consumer's code. *First token* is each stream's first token; *later tokens*
@@ -104,6 +115,7 @@ import struct
 import sys
 import tempfile
 import time
+from abc import ABC, abstractmethod
 from array import array
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -147,16 +159,8 @@ from velomux_quic.transport import TransportConfig
 SCRIPT = Path(__file__).resolve()
 RESULTS = SCRIPT.parent / "results"
 
-IMPLS = ("mux-auto", "mux-manual", "mux-pass", "per-stream", "grpc", "bare")
-IMPL_KEYS = {
-    "mux-auto": MESSENGER_MUX_KEY,
-    "mux-manual": MESSENGER_MUX_KEY,
-    "mux-pass": MESSENGER_MUX_KEY,
-    "per-stream": PER_STREAM_KEY,
-}
-"""The transport key every sender of a node arm must have negotiated."""
-MUX_IMPLS = ("mux-auto", "mux-manual", "mux-pass")
-BASELINES = ("grpc", "per-stream", "bare")
+BASELINES = ("grpc", "per-stream", "bare", "zmq")
+"""What the mux arms are compared against, in the ratio tables."""
 MODES = ("max-rate", "paced")
 CONSUMERS = ("task-per-stream", "batches", "single-task")
 
@@ -179,11 +183,6 @@ PRESETS: dict[str, dict[str, Any]] = {
     },
 }
 """The sweep without flags (``full``) and with ``--short``; any flag given overrides."""
-
-
-def engine_mux_config(impl: str) -> MuxConfig:
-    """The engine's MuxConfig: the default, except under ``mux-manual``."""
-    return MuxConfig(flush_policy=Manual()) if impl == "mux-manual" else MuxConfig()
 
 
 @dataclass(frozen=True)
@@ -429,60 +428,7 @@ async def frontend_main(args: argparse.Namespace) -> int:
     stdin = await stdin_reader()
     scenario = scenario_of(args)
     tally = Tally(scenario.indices(args.index), scenario.streams, scenario.passes)
-    if args.impl == "grpc":
-        from grpc import aio as grpc_aio
-        from grpc_tokens import TokenClient
-
-        credentials = None if args.grpc_insecure else args.credentials
-        client = await TokenClient.open(args.grpc_port, credentials, args.timeout)
-        try:
-            calls = [client.call(index) for index in tally.indices]
-            if args.consumer != "single-task":
-                readers = [
-                    asyncio.create_task(read_call(call, check, tally))
-                    for call, check in zip(calls, tally.checks, strict=True)
-                ]
-            else:
-                readers = [asyncio.create_task(read_calls_in_turn(calls, tally, grpc_aio.EOF))]
-            say("ready")
-            await _frontend_window(args, scenario, stdin, None, readers, tally)
-        finally:
-            await client.close()
-        return 0
-    credentials = NodeCredentials.load(args.credentials)
-    if args.impl == "bare":
-        from bare_tokens import BareFrontend
-
-        bare = await BareFrontend.listen(
-            credentials, tally.indices, scenario.streams, args.timeout, args.datagram_size
-        )
-        try:
-            readers = _start_readers(args.consumer, bare.inboxes, tally)
-            handoff = {
-                "instance_id": str(credentials.instance_id),
-                "address": list(bare.address),
-                "indices": list(tally.indices),
-            }
-            _hand_over(args.handoff[0], handoff)
-            say("ready")
-            await _frontend_window(args, scenario, stdin, None, readers, tally, bare.counts)
-        finally:
-            await bare.close()
-        return 0
-    transport = TransportConfig(lanes=args.lanes, max_datagram_size=args.datagram_size)
-    node = await Node.start(credentials, transport=transport)
-    async with node:
-        anchors = [node.create_anchor() for _ in tally.indices]
-        readers = _start_readers(args.consumer, anchors, tally)
-        handoff = {
-            "instance_id": str(node.instance_id),
-            "address": list(node.address),
-            "indices": list(tally.indices),
-            "handles": [anchor.handle.to_wire() for anchor in anchors],
-        }
-        _hand_over(args.handoff[0], handoff)
-        say("ready")
-        await _frontend_window(args, scenario, stdin, node, readers, tally)
+    await ARMS[args.impl].frontend(args, scenario, stdin, tally)
     return 0
 
 
@@ -717,7 +663,307 @@ async def engine_main(args: argparse.Namespace) -> int:
     stdin = await stdin_reader()
     scenario = scenario_of(args)
     _check_clock()
-    if args.impl == "grpc":
+    await ARMS[args.impl].engine(args, scenario, stdin)
+    return 0
+
+
+# -- the arms ----------------------------------------------------------------------------
+
+
+def _datagram_figures(
+    engine: dict[str, float], parts: Sequence[dict[str, float]], tokens: int
+) -> dict[str, Any]:
+    """UDP datagrams per token each way and the engine's send waits (the QUIC arms)."""
+    return {
+        "engine_datagrams_out_per_token": engine["datagrams_out"] / tokens,
+        "engine_datagrams_in_per_token": engine["datagrams_in"] / tokens,
+        "frontends_datagrams_out_per_token": sum(p["datagrams_out"] for p in parts) / tokens,
+        "engine_send_waits": engine["send_waits"],
+    }
+
+
+def _write_figures(engine: dict[str, float], passes: int) -> dict[str, Any]:
+    """Records per write of an arm that packs each pass itself (bare, zmq): one write per
+    frontend per pass, carrying that frontend's streams."""
+    writes, records = engine["writes"], engine["records"]
+    return {
+        "engine_writes": writes,
+        "engine_records_sent": records,
+        "engine_records_per_write": records / writes if writes else 0.0,
+        "engine_writes_per_pass": writes / passes,
+    }
+
+
+@dataclass
+class Launch:
+    """What starting one run's children takes, handed to its arm: the flags, the scenario,
+    each child's arguments, the handoff files, and the lists the run's cleanup empties
+    (every child and proxy started goes into them at once)."""
+
+    args: argparse.Namespace
+    scenario: Scenario
+    impl: str
+    number: int
+    tag: str
+    workdir: Path
+    handoffs: list[Path]
+    frontend_extra: Callable[[int], dict[str, Any]]
+    engine_extra: dict[str, Any]
+    children: list[Child]
+    proxies: list[asyncio.subprocess.Process]
+
+    async def spawn_frontends(self, extra: Callable[[int], dict[str, Any]]) -> list[Child]:
+        frontends = []
+        for f in range(self.scenario.frontends):
+            arguments = _child_arguments(
+                self.args,
+                self.scenario,
+                self.impl,
+                "frontend",
+                **(self.frontend_extra(f) | extra(f)),
+            )
+            frontends.append(await Child.spawn(f"frontend {f}", SCRIPT, arguments))
+            self.children.append(frontends[-1])
+        return frontends
+
+    async def spawn_engine(self, **extra: Any) -> Child:
+        arguments = _child_arguments(
+            self.args, self.scenario, self.impl, "engine", **(self.engine_extra | extra)
+        )
+        engine = await Child.spawn("engine", SCRIPT, arguments)
+        self.children.append(engine)
+        return engine
+
+
+Started = tuple[Child, list[Child], dict[str, Any]]
+"""A started run: the engine, the frontends, and the engine's ``attached`` report."""
+
+
+class Arm(ABC):
+    """One implementation of the workload, behind the interface the benchmark drives: how
+    its frontend and engine children run (``frontend``, ``engine``), how the benchmark
+    starts them and what they hand over (``start``), and which counters it reports and how
+    the summary reads them (``figures``). Every arm runs the same Tally and StreamCheck.
+
+    ``start`` here is the shape of every arm but gRPC: the frontends start first and each
+    writes a handoff file (where it listens, who it is, its streams' indices); the engine
+    reads them all and connects."""
+
+    quic = True
+    """Over QUIC, so it counts UDP datagrams and the impairment proxy applies; the TCP arms
+    (gRPC, ZeroMQ) report datagrams as n/a."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    @abstractmethod
+    async def frontend(
+        self,
+        args: argparse.Namespace,
+        scenario: Scenario,
+        stdin: asyncio.StreamReader,
+        tally: Tally,
+    ) -> None:
+        """One frontend child: listen, hand over, say ``ready``, then the window."""
+
+    @abstractmethod
+    async def engine(
+        self, args: argparse.Namespace, scenario: Scenario, stdin: asyncio.StreamReader
+    ) -> None:
+        """The engine child: connect, say ``attached``, then the window."""
+
+    async def start(self, launch: Launch) -> Started:
+        args, timeout = launch.args, launch.args.timeout
+        frontends = await launch.spawn_frontends(lambda f: {"handoff": launch.handoffs[f]})
+        await _all_of(frontends, "ready", [], "starting the frontends", timeout)
+        if self.quic and (args.loss or args.delay_ms):
+            for path in launch.handoffs:
+                launch.proxies.append(await _impair(path, args, launch.number, timeout))
+        engine = await launch.spawn_engine(handoff=launch.handoffs)
+        attached = await watched(engine.expect("attached"), frontends, "attaching", timeout)
+        return engine, frontends, attached
+
+    def figures(
+        self,
+        scenario: Scenario,
+        tokens: int,
+        attached: dict[str, Any],
+        engine: dict[str, float],
+        frontends: list[dict[str, float]],
+    ) -> dict[str, Any]:
+        """The arm's own figures from the counters' deltas over the windows."""
+        return {}
+
+
+class NodeArm(Arm):
+    """An arm of velomux_quic nodes: the frontends create anchors, the engine attaches to
+    their handles; which transport must be negotiated, the engine's MuxConfig, and how a
+    pass is handed over differ."""
+
+    def __init__(
+        self,
+        name: str,
+        transport_key: str,
+        *,
+        manual_flush: bool = False,
+        whole_pass: bool = False,
+        offer: list[str] | None = None,
+    ) -> None:
+        super().__init__(name)
+        self.transport_key = transport_key
+        self.manual_flush = manual_flush
+        self.whole_pass = whole_pass
+        self.offer = offer
+
+    @property
+    def mux(self) -> bool:
+        return self.transport_key == MESSENGER_MUX_KEY
+
+    def engine_mux_config(self) -> MuxConfig:
+        """The default, except where the engine flushes by hand (``Manual``)."""
+        return MuxConfig(flush_policy=Manual()) if self.manual_flush else MuxConfig()
+
+    async def frontend(
+        self,
+        args: argparse.Namespace,
+        scenario: Scenario,
+        stdin: asyncio.StreamReader,
+        tally: Tally,
+    ) -> None:
+        credentials = NodeCredentials.load(args.credentials)
+        transport = TransportConfig(lanes=args.lanes, max_datagram_size=args.datagram_size)
+        node = await Node.start(credentials, transport=transport)
+        async with node:
+            anchors = [node.create_anchor() for _ in tally.indices]
+            readers = _start_readers(args.consumer, anchors, tally)
+            handoff = {
+                "instance_id": str(node.instance_id),
+                "address": list(node.address),
+                "indices": list(tally.indices),
+                "handles": [anchor.handle.to_wire() for anchor in anchors],
+            }
+            _hand_over(args.handoff[0], handoff)
+            say("ready")
+            await _frontend_window(args, scenario, stdin, node, readers, tally)
+
+    async def engine(
+        self, args: argparse.Namespace, scenario: Scenario, stdin: asyncio.StreamReader
+    ) -> None:
+        mux = self.engine_mux_config()
+        transport = TransportConfig(lanes=args.lanes, max_datagram_size=args.datagram_size)
+        credentials = NodeCredentials.load(args.credentials)
+        node = await Node.start(credentials, transport=transport, mux=mux)
+        async with node:
+            handles: list[StreamAnchorHandle | None] = [None] * scenario.streams
+            peers: list[InstanceId] = []
+            for path in args.handoff:
+                handoff = json.loads(path.read_text())
+                peer = InstanceId.parse(handoff["instance_id"])
+                host, port = handoff["address"]
+                node.add_peer(peer, (host, int(port)))
+                peers.append(peer)
+                for index, wire in zip(handoff["indices"], handoff["handles"], strict=True):
+                    handles[index] = StreamAnchorHandle.from_wire(wire)
+            ordered = [handle for handle in handles if handle is not None]
+            if len(ordered) != scenario.streams:
+                raise BenchFailure("the frontends handed over fewer handles than streams")
+            started = time.perf_counter()
+            senders: list[StreamSender] = await asyncio.gather(
+                *(node.anchors.attach_anchor(handle, offer=self.offer) for handle in ordered)
+            )
+            attach_s = time.perf_counter() - started
+            transports = sorted({str(sender.negotiated_transport()) for sender in senders})
+            if transports != [self.transport_key]:
+                raise BenchFailure(f"attached over {transports}, not only {self.transport_key}")
+            # The batcher's byte cap: the smallest of its three clamps, over the peers.
+            byte_cap = min(
+                min(mux.max_batch_bytes, COALESCE_THRESHOLD, node.messenger.eager_budget(peer))
+                for peer in peers
+            )
+            say("attached", {"attach_s": attach_s, "transports": transports, "byte_cap": byte_cap})
+
+            async def finish() -> None:
+                retired = await asyncio.gather(*(sender.finalize() for sender in senders))
+                outcomes = sorted({outcome.value for outcome in retired})
+                if outcomes != [Retired.SENT.value]:
+                    raise BenchFailure(f"streams retired as {outcomes}, expected only 'sent'")
+
+            if self.whole_pass:
+                one_pass = passing(node, senders)
+            else:
+                after_pass = node.flush_batch if self.manual_flush else None
+                one_pass = emitting([sender.send for sender in senders], after_pass)
+            await _engine_window(args, scenario, stdin, node, one_pass, finish)
+
+    def figures(
+        self,
+        scenario: Scenario,
+        tokens: int,
+        attached: dict[str, Any],
+        engine: dict[str, float],
+        frontends: list[dict[str, float]],
+    ) -> dict[str, Any]:
+        result = _datagram_figures(engine, frontends, tokens) | {
+            "engine_heartbeats_sent": engine["heartbeats_sent"],
+            "engine_frames_written": engine["frames_written"],
+            "frontends_watchdog_firings": sum(p["watchdog_firings"] for p in frontends),
+        }
+        if not self.mux:
+            return result
+        batches, records = engine["mux_batches_sent"], engine["mux_records_sent"]
+        clamp = records_per_batch_clamp(attached["byte_cap"], token_record_bytes(stamped=True))
+        per_write = records / batches if batches else 0.0
+        return result | {
+            "mux_byte_cap": attached["byte_cap"],
+            "mux_records_clamp": clamp,
+            "engine_mux_batches_sent": batches,
+            "engine_mux_records_sent": records,
+            "engine_mux_data_records_sent": engine["mux_data_records_sent"],
+            "engine_mux_close_records_sent": engine["mux_close_records_sent"],
+            "engine_records_per_write": per_write,
+            "engine_records_per_write_of_clamp": per_write / clamp,
+            "engine_writes_per_pass": batches / scenario.passes,
+            "frontends_mux_credit_records_sent": sum(
+                p["mux_credit_records_sent"] for p in frontends
+            ),
+        }
+
+
+class GrpcArm(Arm):
+    """grpc.aio (``perf/grpc_tokens.py``): the engine is the server and starts first; its
+    port goes to every frontend, which opens one server-streaming RPC per stream."""
+
+    quic = False
+
+    async def frontend(
+        self,
+        args: argparse.Namespace,
+        scenario: Scenario,
+        stdin: asyncio.StreamReader,
+        tally: Tally,
+    ) -> None:
+        from grpc import aio as grpc_aio
+        from grpc_tokens import TokenClient
+
+        credentials = None if args.grpc_insecure else args.credentials
+        client = await TokenClient.open(args.grpc_port, credentials, args.timeout)
+        try:
+            calls = [client.call(index) for index in tally.indices]
+            if args.consumer != "single-task":
+                readers = [
+                    asyncio.create_task(read_call(call, check, tally))
+                    for call, check in zip(calls, tally.checks, strict=True)
+                ]
+            else:
+                readers = [asyncio.create_task(read_calls_in_turn(calls, tally, grpc_aio.EOF))]
+            say("ready")
+            await _frontend_window(args, scenario, stdin, None, readers, tally)
+        finally:
+            await client.close()
+
+    async def engine(
+        self, args: argparse.Namespace, scenario: Scenario, stdin: asyncio.StreamReader
+    ) -> None:
         from grpc_tokens import TokenServer
 
         server = TokenServer(scenario.streams, args.grpc_queue)
@@ -734,8 +980,50 @@ async def engine_main(args: argparse.Namespace) -> int:
             await _engine_window(args, scenario, stdin, None, one_pass, finish)
         finally:
             await server.stop()
-        return 0
-    if args.impl == "bare":
+
+    async def start(self, launch: Launch) -> Started:
+        timeout = launch.args.timeout
+        engine = await launch.spawn_engine()
+        listening = await watched(engine.expect("listening"), [], "starting", timeout)
+        frontends = await launch.spawn_frontends(lambda f: {"grpc_port": listening["port"]})
+        await _all_of(frontends, "ready", [engine], "opening the RPCs", timeout)
+        attached = await watched(engine.expect("attached"), frontends, "attaching", timeout)
+        return engine, frontends, attached
+
+
+class BareArm(Arm):
+    """Raw aioquic (``perf/bare_tokens.py``): one QUIC stream per frontend carrying every
+    record of its streams; it counts its own datagrams and writes."""
+
+    async def frontend(
+        self,
+        args: argparse.Namespace,
+        scenario: Scenario,
+        stdin: asyncio.StreamReader,
+        tally: Tally,
+    ) -> None:
+        from bare_tokens import BareFrontend
+
+        credentials = NodeCredentials.load(args.credentials)
+        bare = await BareFrontend.listen(
+            credentials, tally.indices, scenario.streams, args.timeout, args.datagram_size
+        )
+        try:
+            readers = _start_readers(args.consumer, bare.inboxes, tally)
+            handoff = {
+                "instance_id": str(credentials.instance_id),
+                "address": list(bare.address),
+                "indices": list(tally.indices),
+            }
+            _hand_over(args.handoff[0], handoff)
+            say("ready")
+            await _frontend_window(args, scenario, stdin, None, readers, tally, bare.counts)
+        finally:
+            await bare.close()
+
+    async def engine(
+        self, args: argparse.Namespace, scenario: Scenario, stdin: asyncio.StreamReader
+    ) -> None:
         from bare_tokens import TRANSPORT, BareEngine
 
         handoffs = [json.loads(path.read_text()) for path in args.handoff]
@@ -751,56 +1039,124 @@ async def engine_main(args: argparse.Namespace) -> int:
             )
         finally:
             await bare.close()
-        return 0
 
-    impl = args.impl
-    mux = engine_mux_config(impl)
-    transport = TransportConfig(lanes=args.lanes, max_datagram_size=args.datagram_size)
-    node = await Node.start(NodeCredentials.load(args.credentials), transport=transport, mux=mux)
-    async with node:
-        handles: list[StreamAnchorHandle | None] = [None] * scenario.streams
-        peers: list[InstanceId] = []
-        for path in args.handoff:
-            handoff = json.loads(path.read_text())
-            peer = InstanceId.parse(handoff["instance_id"])
-            host, port = handoff["address"]
-            node.add_peer(peer, (host, int(port)))
-            peers.append(peer)
-            for index, wire in zip(handoff["indices"], handoff["handles"], strict=True):
-                handles[index] = StreamAnchorHandle.from_wire(wire)
-        ordered = [handle for handle in handles if handle is not None]
-        if len(ordered) != scenario.streams:
-            raise BenchFailure("the frontends handed over fewer handles than streams")
+    def figures(
+        self,
+        scenario: Scenario,
+        tokens: int,
+        attached: dict[str, Any],
+        engine: dict[str, float],
+        frontends: list[dict[str, float]],
+    ) -> dict[str, Any]:
+        # One send_stream_data per frontend per pass; send_waits counts the writes that
+        # waited for acknowledgements (the bound on unacknowledged bytes).
+        return _datagram_figures(engine, frontends, tokens) | _write_figures(
+            engine, scenario.passes
+        )
+
+
+class ZmqArm(Arm):
+    """pyzmq (``perf/zmq_tokens.py``): each frontend binds a PULL socket (a CURVE server
+    admitting only the engine's key) and hands over its port and public key; the engine
+    connects a PUSH socket (a CURVE client, its key pair written once per benchmark in the
+    temporary directory) to each, one multipart message per pass per frontend. TCP: no
+    datagram counts."""
+
+    quic = False
+
+    async def frontend(
+        self,
+        args: argparse.Namespace,
+        scenario: Scenario,
+        stdin: asyncio.StreamReader,
+        tally: Tally,
+    ) -> None:
+        from zmq_tokens import ZmqFrontend
+
+        frontend = await ZmqFrontend.listen(args.zmq_keys, tally.indices, scenario.streams)
+        try:
+            readers = _start_readers(args.consumer, frontend.inboxes, tally)
+            handoff = {
+                "port": frontend.port,
+                "curve_public": frontend.curve_public,
+                "indices": list(tally.indices),
+            }
+            _hand_over(args.handoff[0], handoff)
+            say("ready")
+            await _frontend_window(args, scenario, stdin, None, readers, tally, frontend.counts)
+        finally:
+            await frontend.close()
+
+    async def engine(
+        self, args: argparse.Namespace, scenario: Scenario, stdin: asyncio.StreamReader
+    ) -> None:
+        from zmq_tokens import TRANSPORT, ZmqEngine
+
+        handoffs = [json.loads(path.read_text()) for path in args.handoff]
+        started = time.perf_counter()
+        engine = await ZmqEngine.connect(args.zmq_keys, handoffs, scenario.streams, args.timeout)
+        try:
+            attach_s = time.perf_counter() - started
+            say("attached", {"attach_s": attach_s, "transports": [TRANSPORT], "byte_cap": None})
+            await _engine_window(
+                args, scenario, stdin, None, engine.pass_body(), engine.finish, engine.counts
+            )
+        finally:
+            await engine.close()
+
+    async def start(self, launch: Launch) -> Started:
+        from zmq_tokens import write_engine_keys
+
+        # The engine's key pair, once per run in the run's temporary directory: the
+        # frontends admit the public half in it, the engine signs with the secret half.
+        # --zmq-unknown-engine-key gives the engine a second pair no frontend admits.
+        admitted = launch.workdir / f"zmq-keys-{launch.tag}"
+        write_engine_keys(admitted)
+        engine_keys = admitted
+        if launch.args.zmq_unknown_engine_key:
+            engine_keys = launch.workdir / f"zmq-keys-{launch.tag}-unknown"
+            write_engine_keys(engine_keys)
+        launch.engine_extra = launch.engine_extra | {"zmq_keys": engine_keys}
+        launch.frontend_extra = _with(launch.frontend_extra, {"zmq_keys": admitted})
+        return await super().start(launch)
+
+    def figures(
+        self,
+        scenario: Scenario,
+        tokens: int,
+        attached: dict[str, Any],
+        engine: dict[str, float],
+        frontends: list[dict[str, float]],
+    ) -> dict[str, Any]:
+        # recv_again: reads that woke to no message and were retried (pyzmq's asyncio).
+        again = sum(p["recv_again"] for p in frontends)
+        figures = {"engine_send_waits": engine["send_waits"], "frontends_recv_again": again}
+        return figures | _write_figures(engine, scenario.passes)
+
+
+def _with(
+    extra: Callable[[int], dict[str, Any]], more: dict[str, Any]
+) -> Callable[[int], dict[str, Any]]:
+    return lambda f: extra(f) | more
+
+
+ARMS: dict[str, Arm] = {
+    arm.name: arm
+    for arm in (
+        NodeArm("mux-auto", MESSENGER_MUX_KEY),
+        NodeArm("mux-manual", MESSENGER_MUX_KEY, manual_flush=True),
+        NodeArm("mux-pass", MESSENGER_MUX_KEY, whole_pass=True),
         # per-stream offers only the per-stream path, so the attach settles on it whatever
         # else the nodes could negotiate; the mux arms offer the default set.
-        offer = [PER_STREAM_KEY] if impl == "per-stream" else None
-        started = time.perf_counter()
-        senders: list[StreamSender] = await asyncio.gather(
-            *(node.anchors.attach_anchor(handle, offer=offer) for handle in ordered)
-        )
-        attach_s = time.perf_counter() - started
-        transports = sorted({str(sender.negotiated_transport()) for sender in senders})
-        if transports != [IMPL_KEYS[impl]]:
-            raise BenchFailure(f"attached over {transports}, not only {IMPL_KEYS[impl]}")
-        # The batcher's byte cap: the smallest of its three clamps, over the peers.
-        byte_cap = min(
-            min(mux.max_batch_bytes, COALESCE_THRESHOLD, node.messenger.eager_budget(peer))
-            for peer in peers
-        )
-        say("attached", {"attach_s": attach_s, "transports": transports, "byte_cap": byte_cap})
-
-        async def finish() -> None:
-            retired = await asyncio.gather(*(sender.finalize() for sender in senders))
-            outcomes = sorted({outcome.value for outcome in retired})
-            if outcomes != [Retired.SENT.value]:
-                raise BenchFailure(f"streams retired as {outcomes}, expected only 'sent'")
-
-        after_pass = node.flush_batch if impl == "mux-manual" else None
-        one_pass = emitting([sender.send for sender in senders], after_pass)
-        if impl == "mux-pass":
-            one_pass = passing(node, senders)
-        await _engine_window(args, scenario, stdin, node, one_pass, finish)
-    return 0
+        NodeArm("per-stream", PER_STREAM_KEY, offer=[PER_STREAM_KEY]),
+        GrpcArm("grpc"),
+        BareArm("bare"),
+        ZmqArm("zmq"),
+    )
+}
+"""Every implementation by its ``--impl`` name, in the report's order."""
+IMPLS = tuple(ARMS)
+MUX_IMPLS = tuple(name for name, arm in ARMS.items() if isinstance(arm, NodeArm) and arm.mux)
 
 
 # -- the orchestrator --------------------------------------------------------------------
@@ -941,36 +1297,11 @@ async def one_run(
     if args.profile == "engine" and args.profiler == "cprofile":
         engine_extra["profile_out"] = profile_out.with_suffix(".prof")
     try:
-        if impl == "grpc":
-            engine = await Child.spawn(
-                "engine", SCRIPT, _child_arguments(args, scenario, impl, "engine", **engine_extra)
-            )
-            children.append(engine)
-            listening = await watched(engine.expect("listening"), [], "starting", timeout)
-            frontends = []
-            for f in range(scenario.frontends):
-                extra = frontend_extra(f) | {"grpc_port": listening["port"]}
-                arguments = _child_arguments(args, scenario, impl, "frontend", **extra)
-                frontends.append(await Child.spawn(f"frontend {f}", SCRIPT, arguments))
-            children += frontends
-            await _all_of(frontends, "ready", [engine], "opening the RPCs", timeout)
-            attached = await watched(engine.expect("attached"), frontends, "attaching", timeout)
-        else:
-            frontends = []
-            for f in range(scenario.frontends):
-                extra = frontend_extra(f) | {"handoff": handoffs[f]}
-                arguments = _child_arguments(args, scenario, impl, "frontend", **extra)
-                frontends.append(await Child.spawn(f"frontend {f}", SCRIPT, arguments))
-            children += frontends
-            await _all_of(frontends, "ready", [], "starting the frontends", timeout)
-            if args.loss or args.delay_ms:
-                for path in handoffs:
-                    proxies.append(await _impair(path, args, number, timeout))
-            engine_extra["handoff"] = handoffs
-            arguments = _child_arguments(args, scenario, impl, "engine", **engine_extra)
-            engine = await Child.spawn("engine", SCRIPT, arguments)
-            children.append(engine)
-            attached = await watched(engine.expect("attached"), frontends, "attaching", timeout)
+        launch = Launch(
+            args, scenario, impl, number, tag, workdir, handoffs, frontend_extra,
+            engine_extra, children, proxies,
+        )  # fmt: skip
+        engine, frontends, attached = await ARMS[impl].start(launch)
         if args.profile is not None and args.profiler == "py-spy":
             target = engine if args.profile == "engine" else frontends[0]
             out = profile_out.with_suffix(Spy.SUFFIXES[args.profile_format])
@@ -1127,47 +1458,9 @@ def summarise(
     result |= _latency_figures("first_token", first)
     result |= _latency_figures("later_tokens", later)
     result |= _latency_figures("receive_gap", gaps)
-    if impl == "grpc":
-        return result
-    engine, parts = sent["counters"], [part["counters"] for part in received]
-    result |= {
-        "engine_datagrams_out_per_token": engine["datagrams_out"] / tokens,
-        "engine_datagrams_in_per_token": engine["datagrams_in"] / tokens,
-        "frontends_datagrams_out_per_token": sum(p["datagrams_out"] for p in parts) / tokens,
-        "engine_send_waits": engine["send_waits"],
-    }
-    if impl == "bare":
-        # One send_stream_data per frontend per pass; send_waits counts the writes that
-        # waited for acknowledgements (the bound on unacknowledged bytes).
-        writes, records = engine["writes"], engine["records"]
-        return result | {
-            "engine_writes": writes,
-            "engine_records_sent": records,
-            "engine_records_per_write": records / writes if writes else 0.0,
-            "engine_writes_per_pass": writes / scenario.passes,
-        }
-    result |= {
-        "engine_heartbeats_sent": engine["heartbeats_sent"],
-        "engine_frames_written": engine["frames_written"],
-        "frontends_watchdog_firings": sum(p["watchdog_firings"] for p in parts),
-    }
-    if impl in MUX_IMPLS:
-        batches, records = engine["mux_batches_sent"], engine["mux_records_sent"]
-        clamp = records_per_batch_clamp(attached["byte_cap"], token_record_bytes(stamped=True))
-        per_write = records / batches if batches else 0.0
-        result |= {
-            "mux_byte_cap": attached["byte_cap"],
-            "mux_records_clamp": clamp,
-            "engine_mux_batches_sent": batches,
-            "engine_mux_records_sent": records,
-            "engine_mux_data_records_sent": engine["mux_data_records_sent"],
-            "engine_mux_close_records_sent": engine["mux_close_records_sent"],
-            "engine_records_per_write": per_write,
-            "engine_records_per_write_of_clamp": per_write / clamp,
-            "engine_writes_per_pass": batches / scenario.passes,
-            "frontends_mux_credit_records_sent": sum(p["mux_credit_records_sent"] for p in parts),
-        }
-    return result
+    engine = sent.get("counters", {})
+    parts = [part.get("counters", {}) for part in received]
+    return result | ARMS[impl].figures(scenario, tokens, attached, engine, parts)
 
 
 # -- the report --------------------------------------------------------------------------
@@ -1596,6 +1889,8 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
         "--grpc-insecure", action="store_true", help="plaintext gRPC instead of mutual TLS"
     )
     parser.add_argument("--grpc-queue", type=int, default=1024, help=argparse.SUPPRESS)
+    # A check of the zmq arm's authentication: its engine signs with a key no frontend knows.
+    parser.add_argument("--zmq-unknown-engine-key", action="store_true", help=argparse.SUPPRESS)
     # The children's own arguments (the benchmark starts them with these).
     parser.add_argument("--role", choices=("engine", "frontend"), help=argparse.SUPPRESS)
     parser.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
@@ -1603,6 +1898,7 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--handoff", type=Path, action="append", help=argparse.SUPPRESS)
     parser.add_argument("--grpc-port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--latency-out", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--zmq-keys", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--profile-out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.role is not None:

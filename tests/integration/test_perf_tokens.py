@@ -1,6 +1,6 @@
 """perf/tokens.py at toy sizes: every implementation runs, in both modes, to two frontends.
 
-A smoke test of the benchmark's machinery (children, handoffs, the gRPC and bare arms,
+A smoke test of the benchmark's machinery (children, handoffs, the gRPC, bare and ZeroMQ arms,
 verification, latency files, the JSON report), never of its figures: nothing here is timed.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[2] / "perf" / "tokens.py"
-IMPLS = {"mux-auto", "mux-manual", "mux-pass", "per-stream", "grpc", "bare"}
+IMPLS = {"mux-auto", "mux-manual", "mux-pass", "per-stream", "grpc", "bare", "zmq"}
 STREAMS, FRONTENDS, PASSES = 16, 2, 5
 
 
@@ -61,13 +61,43 @@ def test_tokens_benchmark_delivers_every_token_on_every_implementation(tmp_path:
             assert run["first_token_p50_ms"] > 0 and run["later_tokens_p99_ms"] > 0
             if impl.startswith("mux"):
                 assert run["engine_records_per_write"] > 1, (name, impl)
-            if impl == "bare":  # one write per frontend per pass, carrying its streams
-                assert run["engine_records_per_write"] == STREAMS / FRONTENDS, name
+            if impl in ("bare", "zmq"):  # one write per frontend per pass, carrying its streams
+                assert run["engine_records_per_write"] == STREAMS / FRONTENDS, (name, impl)
+            # Datagrams are counted on the QUIC arms only; the TCP arms report none.
+            quic = impl not in ("grpc", "zmq")
+            assert ("engine_datagrams_out_per_token" in run) == quic, (name, impl)
         assert set(scenario["ratios"]) == {
             f"{mux} / {base}"
             for mux in ("mux-auto", "mux-manual", "mux-pass")
-            for base in ("grpc", "per-stream", "bare")
+            for base in ("grpc", "per-stream", "bare", "zmq")
         }
     for name in scenarios:
         assert f"## {name}:" in stdout  # the markdown report names every scenario
     assert "mux-auto / grpc" in stdout and "FAILED" not in stdout
+
+
+@pytest.mark.timeout(90)
+def test_zmq_frontend_refuses_an_engine_whose_curve_key_it_does_not_know() -> None:
+    """The zmq arm's ZAP handler admits only the run's engine key: an engine signing with
+    another pair fails its handshake, and the run fails saying so."""
+    command = [
+        sys.executable, str(SCRIPT), "--impl", "zmq",
+        "--streams", "4", "--frontends", "1", "--passes", "2", "--mode", "max-rate",
+        "--runs", "1", "--timeout", "20", "--zmq-unknown-engine-key",
+    ]  # fmt: skip
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=80)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        pytest.fail(f"perf/tokens.py hung:\n{stdout[-3000:]}\n{stderr[-3000:]}")
+    assert process.returncode == 2, stdout[-4000:] + stderr[-4000:]
+    assert "0/1" in stdout  # the zmq row: no successful run
+    assert "refused the engine's CURVE key" in stdout, stdout[-4000:]
