@@ -54,12 +54,8 @@ from .errors import (
 from .handler import TransportHandler
 from .metrics import TransportCollector, TransportStats
 from .perstream_send import PerStreamOutbound
-<<<<<<< HEAD
-from .snapshot import ConnectionSnapshot, TransportSnapshot
-=======
 from .resets import StatelessResets, reset_key_from
-from .snapshot import TransportSnapshot
->>>>>>> reset
+from .snapshot import ConnectionSnapshot, TransportSnapshot
 from .udp import BufferSizes, open_udp_socket
 
 __all__ = ["Address", "QuicTransport", "TransportHandler"]
