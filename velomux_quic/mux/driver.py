@@ -158,8 +158,9 @@ class BatcherDriver:
         so a slot index the batcher reused for a later stream wakes nobody by mistake."""
         if not self._space:
             return
+        has_room = self.batcher.has_room
         for index, (slot, future) in list(self._space.items()):
-            if not slot.live or slot.has_room():
+            if not slot.live or has_room(slot):
                 del self._space[index]
                 if not future.done():
                     future.set_result(None)
@@ -249,7 +250,8 @@ class MuxChannel:
             if driver.batcher.offer(self._slot, body, driver.now()):
                 driver.wake()
                 return
-            await driver.wait_space(self._slot)  # the slot's byte budget is full
+            # The slot's byte budget, or the lane's queue bound, is full.
+            await driver.wait_space(self._slot)
 
     def send_terminal(self, body: bytes, done: asyncio.Future[bool]) -> None:
         if self.closed:

@@ -40,6 +40,15 @@ The rules, from the design chapter:
   terminal may spend. A record without credit waits in the slot's queue (the withheld
   queue); a producer whose queued bytes reach ``slot_byte_budget`` waits (``offer`` returns
   False) until the queue drains.
+* **Lane queue bound.** What all of a batcher's slots hold together, staged and not yet
+  handed to the transport, is bounded by ``peer_queue_bytes``: past it ``offer`` refuses
+  the records of every slot that already holds some, so producers wait for the network
+  instead of queueing megabytes that the path takes seconds to carry (and that every
+  record, heartbeat and credit reply written later waits behind). A slot holding nothing
+  may always stage one record, so streams whose consumers stopped reading (their withheld
+  records count against the bound) slow the others down but never shut them out: memory
+  per batcher is ``peer_queue_bytes`` plus one record per live slot. The check is one
+  integer compare on ``offer``; the count moves wherever ``queued_bytes`` moves.
 * **Sequence.** ``frame_seq`` is per slot: OpenSlot takes 0, data starts at 1, and the
   ``CloseSlot{TerminalSent}`` written right after a terminal takes the next one, in the
   same batch (terminal and close are atomic).
@@ -187,6 +196,11 @@ class EgressBatcher:
         self.batch_seq = 0
         self.stats = EgressStats()
         self.parked = False
+        self.queue_limit = config.peer_queue_bytes
+        """Bytes all slots may hold together before ``offer`` refuses a non-empty slot."""
+        self.queued_bytes = 0
+        """Bytes of every record queued in this batcher's slots (the lane queue bound's
+        count: the sum of the slots' ``queued_bytes``, kept as they move)."""
         self._slots: list[EgressSlot | None] = []
         self._generations: list[int] = []
         self._free: list[int] = []
@@ -277,6 +291,7 @@ class EgressBatcher:
         is told ``told`` when it is not None (None: the producer's own abort).
         """
         slot.queue.clear()
+        self.queued_bytes -= slot.queued_bytes
         slot.queued_bytes = 0
         self._free_slot(slot, SlotEvent.CLOSED)
         guard, slot.guard = slot.guard, None
@@ -294,15 +309,23 @@ class EgressBatcher:
 
         The budget is checked against what is already queued, not with the new record
         added, so a record larger than the whole budget is still taken when the queue is
-        below it (otherwise a 4 MiB item could never be sent on a 1 MiB slot).
+        below it (otherwise a 4 MiB item could never be sent on a 1 MiB slot). The lane
+        queue bound (``peer_queue_bytes``) is checked the same way, and only for a slot
+        that already holds records: a slot holding nothing always takes one.
         """
         state = slot.state
         if state is not _OPEN and state is not _OPENING:
             raise _closed_slot(slot)
-        if slot.queued_bytes >= slot.budget:
+        queued = slot.queued_bytes
+        if queued >= slot.budget:
             return False
+        if self.queued_bytes >= self.queue_limit and queued:
+            self.stats.queue_full += 1
+            return False
+        size = len(body)
         slot.queue.append((body, False))
-        slot.queued_bytes += len(body)
+        slot.queued_bytes = queued + size
+        self.queued_bytes += size
         # What _enqueued does for a data record, inlined (this runs once per record). The
         # slot is OPEN or OPENING, so no terminal is queued: its head is a data record.
         if slot.credit > 0:
@@ -330,6 +353,7 @@ class EgressBatcher:
         self._urgent = True
         slot.queue.append((body, True))
         slot.queued_bytes += len(body)
+        self.queued_bytes += len(body)
         self._enqueued(slot, True, now)
 
     def _enqueued(self, slot: EgressSlot, terminal: bool, now: float) -> None:
@@ -354,8 +378,15 @@ class EgressBatcher:
         if slot.state > _OPEN:
             raise _closed_slot(slot)
         slot.queue.clear()
+        self.queued_bytes -= slot.queued_bytes
         slot.queued_bytes = 0
         self.offer_terminal(slot, body, now, guard)
+
+    def has_room(self, slot: EgressSlot) -> bool:
+        """Whether :meth:`offer` would take a data record for ``slot`` now (its byte
+        budget and the lane queue bound both allow it)."""
+        queued = slot.queued_bytes
+        return queued < slot.budget and (not queued or self.queued_bytes < self.queue_limit)
 
     def cancel_slot(self, slot: EgressSlot) -> None:
         """The local producer gave up without a terminal (its sender was cancelled)."""
@@ -460,6 +491,7 @@ class EgressBatcher:
             queued_records=staged,
             withheld_records=withheld,
             queued_bytes=queued_bytes,
+            queue_limit=self.queue_limit,
             parked=self.parked,
             epoch_deaths=self.stats.epoch_deaths,
         )
@@ -641,6 +673,7 @@ class EgressBatcher:
                     slot.next_seq = seq
                     slot.credit = credit
                     slot.queued_bytes -= taken
+                    self.queued_bytes -= taken
                     carries_data = True
                 if queue and (queue[0][1] or (credit > 0 and taken < quantum)):
                     # A terminal, a full batch or a record no batch can hold.
@@ -712,6 +745,7 @@ class EgressBatcher:
             queue.popleft()
             taken += len(body)
             slot.queued_bytes -= len(body)
+            self.queued_bytes -= len(body)
             builder.add_data(slot.slot_id, slot.next_seq, body)
             slot.next_seq += 1
             carries_data = True
@@ -746,6 +780,7 @@ class EgressBatcher:
         """
         slot.queue.popleft()
         slot.queued_bytes -= len(body)
+        self.queued_bytes -= len(body)
         builder = BatchBuilder(MIN_BATCH_CAP)  # fits() is never asked: the cap is unused
         seq = slot.next_seq
         builder.add(RecordType.DATA, slot.slot_id, seq, body)

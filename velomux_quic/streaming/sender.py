@@ -324,6 +324,29 @@ class StreamSender:
                     "was not sent: retry, shed it, or raise the consumer's read rate"
                 ) from None
 
+    def try_send(self, item: Any) -> bool:
+        """Send one item only if the stream has room now; never waits.
+
+        True: taken, exactly as a ``send()`` that returned. False: not taken (the stream's
+        credit window or byte budget, or on the mux the peer lane's queue bound
+        ``peer_queue_bytes``, is full); the stream goes on, so retry later or shed the
+        item. Counted in ``velo_streaming_producer_send_backpressure_total`` like a
+        ``send()`` that waits. Raises :class:`ChannelClosed` once the stream ended or the
+        consumer cancelled it, and :class:`SerializationError` for an item MessagePack
+        cannot encode.
+        """
+        state = self._state
+        if state.terminal_sent:
+            raise _closed_error(state)
+        body = encode_item(item)
+        channel = state.channel
+        if channel.try_send(body):
+            return True
+        if channel.closed:
+            raise ChannelClosed("the stream's channel is closed")
+        state.metrics.producer_send_backpressure += 1
+        return False
+
     async def send_err(self, message: str) -> None:
         """A soft error: the consumer's iteration raises SenderError, the stream goes on."""
         state = self._state
