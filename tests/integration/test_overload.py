@@ -17,6 +17,7 @@ Every producer sends as fast as ``send()`` lets it. What must hold while it does
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -88,10 +89,8 @@ async def sample(node: Node, run: Run, stop: asyncio.Event) -> None:
             run.peak_queued = max(run.peak_queued, lane.queued_bytes)
             run.peak_slots = max(run.peak_slots, lane.live_slots)
             assert lane.queue_limit == BOUND
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), 0.01)
-        except TimeoutError:
-            pass
 
 
 async def overload(a: Node, b: Node, streams: int, extra: int, seconds: float) -> Run:
