@@ -125,7 +125,8 @@ async def overload(a: Node, b: Node, streams: int, extra: int, seconds: float) -
         await sampler
     finally:
         stop.set()
-        for task in (*producers, *consumers, sampler):
+        everything: list[asyncio.Future[Any]] = [*producers, *consumers, sampler]
+        for task in everything:
             task.cancel()
         await asyncio.gather(*producers, *consumers, sampler, return_exceptions=True)
     run.seconds = time.monotonic() - began
