@@ -81,7 +81,7 @@ class MuxConfig:
     that keeps up from answering every record with a CreditUpdate of its own."""
     slot_byte_budget: int = 1 * MiB
     peer_byte_budget: int = 8 * MiB
-    peer_queue_bytes: int = 4 * MiB
+    peer_queue_bytes: int = 2 * MiB
     """Bytes one (peer, lane) batcher may hold staged, across all its slots, before a
     producer whose stream already has records queued waits (``send()`` waits,
     ``send_pass`` leaves the pair over). It bounds the producer's memory and how long a
