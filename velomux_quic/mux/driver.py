@@ -4,8 +4,10 @@ A batcher is woken, never fed: producers and replies change its state synchronou
 schedule one wake per loop iteration (``call_soon``); the wake polls the batcher and hands
 every batch to the messenger in order. A batch the transport does not admit at once parks
 the batcher until the admission resolves; a refused admission is epoch death. A terminal's
-retirement guard resolves ``Sent`` when the batch carrying it is admitted and ``Discarded``
-if that batch is refused, or if its slot closes before the terminal left.
+retirement guard (a :class:`DeliveryGuard`) resolves ``Sent`` once the peer's transport
+acknowledged the batch carrying it (with no delivery watch, as in the sans-IO tests: at its
+admission), and ``Discarded`` if that batch is refused, if the connection ends before the
+acknowledgement, or if its slot closes before the terminal left.
 
 A singleton the messenger will stage goes with its ``_mux_slot`` header; its admission
 lifts the fence it put on its slot (see :mod:`.singleton`).
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Final
 
 from ..ids import InstanceId
@@ -25,7 +28,7 @@ from .egress import EgressBatcher, EgressSlot, OutgoingBatch, SlotOwner
 from .handlers import BATCH_HANDLER_NAMES
 from .slots import SlotState
 
-__all__ = ["BatcherDriver", "MuxChannel"]
+__all__ = ["BatcherDriver", "DeliveryGuard", "DeliveryWatch", "MuxChannel"]
 
 logger = logging.getLogger(__name__)
 
@@ -33,11 +36,41 @@ _OPEN: Final = SlotState.OPEN
 _OPENING: Final = SlotState.OPENING
 
 
+DeliveryWatch = Callable[[InstanceId, int, Callable[[bool], None]], None]
+"""``watch(peer, lane, told)``: ``told(True)`` once the peer acknowledged every byte sent
+so far on that lane, ``told(False)`` if it never will (``QuicTransport.on_delivered``)."""
+
+
+class DeliveryGuard:
+    """A terminal's retirement guard: its future resolves True only once the batch that
+    carried the terminal reached the peer's transport (acknowledged), False if it never
+    left or was lost with its connection. Opening guards (``connect``) stay plain futures:
+    an OpenSlot only has to be admitted before the stream's first records follow it."""
+
+    __slots__ = ("future",)
+
+    def __init__(self, future: asyncio.Future[bool]) -> None:
+        self.future = future
+
+    def resolve(self, delivered: bool) -> None:
+        if not self.future.done():
+            self.future.set_result(delivered)
+
+
 class BatcherDriver:
     """Drives one (peer, lane) batcher on the event loop."""
 
-    def __init__(self, messenger: Messenger, peer: InstanceId, batcher: EgressBatcher) -> None:
+    def __init__(
+        self,
+        messenger: Messenger,
+        peer: InstanceId,
+        batcher: EgressBatcher,
+        delivered: DeliveryWatch | None = None,
+    ) -> None:
+        """``delivered`` is how a terminal's guard learns its batch was acknowledged; None
+        resolves it at admission (a test double of the messenger has no transport)."""
         self.messenger = messenger
+        self._delivered = delivered
         self.peer = peer
         self.batcher = batcher
         self.handler = BATCH_HANDLER_NAMES[batcher.lane]
@@ -103,9 +136,21 @@ class BatcherDriver:
         self.wake()
 
     def _admitted(self, batch: OutgoingBatch) -> None:
+        delivering: list[DeliveryGuard] = []
         for guard in batch.guards:
-            if isinstance(guard, asyncio.Future) and not guard.done():
+            if isinstance(guard, DeliveryGuard):
+                delivering.append(guard)
+            elif isinstance(guard, asyncio.Future) and not guard.done():
                 guard.set_result(True)
+        if delivering:
+            watch = self._delivered
+            if watch is None:
+                for guard in delivering:
+                    guard.resolve(True)
+            else:
+                # Asked right after the batch was written (an admission's hooks run as the
+                # gate writes it), so "every byte sent so far" ends with this batch.
+                watch(self.peer, self.batcher.lane, _resolve_all(delivering))
         if batch.fence is not None:
             self.batcher.lift_fence(batch.fence, self._loop.time())
             self.wake()
@@ -114,8 +159,7 @@ class BatcherDriver:
         """Any failed admission is epoch death: the batch never reached the wire and left a
         frame_seq gap in every slot it carried, and the mux does not retransmit."""
         for guard in batch.guards:
-            if isinstance(guard, asyncio.Future) and not guard.done():
-                guard.set_result(False)
+            _discard_guard(guard)
         self.batcher.epoch_death()
         self._release_space()
 
@@ -178,8 +222,18 @@ class BatcherDriver:
 
 def _discard_guard(guard: object) -> None:
     """A guard whose slot closed before it was written: that output never left."""
-    if isinstance(guard, asyncio.Future) and not guard.done():
+    if isinstance(guard, DeliveryGuard):
+        guard.resolve(False)
+    elif isinstance(guard, asyncio.Future) and not guard.done():
         guard.set_result(False)
+
+
+def _resolve_all(guards: list[DeliveryGuard]) -> Callable[[bool], None]:
+    def told(delivered: bool) -> None:
+        for guard in guards:
+            guard.resolve(delivered)
+
+    return told
 
 
 class MuxChannel:
@@ -258,7 +312,7 @@ class MuxChannel:
             done.set_result(False)
             return
         driver = self._driver
-        driver.batcher.offer_terminal(self._slot, body, driver.now(), guard=done)
+        driver.batcher.offer_terminal(self._slot, body, driver.now(), guard=DeliveryGuard(done))
         driver.wake()
 
     def end_now(self, body: bytes, done: asyncio.Future[bool]) -> None:
@@ -268,7 +322,7 @@ class MuxChannel:
             done.set_result(False)
             return
         driver = self._driver
-        driver.batcher.end_now(self._slot, body, driver.now(), guard=done)
+        driver.batcher.end_now(self._slot, body, driver.now(), guard=DeliveryGuard(done))
         driver.wake()
 
     def abort(self) -> None:

@@ -276,7 +276,9 @@ class MuxTransport(Collector):
                 counters=self._singletons,
                 epochs=self._epochs,
             )
-            driver = self._drivers[key] = BatcherDriver(self._messenger, peer, batcher)
+            driver = self._drivers[key] = BatcherDriver(
+                self._messenger, peer, batcher, self._messenger.transport.on_delivered
+            )
         return driver
 
     # -- ingress -------------------------------------------------------------------------
