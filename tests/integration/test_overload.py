@@ -26,10 +26,12 @@ import pytest
 
 from tests.conftest import StartNode
 from tests.impair.proxy import Impairment, ImpairmentProxy
+from velomux_quic.messenger.config import MessengerConfig
 from velomux_quic.mux.config import MuxConfig
 from velomux_quic.node import Node
 from velomux_quic.streaming.anchor import StreamAnchor
 from velomux_quic.streaming.config import StreamingConfig
+from velomux_quic.streaming.errors import StreamTransportError
 from velomux_quic.streaming.sender import Retired, StreamSender
 from velomux_quic.transport.config import TransportConfig
 
@@ -190,3 +192,60 @@ async def test_a_minute_of_overload_at_the_defaults_stays_bounded_and_drops_no_s
         start_nodes, streams=96, extra=32, seconds=60.0, defaults=True
     )
     check(run, dropped, 128)
+
+
+# -- what SENT promises -------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+async def test_an_item_over_the_receivers_staged_payload_max_never_retires_sent(
+    start_nodes: StartNode,
+) -> None:
+    b = await start_nodes("b", messenger=MessengerConfig(staged_payload_max=512 * KiB))
+    a = await start_nodes("a")
+    a.add_peer(b.instance_id, b.address)
+    anchor: StreamAnchor[Any] = b.create_anchor()
+    sender = await a.attach_anchor(anchor.handle)
+    await sender.send("first")
+    await sender.send(b"x" * (1024 * KiB))  # staged: the receiver refuses to pull it
+    retired = sender.finalize()  # the terminal waits behind the staged record's fate
+    assert await asyncio.wait_for(anchor.next(), 30) == "first"
+    with pytest.raises(StreamTransportError):
+        await asyncio.wait_for(anchor.next(), 30)
+    assert await asyncio.wait_for(retired, 30) is Retired.DISCARDED
+
+
+@pytest.mark.timeout(60)
+async def test_a_terminal_admitted_but_never_acknowledged_does_not_retire_sent(
+    start_nodes: StartNode,
+) -> None:
+    b = await start_nodes("b")
+    async with ImpairmentProxy(b.address, Impairment()) as proxy:
+        a = await start_nodes("a")
+        a.add_peer(b.instance_id, proxy.address)
+        anchor: StreamAnchor[Any] = b.create_anchor()
+        sender = await a.attach_anchor(anchor.handle)
+        await sender.send("first")
+        assert await asyncio.wait_for(anchor.next(), 10) == "first"
+        proxy.blackhole(True)  # the path goes dark: what leaves now is never acknowledged
+        retired = sender.finalize()
+        # The terminal's packet reached the dead path (wait_until bounds the wait itself).
+        await proxy.wait_until(lambda counters: counters.client_to_server.dropped_blackhole > 0)
+        assert not retired.done(), "admitted is not delivered: SENT must wait for the ack"
+        a.messenger.transport.disconnect(b.instance_id)  # the connection is lost with it
+        assert await asyncio.wait_for(retired, 10) is Retired.DISCARDED
+        await a.close()
+        await b.close()
+
+
+@pytest.mark.timeout(60)
+async def test_a_terminal_retires_sent_once_acknowledged(start_nodes: StartNode) -> None:
+    b = await start_nodes("b")
+    a = await start_nodes("a")
+    a.add_peer(b.instance_id, b.address)
+    anchor: StreamAnchor[Any] = b.create_anchor()
+    sender = await a.attach_anchor(anchor.handle)
+    await sender.send("only")
+    retired = sender.finalize()
+    assert await asyncio.wait_for(retired, 10) is Retired.SENT
+    assert [x async for x in anchor] == ["only"]

@@ -9,8 +9,12 @@ acknowledged the batch carrying it (with no delivery watch, as in the sans-IO te
 admission), and ``Discarded`` if that batch is refused, if the connection ends before the
 acknowledgement, or if its slot closes before the terminal left.
 
-A singleton the messenger will stage goes with its ``_mux_slot`` header; its admission
-lifts the fence it put on its slot (see :mod:`.singleton`).
+A singleton the messenger will stage goes with its ``_mux_slot`` header. Its fence, and the
+guard of a terminal it carries, wait for the payload's release, not for the descriptor's
+admission: pulled, the fence lifts and the guard reports Sent; released for any other
+reason (the receiver refused it as over its ``staged_payload_max``, nobody pulled it in
+time, the node closed), the consumer never got the record, so the slot is closed (its
+producer's next send fails) and the guard reports Discarded.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from functools import partial
 from typing import Final
 
 from ..ids import InstanceId
@@ -26,6 +31,7 @@ from ..streaming.errors import ChannelClosed
 from ..transport import SendAdmission, TransportError
 from .egress import EgressBatcher, EgressSlot, OutgoingBatch, SlotOwner
 from .handlers import BATCH_HANDLER_NAMES
+from .protocol import CloseReason
 from .slots import SlotState
 
 __all__ = ["BatcherDriver", "DeliveryGuard", "DeliveryWatch", "MuxChannel"]
@@ -108,9 +114,19 @@ class BatcherDriver:
     def _write(self, batch: OutgoingBatch) -> None:
         self.last_activity = self._loop.time()
         try:
-            outcome = self.messenger.send_message_on_lane(
-                self.peer, self.batcher.lane, self.handler, batch.payload, headers=batch.headers
-            )
+            if batch.headers is None:
+                outcome = self.messenger.send_message_on_lane(
+                    self.peer, self.batcher.lane, self.handler, batch.payload
+                )
+            else:  # a singleton the messenger stages: its release decides its fate
+                outcome = self.messenger.send_message_on_lane(
+                    self.peer,
+                    self.batcher.lane,
+                    self.handler,
+                    batch.payload,
+                    headers=batch.headers,
+                    on_staged_release=partial(self._staged_released, batch),
+                )
         except (TransportError, Exception) as exc:
             logger.warning(
                 "mux batch to %s lane %d not sent: %r", self.peer, self.batcher.lane, exc
@@ -136,6 +152,8 @@ class BatcherDriver:
         self.wake()
 
     def _admitted(self, batch: OutgoingBatch) -> None:
+        if batch.headers is not None:
+            return  # a staged singleton: its release decides (see _staged_released)
         delivering: list[DeliveryGuard] = []
         for guard in batch.guards:
             if isinstance(guard, DeliveryGuard):
@@ -154,6 +172,31 @@ class BatcherDriver:
         if batch.fence is not None:
             self.batcher.lift_fence(batch.fence, self._loop.time())
             self.wake()
+
+    def _staged_released(self, batch: OutgoingBatch, reason: str) -> None:
+        """The staged singleton's payload was released: ``pulled`` is the only release in
+        which the consumer's node got the record."""
+        pulled = reason == "pulled"
+        for guard in batch.guards:
+            if isinstance(guard, DeliveryGuard):
+                guard.resolve(pulled)
+            elif isinstance(guard, asyncio.Future) and not guard.done():
+                guard.set_result(pulled)
+        slot = batch.fence
+        if slot is None or self.closed:
+            return
+        if pulled:
+            self.batcher.lift_fence(slot, self._loop.time())
+        elif slot.live:
+            logger.info(
+                "staged record of slot %#010x to %s was %s, not pulled: the stream ends",
+                slot.slot_id,
+                self.peer,
+                reason,
+            )
+            self.batcher.close_slot(slot, CloseReason.PEER_GONE)
+            self._release_space()
+        self.wake()
 
     def _refused(self, batch: OutgoingBatch) -> None:
         """Any failed admission is epoch death: the batch never reached the wire and left a

@@ -388,6 +388,12 @@ class EgressBatcher:
         queued = slot.queued_bytes
         return queued < slot.budget and (not queued or self.queued_bytes < self.queue_limit)
 
+    def close_slot(self, slot: EgressSlot, told: CloseReason) -> None:
+        """End ``slot`` without its terminal, telling its owner ``told`` (a staged record
+        of it was released unpulled: the consumer never got it, the stream cannot go on)."""
+        if slot.live:
+            self._close_slot(slot, told)
+
     def cancel_slot(self, slot: EgressSlot) -> None:
         """The local producer gave up without a terminal (its sender was cancelled)."""
         if slot.live:
