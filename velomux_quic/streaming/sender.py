@@ -65,12 +65,26 @@ _TERMINAL_STATES: dict[bytes, SenderStateName] = {
 
 
 class Retired(enum.Enum):
-    """How a stream's output ended on the producer's node (first outcome wins)."""
+    """How a stream's output ended on the producer's node (first outcome wins).
+
+    What ``SENT`` promises depends on the path. On the mux (the default between two
+    nodes that both have it): the peer's QUIC stack acknowledged the batch that carried
+    the terminal, and every staged record of the stream was pulled by the peer. The
+    consumer's node therefore holds the whole stream, in order; its reader gets to the
+    end unless the stream had already ended there (the consumer cancelled it, or its
+    watchdog fired first) or that node fails before the reader takes it. No message of
+    the consumer confirms it (the design chapter rejected that round trip per stream).
+    On the per-stream path: the terminal was admitted to the stream's QUIC send buffer.
+    To a same-node anchor: it is in the anchor's channel."""
 
     SENT = "sent"
-    """The terminal was handed on (admitted by the transport)."""
+    """The terminal reached the consumer's node (see the class docstring for each path)."""
     DISCARDED = "discarded"
-    """The terminal never left: channel closed, consumer cancelled, teardown."""
+    """The terminal did not reach the consumer's node, as far as this node knows: it never
+    left (channel closed, consumer cancelled, teardown), it left and its connection ended
+    before the peer acknowledged it, or a staged record of the stream was never pulled
+    (the consumer's node refused it as over its ``staged_payload_max``, or nobody pulled
+    it in time)."""
 
 
 class SenderOwner(Protocol):
@@ -384,7 +398,9 @@ class StreamSender:
         self._state.terminal(DROPPED if exc_type is not None else FINALIZED)
 
     async def retired(self) -> Retired:
-        """Resolves once this node handed on all of the stream's output (or never will)."""
+        """Resolves once the consumer's node holds all of the stream's output
+        (:attr:`Retired.SENT`), or once it is known that it never will (see
+        :class:`Retired` for what each path promises)."""
         return await asyncio.shield(self._state.retired)
 
 
