@@ -10,6 +10,7 @@ a real :class:`LaneGate` whose room the test opens and closes.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any, cast
 
 import pytest
@@ -24,7 +25,7 @@ from velomux_quic.mux.driver import BatcherDriver, MuxChannel
 from velomux_quic.mux.egress import EgressBatcher
 from velomux_quic.mux.protocol import CloseReason, LifecycleAction, RecordType, decode_batch
 from velomux_quic.streaming.metrics import StreamingMetrics
-from velomux_quic.streaming.sender import SenderState, send_pass
+from velomux_quic.streaming.sender import Retired, SenderState, send_pass
 from velomux_quic.transport.admission import LaneGate, SendOutcome
 
 PEER = InstanceId.parse("00000000-0000-4000-8000-000000000002")
@@ -39,10 +40,20 @@ class GatedMessenger:
         self.room = 0
         self.written: list[bytes] = []
         self.gate = LaneGate(lambda: self.room, lambda: False, self.written.append)
+        self.releases: list[Callable[[str], None]] = []
+        """What a staged payload's release would tell, one per staged batch, in order."""
 
     def send_message_on_lane(
-        self, peer: InstanceId, lane: int, handler: str, payload: Any, headers: Any = None
+        self,
+        peer: InstanceId,
+        lane: int,
+        handler: str,
+        payload: Any,
+        headers: Any = None,
+        on_staged_release: Callable[[str], None] | None = None,
     ) -> SendOutcome:
+        if on_staged_release is not None:
+            self.releases.append(on_staged_release)
         return self.gate.send(bytes(payload))
 
     def open(self) -> int:
@@ -210,3 +221,26 @@ async def test_memory_stays_bounded_with_many_producers_against_a_stalled_transp
     rig.messenger.open()
     await rig.settle()
     assert rig.messenger.data_records() == len(tasks)
+
+
+@pytest.mark.parametrize(
+    ("release", "outcome"), [("pulled", Retired.SENT), ("refused", Retired.DISCARDED)]
+)
+async def test_a_staged_record_decides_its_streams_retirement_when_it_is_released(
+    release: str, outcome: Retired
+) -> None:
+    rig = Rig(config())
+    sender = rig.sender()
+    rig.messenger.open()
+    await rig.settle()
+    await sender.send(b"z" * 200_000)  # past any batch and the eager budget: staged
+    retired = sender.finalize()
+    await rig.settle()
+    assert len(rig.messenger.releases) == 1
+    assert not retired.done(), "the terminal waits behind the staged record's fence"
+    rig.messenger.releases[0](release)
+    await rig.settle()
+    assert retired.done() and retired.result() is outcome
+    # Refused: the stream ended on the producer too (its slot closed, it was cancelled).
+    assert sender.is_cancelled is (release != "pulled")
+    assert rig.batcher.queued_bytes == 0
