@@ -237,6 +237,11 @@ class PeerConnection:
             else ChannelClosed(f"connection to {self._peer_name()} closed: {reason or code.name}")
         )
         self.state = ConnectionState.CLOSING
+        if self.established_once:
+            # Acknowledge what arrived before saying goodbye: the peer retires its streams
+            # SENT only on our acknowledgement, and a closing aioquic sends no more of them.
+            self.quic.acknowledge_now()
+            self.transmit()
         self.quic.close(error_code=int(code), reason_phrase=reason or code.name.lower())
         self.transmit()
 
