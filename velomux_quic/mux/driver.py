@@ -23,7 +23,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from functools import partial
-from typing import Final
+from typing import Any, Final
 
 from ..ids import InstanceId
 from ..messenger import Messenger
@@ -125,7 +125,8 @@ class BatcherDriver:
                     self.handler,
                     batch.payload,
                     headers=batch.headers,
-                    on_staged_release=partial(self._staged_released, batch),
+                    # The guards and the fence, not the batch: its payload is staged already.
+                    on_staged_release=partial(self._staged_released, batch.guards, batch.fence),
                 )
         except (TransportError, Exception) as exc:
             logger.warning(
@@ -173,16 +174,15 @@ class BatcherDriver:
             self.batcher.lift_fence(batch.fence, self._loop.time())
             self.wake()
 
-    def _staged_released(self, batch: OutgoingBatch, reason: str) -> None:
+    def _staged_released(self, guards: list[Any], slot: EgressSlot | None, reason: str) -> None:
         """The staged singleton's payload was released: ``pulled`` is the only release in
-        which the consumer's node got the record."""
+        which the consumer's node got the record. ``slot`` is the slot it fenced."""
         pulled = reason == "pulled"
-        for guard in batch.guards:
+        for guard in guards:
             if isinstance(guard, DeliveryGuard):
                 guard.resolve(pulled)
             elif isinstance(guard, asyncio.Future) and not guard.done():
                 guard.set_result(pulled)
-        slot = batch.fence
         if slot is None or self.closed:
             return
         if pulled:
