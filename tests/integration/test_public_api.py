@@ -200,7 +200,8 @@ async def test_snapshot_reports_the_node_and_each_of_its_layers(
         assert (mine.handle, mine.state, mine.target) == (anchor.handle, "open", b.instance_id)
         assert mine.lane == sender.lane == 0
         (connection,) = [c for c in snapshot.transport.connections if c.outbound]
-        assert connection.peer == b.instance_id and connection.open_lanes == (0,)
+        # Lane 0 carries the stream's batches, CONTROL_LANE (15) the attach.
+        assert connection.peer == b.instance_id and connection.open_lanes == (0, 15)
         assert snapshot.mux is not None and snapshot.mux.egress_slots(b.instance_id) == 1
         consumer = b.snapshot()
         (bound,) = consumer.streaming.bound_senders

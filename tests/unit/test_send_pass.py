@@ -9,7 +9,7 @@ nothing lost, nothing twice, and the batches a pass took.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from prometheus_client.registry import CollectorRegistry
@@ -29,15 +29,24 @@ PEER = InstanceId.parse("00000000-0000-4000-8000-000000000001")
 
 
 class RecordingMessenger:
-    """Admits every batch at once (returns None, as an inline send does) and keeps it."""
+    """Admits every batch at once (returns None, as an inline send does) and keeps it; a
+    batch the messenger would stage is pulled at once too (its release is ``pulled``)."""
 
     def __init__(self) -> None:
         self.payloads: list[bytes] = []
 
     def send_message_on_lane(
-        self, peer: InstanceId, lane: int, handler: str, payload: Any, headers: Any = None
+        self,
+        peer: InstanceId,
+        lane: int,
+        handler: str,
+        payload: Any,
+        headers: Any = None,
+        on_staged_release: Callable[[str], None] | None = None,
     ) -> None:
         self.payloads.append(bytes(payload))
+        if on_staged_release is not None:
+            asyncio.get_running_loop().call_soon(on_staged_release, "pulled")
 
 
 class Owner:

@@ -437,14 +437,18 @@ class Messenger(TransportHandler):
         payload: bytes | bytearray | memoryview,
         *,
         headers: dict[str, str] | None = None,
+        on_staged_release: Callable[[str], None] | None = None,
     ) -> SendOutcome:
         """Fire-and-forget without waiting: the transport's admission outcome, at once.
 
         The outcome is admitted, or a :class:`~velomux_quic.transport.SendAdmission` to
         await (or observe) when the lane is backpressured. For callers that pace
-        themselves (the mux); :meth:`am_send` is the awaiting form.
+        themselves (the mux); :meth:`am_send` is the awaiting form. A payload over the
+        eager budget is staged; ``on_staged_release`` is then told, once, why it was
+        released (``pulled``: the receiver has it; ``refused``, ``expired``, ``closed``,
+        ``unsent``: it never will), and is never called for an inline payload.
         """
-        return self._send(peer, lane, Kind.MESSAGE, handler, payload, 0, headers)
+        return self._send(peer, lane, Kind.MESSAGE, handler, payload, 0, headers, on_staged_release)
 
     async def am_send(
         self,
@@ -587,6 +591,7 @@ class Messenger(TransportHandler):
         payload: bytes | bytearray | memoryview,
         message_id: int,
         headers: dict[str, str] | None,
+        on_staged_release: Callable[[str], None] | None = None,
     ) -> SendOutcome:
         """The one path of every outgoing envelope (once per message: keep it lean)."""
         if self._closed:
@@ -596,7 +601,7 @@ class Messenger(TransportHandler):
         if headers:
             self._check_headers(headers)
         if size > self.eager_budget(peer):
-            staged_id = self._rendezvous.stage(bytes(payload), peer)
+            staged_id = self._rendezvous.stage(bytes(payload), peer, on_staged_release)
             body = encode_envelope(
                 kind,
                 handler=handler,

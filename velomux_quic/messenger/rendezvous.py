@@ -37,7 +37,7 @@ from ..ids import InstanceId
 from .config import MessengerConfig
 from .envelope import Envelope, StagedDescriptor
 from .metrics import MessengerMetrics
-from .staging import PullOp, StagingStore, decode_pull, encode_pull
+from .staging import PullOp, ReleaseCallback, StagingStore, decode_pull, encode_pull
 
 __all__ = [
     "Deliver",
@@ -173,9 +173,12 @@ class Rendezvous:
         """Payloads held for peers that have not pulled them yet."""
         return len(self._store)
 
-    def stage(self, payload: bytes, peer: InstanceId) -> int:
-        """Hold ``payload`` for ``peer`` and return its staged id (StagingFull at the bound)."""
-        staged_id = self._store.stage(payload, peer)
+    def stage(
+        self, payload: bytes, peer: InstanceId, on_release: ReleaseCallback | None = None
+    ) -> int:
+        """Hold ``payload`` for ``peer`` and return its staged id (StagingFull at the bound);
+        ``on_release`` is told why it was released (see :class:`StagingStore`)."""
+        staged_id = self._store.stage(payload, peer, on_release)
         self._metrics.rendezvous_ops.labels("register", "success").inc()
         self._metrics.rendezvous_bytes.labels("register").inc(len(payload))
         return staged_id

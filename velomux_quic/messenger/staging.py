@@ -19,7 +19,7 @@ from enum import IntEnum
 from ..ids import InstanceId
 from .errors import StagingFull
 
-__all__ = ["PullOp", "StagingStore", "decode_pull", "encode_pull"]
+__all__ = ["PullOp", "ReleaseCallback", "StagingStore", "decode_pull", "encode_pull"]
 
 _PULL = struct.Struct(">BQ")
 
@@ -44,13 +44,25 @@ def decode_pull(request: bytes) -> tuple[PullOp, int]:
     return PullOp(op), staged_id
 
 
-class _Staged:
-    __slots__ = ("payload", "peer", "timer")
+ReleaseCallback = Callable[[str], None]
+"""Told the reason one staged payload was released: ``pulled``, ``refused``, ``expired``,
+``closed`` or ``unsent``."""
 
-    def __init__(self, payload: bytes, peer: InstanceId, timer: asyncio.TimerHandle) -> None:
+
+class _Staged:
+    __slots__ = ("on_release", "payload", "peer", "timer")
+
+    def __init__(
+        self,
+        payload: bytes,
+        peer: InstanceId,
+        timer: asyncio.TimerHandle,
+        on_release: ReleaseCallback | None,
+    ) -> None:
         self.payload = payload
         self.peer = peer
         self.timer = timer
+        self.on_release = on_release
 
 
 class StagingStore:
@@ -68,8 +80,12 @@ class StagingStore:
     def __len__(self) -> int:
         return len(self._items)
 
-    def stage(self, payload: bytes, peer: InstanceId) -> int:
-        """Hold ``payload`` for ``peer`` under a fresh random id; StagingFull past ``max_bytes``."""
+    def stage(
+        self, payload: bytes, peer: InstanceId, on_release: ReleaseCallback | None = None
+    ) -> int:
+        """Hold ``payload`` for ``peer`` under a fresh random id; StagingFull past ``max_bytes``.
+        ``on_release`` is told why it was released, once (what the mux retires a stream
+        whose record went staged on: only a pulled payload reached its consumer)."""
         size = len(payload)
         if self.bytes_held + size > self._max_bytes:
             raise StagingFull(
@@ -80,7 +96,7 @@ class StagingStore:
         while staged_id in self._items:
             staged_id = int.from_bytes(os.urandom(8), "big") or 1
         timer = asyncio.get_running_loop().call_later(self._ttl, self._expire, staged_id)
-        self._items[staged_id] = _Staged(payload, peer, timer)
+        self._items[staged_id] = _Staged(payload, peer, timer, on_release)
         self.bytes_held += size
         return staged_id
 
@@ -102,6 +118,8 @@ class StagingStore:
         item.timer.cancel()
         self.bytes_held -= len(item.payload)
         self._on_release(reason, len(item.payload))
+        if item.on_release is not None:
+            item.on_release(reason)
         return item
 
     def _expire(self, staged_id: int) -> None:

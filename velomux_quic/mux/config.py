@@ -81,6 +81,12 @@ class MuxConfig:
     that keeps up from answering every record with a CreditUpdate of its own."""
     slot_byte_budget: int = 1 * MiB
     peer_byte_budget: int = 8 * MiB
+    peer_queue_bytes: int = 2 * MiB
+    """Bytes one (peer, lane) batcher may hold staged, across all its slots, before a
+    producer whose stream already has records queued waits (``send()`` waits,
+    ``send_pass`` leaves the pair over). It bounds the producer's memory and how long a
+    record waits on this node: about ``peer_queue_bytes`` over the path's rate, which has
+    to stay well inside the consumer's watchdog (3 heartbeat windows). See docs/tuning.md."""
     credit_sweep_interval: float = 0.2
     drain_visit_floor: float = 0.002
     batcher_idle_ttl: float = 60.0
@@ -120,6 +126,11 @@ class MuxConfig:
             )
         if self.slot_byte_budget <= 0 or self.peer_byte_budget <= 0:
             raise ConfigurationError("byte budgets must be positive")
+        if self.peer_queue_bytes <= 0:
+            raise ConfigurationError(
+                "peer_queue_bytes must be positive: it bounds what producers stage per "
+                "(peer, lane); raise it for a fast path, never turn it off"
+            )
         if self.prebind_timeout <= 0 or self.health_check_interval < 0:
             raise ConfigurationError("prebind_timeout must be positive, health_check_interval >= 0")
         if self.health_check_timeout <= 0:

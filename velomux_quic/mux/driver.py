@@ -4,18 +4,26 @@ A batcher is woken, never fed: producers and replies change its state synchronou
 schedule one wake per loop iteration (``call_soon``); the wake polls the batcher and hands
 every batch to the messenger in order. A batch the transport does not admit at once parks
 the batcher until the admission resolves; a refused admission is epoch death. A terminal's
-retirement guard resolves ``Sent`` when the batch carrying it is admitted and ``Discarded``
-if that batch is refused, or if its slot closes before the terminal left.
+retirement guard (a :class:`DeliveryGuard`) resolves ``Sent`` once the peer's transport
+acknowledged the batch carrying it (with no delivery watch, as in the sans-IO tests: at its
+admission), and ``Discarded`` if that batch is refused, if the connection ends before the
+acknowledgement, or if its slot closes before the terminal left.
 
-A singleton the messenger will stage goes with its ``_mux_slot`` header; its admission
-lifts the fence it put on its slot (see :mod:`.singleton`).
+A singleton the messenger will stage goes with its ``_mux_slot`` header. Its fence, and the
+guard of a terminal it carries, wait for the payload's release, not for the descriptor's
+admission: pulled, the fence lifts and the guard reports Sent; released for any other
+reason (the receiver refused it as over its ``staged_payload_max``, nobody pulled it in
+time, the node closed), the consumer never got the record, so the slot is closed (its
+producer's next send fails) and the guard reports Discarded.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Final
+from collections.abc import Callable
+from functools import partial
+from typing import Any, Final
 
 from ..ids import InstanceId
 from ..messenger import Messenger
@@ -23,9 +31,10 @@ from ..streaming.errors import ChannelClosed
 from ..transport import SendAdmission, TransportError
 from .egress import EgressBatcher, EgressSlot, OutgoingBatch, SlotOwner
 from .handlers import BATCH_HANDLER_NAMES
+from .protocol import CloseReason
 from .slots import SlotState
 
-__all__ = ["BatcherDriver", "MuxChannel"]
+__all__ = ["BatcherDriver", "DeliveryGuard", "DeliveryWatch", "MuxChannel"]
 
 logger = logging.getLogger(__name__)
 
@@ -33,11 +42,41 @@ _OPEN: Final = SlotState.OPEN
 _OPENING: Final = SlotState.OPENING
 
 
+DeliveryWatch = Callable[[InstanceId, int, Callable[[bool], None]], None]
+"""``watch(peer, lane, told)``: ``told(True)`` once the peer acknowledged every byte sent
+so far on that lane, ``told(False)`` if it never will (``QuicTransport.on_delivered``)."""
+
+
+class DeliveryGuard:
+    """A terminal's retirement guard: its future resolves True only once the batch that
+    carried the terminal reached the peer's transport (acknowledged), False if it never
+    left or was lost with its connection. Opening guards (``connect``) stay plain futures:
+    an OpenSlot only has to be admitted before the stream's first records follow it."""
+
+    __slots__ = ("future",)
+
+    def __init__(self, future: asyncio.Future[bool]) -> None:
+        self.future = future
+
+    def resolve(self, delivered: bool) -> None:
+        if not self.future.done():
+            self.future.set_result(delivered)
+
+
 class BatcherDriver:
     """Drives one (peer, lane) batcher on the event loop."""
 
-    def __init__(self, messenger: Messenger, peer: InstanceId, batcher: EgressBatcher) -> None:
+    def __init__(
+        self,
+        messenger: Messenger,
+        peer: InstanceId,
+        batcher: EgressBatcher,
+        delivered: DeliveryWatch | None = None,
+    ) -> None:
+        """``delivered`` is how a terminal's guard learns its batch was acknowledged; None
+        resolves it at admission (a test double of the messenger has no transport)."""
         self.messenger = messenger
+        self._delivered = delivered
         self.peer = peer
         self.batcher = batcher
         self.handler = BATCH_HANDLER_NAMES[batcher.lane]
@@ -75,9 +114,20 @@ class BatcherDriver:
     def _write(self, batch: OutgoingBatch) -> None:
         self.last_activity = self._loop.time()
         try:
-            outcome = self.messenger.send_message_on_lane(
-                self.peer, self.batcher.lane, self.handler, batch.payload, headers=batch.headers
-            )
+            if batch.headers is None:
+                outcome = self.messenger.send_message_on_lane(
+                    self.peer, self.batcher.lane, self.handler, batch.payload
+                )
+            else:  # a singleton the messenger stages: its release decides its fate
+                outcome = self.messenger.send_message_on_lane(
+                    self.peer,
+                    self.batcher.lane,
+                    self.handler,
+                    batch.payload,
+                    headers=batch.headers,
+                    # The guards and the fence, not the batch: its payload is staged already.
+                    on_staged_release=partial(self._staged_released, batch.guards, batch.fence),
+                )
         except (TransportError, Exception) as exc:
             logger.warning(
                 "mux batch to %s lane %d not sent: %r", self.peer, self.batcher.lane, exc
@@ -103,19 +153,56 @@ class BatcherDriver:
         self.wake()
 
     def _admitted(self, batch: OutgoingBatch) -> None:
+        if batch.headers is not None:
+            return  # a staged singleton: its release decides (see _staged_released)
+        delivering: list[DeliveryGuard] = []
         for guard in batch.guards:
-            if isinstance(guard, asyncio.Future) and not guard.done():
+            if isinstance(guard, DeliveryGuard):
+                delivering.append(guard)
+            elif isinstance(guard, asyncio.Future) and not guard.done():
                 guard.set_result(True)
+        if delivering:
+            watch = self._delivered
+            if watch is None:
+                for guard in delivering:
+                    guard.resolve(True)
+            else:
+                # Asked right after the batch was written (an admission's hooks run as the
+                # gate writes it), so "every byte sent so far" ends with this batch.
+                watch(self.peer, self.batcher.lane, _resolve_all(delivering))
         if batch.fence is not None:
             self.batcher.lift_fence(batch.fence, self._loop.time())
             self.wake()
+
+    def _staged_released(self, guards: list[Any], slot: EgressSlot | None, reason: str) -> None:
+        """The staged singleton's payload was released: ``pulled`` is the only release in
+        which the consumer's node got the record. ``slot`` is the slot it fenced."""
+        pulled = reason == "pulled"
+        for guard in guards:
+            if isinstance(guard, DeliveryGuard):
+                guard.resolve(pulled)
+            elif isinstance(guard, asyncio.Future) and not guard.done():
+                guard.set_result(pulled)
+        if slot is None or self.closed:
+            return
+        if pulled:
+            self.batcher.lift_fence(slot, self._loop.time())
+        elif slot.live:
+            logger.info(
+                "staged record of slot %#010x to %s was %s, not pulled: the stream ends",
+                slot.slot_id,
+                self.peer,
+                reason,
+            )
+            self.batcher.close_slot(slot, CloseReason.PEER_GONE)
+            self._release_space()
+        self.wake()
 
     def _refused(self, batch: OutgoingBatch) -> None:
         """Any failed admission is epoch death: the batch never reached the wire and left a
         frame_seq gap in every slot it carried, and the mux does not retransmit."""
         for guard in batch.guards:
-            if isinstance(guard, asyncio.Future) and not guard.done():
-                guard.set_result(False)
+            _discard_guard(guard)
         self.batcher.epoch_death()
         self._release_space()
 
@@ -158,8 +245,9 @@ class BatcherDriver:
         so a slot index the batcher reused for a later stream wakes nobody by mistake."""
         if not self._space:
             return
+        has_room = self.batcher.has_room
         for index, (slot, future) in list(self._space.items()):
-            if not slot.live or slot.has_room():
+            if not slot.live or has_room(slot):
                 del self._space[index]
                 if not future.done():
                     future.set_result(None)
@@ -177,8 +265,18 @@ class BatcherDriver:
 
 def _discard_guard(guard: object) -> None:
     """A guard whose slot closed before it was written: that output never left."""
-    if isinstance(guard, asyncio.Future) and not guard.done():
+    if isinstance(guard, DeliveryGuard):
+        guard.resolve(False)
+    elif isinstance(guard, asyncio.Future) and not guard.done():
         guard.set_result(False)
+
+
+def _resolve_all(guards: list[DeliveryGuard]) -> Callable[[bool], None]:
+    def told(delivered: bool) -> None:
+        for guard in guards:
+            guard.resolve(delivered)
+
+    return told
 
 
 class MuxChannel:
@@ -249,14 +347,15 @@ class MuxChannel:
             if driver.batcher.offer(self._slot, body, driver.now()):
                 driver.wake()
                 return
-            await driver.wait_space(self._slot)  # the slot's byte budget is full
+            # The slot's byte budget, or the lane's queue bound, is full.
+            await driver.wait_space(self._slot)
 
     def send_terminal(self, body: bytes, done: asyncio.Future[bool]) -> None:
         if self.closed:
             done.set_result(False)
             return
         driver = self._driver
-        driver.batcher.offer_terminal(self._slot, body, driver.now(), guard=done)
+        driver.batcher.offer_terminal(self._slot, body, driver.now(), guard=DeliveryGuard(done))
         driver.wake()
 
     def end_now(self, body: bytes, done: asyncio.Future[bool]) -> None:
@@ -266,7 +365,7 @@ class MuxChannel:
             done.set_result(False)
             return
         driver = self._driver
-        driver.batcher.end_now(self._slot, body, driver.now(), guard=done)
+        driver.batcher.end_now(self._slot, body, driver.now(), guard=DeliveryGuard(done))
         driver.wake()
 
     def abort(self) -> None:

@@ -40,6 +40,17 @@ The rules, from the design chapter:
   terminal may spend. A record without credit waits in the slot's queue (the withheld
   queue); a producer whose queued bytes reach ``slot_byte_budget`` waits (``offer`` returns
   False) until the queue drains.
+* **Lane queue bound.** What all of a batcher's slots hold together, staged and not yet
+  handed to the transport, is bounded by ``peer_queue_bytes``: past it ``offer`` refuses
+  the records of every slot that already holds some, so producers wait for the network
+  instead of queueing megabytes that the path takes seconds to carry (and that every
+  record, heartbeat and credit reply written later waits behind). A slot holding nothing
+  may always stage one record, so streams whose consumers stopped reading (their withheld
+  records count against the bound) slow the others down but never shut them out: memory
+  per batcher is ``peer_queue_bytes`` plus one record per live slot. On ``offer`` the
+  bound is one attribute load, one compare and one store (the room left, kept wherever a
+  slot's ``queued_bytes`` moves): measured at about 35 ns per record, 225 against 190 ns,
+  on 1,024 slots of one 54-byte record each, on a loaded 2-core machine.
 * **Sequence.** ``frame_seq`` is per slot: OpenSlot takes 0, data starts at 1, and the
   ``CloseSlot{TerminalSent}`` written right after a terminal takes the next one, in the
   same batch (terminal and close are atomic).
@@ -187,6 +198,12 @@ class EgressBatcher:
         self.batch_seq = 0
         self.stats = EgressStats()
         self.parked = False
+        self.queue_limit = config.peer_queue_bytes
+        """Bytes all slots may hold together before ``offer`` refuses a non-empty slot."""
+        self._room = self.queue_limit
+        """``queue_limit`` less the bytes of every record queued in this batcher's slots
+        (the sum of the slots' ``queued_bytes``, kept as they move): one attribute, so
+        ``offer`` pays one load, one compare and one store for the bound."""
         self._slots: list[EgressSlot | None] = []
         self._generations: list[int] = []
         self._free: list[int] = []
@@ -277,6 +294,7 @@ class EgressBatcher:
         is told ``told`` when it is not None (None: the producer's own abort).
         """
         slot.queue.clear()
+        self._room += slot.queued_bytes
         slot.queued_bytes = 0
         self._free_slot(slot, SlotEvent.CLOSED)
         guard, slot.guard = slot.guard, None
@@ -294,15 +312,24 @@ class EgressBatcher:
 
         The budget is checked against what is already queued, not with the new record
         added, so a record larger than the whole budget is still taken when the queue is
-        below it (otherwise a 4 MiB item could never be sent on a 1 MiB slot).
+        below it (otherwise a 4 MiB item could never be sent on a 1 MiB slot). The lane
+        queue bound (``peer_queue_bytes``) is checked the same way, and only for a slot
+        that already holds records: a slot holding nothing always takes one.
         """
         state = slot.state
         if state is not _OPEN and state is not _OPENING:
             raise _closed_slot(slot)
-        if slot.queued_bytes >= slot.budget:
+        queued = slot.queued_bytes
+        if queued >= slot.budget:
             return False
+        room = self._room
+        if room <= 0 and queued:
+            self.stats.queue_full += 1
+            return False
+        size = len(body)
         slot.queue.append((body, False))
-        slot.queued_bytes += len(body)
+        slot.queued_bytes = queued + size
+        self._room = room - size
         # What _enqueued does for a data record, inlined (this runs once per record). The
         # slot is OPEN or OPENING, so no terminal is queued: its head is a data record.
         if slot.credit > 0:
@@ -330,6 +357,7 @@ class EgressBatcher:
         self._urgent = True
         slot.queue.append((body, True))
         slot.queued_bytes += len(body)
+        self._room -= len(body)
         self._enqueued(slot, True, now)
 
     def _enqueued(self, slot: EgressSlot, terminal: bool, now: float) -> None:
@@ -354,8 +382,27 @@ class EgressBatcher:
         if slot.state > _OPEN:
             raise _closed_slot(slot)
         slot.queue.clear()
+        self._room += slot.queued_bytes
         slot.queued_bytes = 0
         self.offer_terminal(slot, body, now, guard)
+
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes of every record queued in this batcher's slots, with or without credit
+        (what the lane queue bound ``peer_queue_bytes`` counts)."""
+        return self.queue_limit - self._room
+
+    def has_room(self, slot: EgressSlot) -> bool:
+        """Whether :meth:`offer` would take a data record for ``slot`` now (its byte
+        budget and the lane queue bound both allow it)."""
+        queued = slot.queued_bytes
+        return queued < slot.budget and (not queued or self._room > 0)
+
+    def close_slot(self, slot: EgressSlot, told: CloseReason) -> None:
+        """End ``slot`` without its terminal, telling its owner ``told`` (a staged record
+        of it was released unpulled: the consumer never got it, the stream cannot go on)."""
+        if slot.live:
+            self._close_slot(slot, told)
 
     def cancel_slot(self, slot: EgressSlot) -> None:
         """The local producer gave up without a terminal (its sender was cancelled)."""
@@ -460,6 +507,7 @@ class EgressBatcher:
             queued_records=staged,
             withheld_records=withheld,
             queued_bytes=queued_bytes,
+            queue_limit=self.queue_limit,
             parked=self.parked,
             epoch_deaths=self.stats.epoch_deaths,
         )
@@ -641,6 +689,7 @@ class EgressBatcher:
                     slot.next_seq = seq
                     slot.credit = credit
                     slot.queued_bytes -= taken
+                    self._room += taken
                     carries_data = True
                 if queue and (queue[0][1] or (credit > 0 and taken < quantum)):
                     # A terminal, a full batch or a record no batch can hold.
@@ -712,6 +761,7 @@ class EgressBatcher:
             queue.popleft()
             taken += len(body)
             slot.queued_bytes -= len(body)
+            self._room += len(body)
             builder.add_data(slot.slot_id, slot.next_seq, body)
             slot.next_seq += 1
             carries_data = True
@@ -746,6 +796,7 @@ class EgressBatcher:
         """
         slot.queue.popleft()
         slot.queued_bytes -= len(body)
+        self._room += len(body)
         builder = BatchBuilder(MIN_BATCH_CAP)  # fits() is never asked: the cap is unused
         seq = slot.next_seq
         builder.add(RecordType.DATA, slot.slot_id, seq, body)

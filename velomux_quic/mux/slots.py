@@ -135,6 +135,7 @@ class EgressStats:
         "control_refused",
         "credit_exhausted",
         "epoch_deaths",
+        "queue_full",
         "record_types",
         "records_sent",
     )
@@ -145,6 +146,8 @@ class EgressStats:
         self.control_refused = 0
         self.credit_exhausted = 0
         self.epoch_deaths = 0
+        self.queue_full = 0
+        """Records refused because the lane queue bound (``peer_queue_bytes``) was full."""
         self.batch_size_buckets = [0] * len(RECORDS_PER_BATCH_BUCKETS)
         """Cumulative-ready counts per bucket of records per batch (1, 2, 4, ... 2048)."""
         self.record_types = [0] * 6

@@ -49,6 +49,9 @@ class EgressLaneSnapshot:
     """Records waiting for credit (or behind a fence)."""
     queued_bytes: int
     """Bytes of every record waiting in this batcher, with or without credit."""
+    queue_limit: int
+    """``MuxConfig.peer_queue_bytes``: past it producers with records queued here wait
+    (``queued_bytes`` stays below it plus one record per live slot)."""
     parked: bool
     """A written batch waits for transport admission: the lane stops draining its slots."""
     epoch_deaths: int

@@ -128,7 +128,8 @@ class MuxTransport(Collector):
         self._budgets: dict[InstanceId, PeerBudget] = {}
         self._visits: dict[tuple[InstanceId, int], asyncio.Handle] = {}
         self.ingress = MuxIngressStats()
-        self._egress_retired = [0] * 4  # batches, records, control_refused, epoch_deaths
+        self._egress_retired = [0] * 5  # batches, records, control_refused, epoch_deaths,
+        # queue_full: what evicted batchers had counted
         self._dropped_batches = 0
         self._closed = False
         # The mux's batches reach it through the messenger's generic hooks: one inline
@@ -275,7 +276,9 @@ class MuxTransport(Collector):
                 counters=self._singletons,
                 epochs=self._epochs,
             )
-            driver = self._drivers[key] = BatcherDriver(self._messenger, peer, batcher)
+            driver = self._drivers[key] = BatcherDriver(
+                self._messenger, peer, batcher, self._messenger.transport.on_delivered
+            )
         return driver
 
     # -- ingress -------------------------------------------------------------------------
@@ -406,6 +409,7 @@ class MuxTransport(Collector):
         self._egress_retired[1] += stats.records_sent
         self._egress_retired[2] += stats.control_refused
         self._egress_retired[3] += stats.epoch_deaths
+        self._egress_retired[4] += stats.queue_full
 
     def _peer_changed(self, record: object, peer: InstanceId) -> None:
         """Peer eviction (discovery or the application removed the peer) is epoch death on
@@ -534,6 +538,12 @@ class MuxTransport(Collector):
                 self._egress_retired[3] + sum(b.stats.epoch_deaths for b in batchers),
                 "Epochs that died",
             ),
+            (
+                "queue_full",
+                self._egress_retired[4] + sum(b.stats.queue_full for b in batchers),
+                "Records refused (the producer waits) because the (peer, lane) queue bound "
+                "peer_queue_bytes was full",
+            ),
             ("health_checks", self._health.checks, "Peer health checks made by batchers"),
             (
                 "health_check_failures",
@@ -585,6 +595,13 @@ class MuxTransport(Collector):
         )
         withheld.add_metric([], sum(q[1] for q in queued))
         yield withheld
+        queued_bytes = GaugeMetricFamily(
+            "velo_streaming_mux_queued_bytes",
+            "Bytes staged in the batchers, not yet handed to the transport (each (peer, lane) "
+            "bounded by peer_queue_bytes plus one record per live slot)",
+        )
+        queued_bytes.add_metric([], sum(b.queued_bytes for b in batchers))
+        yield queued_bytes
         by_type = CounterMetricFamily(
             "velo_streaming_mux_records_sent", "Records in written batches", labels=["record_type"]
         )

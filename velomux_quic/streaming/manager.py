@@ -34,6 +34,7 @@ from typing import Any
 from ..errors import ConfigurationError
 from ..ids import InstanceId, StreamAnchorHandle, WorkerId, worker_id_of
 from ..messenger import Context, Messenger
+from ..transport import CONTROL_LANE
 from .anchor import AnchorEntry, MpscAnchor, RemoteSender, StreamAnchor
 from .config import StreamingConfig
 from .control import (
@@ -546,7 +547,7 @@ class AnchorManager:
         async def send() -> None:
             try:
                 await self.messenger.am_send(
-                    node, handler, StreamControl(sender_stream_id).encode()
+                    node, handler, StreamControl(sender_stream_id).encode(), lane=CONTROL_LANE
                 )
             except Exception as exc:  # the producer's node may be gone: nothing to tell
                 logger.debug("could not send %s to %s: %r", handler, node, exc)

@@ -30,6 +30,7 @@ from typing import Protocol
 from ..errors import PeerGone, UnaryTimeout
 from ..ids import InstanceId, StreamAnchorHandle, WorkerId, worker_id_of
 from ..messenger import CallError, Context, Messenger
+from ..transport import CONTROL_LANE
 from .channels import InboxChannel
 from .config import StreamingConfig
 from .control import (
@@ -193,6 +194,7 @@ class AnchorProducer:
                         peer,
                         "_mpsc_anchor_attach" if mpsc else "_anchor_attach",
                         request.encode(),
+                        lane=CONTROL_LANE,  # never behind the data queued on the lanes
                         timeout=max(0.0, deadline - time.monotonic()),
                     )
                     response = (MpscAnchorAttachResponse if mpsc else AnchorAttachResponse).decode(

@@ -65,12 +65,26 @@ _TERMINAL_STATES: dict[bytes, SenderStateName] = {
 
 
 class Retired(enum.Enum):
-    """How a stream's output ended on the producer's node (first outcome wins)."""
+    """How a stream's output ended on the producer's node (first outcome wins).
+
+    What ``SENT`` promises depends on the path. On the mux (the default between two
+    nodes that both have it): the peer's QUIC stack acknowledged the batch that carried
+    the terminal, and every staged record of the stream was pulled by the peer. The
+    consumer's node therefore holds the whole stream, in order; its reader gets to the
+    end unless the stream had already ended there (the consumer cancelled it, or its
+    watchdog fired first) or that node fails before the reader takes it. No message of
+    the consumer confirms it (the design chapter rejected that round trip per stream).
+    On the per-stream path: the terminal was admitted to the stream's QUIC send buffer.
+    To a same-node anchor: it is in the anchor's channel."""
 
     SENT = "sent"
-    """The terminal was handed on (admitted by the transport)."""
+    """The terminal reached the consumer's node (see the class docstring for each path)."""
     DISCARDED = "discarded"
-    """The terminal never left: channel closed, consumer cancelled, teardown."""
+    """The terminal did not reach the consumer's node, as far as this node knows: it never
+    left (channel closed, consumer cancelled, teardown), it left and its connection ended
+    before the peer acknowledged it, or a staged record of the stream was never pulled
+    (the consumer's node refused it as over its ``staged_payload_max``, or nobody pulled
+    it in time)."""
 
 
 class SenderOwner(Protocol):
@@ -324,6 +338,29 @@ class StreamSender:
                     "was not sent: retry, shed it, or raise the consumer's read rate"
                 ) from None
 
+    def try_send(self, item: Any) -> bool:
+        """Send one item only if the stream has room now; never waits.
+
+        True: taken, exactly as a ``send()`` that returned. False: not taken (the stream's
+        credit window or byte budget, or on the mux the peer lane's queue bound
+        ``peer_queue_bytes``, is full); the stream goes on, so retry later or shed the
+        item. Counted in ``velo_streaming_producer_send_backpressure_total`` like a
+        ``send()`` that waits. Raises :class:`ChannelClosed` once the stream ended or the
+        consumer cancelled it, and :class:`SerializationError` for an item MessagePack
+        cannot encode.
+        """
+        state = self._state
+        if state.terminal_sent:
+            raise _closed_error(state)
+        body = encode_item(item)
+        channel = state.channel
+        if channel.try_send(body):
+            return True
+        if channel.closed:
+            raise ChannelClosed("the stream's channel is closed")
+        state.metrics.producer_send_backpressure += 1
+        return False
+
     async def send_err(self, message: str) -> None:
         """A soft error: the consumer's iteration raises SenderError, the stream goes on."""
         state = self._state
@@ -361,7 +398,9 @@ class StreamSender:
         self._state.terminal(DROPPED if exc_type is not None else FINALIZED)
 
     async def retired(self) -> Retired:
-        """Resolves once this node handed on all of the stream's output (or never will)."""
+        """Resolves once the consumer's node holds all of the stream's output
+        (:attr:`Retired.SENT`), or once it is known that it never will (see
+        :class:`Retired` for what each path promises)."""
         return await asyncio.shield(self._state.retired)
 
 

@@ -26,13 +26,14 @@ from .errors import (
 from .events import PeerLink, StreamData, StreamReset, StreamStopped
 from .framing import FrameDecoder
 from .handler import TransportHandler
-from .lanes import lane_of_stream
+from .lanes import CONTROL_LANE, lane_of_stream
 from .perstream_send import PerStreamOutbound
 from .snapshot import ConnectionSnapshot, TransportSnapshot
 from .states import CloseCode
 
 __all__ = [
     "ADMITTED",
+    "CONTROL_LANE",
     "MAX_LANES",
     "Address",
     "AdmissionCancelled",

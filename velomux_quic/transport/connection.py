@@ -61,6 +61,9 @@ __all__ = ["CloseCode", "ConnectionOwner", "ConnectionState", "PeerConnection", 
 
 logger = logging.getLogger(__name__)
 
+DeliveryCallback = Callable[[bool], None]
+"""Told True once the peer acknowledged the bytes it waits for, False if it never will."""
+
 _CRYPTO_ERROR_FIRST = int(QuicErrorCode.CRYPTO_ERROR)
 _CRYPTO_ERROR_LAST = _CRYPTO_ERROR_FIRST + 0xFF
 
@@ -135,6 +138,9 @@ class PeerConnection:
         self._extra: dict[int, OutboundStream] = {}
         self._next_extra = FIRST_EXTRA_STREAM
         self._blocked: set[OutboundStream] = set()
+        self._deliveries: dict[int, deque[tuple[int, DeliveryCallback]]] = {}
+        """Per outbound lane: (stream offset, callback) waiting for the peer's
+        acknowledgement of every byte before that offset, offsets in increasing order."""
         # What the per-stream streams may hold, together, not yet transmitted.
         self._stream_room = SharedRoom(
             transport.config.streams_send_buffer, lambda: quic.send_backlog
@@ -250,6 +256,11 @@ class PeerConnection:
             else ChannelClosed(f"connection to {self._peer_name()} closed: {reason or code.name}")
         )
         self.state = ConnectionState.CLOSING
+        if self.established_once:
+            # Acknowledge what arrived before saying goodbye: the peer retires its streams
+            # SENT only on our acknowledgement, and a closing aioquic sends no more of them.
+            self.quic.acknowledge_now()
+            self.transmit()
         self.quic.close(error_code=int(code), reason_phrase=reason or code.name.lower())
         self.transmit()
 
@@ -332,6 +343,56 @@ class PeerConnection:
         if self._close_error is not None:
             stream.gate.close(self._close_error)
         return stream
+
+    def on_delivered(self, lane: int, callback: DeliveryCallback) -> None:
+        """``callback(True)`` once the peer's QUIC stack acknowledged every byte written so
+        far on ``lane``; ``callback(False)`` if this connection or the lane ends first.
+
+        What the mux retires a stream on: a frame admitted to the lane is only in this
+        node's send buffer, and a connection that closes before the acknowledgement loses
+        it. Checked when datagrams arrive (acknowledgements come in them): O(1) per check
+        for a lane with nothing waiting, and no cost at all on a connection nobody asked."""
+        outbound = self._outbound[lane]
+        if outbound is None or self.state is not ConnectionState.ESTABLISHED:
+            callback(False)
+            return
+        target = outbound.written
+        if self.quic.stream_unacked(outbound.stream_id) == 0:
+            callback(True)
+            return
+        waiting = self._deliveries.get(lane)
+        if waiting is None:
+            waiting = self._deliveries[lane] = deque()
+        waiting.append((target, callback))
+
+    def _check_deliveries(self) -> None:
+        for lane, waiting in list(self._deliveries.items()):
+            outbound = self._outbound[lane]
+            if outbound is None:
+                self._fail_deliveries(lane)
+                continue
+            acked = outbound.written - self.quic.stream_unacked(outbound.stream_id)
+            while waiting and waiting[0][0] <= acked:
+                _, callback = waiting.popleft()
+                self._tell(callback, True)
+            if not waiting:
+                del self._deliveries[lane]
+
+    def _fail_deliveries(self, lane: int | None = None) -> None:
+        """The lane (None: every lane) ended: what it still waits for is never acknowledged."""
+        lanes = list(self._deliveries) if lane is None else [lane]
+        for each in lanes:
+            waiting = self._deliveries.pop(each, None)
+            while waiting:
+                _, callback = waiting.popleft()
+                self._tell(callback, False)
+
+    @staticmethod
+    def _tell(callback: DeliveryCallback, delivered: bool) -> None:
+        try:
+            callback(delivered)
+        except Exception:  # one watcher's bug must not stop the connection's datagram path
+            logger.exception("delivery callback failed")
 
     def stream_blocked(self, stream: OutboundStream) -> None:
         self._blocked.add(stream)
@@ -496,6 +557,7 @@ class PeerConnection:
             return
         self._outbound[lane] = None
         self._blocked.discard(outbound)
+        self._fail_deliveries(lane)
         outbound.gate.close(ChannelClosed(f"lane {lane} to {self._peer_name()} was reset"))
         self.quic.reset_stream(outbound.stream_id, int(CloseCode.KILLED))
         self.transmit()
@@ -779,6 +841,8 @@ class PeerConnection:
         if self._cid_switch_pending and self.state is ConnectionState.ESTABLISHED:
             self._cid_switch_pending = not self.quic.adopt_resettable_peer_cid()
         self._poll_gates()
+        if self._deliveries:
+            self._check_deliveries()
         # The loop hands over every datagram that arrived at once before it runs callbacks;
         # a datagrams_to_send pass after each one mostly found nothing to send (the ACK not
         # yet due) and cost a receiver about a sixth of its CPU, so the pass waits for the
@@ -911,6 +975,7 @@ class PeerConnection:
         if self.is_client and was_established:
             self._report_unacked(error)
         self._refuse_pending(error)
+        self._fail_deliveries()
         self.requests_out.close(ChannelClosed(f"connection closed: {reason}"))
         self.requests_in.close()
         if not was_established:

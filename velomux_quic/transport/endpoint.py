@@ -14,7 +14,7 @@ import dataclasses
 import errno
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import cast
 
@@ -53,6 +53,7 @@ from .errors import (
     TransportClosed,
 )
 from .handler import TransportHandler
+from .lanes import CONTROL_LANE
 from .metrics import TransportCollector, TransportStats
 from .perstream_send import PerStreamOutbound
 from .resets import StatelessResets, reset_key_from
@@ -286,7 +287,8 @@ class QuicTransport(asyncio.DatagramProtocol):
 
         Returns ``ADMITTED`` or a pending :class:`SendAdmission` that resolves in FIFO
         order per (peer, lane). Dials the peer on first use, and again after its
-        connection closed. A lane at or above :meth:`lanes` maps to ``lane % lanes``.
+        connection closed. A lane at or above :meth:`lanes` maps to ``lane % lanes``, but
+        :data:`CONTROL_LANE`, which keeps a stream of its own for control messages.
         """
         if self._closing:
             raise TransportClosed("the transport is closed")
@@ -294,13 +296,25 @@ class QuicTransport(asyncio.DatagramProtocol):
             raise LaneError(f"lane must be 0 to {MAX_LANES - 1}, got {lane}")
         if len(body) > self.config.max_message_size:
             raise MessageTooLarge(len(body), self.config.max_message_size)
-        return self._outbound_connection(peer).send(lane % self.config.lanes, body)
+        if lane != CONTROL_LANE:  # the control lane keeps its own stream (see CONTROL_LANE)
+            lane %= self.config.lanes
+        return self._outbound_connection(peer).send(lane, body)
 
     async def connect(self, peer: InstanceId) -> None:
         """Dial ``peer`` now (sends dial lazily); raises DialError if the handshake fails."""
         if self._closing:
             raise TransportClosed("the transport is closed")
         await self._outbound_connection(peer).wait_established()
+
+    def on_delivered(self, peer: InstanceId, lane: int, callback: Callable[[bool], None]) -> None:
+        """``callback(True)`` once ``peer`` acknowledged every byte sent so far on ``lane``
+        (its QUIC stack has them); ``callback(False)`` if the connection or the lane ends
+        first, or no connection to ``peer`` exists. Never dials, never blocks."""
+        connection = self._outbound.get(peer)
+        if connection is None or not 0 <= lane < MAX_LANES:
+            callback(False)
+            return
+        connection.on_delivered(lane % self.config.lanes, callback)
 
     async def check_health(self, peer: InstanceId, timeout: float | None = None) -> None:
         """Prove ``peer`` answers: complete the handshake if needed, then a PING round trip.

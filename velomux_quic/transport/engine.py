@@ -401,6 +401,15 @@ class EngineConnection(QuicConnection):
         ack_at = space.ack_at
         return ack_at is not None and ack_at <= now
 
+    def acknowledge_now(self) -> None:
+        """Make the acknowledgement aioquic owes the peer due at once, so the next transmit
+        carries it. A node closing a connection calls it first: aioquic sends nothing but
+        CONNECTION_CLOSE once closing, and the peer would never learn that the last data it
+        sent arrived (its streams' retirement waits for that acknowledgement)."""
+        space = self._spaces.get(tls.Epoch.ONE_RTT)
+        if space is not None and space.ack_at is not None:
+            space.ack_at = 0.0
+
     def stream_room(self, stream_id: int, send_buffer: int) -> int:
         """Bytes the stream may take now: peer window + ``send_buffer`` - bytes written."""
         stream = self._streams.get(stream_id)

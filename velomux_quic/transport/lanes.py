@@ -19,6 +19,7 @@ from .framing import FRAME_HEADER_SIZE, FrameDecoder, frame_header
 from .metrics import TransportStats
 
 __all__ = [
+    "CONTROL_LANE",
     "FIRST_EXTRA_STREAM",
     "InboundLane",
     "OutboundStream",
@@ -59,6 +60,15 @@ def stream_of_lane(lane: int) -> int:
     return 4 * lane + 2
 
 
+CONTROL_LANE = MAX_LANES - 1
+"""The lane control messages ride (stream attaches and their answers, cancels, stops),
+kept as its own QUIC stream whatever the configured lane count, so they never wait
+behind the megabytes of data batches a lane may have queued: QUIC orders bytes only
+within a stream, and aioquic serves its streams in turn, packet by packet. Lanes below
+the configured count carry data; this one is the last stream of the lane range (with
+16 lanes it is also data lane 15, so it shares that lane's queue). A peer that predates
+it takes frames on any lane below 16 and answers on the lane a request came on."""
+
 FIRST_EXTRA_STREAM = 4 * MAX_LANES + 2
 """The first client unidirectional stream id that is not a lane (the per-stream path's)."""
 
@@ -87,6 +97,7 @@ class OutboundStream:
         "lane",
         "send_buffer",
         "stream_id",
+        "written",
     )
 
     def __init__(self, conn: StreamHost, stream_id: int, send_buffer: int, lane: int = -1) -> None:
@@ -97,6 +108,9 @@ class OutboundStream:
         self.stream_id = stream_id
         self.send_buffer = send_buffer
         self.finished = False
+        self.written = 0
+        """Bytes written on the stream so far (frame headers included): the stream offset
+        the next frame starts at, which is what an acknowledgement is compared against."""
         self.gate = LaneGate(self.room, self.idle, self.write)
 
     def send(self, body: bytes) -> SendOutcome:
@@ -177,6 +191,7 @@ class OutboundStream:
         else:  # avoid copying a large body just to prepend four bytes
             quic.send_stream_data(self.stream_id, frame_header(size))
             quic.send_stream_data(self.stream_id, body)
+        self.written += size + FRAME_HEADER_SIZE
         conn = self._conn
         stats = conn.stats
         stats.frames_out += 1
