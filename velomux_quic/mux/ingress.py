@@ -764,9 +764,22 @@ class IngressTable:
             self._replies.credit(route.slot_id, grant)
 
     def _reconcile(self, touched: list[_Route]) -> None:
+        """Visit the slots a batch delivered into that may owe the sender something now.
+
+        Once per touched slot per batch, so the common answer (nothing to do) is decided
+        here without a call: a live slot whose sender still holds ``return_below``
+        credits or more would only have its drained count moved into the withheld count
+        by :meth:`IngressSlot.reconcile` (a later visit grants the same sum), and a slot
+        nothing was taken from since its last visit has nothing to grant.
+        """
         routes = self._routes
         for route in touched:
             slot = route.slot
+            if (
+                slot.granted - slot.data_delivered - slot.held_data >= slot.return_below
+                and not (slot.withdrawn or slot.terminal or slot.closed)
+            ):
+                continue  # the sender holds enough credit: any grant waits (see above)
             if not (slot.drained or slot.withdrawn or slot.withheld_credit):
                 continue  # nothing taken since the last visit: nothing to grant or tell
             index = route.index
