@@ -775,9 +775,8 @@ class IngressTable:
         routes = self._routes
         for route in touched:
             slot = route.slot
-            if (
-                slot.granted - slot.data_delivered - slot.held_data >= slot.return_below
-                and not (slot.withdrawn or slot.terminal or slot.closed)
+            if slot.granted - slot.data_delivered - slot.held_data >= slot.return_below and not (
+                slot.withdrawn or slot.terminal or slot.closed
             ):
                 continue  # the sender holds enough credit: any grant waits (see above)
             if not (slot.drained or slot.withdrawn or slot.withheld_credit):
