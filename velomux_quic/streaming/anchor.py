@@ -146,7 +146,10 @@ class AnchorOwner(Protocol):
         """The reader took a sender's Detached (or an MPSC sender's terminal)."""
 
     def feed_exhausted(self, entry: AnchorEntry, sender_id: int | None) -> bool:
-        """Whether a feed ran dry for good; if so its Dropped was injected to be read."""
+        """Whether a feed ran dry for good; if so its Dropped was injected to be read.
+
+        A single-sender reader asks only once ``entry.inbox.any_feed_exhausted()`` is
+        true, so this must answer False whenever no feed of the inbox is exhausted."""
 
 
 _ONE_READER = (
@@ -273,7 +276,9 @@ class StreamAnchor(_AnchorBase, Generic[T]):
                         raise SenderDropped(shutdown)
                     self._end("a transport error")
                     raise StreamTransportError(str(value))
-                if self._owner.feed_exhausted(entry, 0):
+                # The inbox answers "no feed ran dry" (the common case: the reader keeps
+                # up) without a call to the owner, which acts only on a dry feed.
+                if inbox.any_feed_exhausted() and self._owner.feed_exhausted(entry, 0):
                     continue  # it injected Dropped into the channel: read it next
                 if entry.finished:
                     self._ended_finished()
