@@ -103,6 +103,22 @@ def test_channel_records_before_a_feed_come_first_then_feeds_then_the_channel() 
     assert drain(inbox) == [(0, b"early"), (0, b"fed"), (0, b"late")]
 
 
+def test_first_feed_is_offered_only_when_take_would_read_it_first() -> None:
+    ordered = Inbox(ordered=True)
+    assert ordered.first_feed() is None  # no feed yet
+    assert ordered.try_put(b"owed")
+    feed = ListFeed(b"fed")
+    ordered.install_feed(feed, 5)
+    assert ordered.first_feed() is None  # the channel record before the feed comes first
+    assert ordered.take() == (0, b"owed")  # put by sender 0 (the default)
+    assert ordered.first_feed() == (5, feed)
+    ordered.push_front(5, b"given back")
+    assert ordered.first_feed() is None  # what the reader gave back is read next
+    unordered = Inbox()
+    unordered.install_feed(ListFeed(b"x"), 1)
+    assert unordered.first_feed() is None  # round robin: take decides
+
+
 def test_closing_withdraws_every_feed() -> None:
     inbox = Inbox(ordered=True)
     feed = ListFeed(b"unread")
@@ -177,6 +193,18 @@ async def test_take_ready_respects_its_limit_and_stops_before_a_sentinel() -> No
     assert await anchor.take_ready() == [4]
     with pytest.raises(SenderDropped):
         await anchor.take_ready()
+
+
+@pytest.mark.timeout(10)
+async def test_take_ready_reads_the_channel_behind_the_feed_within_its_limit() -> None:
+    anchor, owner = anchor_over(encode_item(1), encode_item(2))
+    inbox = owner.entry.inbox
+    inbox.inject(encode_item(3))  # a channel record behind the feed's burst
+    inbox.inject(FINALIZED)
+    assert await anchor.take_ready(3) == [1, 2, 3]
+    with pytest.raises(StopAsyncIteration):
+        await anchor.take_ready()
+    assert ("finish", 7) in owner.calls
 
 
 @pytest.mark.timeout(10)

@@ -349,11 +349,35 @@ class StreamAnchor(_AnchorBase, Generic[T]):
 
     def _take_items(self, items: list[T], limit: int) -> None:
         """Append the items ready now, up to ``limit``, skipping heartbeats; stop before
-        anything else (given back to be read next), so the items before it come first."""
+        anything else (given back to be read next), so the items before it come first.
+
+        The burst in the transport's buffer is read from the feed itself
+        (:meth:`Inbox.first_feed`), then whatever the inbox has behind it."""
         inbox = self._entry.inbox
-        take = inbox.take
         append = items.append
         room = limit - len(items)
+        first = inbox.first_feed()
+        if first is not None:
+            sender_id, feed = first
+            take_body = feed.take
+            while room > 0:
+                body = take_body()
+                if body is None:
+                    break
+                try:
+                    kind, value = decode_frame(body)
+                except FrameDecodeError:
+                    inbox.push_front(sender_id, body)  # the next read raises it, in order
+                    return
+                if kind is _ITEM:
+                    append(value)  # type: ignore[arg-type]  # the producer's item
+                    room -= 1
+                elif kind is not _HEARTBEAT:
+                    inbox.push_front(sender_id, body)
+                    return
+            if not len(inbox):
+                return  # the feed is dry and no channel record waits behind it
+        take = inbox.take
         while room > 0:
             peek = take()
             if peek is None:

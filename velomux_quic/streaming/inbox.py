@@ -175,6 +175,21 @@ class Inbox:
             return self._taken(channel.popleft())
         return None
 
+    def first_feed(self) -> tuple[int, Feed] | None:
+        """The feed :meth:`take` reads before anything else right now, with its sender id:
+        an ordered inbox's first feed while no channel record is owed ahead of it. None
+        otherwise (unordered, no feed, or channel records come first).
+
+        A reader draining a burst reads this feed's ``take()`` directly, one call per
+        record instead of two, for as long as it yields records, and then goes back to
+        :meth:`take`, which reads the channel behind it. Only valid until the reader
+        gives something back (:meth:`push_front`) or a feed is installed or withdrawn.
+        """
+        head = self._head
+        if head is None or (self._barrier and self._channel):
+            return None
+        return self._head_id, head
+
     def push_front(self, sender_id: int, body: bytes) -> None:
         """Give back an item the reader took but will not use yet: it is read next."""
         self._channel.appendleft((sender_id, body))
