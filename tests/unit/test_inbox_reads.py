@@ -15,7 +15,12 @@ import pytest
 
 from velomux_quic.ids import StreamAnchorHandle
 from velomux_quic.streaming.anchor import AnchorEntry, StreamAnchor
-from velomux_quic.streaming.errors import DeserializationError, SenderDropped, SenderError
+from velomux_quic.streaming.errors import (
+    DeserializationError,
+    ReadTimeout,
+    SenderDropped,
+    SenderError,
+)
 from velomux_quic.streaming.frames import (
     DETACHED,
     DROPPED,
@@ -229,3 +234,18 @@ async def test_a_reader_waiting_on_an_empty_feed_is_woken_by_a_record() -> None:
     feed.bodies.append(encode_item("late"))
     inbox.wake()  # what the transport's buffer does on its first record
     assert await asyncio.wait_for(reader, 5) == "late"
+
+
+@pytest.mark.timeout(10)
+async def test_a_read_that_timed_out_leaves_the_next_read_able_to_wait_and_wake() -> None:
+    anchor, owner = anchor_over()
+    inbox = owner.entry.inbox
+    ((_, feed),) = inbox.feeds()
+    assert isinstance(feed, ListFeed)
+    with pytest.raises(ReadTimeout):
+        await anchor.next(timeout=0.01)  # its waiter is cancelled with it
+    reader = asyncio.ensure_future(anchor.next())
+    await asyncio.sleep(0)
+    feed.bodies.append(encode_item("after"))
+    inbox.wake()
+    assert await asyncio.wait_for(reader, 5) == "after"
