@@ -31,22 +31,24 @@ batch is dropped and counted by the caller; the slots it touched see a
 batches continues. Data bodies are opaque here: they are checked where they
 are deserialized.
 
-The hot path (one record per token) follows two rules. Decoding slices record
-bodies out of a single ``memoryview`` of the batch, so a body is never copied
-until the consumer deserializes it. Encoding appends every record to one
-reusable ``bytearray`` (:class:`BatchBuilder`) and writes the header in place
-at the end, so a batch of a thousand records keeps no per-record objects alive
-and leaves the builder as one copy. Records are plain tuples, not objects, for
-the same reason.
+The hot path (one record per token) follows two rules. Decoding makes one object
+per body: :func:`decode_batch` slices it out of a single ``memoryview`` of the
+batch (zero-copy), and :func:`decode_batch_owned`, which ingress uses because a
+slot's buffer keeps ``bytes``, slices it out of one copy of the batch straight
+into the ``bytes`` the consumer reads, with the same checks and refusals.
+Encoding appends every record to one reusable ``bytearray`` (:class:`BatchBuilder`)
+and writes the header in place at the end, so a batch of a thousand records keeps
+no per-record objects alive and leaves the builder as one copy. Records are plain
+tuples, not objects, for the same reason.
 
 This module owns that framing: the batch and record headers, the lanes and caps
 of a batch, ``batch_seq`` serial arithmetic, :func:`encode_batch`,
-:func:`decode_batch`, :func:`decode_header` and :class:`BatchBuilder`, and the
-refusals about framing (:class:`BadVersion`, :class:`TruncatedBatch`,
-:class:`RecordCountMismatch`, :class:`RecordOverrun`). :mod:`.records` owns what
-a record means: the record types and enums, each control body's layout with its
-encoder and decoder, slot ids, and the error root with the refusals about a
-record's contents. They are separate because they change for different reasons
+:func:`decode_batch`, :func:`decode_batch_owned`, :func:`decode_header` and
+:class:`BatchBuilder`, and the refusals about framing (:class:`BadVersion`,
+:class:`TruncatedBatch`, :class:`RecordCountMismatch`, :class:`RecordOverrun`).
+:mod:`.records` owns what a record means: the record types and enums, each control
+body's layout with its encoder and decoder, slot ids, and the error root with the
+refusals about a record's contents. They are separate because they change for different reasons
 (the byte layout and hot path of a batch against the set of control records),
 and each stays small enough to read whole. Every public name of
 :mod:`.records` is re-exported here, so this module remains the one import for
