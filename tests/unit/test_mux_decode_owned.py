@@ -139,3 +139,19 @@ def test_each_refusal_is_the_strict_decoders(payload: bytes, refusal: type[Excep
     with pytest.raises(refusal) as strict:
         decode_batch(payload)
     assert str(caught.value) == str(strict.value)
+
+
+def test_a_batch_larger_than_an_eager_one_decodes_the_same_from_any_buffer() -> None:
+    big = bytes(range(256)) * 400  # 100 KiB: a staged singleton's size
+    payload = _batch([(0, slot_id(2, 3), 7, big), (0, slot_id(4, 1), 1, b"tail")])
+    for given_as in (payload, bytearray(payload), memoryview(b"x" + payload)[1:]):
+        header, records = decode_batch_owned(given_as)
+        assert header.record_count == 2
+        assert records == [(0, slot_id(2, 3), 7, big), (0, slot_id(4, 1), 1, b"tail")]
+        assert all(type(body) is bytes for _, _, _, body in records)
+    cut = memoryview(payload)[:-1]
+    with pytest.raises(RecordOverrun) as caught:
+        decode_batch_owned(cut)
+    with pytest.raises(RecordOverrun) as strict:
+        decode_batch(cut)
+    assert str(caught.value) == str(strict.value)

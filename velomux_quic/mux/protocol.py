@@ -372,6 +372,12 @@ def decode_batch(data: BytesLike) -> tuple[BatchHeader, list[Record]]:
     return header, records
 
 
+_WHOLE_COPY_MAX: Final = 64 * 1024
+"""Largest batch :func:`decode_batch_owned` copies whole before slicing its bodies. The
+default eager batch (``max_batch_bytes`` 60 KiB) fits; a larger one (a staged singleton, or
+a raised ``max_batch_bytes``) holds few records, and is decoded as views instead."""
+
+
 def decode_batch_owned(data: BytesLike) -> tuple[BatchHeader, list[OwnedRecord]]:
     """:func:`decode_batch` with every body copied out as ``bytes``: the ingress path.
 
@@ -390,9 +396,19 @@ def decode_batch_owned(data: BytesLike) -> tuple[BatchHeader, list[OwnedRecord]]
     header, a body past the end comes out short and leaves ``pos`` past ``end``,
     and either sends the batch to the strict decoder for its exact refusal, so the
     common (well-formed) batch pays no per-record bounds checks. Control records
-    (rare) have their bodies checked as they are met.
+    (rare) have their bodies checked as they are met. A batch larger than an eager
+    batch can be (a staged singleton) is decoded as views and only its bodies copied.
     """
-    raw = data if type(data) is bytes else bytes(_as_bytes_view(data))
+    if type(data) is bytes:
+        raw = data
+    else:
+        view = _as_bytes_view(data)
+        if len(view) > _WHOLE_COPY_MAX:
+            # A staged singleton (one large record): copying the batch first would copy
+            # its body twice, and there is no per-record cost to save.
+            header, viewed = decode_batch(view)
+            return header, [(kind, slot, seq, bytes(body)) for kind, slot, seq, body in viewed]
+        raw = bytes(view)
     header = _parse_header(memoryview(raw))
     end = len(raw)
     pos = BATCH_HEADER_SIZE
