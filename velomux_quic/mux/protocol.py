@@ -31,22 +31,24 @@ batch is dropped and counted by the caller; the slots it touched see a
 batches continues. Data bodies are opaque here: they are checked where they
 are deserialized.
 
-The hot path (one record per token) follows two rules. Decoding slices record
-bodies out of a single ``memoryview`` of the batch, so a body is never copied
-until the consumer deserializes it. Encoding appends every record to one
-reusable ``bytearray`` (:class:`BatchBuilder`) and writes the header in place
-at the end, so a batch of a thousand records keeps no per-record objects alive
-and leaves the builder as one copy. Records are plain tuples, not objects, for
-the same reason.
+The hot path (one record per token) follows two rules. Decoding makes one object
+per body: :func:`decode_batch` slices it out of a single ``memoryview`` of the
+batch (zero-copy), and :func:`decode_batch_owned`, which ingress uses because a
+slot's buffer keeps ``bytes``, slices it out of one copy of the batch straight
+into the ``bytes`` the consumer reads, with the same checks and refusals.
+Encoding appends every record to one reusable ``bytearray`` (:class:`BatchBuilder`)
+and writes the header in place at the end, so a batch of a thousand records keeps
+no per-record objects alive and leaves the builder as one copy. Records are plain
+tuples, not objects, for the same reason.
 
 This module owns that framing: the batch and record headers, the lanes and caps
 of a batch, ``batch_seq`` serial arithmetic, :func:`encode_batch`,
-:func:`decode_batch`, :func:`decode_header` and :class:`BatchBuilder`, and the
-refusals about framing (:class:`BadVersion`, :class:`TruncatedBatch`,
-:class:`RecordCountMismatch`, :class:`RecordOverrun`). :mod:`.records` owns what
-a record means: the record types and enums, each control body's layout with its
-encoder and decoder, slot ids, and the error root with the refusals about a
-record's contents. They are separate because they change for different reasons
+:func:`decode_batch`, :func:`decode_batch_owned`, :func:`decode_header` and
+:class:`BatchBuilder`, and the refusals about framing (:class:`BadVersion`,
+:class:`TruncatedBatch`, :class:`RecordCountMismatch`, :class:`RecordOverrun`).
+:mod:`.records` owns what a record means: the record types and enums, each control
+body's layout with its encoder and decoder, slot ids, and the error root with the
+refusals about a record's contents. They are separate because they change for different reasons
 (the byte layout and hot path of a batch against the set of control records),
 and each stays small enough to read whole. Every public name of
 :mod:`.records` is re-exported here, so this module remains the one import for
@@ -108,6 +110,7 @@ __all__ = [
     "EncodableRecord",
     "LifecycleAction",
     "MalformedBatch",
+    "OwnedRecord",
     "Record",
     "RecordCountMismatch",
     "RecordOverrun",
@@ -119,6 +122,7 @@ __all__ = [
     "close_slot_body",
     "credit_body",
     "decode_batch",
+    "decode_batch_owned",
     "decode_close_slot",
     "decode_credit",
     "decode_header",
@@ -184,6 +188,10 @@ them. ``record_type`` is a plain ``int`` (compare it with :class:`RecordType`
 members); ``body`` is a zero-copy slice of the decoded batch, so it keeps the
 batch's buffer alive and must not outlive a buffer the caller means to reuse.
 """
+
+OwnedRecord = tuple[int, int, int, bytes]
+"""A decoded record as :func:`decode_batch_owned` gives it: as :data:`Record`, with the
+body copied out into ``bytes`` of its own (the object a slot's buffer keeps)."""
 
 EncodableRecord = tuple[int, int, int, BytesLike]
 """A record to encode: as :data:`Record`, with any bytes-like body."""
@@ -362,6 +370,69 @@ def decode_batch(data: BytesLike) -> tuple[BatchHeader, list[Record]]:
             header,
         )
     return header, records
+
+
+_WHOLE_COPY_MAX: Final = 64 * 1024
+"""Largest batch :func:`decode_batch_owned` copies whole before slicing its bodies. The
+default eager batch (``max_batch_bytes`` 60 KiB) fits; a larger one (a staged singleton, or
+a raised ``max_batch_bytes``) holds few records, and is decoded as views instead."""
+
+
+def decode_batch_owned(data: BytesLike) -> tuple[BatchHeader, list[OwnedRecord]]:
+    """:func:`decode_batch` with every body copied out as ``bytes``: the ingress path.
+
+    Accepts and refuses exactly what :func:`decode_batch` does, with the same
+    exception and message (any defect sends the batch through :func:`decode_batch`
+    to be refused there). The records are the same, except that each body is a
+    ``bytes`` slice of one copy of the batch instead of a ``memoryview`` of it.
+
+    Why a second decoder: ingress copies every data body into ``bytes`` anyway (a
+    slot's buffer must not pin the messenger's receive buffer, and the consumer's
+    ``decode_frame`` is fastest on ``bytes``), so slicing a zero-copy
+    ``memoryview`` per record and then copying it cost two objects where one will
+    do. Here the batch is copied once (a ``memcpy`` of at most one batch) and each
+    body is sliced from that copy straight into its final object. The loop also
+    leaves the bounds to Python: ``unpack_from`` raises on a truncated record
+    header, a body past the end comes out short and leaves ``pos`` past ``end``,
+    and either sends the batch to the strict decoder for its exact refusal, so the
+    common (well-formed) batch pays no per-record bounds checks. Control records
+    (rare) have their bodies checked as they are met. A batch larger than an eager
+    batch can be (a staged singleton) is decoded as views and only its bodies copied.
+    """
+    if type(data) is bytes:
+        raw = data
+    else:
+        view = _as_bytes_view(data)
+        if len(view) > _WHOLE_COPY_MAX:
+            # A staged singleton (one large record): copying the batch first would copy
+            # its body twice, and there is no per-record cost to save.
+            header, viewed = decode_batch(view)
+            return header, [(kind, slot, seq, bytes(body)) for kind, slot, seq, body in viewed]
+        raw = bytes(view)
+    header = _parse_header(memoryview(raw))
+    end = len(raw)
+    pos = BATCH_HEADER_SIZE
+    records: list[OwnedRecord] = []
+    append = records.append
+    unpack_record = _unpack_record_from
+    size = RECORD_HEADER_SIZE
+    try:
+        for _ in range(header.record_count):
+            record_type, slot, frame_seq, length = unpack_record(raw, pos)
+            pos += size
+            stop = pos + length
+            body = raw[pos:stop]
+            if record_type and _control_body_error(record_type, body) is not None:
+                break  # refused below, by the strict decoder
+            append((record_type, slot, frame_seq, body))
+            pos = stop
+        else:
+            if pos == end:
+                return header, records
+    except struct.error:
+        pass  # a record header past the end: refused below
+    decode_batch(raw)  # raises the refusal this batch earns
+    raise AssertionError("decode_batch accepted a batch decode_batch_owned refused")
 
 
 def _check_lane(lane: int) -> None:

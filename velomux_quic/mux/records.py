@@ -13,7 +13,8 @@ refusals, :class:`MalformedBatch`, with the two that are about a record's conten
 :mod:`.protocol` keeps the framing: the batch header (version, lane, ``peer_epoch``,
 ``batch_seq`` and its serial arithmetic), the record header, the caps of a batch,
 :func:`~velomux_quic.mux.protocol.encode_batch`,
-:func:`~velomux_quic.mux.protocol.decode_batch`, the reusable
+:func:`~velomux_quic.mux.protocol.decode_batch` (and its ingress form
+:func:`~velomux_quic.mux.protocol.decode_batch_owned`), the reusable
 :class:`~velomux_quic.mux.protocol.BatchBuilder`, and the refusals about framing. The two
 are separate because they change for different reasons (a new control record or enum
 value against the byte layout of a batch and its once-per-record hot path), and each

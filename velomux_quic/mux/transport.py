@@ -41,7 +41,7 @@ from .protocol import (
     CloseReason,
     LifecycleAction,
     MalformedBatch,
-    decode_batch,
+    decode_batch_owned,
 )
 from .singleton import REFUSAL_OUTCOMES, SingletonCounters, apply_staged_refusal
 from .snapshot import MuxSnapshot, PeerBudgetSnapshot
@@ -285,7 +285,7 @@ class MuxTransport(Collector):
 
     def _on_batch(self, lane: int, ctx: Context) -> None:
         try:
-            header, records = decode_batch(ctx.payload)
+            header, records = decode_batch_owned(ctx.payload)
         except MalformedBatch as exc:
             self._dropped_batches += 1
             logger.debug("dropping a malformed batch from %s lane %d: %s", ctx.sender, lane, exc)
