@@ -298,6 +298,38 @@ async def test_unary_failures_are_typed_and_arrive_within_the_timeout(start: Sta
             await a.unary(b.instance_id, "broken", b"", timeout=5)
 
 
+async def test_a_call_outlives_a_connection_the_peer_dialed_while_the_one_it_went_on_stays(
+    start: Start,
+) -> None:
+    """An old process of the peer's identity closing (it restarted elsewhere) looks, to
+    this node, like the peer closing a connection it dialed: calls that went out on this
+    node's own connection, which stays, must not fail with it."""
+    b = await start("b")
+    a = await start("a")
+    a.add_peer(b.instance_id, b.address)
+    b.add_peer(a.instance_id, a.address)
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def slow(ctx: Context) -> bytes:
+        started.set()
+        await release.wait()
+        return b"done"
+
+    b.register("slow", slow, dispatch="spawn")
+    a.register("ping", lambda ctx: b"pong")
+    assert await b.unary(a.instance_id, "ping", b"", timeout=10) == b"pong"  # b dials a
+    call = asyncio.create_task(a.unary(b.instance_id, "slow", b"", timeout=20))
+    await started.wait()
+    assert a.transport.snapshot().inbound_from(b.instance_id)
+    b.transport.disconnect(a.instance_id, outbound=True, inbound=False)
+    async with asyncio.timeout(10):  # the close reaches a: no event for it, a bounded poll
+        while a.transport.snapshot().inbound_from(b.instance_id):
+            await asyncio.sleep(0.01)
+    assert not call.done()
+    release.set()
+    assert await call == b"done"
+
+
 async def test_a_large_payload_does_not_delay_the_small_messages_behind_it(start: Start) -> None:
     pull_gate = asyncio.Event()
 

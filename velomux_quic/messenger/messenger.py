@@ -921,7 +921,20 @@ class Messenger(TransportHandler):
                 logger.exception("lane reset hook failed")
 
     def peer_disconnected(self, peer: InstanceId, outbound: bool) -> None:
-        """A connection to or from ``peer`` ended: the calls waiting on it fail (PeerGone)."""
+        """A connection to or from ``peer`` ended: the calls waiting on the peer fail
+        (PeerGone), unless what they wait for can still come.
+
+        Requests leave on the connection this node dialed, so losing that one fails them
+        unless another dialed connection took its place. Answers come on one the peer
+        dialed (or dials again), so losing one of those fails them only when no
+        connection with the peer is left at all: an old process of the peer's identity
+        closing (it restarted elsewhere) must not fail the calls its successor answers.
+        """
+        transport = self._transport
+        if transport is not None and transport.is_connected(
+            peer, outbound=True if outbound else None
+        ):
+            return
         self._calls.fail_peer(
             peer,
             lambda handler: PeerGone(

@@ -364,6 +364,19 @@ class QuicTransport(asyncio.DatagramProtocol):
         """Peers with an address or a live verified connection, either direction."""
         return set(self._addresses) | set(self._inbound) | set(self._outbound)
 
+    def is_connected(self, peer: InstanceId, *, outbound: bool | None = None) -> bool:
+        """Whether an established connection with ``peer`` remains: one this node dialed
+        (``outbound=True``), one the peer dialed (``False``), or either (None)."""
+        if outbound is not False:
+            dialed = self._outbound.get(peer)
+            if dialed is not None and dialed.state is ConnectionState.ESTABLISHED:
+                return True
+        if outbound is not True:
+            for accepted in self._inbound.get(peer, ()):
+                if accepted.state is ConnectionState.ESTABLISHED:
+                    return True
+        return False
+
     def outbound_connection(self, peer: InstanceId) -> PeerConnection | None:
         """The live connection this node dialed to ``peer``, if any (no dial is started).
 
