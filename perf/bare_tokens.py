@@ -278,6 +278,49 @@ async def _dial(
     return transport, peer
 
 
+def route_streams(
+    handoffs: Sequence[dict[str, Any]], streams: int
+) -> tuple[list[bytearray], list[bytearray], list[int]]:
+    """Each frontend's outbox, each stream's outbox (by global index), and how many streams
+    each outbox carries; fails unless the frontends own every stream exactly once. Shared
+    by every engine that packs records itself (this arm's and the ZeroMQ arm's)."""
+    outboxes = [bytearray() for _ in handoffs]
+    slots: list[bytearray | None] = [None] * streams
+    for outbox, handoff in zip(outboxes, handoffs, strict=True):
+        for index in handoff["indices"]:
+            if not 0 <= index < streams or slots[index] is not None:
+                raise BenchFailure(f"stream {index} is handed over twice or out of range")
+            slots[index] = outbox
+    targets = [slot for slot in slots if slot is not None]
+    if len(targets) != streams:
+        raise BenchFailure("the frontends handed over fewer streams than the run has")
+    owned = [sum(target is outbox for target in targets) for outbox in outboxes]
+    return outboxes, targets, owned
+
+
+def pass_packer(
+    targets: Sequence[bytearray], write_pass: Callable[[int], Awaitable[None]]
+) -> Callable[[int], Awaitable[None]]:
+    """One forward pass: every stream's token (the same body and clock stamp as every arm)
+    packed with its record header into its frontend's bytes, in index order, then
+    ``write_pass(pass_)``, which writes each frontend's bytes once."""
+    pack = msgpack.packb
+    header = RECORD.pack
+    token = stamped_token
+    clock = time.perf_counter_ns
+    streams = len(targets)
+
+    async def one_pass(pass_: int) -> None:
+        base = pass_ * streams
+        for index, out in enumerate(targets):
+            body = pack(token(base + index, clock()))
+            out += header(index, len(body))
+            out += body
+        await write_pass(pass_)
+
+    return one_pass
+
+
 class BareEngine:
     """The engine's end: one connection per frontend, one ``bytearray`` per frontend per
     pass, one write per frontend per pass."""
@@ -287,12 +330,12 @@ class BareEngine:
         links: list[tuple[asyncio.DatagramTransport, EnginePeer]],
         outboxes: list[bytearray],
         targets: list[bytearray],
+        owned: list[int],
         counts: Counts,
     ) -> None:
         self._links = links
         self._counts = counts
         self._targets = targets
-        owned = [sum(target is outbox for target in targets) for outbox in outboxes]
         self._writes = [
             (peer, outbox, records)
             for (_, peer), outbox, records in zip(links, outboxes, owned, strict=True)
@@ -315,16 +358,7 @@ class BareEngine:
             node, is_client=True, idle_timeout=timeout, datagram_size=datagram_size
         )
         counts = Counts()
-        outboxes = [bytearray() for _ in handoffs]
-        slots: list[bytearray | None] = [None] * streams
-        for outbox, handoff in zip(outboxes, handoffs, strict=True):
-            for index in handoff["indices"]:
-                if not 0 <= index < streams or slots[index] is not None:
-                    raise BenchFailure(f"stream {index} is handed over twice or out of range")
-                slots[index] = outbox
-        targets = [slot for slot in slots if slot is not None]
-        if len(targets) != streams:
-            raise BenchFailure("the frontends handed over fewer streams than the run has")
+        outboxes, targets, owned = route_streams(handoffs, streams)
         links: list[tuple[asyncio.DatagramTransport, EnginePeer]] = []
         try:
             async with asyncio.timeout(timeout):
@@ -344,33 +378,16 @@ class BareEngine:
             for transport, _ in links:
                 transport.close()
             raise
-        return cls(links, outboxes, targets, counts)
+        return cls(links, outboxes, targets, owned, counts)
 
     def counts(self) -> dict[str, float]:
         return self._counts.snapshot()
 
     def pass_body(self) -> Callable[[int], Awaitable[None]]:
-        """One forward pass: every stream's token packed into its frontend's bytes, in
-        index order, then one write per frontend."""
-        pack = msgpack.packb
-        header = RECORD.pack
-        token = stamped_token
-        clock = time.perf_counter_ns
-        targets = self._targets
-        streams = len(targets)
-        write_pass = self._write_pass
+        """One forward pass, packed by :func:`pass_packer`: one write per frontend."""
+        return pass_packer(self._targets, self._write_pass)
 
-        async def one_pass(pass_: int) -> None:
-            base = pass_ * streams
-            for index, out in enumerate(targets):
-                body = pack(token(base + index, clock()))
-                out += header(index, len(body))
-                out += body
-            await write_pass()
-
-        return one_pass
-
-    async def _write_pass(self) -> None:
+    async def _write_pass(self, pass_: int) -> None:
         counts = self._counts
         for peer, outbox, records in self._writes:
             if not peer.under_limit():

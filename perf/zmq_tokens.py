@@ -31,17 +31,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import struct
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
-import msgpack
 import zmq
 import zmq.asyncio
 import zmq.auth
-from _harness import BenchFailure, stamped_token
-from bare_tokens import RECORD, Inbox, RecordParser
+from _harness import BenchFailure
+from bare_tokens import RECORD, Inbox, RecordParser, pass_packer, route_streams
 from zmq.auth.asyncio import AsyncioAuthenticator
 from zmq.utils.monitor import recv_monitor_message
 
@@ -134,12 +132,12 @@ class ZmqEngine:
         sockets: list[zmq.asyncio.Socket],
         outboxes: list[bytearray],
         targets: list[bytearray],
+        owned: list[int],
     ) -> None:
         self._context = context
         self._sockets = sockets
         self._targets = targets
         self._counts = Counts()
-        owned = [sum(target is outbox for target in targets) for outbox in outboxes]
         self._writes = list(zip(sockets, outboxes, owned, strict=True))
 
     @classmethod
@@ -151,16 +149,7 @@ class ZmqEngine:
         public, secret = zmq.auth.load_certificate(str(keys / f"{_ENGINE_KEY}.key_secret"))
         if secret is None:
             raise BenchFailure(f"{keys} has no engine secret key")
-        outboxes = [bytearray() for _ in handoffs]
-        slots: list[bytearray | None] = [None] * streams
-        for outbox, handoff in zip(outboxes, handoffs, strict=True):
-            for index in handoff["indices"]:
-                if not 0 <= index < streams or slots[index] is not None:
-                    raise BenchFailure(f"stream {index} is handed over twice or out of range")
-                slots[index] = outbox
-        targets = [slot for slot in slots if slot is not None]
-        if len(targets) != streams:
-            raise BenchFailure("the frontends handed over fewer streams than the run has")
+        outboxes, targets, owned = route_streams(handoffs, streams)
         context = zmq.asyncio.Context()
         sockets: list[zmq.asyncio.Socket] = []
         try:
@@ -187,31 +176,15 @@ class ZmqEngine:
                 socket.close(linger=0)
             context.term()
             raise
-        return cls(context, sockets, outboxes, targets)
+        return cls(context, sockets, outboxes, targets, owned)
 
     def counts(self) -> dict[str, float]:
         return self._counts.snapshot()
 
     def pass_body(self) -> Callable[[int], Awaitable[None]]:
-        """One forward pass: every stream's token packed into its frontend's bytes, in
-        index order, then one message per frontend."""
-        pack = msgpack.packb
-        header = RECORD.pack
-        token = stamped_token
-        clock = time.perf_counter_ns
-        targets = self._targets
-        streams = len(targets)
-        write_pass = self._write_pass
-
-        async def one_pass(pass_: int) -> None:
-            base = pass_ * streams
-            for index, out in enumerate(targets):
-                body = pack(token(base + index, clock()))
-                out += header(index, len(body))
-                out += body
-            await write_pass(pass_)
-
-        return one_pass
+        """One forward pass, packed by the bare arm's ``pass_packer``: one message per
+        frontend."""
+        return pass_packer(self._targets, self._write_pass)
 
     async def _write_pass(self, pass_: int) -> None:
         counts = self._counts
