@@ -107,8 +107,12 @@ Job = tuple[HandlerSpec, Context, Kind, int]
 _RESPONSE_TYPE = {Kind.MESSAGE: "fire_and_forget", Kind.SYNC: "ack_nack", Kind.REQUEST: "unary"}
 _ANSWERS = (Kind.RESPONSE, Kind.ERROR, Kind.ACK)
 
-_REPLY_OVERHEAD = 128
-"""What a waiting reply costs beyond its payload: envelope, frame, SendAdmission."""
+REPLY_OVERHEAD = 512
+"""What a reply waiting in an admission gate costs beyond its payload: the envelope and
+the frame's bytes object, its SendAdmission, the hook that uncharges it (a closure and
+a list) and its place in the gate's queue. Measured at about 410 bytes for an empty reply
+(tests/unit/test_reply_cost.py); 128, the figure charged before, let a peer make a node
+hold five times ``max_pending_reply_bytes``."""
 
 
 class Messenger(TransportHandler):
@@ -417,6 +421,7 @@ class Messenger(TransportHandler):
             staged_bytes=rendezvous.staged_bytes,
             pulls_outstanding=rendezvous.pulls_outstanding,
             pull_bytes_outstanding=rendezvous.pull_bytes_outstanding,
+            releases_outstanding=rendezvous.releases_outstanding,
             pending_reply_bytes=self._pending_reply_total,
             peers=tuple(sorted(self.peers, key=lambda record: str(record.instance_id))),
             closed=self._closed,
@@ -819,7 +824,7 @@ class Messenger(TransportHandler):
             logger.warning("could not answer %s on lane %d: %s", peer, lane, exc)
             return
         if isinstance(outcome, SendAdmission):
-            cost = len(payload) + _REPLY_OVERHEAD
+            cost = len(payload) + REPLY_OVERHEAD
             self._pending_replies[peer] = waiting + cost
             self._pending_reply_total += cost
             outcome.on_resolved(lambda admission: self._reply_resolved(peer, cost, admission))

@@ -53,6 +53,7 @@ from .errors import (
     TransportClosed,
 )
 from .handler import TransportHandler
+from .handshakes import HandshakeBudget, Verdict
 from .lanes import CONTROL_LANE
 from .metrics import TransportCollector, TransportStats
 from .perstream_send import PerStreamOutbound
@@ -114,10 +115,12 @@ class QuicTransport(asyncio.DatagramProtocol):
         self._outbound: dict[InstanceId, PeerConnection] = {}
         self._inbound: dict[InstanceId, dict[PeerConnection, None]] = {}
         """Each peer's accepted connections, oldest first (a dict keeps the order)."""
-        self._handshaking_inbound = 0
-        self._half_open_sources: dict[PeerConnection, str] = {}
-        """Inbound connections still handshaking, with their source IP address."""
-        self._half_open_per_source: dict[str, int] = {}
+        self._handshakes = HandshakeBudget(
+            retry_threshold=config.retry_threshold,
+            max_half_open=config.max_half_open_handshakes,
+            max_per_source=config.max_half_open_per_source,
+        )
+        """Inbound connections still handshaking, per source and address validation."""
         self._retry = QuicRetryTokenHandler()
         self._resets = StatelessResets(
             reset_key_from(
@@ -555,15 +558,15 @@ class QuicTransport(asyncio.DatagramProtocol):
     ) -> None:
         """A new connection's first datagram: accept it, or answer with a Retry, or drop it.
 
-        Under load (``retry_threshold`` handshakes in progress) an Initial must prove it
-        can receive at its source address first: a Retry costs this node one small packet
-        and no state, and the token it carries is sealed by a key only this node holds.
-        Whatever the address, at most ``max_half_open_per_source`` handshakes per source
-        and ``max_half_open_handshakes`` in all are kept.
+        Address validation comes first: an Initial that carries one of our Retry tokens
+        proved it receives at its source address, and is counted apart from those that
+        did not, so a flood of unvalidated (possibly spoofed) Initials never spends the
+        slots a validated peer needs. Which Initials get a slot, a Retry or nothing is
+        :class:`~.handshakes.HandshakeBudget`'s rule.
         """
-        config = self.config
         retry_source_cid: bytes | None = None
-        if token:  # we never issue NEW_TOKEN: a token is one of our Retry tokens
+        validated = bool(token)
+        if validated:  # we never issue NEW_TOKEN: a token is one of our Retry tokens
             try:
                 original_cid = self._retry.validate_token(
                     address=addr,
@@ -575,10 +578,16 @@ class QuicTransport(asyncio.DatagramProtocol):
                 self.stats.rejections["invalid_retry_token"] += 1
                 return
             retry_source_cid = destination_cid
-        elif self._handshaking_inbound >= config.retry_threshold:
+        else:
+            original_cid = destination_cid
+        decision = self._handshakes.verdict(addr[0], validated=validated)
+        if decision.reason is not None:
+            self.stats.rejections[decision.reason] += 1
+        if decision.verdict is Verdict.ACCEPT:
+            self._accept(original_cid, destination_cid, retry_source_cid, data, addr, validated)
+        elif decision.verdict is Verdict.RETRY:
             assert version is not None
             new_cid = os.urandom(_CID_LENGTH)
-            self.stats.rejections["handshake_retry"] += 1
             self.sendto(
                 encode_quic_retry(
                     version=version,
@@ -594,17 +603,6 @@ class QuicTransport(asyncio.DatagramProtocol):
                 ),
                 addr,
             )
-            return
-        else:
-            original_cid = destination_cid
-        if self._handshaking_inbound >= config.max_half_open_handshakes:
-            self.stats.rejections["handshake_overload"] += 1
-            return
-        source = addr[0]
-        if self._half_open_per_source.get(source, 0) >= config.max_half_open_per_source:
-            self.stats.rejections["handshake_per_source"] += 1
-            return
-        self._accept(original_cid, destination_cid, retry_source_cid, data, addr)
 
     def _accept(
         self,
@@ -613,6 +611,7 @@ class QuicTransport(asyncio.DatagramProtocol):
         retry_source_cid: bytes | None,
         data: bytes,
         addr: Address,
+        validated: bool,
     ) -> None:
         quic = EngineConnection(
             configuration=self._server_config,
@@ -626,10 +625,7 @@ class QuicTransport(asyncio.DatagramProtocol):
         )
         connection = PeerConnection(self, quic, is_client=False, peer=None)
         quic.cid_minted = lambda cid: self.register_cid(cid, connection)
-        self._handshaking_inbound += 1
-        source = addr[0]
-        self._half_open_sources[connection] = source
-        self._half_open_per_source[source] = self._half_open_per_source.get(source, 0) + 1
+        self._handshakes.opened(connection, addr[0], validated=validated)
         self.register_cid(destination_cid, connection)
         self.register_cid(quic.host_cid, connection)
         connection.start_handshake_deadline()
@@ -637,15 +633,7 @@ class QuicTransport(asyncio.DatagramProtocol):
 
     def _half_open_ended(self, connection: PeerConnection) -> None:
         """An inbound handshake finished, either way: it no longer counts against the bounds."""
-        self._handshaking_inbound -= 1
-        source = self._half_open_sources.pop(connection, None)
-        if source is None:
-            return
-        left = self._half_open_per_source.get(source, 0) - 1
-        if left > 0:
-            self._half_open_per_source[source] = left
-        else:
-            self._half_open_per_source.pop(source, None)
+        self._handshakes.ended(connection)
 
     # -- called by connections -----------------------------------------------------------
 
