@@ -85,6 +85,7 @@ from .peers import (
     PeerRegistry,
     PeerWatch,
     WorkerIdCollision,
+    peer_address,
     sync_registry,
 )
 from .registry import Context, Dispatch, Handler, HandlerRegistry, HandlerSpec
@@ -110,7 +111,7 @@ _ANSWERS = (Kind.RESPONSE, Kind.ERROR, Kind.ACK)
 REPLY_OVERHEAD = 512
 """What a reply waiting in an admission gate costs beyond its payload: the envelope and
 the frame's bytes object, its SendAdmission, the hook that uncharges it (a closure and
-a list) and its place in the gate's queue. Measured at about 410 bytes for an empty reply
+a list) and its place in the gate's queue. Measured at about 470 bytes for an empty reply
 (tests/unit/test_reply_cost.py); 128, the figure charged before, let a peer make a node
 hold five times ``max_pending_reply_bytes``."""
 
@@ -278,10 +279,28 @@ class Messenger(TransportHandler):
         """The discovery backend the node was started with (None: static peers only)."""
         return self._discovery
 
-    def add_peer(self, instance_id: InstanceId, address: tuple[str, int], name: str = "") -> None:
-        """Learn where a peer listens (its identity is still proven by its certificate)."""
+    def add_peer(
+        self, instance_id: InstanceId, address: tuple[str, int] | str, name: str = ""
+    ) -> None:
+        """Learn where a peer listens (its identity is still proven by its certificate).
+
+        ``address`` is ``(host, port)`` or ``"host:port"``; a malformed one, or an
+        ``instance_id`` that is not an :class:`InstanceId`, raises ConfigurationError.
+        """
+        if not isinstance(instance_id, InstanceId):
+            raise ConfigurationError(
+                f"add_peer takes an InstanceId, got {type(instance_id).__name__} "
+                f"{instance_id!r}: use InstanceId.parse(text) for a UUID in text"
+            )
+        if not isinstance(name, str):
+            raise ConfigurationError(f"add_peer: name must be a string, got {name!r}")
         self.peers.add(
-            PeerRecord(instance_id=instance_id, address=address, name=name, updated_at=time.time())
+            PeerRecord(
+                instance_id=instance_id,
+                address=peer_address(address),
+                name=name,
+                updated_at=time.time(),
+            )
         )
 
     def remove_peer(self, instance_id: InstanceId) -> None:
@@ -566,11 +585,14 @@ class Messenger(TransportHandler):
                 # not at the timeout.
                 def never_admitted(admission: SendAdmission) -> None:
                     if admission.error is not None:
+                        # The address tried, so a wrong one in the configuration shows.
+                        address = self.transport.peer_address(peer)
+                        where = "" if address is None else f" at {address[0]}:{address[1]}"
                         self._calls.fail(
                             peer,
                             message_id,
                             PeerGone(
-                                f"{peer} unreachable: {admission.error}",
+                                f"{peer}{where} unreachable: {admission.error}",
                                 peer=peer,
                                 handler=handler,
                             ),

@@ -14,6 +14,7 @@ import dataclasses
 import errno
 import logging
 import os
+import socket
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import cast
@@ -30,7 +31,7 @@ from aioquic.quic.retry import QuicRetryTokenHandler
 from cryptography.hazmat.primitives import serialization
 from prometheus_client.registry import CollectorRegistry
 
-from ..errors import CredentialsError
+from ..errors import ConfigurationError, CredentialsError
 from ..ids import InstanceId
 from ..security.certs import NodeCredentials
 from ..security.rotation import (
@@ -47,6 +48,7 @@ from .connection import CloseCode, ConnectionState, PeerConnection
 from .engine import EngineConnection
 from .errors import (
     ChannelClosed,
+    DialError,
     LaneError,
     MessageTooLarge,
     PeerNotRegistered,
@@ -78,6 +80,27 @@ def _with_certificates(connection: PeerConnection) -> ConnectionSnapshot:
         own_certificate_serial=None if own is None else f"{own.serial_number:x}",
         peer_certificate_serial=None if peer is None else f"{peer.serial_number:x}",
     )
+
+
+def _bind_failure(host: str, port: int, error: OSError) -> str:
+    """One line saying why ``host:port`` could not be bound, and what to do about it."""
+    where = f"{host}:{port}"
+    if isinstance(error, socket.gaierror):
+        return f"cannot listen on UDP {where}: {host!r} does not resolve: fix the host name"
+    if error.errno == errno.EADDRINUSE:
+        return (
+            f"cannot listen on UDP {where}: another process holds that port (a node already "
+            "running with this configuration?): stop it, or choose another port (0 for "
+            "any free one)"
+        )
+    if error.errno == errno.EADDRNOTAVAIL:
+        return (
+            f"cannot listen on UDP {where}: {host} is not an address of this machine: use "
+            "one of its own addresses, or 0.0.0.0 / :: for all of them"
+        )
+    if error.errno in (errno.EACCES, errno.EPERM):
+        return f"cannot listen on UDP {where}: not permitted: choose a port above 1023"
+    return f"cannot listen on UDP {where}: {error.strerror or error}"
 
 
 class QuicTransport(asyncio.DatagramProtocol):
@@ -152,9 +175,16 @@ class QuicTransport(asyncio.DatagramProtocol):
         transport = cls(
             credentials, config, handler or TransportHandler(), registry or CollectorRegistry()
         )
-        sock, sizes = open_udp_socket(
-            host, port, receive_buffer=config.udp_receive_buffer, send_buffer=config.udp_send_buffer
-        )
+        try:
+            sock, sizes = open_udp_socket(
+                host,
+                port,
+                receive_buffer=config.udp_receive_buffer,
+                send_buffer=config.udp_send_buffer,
+            )
+        except OSError as exc:
+            transport.registry.unregister(transport._collector)
+            raise ConfigurationError(_bind_failure(host, port, exc)) from exc
         transport.buffer_sizes = sizes
         try:
             await transport.loop.create_datagram_endpoint(lambda: transport, sock=sock)
@@ -307,7 +337,14 @@ class QuicTransport(asyncio.DatagramProtocol):
         """Dial ``peer`` now (sends dial lazily); raises DialError if the handshake fails."""
         if self._closing:
             raise TransportClosed("the transport is closed")
-        await self._outbound_connection(peer).wait_established()
+        address = self._addresses.get(peer)
+        try:
+            await self._outbound_connection(peer).wait_established()
+        except DialError as exc:
+            if address is None:
+                raise
+            # Name the address tried: a peer configured at a wrong one only times out.
+            raise DialError(f"{exc} (dialed {address[0]}:{address[1]})", reason=exc.reason) from exc
 
     def on_delivered(self, peer: InstanceId, lane: int, callback: Callable[[bool], None]) -> None:
         """``callback(True)`` once ``peer`` acknowledged every byte sent so far on ``lane``
