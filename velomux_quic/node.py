@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
+import time
 from collections.abc import Awaitable, Callable, Generator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +38,8 @@ from prometheus_client.registry import CollectorRegistry
 from .config import NodeConfig
 from .errors import ConfigurationError, UsageError
 from .ids import InstanceId, StreamAnchorHandle, WorkerId
+from .liveness import StaticPeerLiveness
+from .logs import log_event
 from .messenger import (
     Messenger,
     MessengerConfig,
@@ -63,6 +67,8 @@ if TYPE_CHECKING:
     from .transport import TransportSnapshot
 
 __all__ = ["Node", "NodeSnapshot", "open_node"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +150,9 @@ class Node:
         self._configured_peers = tuple(record.instance_id for record in messenger.peers)
         self._credentials_dir = credentials_dir
         self._loop = messenger.transport.loop
+        self._liveness = StaticPeerLiveness(
+            messenger.transport, self._configured_peers, lost=self._static_peer_lost
+        )
         self._thread = threading.get_ident()
         """The thread whose event loop runs the node: the only one that may use it."""
 
@@ -155,6 +164,11 @@ class Node:
         work to it with ``asyncio.run_coroutine_threadsafe(coro, node.loop)`` or
         ``node.loop.call_soon_threadsafe(...)``."""
         return self._loop
+
+    def _static_peer_lost(self, peer: InstanceId) -> None:
+        """A configured peer stopped answering: readiness must not trust its last answer."""
+        if self._readiness is not None:
+            self._readiness.forget(peer)
 
     def _on_own_thread(self) -> None:
         if threading.get_ident() != self._thread:
@@ -285,9 +299,29 @@ class Node:
         except BaseException:
             await node_messenger.close()
             raise
-        return cls(
+        node = cls(
             node_messenger, anchors, mux_transport, name=name, credentials_dir=credentials_dir
         )
+        node._liveness.start()
+        log_event(
+            logger,
+            logging.INFO,
+            "node_start",
+            instance=node.instance_id,
+            name=name,
+            mux=mux_transport is not None,
+            peers=len(node._configured_peers),
+        )
+        host, port = node.address
+        log_event(
+            logger,
+            logging.INFO,
+            "node_listening",
+            instance=node.instance_id,
+            address=f"{host}:{port}",
+            lanes=node_messenger.transport.config.lanes,
+        )
+        return node
 
     @classmethod
     def open(
@@ -719,7 +753,17 @@ class Node:
         handed over its terminal and every terminal left; False when some were still
         open (``close`` then ends them on the wire)."""
         self._on_own_loop()
-        return await self.anchors.drain(timeout)
+        began = time.monotonic()
+        drained = await self.anchors.drain(timeout)
+        log_event(
+            logger,
+            logging.INFO,
+            "node_drain",
+            instance=self.instance_id,
+            drained=drained,
+            seconds=f"{time.monotonic() - began:.3f}",
+        )
+        return drained
 
     async def close(self) -> None:
         """End the node's streams, then close its messenger and transport.
@@ -736,12 +780,14 @@ class Node:
         if self._closed:
             return
         self._closed = True
+        await self._liveness.close()
         if self._ops is not None:
             await self._ops.close()
         if self._readiness is not None:
             await self._readiness.close()
         await self.anchors.close()
         await self.messenger.close()
+        log_event(logger, logging.INFO, "node_close", instance=self.instance_id)
 
 
 def open_node(

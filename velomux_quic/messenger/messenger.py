@@ -933,6 +933,15 @@ class Messenger(TransportHandler):
         if self._stream_acceptor is not None:
             self._stream_acceptor.stream_stopped(link, event)
 
+    def send_failed(self, peer: InstanceId, lane: int, error: TransportError) -> None:
+        """Admitted data its peer never acknowledged: a warning, unless this node is
+        closing (an orderly close of a node whose peer died loses that data by design, and
+        says so once per lane at DEBUG)."""
+        if self._closed or (self._transport is not None and self._transport.closing):
+            logger.debug("send to %s on lane %d lost at close: %s", peer, lane, error)
+            return
+        logger.warning("send to %s on lane %d failed after admission: %s", peer, lane, error)
+
     def connection_lost(self, link: PeerLink) -> None:
         """A connection ended: its non-lane streams (the stream acceptor's) are over."""
         if self._stream_acceptor is not None:

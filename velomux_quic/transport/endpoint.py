@@ -33,6 +33,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from ..errors import ConfigurationError, CredentialsError
 from ..ids import InstanceId
+from ..logs import log_event
 from ..security.certs import NodeCredentials
 from ..security.rotation import (
     CertificateSummary,
@@ -80,6 +81,10 @@ def _with_certificates(connection: PeerConnection) -> ConnectionSnapshot:
         own_certificate_serial=None if own is None else f"{own.serial_number:x}",
         peer_certificate_serial=None if peer is None else f"{peer.serial_number:x}",
     )
+
+
+def _address_text(address: Address | None) -> str:
+    return "" if address is None else f"{address[0]}:{address[1]}"
 
 
 def _bind_failure(host: str, port: int, error: OSError) -> str:
@@ -157,6 +162,11 @@ class QuicTransport(asyncio.DatagramProtocol):
         )
         self._paused: set[tuple[InstanceId, int]] = set()
         self._closing = False
+        self._live_with: dict[InstanceId, int] = {}
+        """Established connections with each peer, both directions (for peer_connected
+        and peer_lost, which are logged per peer, not per connection)."""
+        self._loss_reasons: dict[InstanceId, str] = {}
+        """Why this node is closing a peer's connections (disconnect), for peer_lost."""
         self._collector = TransportCollector.register(registry, self.stats, self.connection_count)
 
     @classmethod
@@ -438,8 +448,13 @@ class QuicTransport(asyncio.DatagramProtocol):
         if connection is not None:
             connection.reset_lane(lane % self.config.lanes)
 
-    def disconnect(self, peer: InstanceId, *, outbound: bool = True, inbound: bool = True) -> None:
-        """Abruptly close connections to/from ``peer`` (operators, and fault tests)."""
+    def disconnect(
+        self, peer: InstanceId, *, outbound: bool = True, inbound: bool = True, reason: str = ""
+    ) -> None:
+        """Abruptly close connections to/from ``peer`` (operators, liveness checks, fault
+        tests); ``reason`` is what ``peer_lost`` says if no connection with it is left."""
+        if reason:
+            self._loss_reasons[peer] = reason
         connections: list[PeerConnection] = []
         if outbound and peer in self._outbound:
             connections.append(self._outbound[peer])
@@ -702,6 +717,7 @@ class QuicTransport(asyncio.DatagramProtocol):
             for peer, lane in self._paused:
                 if peer == connection.peer:
                     connection.pause_reading(lane)
+        self._note_connected(connection)
         self.handler.peer_connected(connection.peer, connection.is_client)
 
     def _limit_connections(self, peer: InstanceId, inbound: dict[PeerConnection, None]) -> None:
@@ -759,8 +775,51 @@ class QuicTransport(asyncio.DatagramProtocol):
         if connection.established_once:
             assert peer is not None
             assert connection.link is not None
+            self._note_lost(connection)
             self.handler.connection_lost(connection.link)
             self.handler.peer_disconnected(peer, connection.is_client)
+
+    def _note_connected(self, connection: PeerConnection) -> None:
+        peer = connection.peer
+        assert peer is not None
+        count = self._live_with.get(peer, 0)
+        self._live_with[peer] = count + 1
+        direction = "outbound" if connection.is_client else "inbound"
+        address = _address_text(connection.remote_address)
+        if count == 0:
+            self._loss_reasons.pop(peer, None)
+            log_event(
+                logger,
+                logging.INFO,
+                "peer_connected",
+                peer=peer,
+                address=address,
+                direction=direction,
+            )
+        else:
+            log_event(
+                logger,
+                logging.DEBUG,
+                "connection_established",
+                peer=peer,
+                address=address,
+                direction=direction,
+            )
+
+    def _note_lost(self, connection: PeerConnection) -> None:
+        peer = connection.peer
+        assert peer is not None
+        left = self._live_with.get(peer, 0) - 1
+        address = _address_text(connection.remote_address)
+        if left > 0:
+            self._live_with[peer] = left
+            log_event(logger, logging.DEBUG, "connection_closed", peer=peer, address=address)
+            return
+        self._live_with.pop(peer, None)
+        reason = self._loss_reasons.pop(peer, "connection closed")
+        # This node's own close ends every connection: that is no news about the peer.
+        level = logging.DEBUG if self._closing else logging.INFO
+        log_event(logger, level, "peer_lost", peer=peer, address=address, reason=reason)
 
     # -- shutdown ------------------------------------------------------------------------
 
