@@ -362,6 +362,14 @@ class AnchorManager:
         entry.senders.pop(remote.sender_id, None)
         self._forget_sender(entry, remote)
         entry.inbox.withdraw_feed(remote.sender_id)
+        log_event(
+            logger,
+            logging.DEBUG,
+            "stream_sender_ended",
+            peer=remote.node,
+            local_id=f"{entry.local_id:x}",
+            dropped=dropped,
+        )
         if dropped:
             entry.inbox.inject(DROPPED, remote.sender_id)
         elif entry.sender_count == 0:
