@@ -114,6 +114,10 @@ class Node:
     Every exception it raises on purpose derives from
     :class:`~velomux_quic.errors.VelomuxError`.
 
+    A node is not thread-safe: use it on the thread (and event loop) it was started on;
+    a method called from another raises :class:`~velomux_quic.errors.UsageError`. Other
+    threads hand work over with ``asyncio.run_coroutine_threadsafe(coro, node.loop)``.
+
     ``messenger``, ``anchors`` and ``mux`` are the layers the node is built from, for
     advanced use (their own configuration, hooks and metrics); an application needs
     none of them.
