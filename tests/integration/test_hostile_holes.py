@@ -247,6 +247,10 @@ async def test_request_streams_dribbled_in_tiny_frames_are_charged_what_they_hol
         await victim.ask(f"dial {hostile.instance_id} {host} {port}")
         peer = await server.first_connection()
         await _dribble(peer, streams=2_000, rounds=200)
+        # A PING is answered once every datagram before it was read: the legitimate peer
+        # is timed against the victim's memory, not against its backlog of frames.
+        async with asyncio.timeout(60):
+            await peer.ping()
         await victim.until(_rejections("request_bytes"), 1, timeout=60)
         attacked = await _median_seconds(_calls(good, victim))
         after = await victim.ask("report")
@@ -282,7 +286,14 @@ async def test_replies_a_peer_never_reads_are_charged_what_they_hold(
         ]
         await wait_admitted(outcomes, timeout=60)
         dropped = "velo_messenger_replies_dropped_total{reason=peer_not_reading}"
-        await victim.until(dropped, 1, timeout=60)
+        handled = (
+            "velo_messenger_handler_requests_total"
+            "{handler=echo,outcome=success,response_type=unary}"
+        )
+        # Every request handled: the legitimate peer is timed against what the victim
+        # holds, not against its backlog of requests to run.
+        await victim.until(handled, requests + 5 + ROUNDS * 20, timeout=60)
+        assert (await victim.ask("report"))["metrics"][dropped] >= 1
         attacked = await _median_seconds(_calls(good, victim))
         after = await victim.ask("report")
     grown, ratio = _report("unread replies", before, after, calm, attacked)

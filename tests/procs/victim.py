@@ -39,6 +39,7 @@ _REPORTED = (
     "velo_messenger_staged_releases_skipped_total",
     "velo_messenger_replies_dropped_total",
     "velo_messenger_pending_reply_bytes",
+    "velo_messenger_handler_requests_total",
 )
 
 

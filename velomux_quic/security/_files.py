@@ -64,12 +64,12 @@ def read_bytes(path: Path) -> bytes:
         ) from exc
     except IsADirectoryError as exc:
         raise CredentialsError(
-            f"{path} is a directory, not a file: recreate the credentials with "
-            "'velomux certs issue'"
+            f"{path} could not be read: it is a directory, not a file: recreate the "
+            "credentials with 'velomux certs issue'"
         ) from exc
     except PermissionError as exc:
         raise CredentialsError(
-            f"{path} cannot be read by this user: fix its owner or mode (keys are 0600)"
+            f"{path} could not be read by this user: fix its owner or mode (keys are 0600)"
         ) from exc
 
 

@@ -83,6 +83,10 @@ def _with_certificates(connection: PeerConnection) -> ConnectionSnapshot:
     )
 
 
+_ADDRESS_REASONS = frozenset({"handshake_timeout", "unreachable"})
+"""Dial failures in which the address itself may be the mistake."""
+
+
 def _address_text(address: Address | None) -> str:
     return "" if address is None else f"{address[0]}:{address[1]}"
 
@@ -351,8 +355,8 @@ class QuicTransport(asyncio.DatagramProtocol):
         try:
             await self._outbound_connection(peer).wait_established()
         except DialError as exc:
-            if address is None:
-                raise
+            if address is None or exc.reason not in _ADDRESS_REASONS:
+                raise  # refused by whoever answered: the address was right
             # Name the address tried: a peer configured at a wrong one only times out.
             raise DialError(f"{exc} (dialed {address[0]}:{address[1]})", reason=exc.reason) from exc
 
