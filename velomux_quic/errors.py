@@ -60,10 +60,7 @@ importable from the module that raises it, where it used to live.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Literal, get_args
-
-if TYPE_CHECKING:
-    from .ids import StreamAnchorHandle
+from typing import Any, Literal, get_args
 
 __all__ = [
     "AdmissionCancelled",
@@ -337,9 +334,12 @@ class PeerGone(CallError):
 class AttachError(VelomuxError):
     """An attach (or a ticket's open) that did not produce a sender."""
 
-    def __init__(self, message: str, handle: StreamAnchorHandle | None = None) -> None:
+    def __init__(self, message: str, handle: Any = None) -> None:
         super().__init__(message)
-        self.handle = handle
+        # Typed Any, not StreamAnchorHandle: ids raises this module's errors (a str passed
+        # as an InstanceId), so this module must not import ids, not even for a type.
+        self.handle: Any = handle
+        """The :class:`~velomux_quic.StreamAnchorHandle` the attach was for, if known."""
 
 
 class AnchorNotFound(AttachError):

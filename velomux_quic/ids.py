@@ -13,6 +13,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, NewType
 
+from .errors import ConfigurationError
+
 __all__ = [
     "MPSC_BIT",
     "InstanceId",
@@ -37,6 +39,15 @@ class InstanceId:
     """A node's identity: a UUID carried in its certificate's SPIFFE URI SAN."""
 
     uuid: uuid.UUID
+
+    def __post_init__(self) -> None:
+        # Checked here, not where it is used: a str slipped in works until something
+        # reads .uuid.bytes, far from the mistake (an AttributeError inside add_peer).
+        if not isinstance(self.uuid, uuid.UUID):
+            raise ConfigurationError(
+                f"InstanceId takes a uuid.UUID, got {type(self.uuid).__name__} "
+                f"{self.uuid!r}: for text, use InstanceId.parse({str(self.uuid)!r})"
+            )
 
     @classmethod
     def parse(cls, text: str) -> InstanceId:

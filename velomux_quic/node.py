@@ -22,11 +22,15 @@ itself; it must then call :meth:`Node.close`.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable, Generator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from prometheus_client import generate_latest
 from prometheus_client.registry import CollectorRegistry
@@ -34,6 +38,8 @@ from prometheus_client.registry import CollectorRegistry
 from .config import NodeConfig
 from .errors import ConfigurationError, UsageError
 from .ids import InstanceId, StreamAnchorHandle, WorkerId
+from .liveness import StaticPeerLiveness
+from .logs import log_event
 from .messenger import (
     Messenger,
     MessengerConfig,
@@ -61,6 +67,8 @@ if TYPE_CHECKING:
     from .transport import TransportSnapshot
 
 __all__ = ["Node", "NodeSnapshot", "open_node"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +114,10 @@ class Node:
     Every exception it raises on purpose derives from
     :class:`~velomux_quic.errors.VelomuxError`.
 
+    A node is not thread-safe: use it on the thread (and event loop) it was started on;
+    a method called from another raises :class:`~velomux_quic.errors.UsageError`. Other
+    threads hand work over with ``asyncio.run_coroutine_threadsafe(coro, node.loop)``.
+
     ``messenger``, ``anchors`` and ``mux`` are the layers the node is built from, for
     advanced use (their own configuration, hooks and metrics); an application needs
     none of them.
@@ -141,6 +153,48 @@ class Node:
         self._readiness: PeerReadiness | None = None
         self._configured_peers = tuple(record.instance_id for record in messenger.peers)
         self._credentials_dir = credentials_dir
+        self._loop = messenger.transport.loop
+        self._liveness = StaticPeerLiveness(
+            messenger.transport, self._configured_peers, lost=self._static_peer_lost
+        )
+        self._thread = threading.get_ident()
+        """The thread whose event loop runs the node: the only one that may use it."""
+
+    # -- threads -------------------------------------------------------------------------
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop the node runs on. A node is not thread-safe: another thread hands
+        work to it with ``asyncio.run_coroutine_threadsafe(coro, node.loop)`` or
+        ``node.loop.call_soon_threadsafe(...)``."""
+        return self._loop
+
+    def _static_peer_lost(self, peer: InstanceId) -> None:
+        """A configured peer stopped answering: readiness must not trust its last answer."""
+        if self._readiness is not None:
+            self._readiness.forget(peer)
+
+    def _on_own_thread(self) -> None:
+        if threading.get_ident() != self._thread:
+            raise UsageError(
+                f"this node runs on its event loop's thread, and was used from thread "
+                f"{threading.current_thread().name!r}: a node is not thread-safe; from another "
+                "thread use asyncio.run_coroutine_threadsafe(coro, node.loop) or "
+                "node.loop.call_soon_threadsafe(callback)"
+            )
+
+    def _on_own_loop(self) -> None:
+        self._on_own_thread()
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is not self._loop:
+            raise UsageError(
+                "this node runs on another event loop than the one awaiting it: use a node "
+                "on the loop it was started on (asyncio.run_coroutine_threadsafe(coro, "
+                "node.loop) from elsewhere)"
+            )
 
     @classmethod
     async def start(
@@ -249,9 +303,29 @@ class Node:
         except BaseException:
             await node_messenger.close()
             raise
-        return cls(
+        node = cls(
             node_messenger, anchors, mux_transport, name=name, credentials_dir=credentials_dir
         )
+        node._liveness.start()
+        log_event(
+            logger,
+            logging.INFO,
+            "node_start",
+            instance=node.instance_id,
+            name=name,
+            mux=mux_transport is not None,
+            peers=len(node._configured_peers),
+        )
+        host, port = node.address
+        log_event(
+            logger,
+            logging.INFO,
+            "node_listening",
+            instance=node.instance_id,
+            address=f"{host}:{port}",
+            lanes=node_messenger.transport.config.lanes,
+        )
+        return node
 
     @classmethod
     def open(
@@ -328,19 +402,26 @@ class Node:
         """The Prometheus registry holding every metric of this node."""
         return self.messenger.registry
 
-    def add_peer(self, instance_id: InstanceId, address: tuple[str, int], name: str = "") -> None:
+    def add_peer(
+        self, instance_id: InstanceId, address: tuple[str, int] | str, name: str = ""
+    ) -> None:
         """Learn where a peer listens, so streams and requests can reach it.
 
-        The address is only where to dial: the peer's identity is still proven by its
-        certificate at the handshake. Adding a known peer again replaces its address.
+        ``address`` is ``(host, port)`` or ``"host:port"`` (the form of the TOML
+        configuration). It is only where to dial: the peer's identity is still proven by
+        its certificate at the handshake. Adding a known peer again replaces its address.
+        Raises :class:`~velomux_quic.errors.ConfigurationError` for a malformed address
+        or an ``instance_id`` that is not an :class:`~velomux_quic.InstanceId`.
         Raises :class:`~velomux_quic.errors.WorkerIdCollision` if another known peer
         has the same WorkerId (practically never; the peer is refused).
         """
+        self._on_own_thread()
         self.messenger.add_peer(instance_id, address, name)
 
     def remove_peer(self, instance_id: InstanceId) -> None:
         """Evict a peer: forget its address; every stream this node produces to it ends
         (epoch death on its lanes), so its senders' cancel tokens fire and sends fail."""
+        self._on_own_thread()
         self.messenger.remove_peer(instance_id)
 
     # -- streams: the consumer's side ----------------------------------------------------
@@ -354,6 +435,7 @@ class Node:
         ends any other way. ``unattached_timeout`` (seconds; the streaming config's
         default when None) ends an anchor no sender attaches to in time.
         """
+        self._on_own_thread()
         return self.anchors.create_anchor(unattached_timeout=unattached_timeout)
 
     def create_mpsc_anchor(
@@ -372,6 +454,7 @@ class Node:
         once no producer has been attached that long, ``channel_capacity`` bounds the
         items buffered for the consumer. None takes the streaming config's default.
         """
+        self._on_own_thread()
         return self.anchors.create_mpsc_anchor(
             max_senders=max_senders,
             unattached_timeout=unattached_timeout,
@@ -393,6 +476,7 @@ class Node:
         attached or pre-bound, finished, or not this node's. Attach with
         :meth:`attach_anchor` instead in those cases.
         """
+        self._on_own_thread()
         return self.anchors.prebind_anchor(handle, key=key)
 
     # -- streams: the producer's side ----------------------------------------------------
@@ -414,6 +498,7 @@ class Node:
         ``AttachRefused`` (the anchor's node is unknown, unreachable or shares no
         transport: :meth:`add_peer` or discovery fixes the first).
         """
+        self._on_own_loop()
         return await self.anchors.attach_anchor(handle, key=key)
 
     async def attach_mpsc_anchor(
@@ -425,6 +510,7 @@ class Node:
         ``max_senders`` producers are attached, and the other
         :class:`~velomux_quic.errors.AttachError` subclasses as :meth:`attach_anchor`.
         """
+        self._on_own_loop()
         return await self.anchors.attach_mpsc_anchor(handle, key=key)
 
     async def open_anchor_stream(
@@ -438,6 +524,7 @@ class Node:
         :class:`~velomux_quic.errors.AttachRefused` when the anchor's node is unknown
         or unreachable (:meth:`add_peer` or discovery).
         """
+        self._on_own_loop()
         return await self.anchors.open_anchor_stream(handle, ticket)
 
     async def send_pass(
@@ -461,6 +548,7 @@ class Node:
         left-overs instead, for at most ``timeout`` seconds when given. Works for every
         sender, whatever its transport (mux, per-stream, same-node anchor).
         """
+        self._on_own_loop()
         return await send_pass(pairs, wait=wait, timeout=timeout)
 
     def flush_batch(self) -> None:
@@ -470,6 +558,7 @@ class Node:
         under ``MuxConfig(flush_policy=Manual())``; under the default ``AutoFlush`` it
         only writes sooner. Never blocks, never fails; without a mux it does nothing.
         """
+        self._on_own_thread()
         if self.mux is not None:
             self.mux.flush_batch()
 
@@ -503,6 +592,7 @@ class Node:
         Raises :class:`~velomux_quic.errors.HandlerExists` when ``name`` is taken or
         starts with ``_`` (reserved for the library's own handlers).
         """
+        self._on_own_thread()
         self.messenger.register(name, handler, dispatch=dispatch)
 
     async def send_message(
@@ -517,6 +607,7 @@ class Node:
         :class:`~velomux_quic.errors.TransportError` subclass when the message cannot
         be sent (``PeerNotRegistered``: :meth:`add_peer` or discovery).
         """
+        self._on_own_loop()
         await self.messenger.am_send(peer, name, payload)
 
     async def call(
@@ -537,6 +628,7 @@ class Node:
         run), ``PeerGone`` (unreachable, or its connection died meanwhile), or
         ``MessengerClosed`` (this node is closing).
         """
+        self._on_own_loop()
         return await self.messenger.unary(peer, name, payload, timeout=timeout)
 
     # -- credentials ---------------------------------------------------------------------
@@ -559,6 +651,7 @@ class Node:
         (restart for that), the certificate is expired or not yet valid, or it does not
         chain to one of the new trust roots.
         """
+        self._on_own_thread()
         if self._closed:
             raise UsageError("the node is closed; there is nothing to reload")
         if source is None:
@@ -578,6 +671,7 @@ class Node:
         Costs a walk over live state (connections, slots, anchors): call it when looking,
         never per record.
         """
+        self._on_own_thread()
         return NodeSnapshot(
             instance_id=self.instance_id,
             worker_id=self.worker_id,
@@ -613,6 +707,7 @@ class Node:
         :class:`~velomux_quic.errors.ConfigurationError` when the address cannot be
         bound, :class:`~velomux_quic.errors.UsageError` when already serving or closed.
         """
+        self._on_own_loop()
         if self._closed:
             raise UsageError("the node is closed; start a new one to serve its endpoints")
         if self._ops is not None:
@@ -661,7 +756,18 @@ class Node:
         graceful stop (SIGTERM): call it, then :meth:`close`. True when every sender
         handed over its terminal and every terminal left; False when some were still
         open (``close`` then ends them on the wire)."""
-        return await self.anchors.drain(timeout)
+        self._on_own_loop()
+        began = time.monotonic()
+        drained = await self.anchors.drain(timeout)
+        log_event(
+            logger,
+            logging.INFO,
+            "node_drain",
+            instance=self.instance_id,
+            drained=drained,
+            seconds=f"{time.monotonic() - began:.3f}",
+        )
+        return drained
 
     async def close(self) -> None:
         """End the node's streams, then close its messenger and transport.
@@ -674,15 +780,18 @@ class Node:
         :class:`~velomux_quic.errors.StreamCancelled`, its senders' sends fail, pending
         calls fail with ``MessengerClosed``. Closing twice is harmless.
         """
+        self._on_own_loop()
         if self._closed:
             return
         self._closed = True
+        await self._liveness.close()
         if self._ops is not None:
             await self._ops.close()
         if self._readiness is not None:
             await self._readiness.close()
         await self.anchors.close()
         await self.messenger.close()
+        log_event(logger, logging.INFO, "node_close", instance=self.instance_id)
 
 
 def open_node(
@@ -740,12 +849,42 @@ def _with_configured_peers(
     return [*peers, *configured]
 
 
-@contextlib.asynccontextmanager
-async def _opened(start: Callable[[], Awaitable[Node]]) -> AsyncIterator[Node]:
+_NOT_ENTERED = (
+    "open_node() and Node.open() return a context manager, not a node: write "
+    "`async with open_node(...) as node:`, or `node = await Node.start(...)` and "
+    "`await node.close()` when done"
+)
+
+
+class _Opened(contextlib.AbstractAsyncContextManager[Node]):
     """Start a node on entry (not before: an unentered block leaves nothing behind) and
-    close it on exit."""
-    node = await start()
-    try:
-        yield node
-    finally:
-        await node.close()
+    close it on exit. Used as if it were the node (an attribute read, an ``await``), it
+    says how to open one, instead of an AttributeError about a context manager."""
+
+    __slots__ = ("_node", "_start")
+
+    def __init__(self, start: Callable[[], Awaitable[Node]]) -> None:
+        self._start = start
+        self._node: Node | None = None
+
+    async def __aenter__(self) -> Node:
+        if self._node is not None:
+            raise UsageError("this open_node() block was entered already; open a new one")
+        self._node = await self._start()
+        return self._node
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._node is not None:
+            await self._node.close()
+
+    def __getattr__(self, name: str) -> NoReturn:
+        if name.startswith("__"):  # protocol probes (copy, inspect) expect AttributeError
+            raise AttributeError(name)
+        raise UsageError(f"{_NOT_ENTERED} (read .{name} of the context manager)")
+
+    def __await__(self) -> Generator[Any, None, NoReturn]:
+        raise UsageError(_NOT_ENTERED)
+
+
+def _opened(start: Callable[[], Awaitable[Node]]) -> contextlib.AbstractAsyncContextManager[Node]:
+    return _Opened(start)

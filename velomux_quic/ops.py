@@ -145,6 +145,10 @@ class PeerReadiness:
             self._running = asyncio.ensure_future(self._evaluate())
         return await asyncio.shield(self._running)
 
+    def forget(self, peer: InstanceId) -> None:
+        """``peer`` was found dead: its last good health answer no longer counts."""
+        self._last_healthy.pop(peer, None)
+
     async def close(self) -> None:
         """Cancel an evaluation in progress (the node is closing)."""
         if self._running is not None and not self._running.done():

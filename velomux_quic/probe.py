@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import hashlib
 import json
 import logging
@@ -52,6 +53,7 @@ from .errors import (
     DialError,
     PeerVerificationError,
     TicketError,
+    UnaryTimeout,
     UnknownHandler,
     VelomuxError,
 )
@@ -587,6 +589,18 @@ async def _identity(node: Node, peer: InstanceId, timeout: float) -> dict[str, A
     try:
         request = json.dumps({"reply_to": _listening(node)}).encode()
         info = json.loads(await node.call(peer, INFO_HANDLER, request, timeout=timeout))
+    except UnaryTimeout as error:
+        if not node.messenger.transport.is_connected(peer, outbound=False):
+            # The handshake worked, the answer never came, and the peer never dialed
+            # back: it sends what is for this InstanceId to another address it knows.
+            raise ConfigurationError(
+                f"{peer} took the probe's handshake but its answer went elsewhere: it "
+                f"knows another address for the probe's InstanceId {node.instance_id} (a "
+                "node running with these credentials). Give the probe credentials of its "
+                "own (velomux certs issue --name probe-...)"
+            ) from error
+        identity["refusal"] = {"reason": "UnaryTimeout", "message": str(error)}
+        return identity
     except UnknownHandler:
         identity["refusal"] = {
             "reason": "not_a_probe_sink",
@@ -637,7 +651,16 @@ async def probe(config: NodeConfig, spec: str, options: ProbeOptions) -> dict[st
     ``interrupted``); a second one cancels the probe.
     """
     # Discovery finds the peer; the probe is not listed there (nobody is to route to it).
-    node = await Node.start(config, publish=False)
+    try:
+        node = await Node.start(config, publish=False)
+    except ConfigurationError as error:
+        if isinstance(error.__cause__, OSError) and error.__cause__.errno == errno.EADDRINUSE:
+            raise ConfigurationError(
+                f"{error}. A probe is a node of its own: give it a configuration of its "
+                "own, with port = 0 and credentials of its own (velomux certs issue "
+                "--name probe-...), not a running node's"
+            ) from error
+        raise
     try:
         await _refuse_a_running_identity(node)
     except BaseException:

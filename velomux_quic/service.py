@@ -503,7 +503,7 @@ async def serve(config: NodeConfig, drain_timeout: float, ops: str = "127.0.0.1:
     """
     try:
         node = await Node.start(config)
-    except ConfigurationError as error:
+    except (VelomuxError, OSError) as error:
         print(f"velomux node: {error}", file=sys.stderr)
         return EXIT_BAD_CONFIG
     ops_address = ""
@@ -573,9 +573,11 @@ def node_main(args: argparse.Namespace) -> int:
         return EXIT_BAD_CONFIG
     try:
         return run(serve(config, args.drain_timeout, args.ops))
-    except VelomuxError as error:
+    except (VelomuxError, OSError) as error:
+        # Whatever stopped the node from starting or running, in one line (no traceback):
+        # every such failure is the configuration's or the machine's, not a crash.
         print(f"velomux node: {error}", file=sys.stderr)
-        return 1
+        return EXIT_BAD_CONFIG
 
 
 def add_node_commands(commands: Any) -> None:

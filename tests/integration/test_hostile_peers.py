@@ -15,6 +15,7 @@ from tests.integration.hostile_peer import InitialFlood, hostile_server, real_in
 from velomux_quic.ids import InstanceId
 from velomux_quic.messenger import Context, Messenger, MessengerConfig
 from velomux_quic.messenger.envelope import Kind, StagedDescriptor, encode_envelope
+from velomux_quic.messenger.messenger import REPLY_OVERHEAD
 from velomux_quic.security.certs import NodeCredentials
 from velomux_quic.transport import TransportConfig, TransportHandler
 from velomux_quic.transport.endpoint import QuicTransport
@@ -159,7 +160,7 @@ async def test_replies_to_a_peer_that_stops_reading_are_bounded_then_dropped(
         )
         assert dropped > requests // 2, dropped
         waiting = victim.snapshot().pending_reply_bytes
-        assert 0 < waiting <= bound + 1024 + 128, waiting
+        assert 0 < waiting <= bound + 1024 + REPLY_OVERHEAD, waiting
 
         good.add_peer(victim.instance_id, victim.address)
         assert await good.unary(victim.instance_id, "echo", b"answered", timeout=10) == b"answered"

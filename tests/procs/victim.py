@@ -10,6 +10,8 @@ stdin, each with one JSON line on stdout:
   ``velo_streaming_mux_*`` series and of the messenger's pull refusals, and what its
   snapshot says it holds (connections, unfinished openings and frames, pulls, mux slots);
 * ``anchor``: makes an anchor, starts reading it, and prints its handle;
+* ``dial INSTANCE HOST PORT``: adds that peer and dials it (a hostile server's requests
+  then reach this node on the connection it dialed);
 * ``result``: waits for the anchor's stream to end and prints what it read.
 
 It exits when stdin closes. Its memory is its own: the attackers run in the test process.
@@ -24,6 +26,7 @@ import json
 import sys
 from typing import Any
 
+from velomux_quic.ids import InstanceId
 from velomux_quic.node import Node
 from velomux_quic.runtime import run
 
@@ -32,6 +35,11 @@ _REPORTED = (
     "velo_streaming_mux_",
     "velo_messenger_staged_pulls_refused_total",
     "velo_rendezvous_pulls_outstanding",
+    "velo_rendezvous_refusals_total",
+    "velo_messenger_staged_releases_skipped_total",
+    "velo_messenger_replies_dropped_total",
+    "velo_messenger_pending_reply_bytes",
+    "velo_messenger_handler_requests_total",
 )
 
 
@@ -62,6 +70,9 @@ def report(node: Node) -> dict[str, Any]:
         "stream_openings": sum(c.stream_openings for c in connections),
         "partial_frame_bytes": sum(c.partial_frame_bytes for c in connections),
         "pulls_outstanding": snapshot.messenger.pulls_outstanding,
+        "releases_outstanding": snapshot.messenger.releases_outstanding,
+        "pending_reply_bytes": snapshot.messenger.pending_reply_bytes,
+        "partial_requests": sum(c.partial_requests for c in connections),
         "mux_live_ingress_slots": (
             sum(lane.live_slots for lane in mux.ingress.values()) if mux is not None else 0
         ),
@@ -71,6 +82,7 @@ def report(node: Node) -> dict[str, Any]:
 async def main(args: argparse.Namespace) -> int:
     async with await Node.start(args.credentials) as node:
         node.register_handler("sink", lambda ctx: None)
+        node.register_handler("echo", lambda ctx: bytes(ctx.payload))
         host, port = node.address
         print(json.dumps({"instance": str(node.instance_id), "host": host, "port": port}))
         sys.stdout.flush()
@@ -90,6 +102,12 @@ async def main(args: argparse.Namespace) -> int:
 
                 reading = asyncio.ensure_future(read_all())
                 answer = {"handle": anchor.handle.to_wire()}
+            elif command.startswith("dial "):
+                _, instance, host, port = command.split()
+                peer = InstanceId.parse(instance)
+                node.add_peer(peer, (host, int(port)))
+                await node.messenger.transport.connect(peer)
+                answer = {"dialed": instance}
             elif command == "result" and reading is not None:
                 items = await asyncio.wait_for(reading, 30)
                 answer = {"items": items}

@@ -488,3 +488,38 @@ def test_a_lost_packet_not_in_flight_leaves_the_congestion_window_alone(
     recovery._on_packets_lost(now=Clock.now + 1, packets=[packet], space=space)
     assert len(heard) == 1 and 10_000 not in space.sent_packets
     assert (recovery.congestion_window, recovery.bytes_in_flight) == (window, in_flight)
+
+
+def test_an_unfinished_request_stream_costs_no_more_than_it_is_charged() -> None:
+    """IncomingRequests charges each unfinished request its buffer plus REQUEST_STREAM_COST,
+    which must cover aioquic's stream state (its QuicStream, sender and receiver) and our
+    entry for it."""
+    import sys
+    import tracemalloc
+
+    from aioquic.quic.packet import QuicStreamFrame
+    from aioquic.quic.stream import QuicStream
+
+    from velomux_quic.transport.requests import REQUEST_STREAM_COST
+
+    streams = 2_000
+    held: dict[int, tuple[QuicStream, bytearray]] = {}
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for number in range(streams):
+            stream = QuicStream(
+                stream_id=4 * number + 1,
+                max_stream_data_local=64 * 1024,
+                max_stream_data_remote=64 * 1024,
+            )
+            event = stream.receiver.handle_frame(QuicStreamFrame(offset=0, data=b"ab"))
+            assert event is not None
+            buffer = bytearray(event.data)
+            held[stream.stream_id] = (stream, buffer)
+        per_stream = (tracemalloc.get_traced_memory()[0] - before) / streams
+    finally:
+        tracemalloc.stop()
+    buffer_size = sys.getsizeof(bytearray(b"ab"))
+    print(f"an unfinished request stream holds {per_stream:.0f} bytes")
+    assert per_stream <= REQUEST_STREAM_COST + buffer_size

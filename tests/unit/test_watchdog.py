@@ -82,6 +82,18 @@ def test_an_exempt_sender_costs_one_check_per_window_and_its_count_restarts_afte
     assert checks <= (fired / WINDOW) * 2 + 2
 
 
+@pytest.mark.parametrize("resumed", [60.0, 60.01, 61.0, 62.5, 63.0, 64.99])
+def test_a_reader_stalled_stream_whose_producer_died_ends_3_to_4_windows_after_it_resumed(
+    resumed: float,
+) -> None:
+    # The producer's last frame at 10 s, then it dies; the reader held no credit for it
+    # from 5 s and resumes at ``resumed``, anywhere between two of the watchdog's checks.
+    fired, _ = run([10.0], until=200.0, exempt=(5.0, resumed))
+    assert fired is not None
+    windows = (fired - resumed) / WINDOW
+    assert DETECTION_MULTIPLIER <= windows <= DETECTION_MULTIPLIER + 1, windows
+
+
 def test_an_old_reference_is_never_re_armed_in_the_past() -> None:
     clock = WatchdogClock(reference=0.0)
     # An exemption seen at 1000 s with the last arrival at 0: the old code re-armed at

@@ -51,6 +51,17 @@ class MessengerConfig:
     and counted in ``velo_messenger_staged_pulls_refused_total{reason="count"}``.
     """
 
+    max_releases_per_peer: int = 16
+    """Requests to release a refused staged payload that may be outstanding to one peer.
+
+    A descriptor refused for its size (past ``staged_payload_max``) makes this node ask its
+    sender, over a request stream, to drop the payload. Past this many such requests in
+    flight to that peer, a refused descriptor is still refused and counted, but no release
+    is asked for (the payload expires after the sender's ``staged_ttl``), so a flood of
+    oversized descriptors costs no task or stream each. Counted in
+    ``velo_messenger_staged_releases_skipped_total``.
+    """
+
     max_pull_bytes_per_peer: int = 256 * MiB
     """Bytes (as their descriptors state) of one peer's accepted, undelivered staged payloads.
 
@@ -64,7 +75,8 @@ class MessengerConfig:
 
     A reply (response, acknowledgement, error) to a peer that stops reading waits in the
     transport's admission gate once the lane's window and send buffer are full. Past this
-    bound (each reply counted as its payload plus 128 bytes for its frame and bookkeeping)
+    bound (each reply charged its payload plus ``REPLY_OVERHEAD``, 512 bytes, for its frame
+    and bookkeeping: what an empty one really holds)
     further replies to that peer are dropped, not queued: its callers time out, and the
     drops are counted in ``velo_messenger_replies_dropped_total{reason="peer_not_reading"}``.
     """
@@ -104,6 +116,11 @@ class MessengerConfig:
                 "MessengerConfig.max_pulls_per_peer and max_pull_bytes_per_peer must be at"
                 f" least 1, got {self.max_pulls_per_peer} and {self.max_pull_bytes_per_peer}:"
                 " a node that accepts no staged payload sets staged_payload_max=0 instead"
+            )
+        if self.max_releases_per_peer < 0:
+            raise ConfigurationError(
+                "MessengerConfig.max_releases_per_peer must be non-negative,"
+                f" got {self.max_releases_per_peer}: 0 never asks a sender to release"
             )
         if self.max_pending_reply_bytes < 0:
             raise ConfigurationError(

@@ -85,6 +85,7 @@ from .peers import (
     PeerRegistry,
     PeerWatch,
     WorkerIdCollision,
+    peer_address,
     sync_registry,
 )
 from .registry import Context, Dispatch, Handler, HandlerRegistry, HandlerSpec
@@ -107,8 +108,12 @@ Job = tuple[HandlerSpec, Context, Kind, int]
 _RESPONSE_TYPE = {Kind.MESSAGE: "fire_and_forget", Kind.SYNC: "ack_nack", Kind.REQUEST: "unary"}
 _ANSWERS = (Kind.RESPONSE, Kind.ERROR, Kind.ACK)
 
-_REPLY_OVERHEAD = 128
-"""What a waiting reply costs beyond its payload: envelope, frame, SendAdmission."""
+REPLY_OVERHEAD = 512
+"""What a reply waiting in an admission gate costs beyond its payload: the envelope and
+the frame's bytes object, its SendAdmission, the hook that uncharges it (a closure and
+a list) and its place in the gate's queue. Measured at about 470 bytes for an empty reply
+(tests/unit/test_reply_cost.py); 128, the figure charged before, let a peer make a node
+hold five times ``max_pending_reply_bytes``."""
 
 
 class Messenger(TransportHandler):
@@ -274,10 +279,28 @@ class Messenger(TransportHandler):
         """The discovery backend the node was started with (None: static peers only)."""
         return self._discovery
 
-    def add_peer(self, instance_id: InstanceId, address: tuple[str, int], name: str = "") -> None:
-        """Learn where a peer listens (its identity is still proven by its certificate)."""
+    def add_peer(
+        self, instance_id: InstanceId, address: tuple[str, int] | str, name: str = ""
+    ) -> None:
+        """Learn where a peer listens (its identity is still proven by its certificate).
+
+        ``address`` is ``(host, port)`` or ``"host:port"``; a malformed one, or an
+        ``instance_id`` that is not an :class:`InstanceId`, raises ConfigurationError.
+        """
+        if not isinstance(instance_id, InstanceId):
+            raise ConfigurationError(
+                f"add_peer takes an InstanceId, got {type(instance_id).__name__} "
+                f"{instance_id!r}: use InstanceId.parse(text) for a UUID in text"
+            )
+        if not isinstance(name, str):
+            raise ConfigurationError(f"add_peer: name must be a string, got {name!r}")
         self.peers.add(
-            PeerRecord(instance_id=instance_id, address=address, name=name, updated_at=time.time())
+            PeerRecord(
+                instance_id=instance_id,
+                address=peer_address(address),
+                name=name,
+                updated_at=time.time(),
+            )
         )
 
     def remove_peer(self, instance_id: InstanceId) -> None:
@@ -417,6 +440,7 @@ class Messenger(TransportHandler):
             staged_bytes=rendezvous.staged_bytes,
             pulls_outstanding=rendezvous.pulls_outstanding,
             pull_bytes_outstanding=rendezvous.pull_bytes_outstanding,
+            releases_outstanding=rendezvous.releases_outstanding,
             pending_reply_bytes=self._pending_reply_total,
             peers=tuple(sorted(self.peers, key=lambda record: str(record.instance_id))),
             closed=self._closed,
@@ -561,11 +585,14 @@ class Messenger(TransportHandler):
                 # not at the timeout.
                 def never_admitted(admission: SendAdmission) -> None:
                     if admission.error is not None:
+                        # The address tried, so a wrong one in the configuration shows.
+                        address = self.transport.peer_address(peer)
+                        where = "" if address is None else f" at {address[0]}:{address[1]}"
                         self._calls.fail(
                             peer,
                             message_id,
                             PeerGone(
-                                f"{peer} unreachable: {admission.error}",
+                                f"{peer}{where} unreachable: {admission.error}",
                                 peer=peer,
                                 handler=handler,
                             ),
@@ -819,7 +846,7 @@ class Messenger(TransportHandler):
             logger.warning("could not answer %s on lane %d: %s", peer, lane, exc)
             return
         if isinstance(outcome, SendAdmission):
-            cost = len(payload) + _REPLY_OVERHEAD
+            cost = len(payload) + REPLY_OVERHEAD
             self._pending_replies[peer] = waiting + cost
             self._pending_reply_total += cost
             outcome.on_resolved(lambda admission: self._reply_resolved(peer, cost, admission))
@@ -905,6 +932,15 @@ class Messenger(TransportHandler):
         """A stream we opened that the peer stopped: the stream acceptor's to forget."""
         if self._stream_acceptor is not None:
             self._stream_acceptor.stream_stopped(link, event)
+
+    def send_failed(self, peer: InstanceId, lane: int, error: TransportError) -> None:
+        """Admitted data its peer never acknowledged: a warning, unless this node is
+        closing (an orderly close of a node whose peer died loses that data by design, and
+        says so once per lane at DEBUG)."""
+        if self._closed or (self._transport is not None and self._transport.closing):
+            logger.debug("send to %s on lane %d lost at close: %s", peer, lane, error)
+            return
+        logger.warning("send to %s on lane %d failed after admission: %s", peer, lane, error)
 
     def connection_lost(self, link: PeerLink) -> None:
         """A connection ended: its non-lane streams (the stream acceptor's) are over."""

@@ -119,6 +119,12 @@ class MessengerMetrics:
             ["reason"],
             registry=r,
         )
+        self.staged_releases_skipped = Counter(
+            "velo_messenger_staged_releases_skipped",
+            "Staged descriptors refused for their size whose sender was not asked to release"
+            " the payload, because max_releases_per_peer such requests to it were in flight",
+            registry=r,
+        )
         self.replies_dropped = Counter(
             "velo_messenger_replies_dropped",
             "Replies not sent because their peer had max_pending_reply_bytes waiting already",

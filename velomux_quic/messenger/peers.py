@@ -60,6 +60,7 @@ __all__ = [
     "StaticPeers",
     "SyncReport",
     "WorkerIdCollision",
+    "peer_address",
     "sync_registry",
 ]
 
@@ -102,6 +103,32 @@ def _check_port(port: object) -> int:
     if not 1 <= port <= 65535:
         raise PeerRecordError(f"port must be 1 to 65535, got {port}")
     return port
+
+
+def peer_address(address: object) -> tuple[str, int]:
+    """A peer's address given as ``(host, port)`` or as the text ``"host:port"`` (the form
+    TOML and ``velomux probe`` use; ``"[::1]:7000"`` for IPv6), checked.
+
+    Raises :class:`~velomux_quic.errors.ConfigurationError`: this is what a caller
+    passed, not bytes from a peer.
+    """
+    if isinstance(address, str):
+        host, sep, port = address.rpartition(":")
+        if not sep or not port.isdigit():
+            raise ConfigurationError(
+                f"a peer address is (host, port) or 'host:port', got {address!r}: "
+                "write it as 'node-b.example.com:7000' or ('node-b.example.com', 7000)"
+            )
+        address = (host.strip("[]"), int(port))
+    if not isinstance(address, tuple) or len(address) != 2:
+        raise ConfigurationError(
+            f"a peer address is (host, port) or 'host:port', got {address!r}: "
+            "write it as 'node-b.example.com:7000' or ('node-b.example.com', 7000)"
+        )
+    try:
+        return _check_host(address[0]), _check_port(address[1])
+    except PeerRecordError as error:
+        raise ConfigurationError(f"peer address {address!r}: {error}") from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -150,6 +150,8 @@ class Rendezvous:
         """The bytes those descriptors state."""
         self._per_peer: dict[InstanceId, _PeerPulls] = {}
         """Peers with pulls outstanding (an entry goes with the peer's last pull)."""
+        self._releases: dict[InstanceId, int] = {}
+        """Release requests in flight to each peer (an entry goes with its last one)."""
 
     # -- hooks ---------------------------------------------------------------------------
 
@@ -254,7 +256,7 @@ class Rendezvous:
         # Refused before allocating: the descriptor is all we ever read of it.
         self._metrics.refusals.labels("too_large").inc()
         self._metrics.rendezvous_ops.labels("get", "refused").inc()
-        self._keep(self._release_remote(peer, descriptor.staged_id))
+        self._ask_release(peer, descriptor.staged_id)
         refusal = StagedRefusal(
             peer, lane, envelope.handler, envelope.headers, descriptor.size, limit
         )
@@ -379,6 +381,26 @@ class Rendezvous:
         )
         self._deliver(peer, lane, envelope, payload)
 
+    @property
+    def releases_outstanding(self) -> int:
+        """Requests to release a refused payload in flight, to every peer together."""
+        return sum(self._releases.values())
+
+    def _ask_release(self, peer: InstanceId, staged_id: int) -> None:
+        """Ask ``peer`` to drop a payload refused for its size, within the per-peer bound.
+
+        Each request is a task and a request stream for up to ``release_timeout``: without
+        a bound, a peer sending oversized descriptors (a few dozen bytes each) made this
+        node hold one of each per descriptor. Past ``max_releases_per_peer`` in flight the
+        release is skipped and counted; the sender's ``staged_ttl`` frees the payload.
+        """
+        in_flight = self._releases.get(peer, 0)
+        if in_flight >= self._config.max_releases_per_peer:
+            self._metrics.staged_releases_skipped.inc()
+            return
+        self._releases[peer] = in_flight + 1
+        self._keep(self._release_remote(peer, staged_id))
+
     async def _release_remote(self, peer: InstanceId, staged_id: int) -> None:
         try:
             await self._request(
@@ -386,10 +408,17 @@ class Rendezvous:
             )
         except (TransportError, TimeoutError) as exc:
             logger.debug("could not tell %s to release staged %x: %r", peer, staged_id, exc)
+        finally:
+            left = self._releases.get(peer, 0) - 1
+            if left > 0:
+                self._releases[peer] = left
+            else:
+                self._releases.pop(peer, None)
 
     def close(self) -> None:
         """Release everything staged (``closed``); the pulls ended with the messenger's
         tasks (one cancelled before it ran never counted itself out: nothing is left)."""
         self._store.close()
         self._per_peer.clear()
+        self._releases.clear()
         self.pulls_outstanding = self.pull_bytes_outstanding = 0

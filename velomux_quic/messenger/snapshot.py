@@ -31,6 +31,9 @@ class MessengerSnapshot:
     """Staged payloads of peers this node accepted and has not delivered yet."""
     pull_bytes_outstanding: int
     """The bytes their descriptors state."""
+    releases_outstanding: int
+    """Requests in flight asking peers to release payloads refused for their size
+    (bounded per peer by ``max_releases_per_peer``)."""
     pending_reply_bytes: int
     """Bytes of replies waiting for peers' lanes (bounded per peer by
     ``max_pending_reply_bytes``)."""

@@ -56,6 +56,21 @@ def read_bytes(path: Path) -> bytes:
             f"{path} is missing: create it with 'velomux certs issue' (or 'make certs' for "
             "the dev cluster), or point the node at the directory that holds it"
         ) from exc
+    except NotADirectoryError as exc:
+        raise CredentialsError(
+            f"{path.parent} is a file, not a credentials directory: give the directory that "
+            "holds node.pem, node.key, ca.pem and node.json (what 'velomux certs issue' or "
+            "'velomux certs dev' writes)"
+        ) from exc
+    except IsADirectoryError as exc:
+        raise CredentialsError(
+            f"{path} could not be read: it is a directory, not a file: recreate the "
+            "credentials with 'velomux certs issue'"
+        ) from exc
+    except PermissionError as exc:
+        raise CredentialsError(
+            f"{path} could not be read by this user: fix its owner or mode (keys are 0600)"
+        ) from exc
 
 
 def read_certificates(path: Path) -> list[x509.Certificate]:

@@ -33,6 +33,7 @@ from typing import Any
 
 from ..errors import ConfigurationError
 from ..ids import InstanceId, StreamAnchorHandle, WorkerId, worker_id_of
+from ..logs import EventThrottle, log_event
 from ..messenger import Context, Messenger
 from ..transport import CONTROL_LANE
 from .anchor import AnchorEntry, MpscAnchor, RemoteSender, StreamAnchor
@@ -58,7 +59,7 @@ from .producer import AnchorProducer
 from .sender import StreamSender
 from .snapshot import AnchorSnapshot, BoundSenderSnapshot, StreamingSnapshot
 from .transports import BindTerms, PrebindTransport, StreamTransport, TransportRegistry
-from .watchdog import DETECTION_MULTIPLIER, WatchdogClock, check
+from .watchdog import DETECTION_MULTIPLIER, WatchdogClock, check, deadline_windows
 from .zero_rtt import ZeroRtt
 
 __all__ = ["DETECTION_MULTIPLIER", "AnchorManager", "StreamingConfig"]
@@ -97,6 +98,7 @@ class AnchorManager:
         self._metrics = StreamingMetrics(messenger.registry, lambda: len(self._anchors))
         self._loop = asyncio.get_running_loop()
         self._anchors: dict[int, AnchorEntry] = {}
+        self._refusal_lines = EventThrottle()
         self._next_session = int.from_bytes(os.urandom(4), "big") << 16 | 1
         self._attaches_served = 0
         self._background: set[asyncio.Task[None]] = set()
@@ -360,6 +362,14 @@ class AnchorManager:
         entry.senders.pop(remote.sender_id, None)
         self._forget_sender(entry, remote)
         entry.inbox.withdraw_feed(remote.sender_id)
+        log_event(
+            logger,
+            logging.DEBUG,
+            "stream_sender_ended",
+            peer=remote.node,
+            local_id=f"{entry.local_id:x}",
+            dropped=dropped,
+        )
         if dropped:
             entry.inbox.inject(DROPPED, remote.sender_id)
         elif entry.sender_count == 0:
@@ -413,10 +423,36 @@ class AnchorManager:
         try:
             request = request_type.decode(ctx.payload)
         except ControlDecodeError as exc:
+            self._log_attach_refused(ctx.sender, None, f"malformed: {exc}")
             return AnchorAttachErr(f"malformed: {exc}").encode()
         answer = self._attach(ctx.sender, request, mpsc=mpsc)
         self._count_attach(answer, started)
-        return (AnchorAttachErr(answer) if isinstance(answer, str) else answer).encode()
+        if isinstance(answer, str):
+            self._log_attach_refused(ctx.sender, request.handle, answer)
+            return AnchorAttachErr(answer).encode()
+        log_event(
+            logger,
+            logging.DEBUG,
+            "stream_attached",
+            peer=ctx.sender,
+            handle=str(request.handle),
+            mpsc=mpsc,
+        )
+        return answer.encode()
+
+    def _log_attach_refused(
+        self, peer: InstanceId, handle: StreamAnchorHandle | None, reason: str
+    ) -> None:
+        """INFO, at most once a second per peer: a peer can repeat a refused attach."""
+        suppressed = self._refusal_lines.allow(peer)
+        if suppressed is None:
+            return
+        fields: dict[str, object] = {"peer": peer, "reason": reason}
+        if handle is not None:
+            fields["handle"] = str(handle)
+        if suppressed:
+            fields["suppressed"] = suppressed
+        log_event(logger, logging.INFO, "attach_refused", **fields)
 
     def _count_attach(self, answer: object, started: float) -> None:
         ok = not isinstance(answer, str)
@@ -531,9 +567,9 @@ class AnchorManager:
         if not entry.mpsc:
             self._metrics.heartbeat_watchdog_firings += 1
             logger.info(
-                "stream_watchdog: no frame from %s for %d windows of %.3f s; local_id=%x",
+                "stream_watchdog: no frame from %s for %.1f windows of %.3f s; local_id=%x",
                 remote.node,
-                DETECTION_MULTIPLIER,
+                deadline_windows(),
                 window,
                 local_id,
             )

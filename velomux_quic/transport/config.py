@@ -80,8 +80,10 @@ class TransportConfig:
     """A dial that has not completed its mutual-TLS handshake by then fails."""
 
     max_half_open_handshakes: int = 256
-    """Inbound handshakes that may be in progress at once; further Initials are dropped
-    (counted as ``handshake_overload``). Each costs the TLS state of one connection."""
+    """Inbound handshakes from validated addresses (an Initial carrying our Retry token)
+    that may be in progress at once; further validated Initials are dropped (counted as
+    ``handshake_overload``). Each costs the TLS state of one connection. Unvalidated ones
+    are bounded by ``retry_threshold`` apart from these."""
 
     retry_threshold: int = 32
     """From this many inbound handshakes in progress on, a new Initial without a token is
@@ -90,9 +92,12 @@ class TransportConfig:
     real peer pays one round trip. Counted as ``handshake_retry``. 0 retries every dial."""
 
     max_half_open_per_source: int = 32
-    """Inbound handshakes one source IP address may have in progress at once; further
-    Initials from it are dropped (``handshake_per_source``). Several nodes of one host
-    share an address, so this is not one per node."""
+    """Inbound handshakes one source IP address may have in progress at once, counted
+    apart for unvalidated Initials and validated ones (those carrying our Retry token).
+    Past it an unvalidated Initial from that source is answered with a Retry and a
+    validated one dropped (both counted as ``handshake_per_source``), so a flood of
+    unvalidated Initials bearing a peer's address never locks the peer out. Several nodes
+    of one host share an address, so this is not one per node."""
 
     half_open_idle_timeout: float = 2.0
     """An inbound handshake whose peer sent nothing for this long is abandoned: its state

@@ -14,6 +14,7 @@ import dataclasses
 import errno
 import logging
 import os
+import socket
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import cast
@@ -30,8 +31,9 @@ from aioquic.quic.retry import QuicRetryTokenHandler
 from cryptography.hazmat.primitives import serialization
 from prometheus_client.registry import CollectorRegistry
 
-from ..errors import CredentialsError
+from ..errors import ConfigurationError, CredentialsError
 from ..ids import InstanceId
+from ..logs import log_event
 from ..security.certs import NodeCredentials
 from ..security.rotation import (
     CertificateSummary,
@@ -47,12 +49,14 @@ from .connection import CloseCode, ConnectionState, PeerConnection
 from .engine import EngineConnection
 from .errors import (
     ChannelClosed,
+    DialError,
     LaneError,
     MessageTooLarge,
     PeerNotRegistered,
     TransportClosed,
 )
 from .handler import TransportHandler
+from .handshakes import HandshakeBudget, Verdict
 from .lanes import CONTROL_LANE
 from .metrics import TransportCollector, TransportStats
 from .perstream_send import PerStreamOutbound
@@ -77,6 +81,35 @@ def _with_certificates(connection: PeerConnection) -> ConnectionSnapshot:
         own_certificate_serial=None if own is None else f"{own.serial_number:x}",
         peer_certificate_serial=None if peer is None else f"{peer.serial_number:x}",
     )
+
+
+_ADDRESS_REASONS = frozenset({"handshake_timeout", "unreachable"})
+"""Dial failures in which the address itself may be the mistake."""
+
+
+def _address_text(address: Address | None) -> str:
+    return "" if address is None else f"{address[0]}:{address[1]}"
+
+
+def _bind_failure(host: str, port: int, error: OSError) -> str:
+    """One line saying why ``host:port`` could not be bound, and what to do about it."""
+    where = f"{host}:{port}"
+    if isinstance(error, socket.gaierror):
+        return f"cannot listen on UDP {where}: {host!r} does not resolve: fix the host name"
+    if error.errno == errno.EADDRINUSE:
+        return (
+            f"cannot listen on UDP {where}: another process holds that port (a node already "
+            "running with this configuration?): stop it, or choose another port (0 for "
+            "any free one)"
+        )
+    if error.errno == errno.EADDRNOTAVAIL:
+        return (
+            f"cannot listen on UDP {where}: {host} is not an address of this machine: use "
+            "one of its own addresses, or 0.0.0.0 / :: for all of them"
+        )
+    if error.errno in (errno.EACCES, errno.EPERM):
+        return f"cannot listen on UDP {where}: not permitted: choose a port above 1023"
+    return f"cannot listen on UDP {where}: {error.strerror or error}"
 
 
 class QuicTransport(asyncio.DatagramProtocol):
@@ -114,10 +147,12 @@ class QuicTransport(asyncio.DatagramProtocol):
         self._outbound: dict[InstanceId, PeerConnection] = {}
         self._inbound: dict[InstanceId, dict[PeerConnection, None]] = {}
         """Each peer's accepted connections, oldest first (a dict keeps the order)."""
-        self._handshaking_inbound = 0
-        self._half_open_sources: dict[PeerConnection, str] = {}
-        """Inbound connections still handshaking, with their source IP address."""
-        self._half_open_per_source: dict[str, int] = {}
+        self._handshakes = HandshakeBudget(
+            retry_threshold=config.retry_threshold,
+            max_half_open=config.max_half_open_handshakes,
+            max_per_source=config.max_half_open_per_source,
+        )
+        """Inbound connections still handshaking, per source and address validation."""
         self._retry = QuicRetryTokenHandler()
         self._resets = StatelessResets(
             reset_key_from(
@@ -131,6 +166,11 @@ class QuicTransport(asyncio.DatagramProtocol):
         )
         self._paused: set[tuple[InstanceId, int]] = set()
         self._closing = False
+        self._live_with: dict[InstanceId, int] = {}
+        """Established connections with each peer, both directions (for peer_connected
+        and peer_lost, which are logged per peer, not per connection)."""
+        self._loss_reasons: dict[InstanceId, str] = {}
+        """Why this node is closing a peer's connections (disconnect), for peer_lost."""
         self._collector = TransportCollector.register(registry, self.stats, self.connection_count)
 
     @classmethod
@@ -149,9 +189,16 @@ class QuicTransport(asyncio.DatagramProtocol):
         transport = cls(
             credentials, config, handler or TransportHandler(), registry or CollectorRegistry()
         )
-        sock, sizes = open_udp_socket(
-            host, port, receive_buffer=config.udp_receive_buffer, send_buffer=config.udp_send_buffer
-        )
+        try:
+            sock, sizes = open_udp_socket(
+                host,
+                port,
+                receive_buffer=config.udp_receive_buffer,
+                send_buffer=config.udp_send_buffer,
+            )
+        except OSError as exc:
+            transport.registry.unregister(transport._collector)
+            raise ConfigurationError(_bind_failure(host, port, exc)) from exc
         transport.buffer_sizes = sizes
         try:
             await transport.loop.create_datagram_endpoint(lambda: transport, sock=sock)
@@ -304,7 +351,14 @@ class QuicTransport(asyncio.DatagramProtocol):
         """Dial ``peer`` now (sends dial lazily); raises DialError if the handshake fails."""
         if self._closing:
             raise TransportClosed("the transport is closed")
-        await self._outbound_connection(peer).wait_established()
+        address = self._addresses.get(peer)
+        try:
+            await self._outbound_connection(peer).wait_established()
+        except DialError as exc:
+            if address is None or exc.reason not in _ADDRESS_REASONS:
+                raise  # refused by whoever answered: the address was right
+            # Name the address tried: a peer configured at a wrong one only times out.
+            raise DialError(f"{exc} (dialed {address[0]}:{address[1]})", reason=exc.reason) from exc
 
     def on_delivered(self, peer: InstanceId, lane: int, callback: Callable[[bool], None]) -> None:
         """``callback(True)`` once ``peer`` acknowledged every byte sent so far on ``lane``
@@ -398,8 +452,13 @@ class QuicTransport(asyncio.DatagramProtocol):
         if connection is not None:
             connection.reset_lane(lane % self.config.lanes)
 
-    def disconnect(self, peer: InstanceId, *, outbound: bool = True, inbound: bool = True) -> None:
-        """Abruptly close connections to/from ``peer`` (operators, and fault tests)."""
+    def disconnect(
+        self, peer: InstanceId, *, outbound: bool = True, inbound: bool = True, reason: str = ""
+    ) -> None:
+        """Abruptly close connections to/from ``peer`` (operators, liveness checks, fault
+        tests); ``reason`` is what ``peer_lost`` says if no connection with it is left."""
+        if reason:
+            self._loss_reasons[peer] = reason
         connections: list[PeerConnection] = []
         if outbound and peer in self._outbound:
             connections.append(self._outbound[peer])
@@ -555,15 +614,15 @@ class QuicTransport(asyncio.DatagramProtocol):
     ) -> None:
         """A new connection's first datagram: accept it, or answer with a Retry, or drop it.
 
-        Under load (``retry_threshold`` handshakes in progress) an Initial must prove it
-        can receive at its source address first: a Retry costs this node one small packet
-        and no state, and the token it carries is sealed by a key only this node holds.
-        Whatever the address, at most ``max_half_open_per_source`` handshakes per source
-        and ``max_half_open_handshakes`` in all are kept.
+        Address validation comes first: an Initial that carries one of our Retry tokens
+        proved it receives at its source address, and is counted apart from those that
+        did not, so a flood of unvalidated (possibly spoofed) Initials never spends the
+        slots a validated peer needs. Which Initials get a slot, a Retry or nothing is
+        :class:`~.handshakes.HandshakeBudget`'s rule.
         """
-        config = self.config
         retry_source_cid: bytes | None = None
-        if token:  # we never issue NEW_TOKEN: a token is one of our Retry tokens
+        validated = bool(token)
+        if validated:  # we never issue NEW_TOKEN: a token is one of our Retry tokens
             try:
                 original_cid = self._retry.validate_token(
                     address=addr,
@@ -575,10 +634,16 @@ class QuicTransport(asyncio.DatagramProtocol):
                 self.stats.rejections["invalid_retry_token"] += 1
                 return
             retry_source_cid = destination_cid
-        elif self._handshaking_inbound >= config.retry_threshold:
+        else:
+            original_cid = destination_cid
+        decision = self._handshakes.verdict(addr[0], validated=validated)
+        if decision.reason is not None:
+            self.stats.rejections[decision.reason] += 1
+        if decision.verdict is Verdict.ACCEPT:
+            self._accept(original_cid, destination_cid, retry_source_cid, data, addr, validated)
+        elif decision.verdict is Verdict.RETRY:
             assert version is not None
             new_cid = os.urandom(_CID_LENGTH)
-            self.stats.rejections["handshake_retry"] += 1
             self.sendto(
                 encode_quic_retry(
                     version=version,
@@ -594,17 +659,6 @@ class QuicTransport(asyncio.DatagramProtocol):
                 ),
                 addr,
             )
-            return
-        else:
-            original_cid = destination_cid
-        if self._handshaking_inbound >= config.max_half_open_handshakes:
-            self.stats.rejections["handshake_overload"] += 1
-            return
-        source = addr[0]
-        if self._half_open_per_source.get(source, 0) >= config.max_half_open_per_source:
-            self.stats.rejections["handshake_per_source"] += 1
-            return
-        self._accept(original_cid, destination_cid, retry_source_cid, data, addr)
 
     def _accept(
         self,
@@ -613,6 +667,7 @@ class QuicTransport(asyncio.DatagramProtocol):
         retry_source_cid: bytes | None,
         data: bytes,
         addr: Address,
+        validated: bool,
     ) -> None:
         quic = EngineConnection(
             configuration=self._server_config,
@@ -626,10 +681,7 @@ class QuicTransport(asyncio.DatagramProtocol):
         )
         connection = PeerConnection(self, quic, is_client=False, peer=None)
         quic.cid_minted = lambda cid: self.register_cid(cid, connection)
-        self._handshaking_inbound += 1
-        source = addr[0]
-        self._half_open_sources[connection] = source
-        self._half_open_per_source[source] = self._half_open_per_source.get(source, 0) + 1
+        self._handshakes.opened(connection, addr[0], validated=validated)
         self.register_cid(destination_cid, connection)
         self.register_cid(quic.host_cid, connection)
         connection.start_handshake_deadline()
@@ -637,15 +689,7 @@ class QuicTransport(asyncio.DatagramProtocol):
 
     def _half_open_ended(self, connection: PeerConnection) -> None:
         """An inbound handshake finished, either way: it no longer counts against the bounds."""
-        self._handshaking_inbound -= 1
-        source = self._half_open_sources.pop(connection, None)
-        if source is None:
-            return
-        left = self._half_open_per_source.get(source, 0) - 1
-        if left > 0:
-            self._half_open_per_source[source] = left
-        else:
-            self._half_open_per_source.pop(source, None)
+        self._handshakes.ended(connection)
 
     # -- called by connections -----------------------------------------------------------
 
@@ -677,6 +721,7 @@ class QuicTransport(asyncio.DatagramProtocol):
             for peer, lane in self._paused:
                 if peer == connection.peer:
                     connection.pause_reading(lane)
+        self._note_connected(connection)
         self.handler.peer_connected(connection.peer, connection.is_client)
 
     def _limit_connections(self, peer: InstanceId, inbound: dict[PeerConnection, None]) -> None:
@@ -734,8 +779,51 @@ class QuicTransport(asyncio.DatagramProtocol):
         if connection.established_once:
             assert peer is not None
             assert connection.link is not None
+            self._note_lost(connection)
             self.handler.connection_lost(connection.link)
             self.handler.peer_disconnected(peer, connection.is_client)
+
+    def _note_connected(self, connection: PeerConnection) -> None:
+        peer = connection.peer
+        assert peer is not None
+        count = self._live_with.get(peer, 0)
+        self._live_with[peer] = count + 1
+        direction = "outbound" if connection.is_client else "inbound"
+        address = _address_text(connection.remote_address)
+        if count == 0:
+            self._loss_reasons.pop(peer, None)
+            log_event(
+                logger,
+                logging.INFO,
+                "peer_connected",
+                peer=peer,
+                address=address,
+                direction=direction,
+            )
+        else:
+            log_event(
+                logger,
+                logging.DEBUG,
+                "connection_established",
+                peer=peer,
+                address=address,
+                direction=direction,
+            )
+
+    def _note_lost(self, connection: PeerConnection) -> None:
+        peer = connection.peer
+        assert peer is not None
+        left = self._live_with.get(peer, 0) - 1
+        address = _address_text(connection.remote_address)
+        if left > 0:
+            self._live_with[peer] = left
+            log_event(logger, logging.DEBUG, "connection_closed", peer=peer, address=address)
+            return
+        self._live_with.pop(peer, None)
+        reason = self._loss_reasons.pop(peer, "connection closed")
+        # This node's own close ends every connection: that is no news about the peer.
+        level = logging.DEBUG if self._closing else logging.INFO
+        log_event(logger, level, "peer_lost", peer=peer, address=address, reason=reason)
 
     # -- shutdown ------------------------------------------------------------------------
 

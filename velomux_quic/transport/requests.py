@@ -10,12 +10,21 @@ starving the lanes, and a lost packet of the transfer stalls only this stream.
 Requests are small (bounded by ``MAX_REQUEST``); responses are bounded by the caller's
 ``max_response``, checked as bytes arrive, so a peer cannot make us buffer more than we
 asked for.
+
+Both are charged what they really hold, not their payload: bytes arriving in many small
+STREAM frames are appended to one ``bytearray`` per stream (a list of ``bytes`` chunks
+cost about 40 bytes of object per chunk, 25 times the payload of 2-byte frames), and an
+unfinished incoming request is charged its buffer's allocation plus
+:data:`REQUEST_STREAM_COST` for the stream state it keeps here and in the QUIC stack. A
+connection's unfinished requests together are held to :data:`MAX_PARTIAL_REQUEST_BYTES`;
+the stream that would pass it is refused (``request_bytes``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -25,11 +34,28 @@ if TYPE_CHECKING:
     from ..ids import InstanceId
     from .engine import EngineConnection
 
-__all__ = ["MAX_REQUEST", "IncomingRequests", "OutgoingRequests", "Server"]
+__all__ = [
+    "MAX_PARTIAL_REQUEST_BYTES",
+    "MAX_REQUEST",
+    "REQUEST_STREAM_COST",
+    "IncomingRequests",
+    "OutgoingRequests",
+    "Server",
+]
 
 logger = logging.getLogger(__name__)
 
 MAX_REQUEST = 64 * 1024
+"""The longest request accepted (a rendezvous pull or release is a few bytes)."""
+
+REQUEST_STREAM_COST = 2048
+"""What an unfinished incoming request stream costs beyond its buffer: our entry and the
+QUIC stack's stream state (measured in tests/unit/test_requests.py)."""
+
+MAX_PARTIAL_REQUEST_BYTES = 1024 * 1024
+"""What one connection's unfinished incoming requests may hold together, each charged its
+buffer plus :data:`REQUEST_STREAM_COST`: about 500 request streams half sent, where the
+only requests a node sends (pulls and releases) are a few bytes each and whole at once."""
 _REFUSED = 0x201
 """Application error code on STOP_SENDING / RESET_STREAM of a refused request stream."""
 
@@ -37,31 +63,31 @@ Server = Callable[["InstanceId", bytes], Awaitable[bytes]]
 
 
 class _Pending:
-    __slots__ = ("chunks", "future", "limit", "size")
+    __slots__ = ("buffer", "future", "limit")
 
     def __init__(self, future: asyncio.Future[bytes], limit: int) -> None:
         self.future = future
         self.limit = limit
-        self.chunks: list[bytes] = []
-        self.size = 0
+        self.buffer = bytearray()
 
 
 class _Partial:
-    """The bytes of one incoming request so far, with their total kept as they arrive."""
+    """The bytes of one incoming request so far, in one buffer, and what they are charged."""
 
-    __slots__ = ("chunks", "size")
+    __slots__ = ("buffer", "charged")
 
     def __init__(self) -> None:
-        self.chunks: list[bytes] = []
-        self.size = 0
+        self.buffer = bytearray()
+        self.charged = 0
 
-    def add(self, data: bytes) -> None:
-        if data:
-            self.chunks.append(data)
-            self.size += len(data)
-
-    def join(self) -> bytes:
-        return b"".join(self.chunks)
+    def add(self, data: bytes) -> int:
+        """Append ``data``; returns how much more the request is charged now."""
+        self.buffer += data
+        # The allocation, not the length: a bytearray over-allocates as it grows.
+        charged = sys.getsizeof(self.buffer) + REQUEST_STREAM_COST
+        grown = charged - self.charged
+        self.charged = charged
+        return grown
 
 
 class OutgoingRequests:
@@ -95,19 +121,17 @@ class OutgoingRequests:
         pending = self._pending.get(stream_id)
         if pending is None:
             return
-        pending.size += len(data)
-        if pending.size > pending.limit:
+        if len(pending.buffer) + len(data) > pending.limit:
             self._fail(
                 stream_id, ResponseTooLarge(f"response exceeds the {pending.limit} bytes asked for")
             )
             self._stop(stream_id)
             return
-        if data:
-            pending.chunks.append(data)
+        pending.buffer += data
         if end_stream:
             del self._pending[stream_id]
             if not pending.future.done():
-                pending.future.set_result(b"".join(pending.chunks))
+                pending.future.set_result(bytes(pending.buffer))
 
     def reset(self, stream_id: int, error_code: int) -> None:
         self._fail(
@@ -152,9 +176,13 @@ class IncomingRequests:
         self._serve = serve
         self._peer = peer
         self._count_refusal = refused
-        """Told why each request was refused: ``request_too_large``, ``request_unserved``
-        (no server here) or ``request_failed`` (the server raised)."""
+        """Told why each request was refused: ``request_too_large``, ``request_bytes``
+        (the connection's unfinished requests would hold more than
+        MAX_PARTIAL_REQUEST_BYTES), ``request_unserved`` (no server here) or
+        ``request_failed`` (the server raised)."""
         self._partial: dict[int, _Partial] = {}
+        self.partial_bytes = 0
+        """What the unfinished requests are charged together (see the module docstring)."""
         self._tasks: set[asyncio.Task[None]] = set()
 
     @property
@@ -171,20 +199,27 @@ class IncomingRequests:
         partial = self._partial.get(stream_id)
         if partial is None:
             partial = self._partial[stream_id] = _Partial()
-        # A running length: re-summing the chunks on every STREAM frame made a peer
-        # dribbling one-byte frames cost the receiver quadratic CPU.
-        partial.add(data)
-        if partial.size > MAX_REQUEST or self._serve is None:
-            del self._partial[stream_id]
-            self._count_refusal("request_unserved" if self._serve is None else "request_too_large")
+        self.partial_bytes += partial.add(data)
+        refusal = None
+        if self._serve is None:
+            refusal = "request_unserved"
+        elif len(partial.buffer) > MAX_REQUEST:
+            refusal = "request_too_large"
+        elif self.partial_bytes > MAX_PARTIAL_REQUEST_BYTES:
+            refusal = "request_bytes"
+        if refusal is not None:
+            self._forget(stream_id)
+            self._count_refusal(refusal)
             self._refuse(stream_id)
             return
         if not end_stream:
             return
-        del self._partial[stream_id]
+        self._forget(stream_id)
         peer = self._peer()
         assert peer is not None
-        task = asyncio.get_running_loop().create_task(self._answer(stream_id, peer, partial.join()))
+        task = asyncio.get_running_loop().create_task(
+            self._answer(stream_id, peer, bytes(partial.buffer))
+        )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -211,9 +246,14 @@ class IncomingRequests:
             logger.debug("could not refuse request stream %d", stream_id, exc_info=True)
         self._transmit()
 
+    def _forget(self, stream_id: int) -> None:
+        partial = self._partial.pop(stream_id, None)
+        if partial is not None:
+            self.partial_bytes -= partial.charged
+
     def stopped(self, stream_id: int) -> None:
         """The requester abandoned the request (STOP_SENDING)."""
-        self._partial.pop(stream_id, None)
+        self._forget(stream_id)
 
     def reset(self, stream_id: int) -> None:
         """The requester reset the stream (RESET_STREAM) before its request was whole.
@@ -221,10 +261,11 @@ class IncomingRequests:
         Its bytes will never complete, so they are freed now rather than held until the
         connection closes.
         """
-        self._partial.pop(stream_id, None)
+        self._forget(stream_id)
 
     def close(self) -> None:
         for task in self._tasks:
             task.cancel()
         self._tasks.clear()
         self._partial.clear()
+        self.partial_bytes = 0
