@@ -18,7 +18,11 @@ arm's latency CDF; ``--json`` prints one JSON object and nothing else.
 The modules: ``engine`` (this process's side and one QUIC arm's run), ``frontend`` (the
 children), ``protocol`` (what they say to each other), ``measure`` (CPU, counters,
 percentiles), ``report`` (text, table, plot), ``progress`` (the live display),
-``impair`` (the proxy), ``grpc_arm`` (the gRPC arm).
+``impair`` (the ``--impair`` option), ``proxy`` (the impairment proxy itself, which the
+tests and benchmarks use too), ``grpc_arm`` (the gRPC arm) and ``grpc_tokens`` (its server
+and client, shared with ``perf/tokens.py``). Nothing here needs a checkout: ``pip install
+'velomux_quic[demo]'`` brings grpcio, matplotlib and rich for ``--compare``, ``--plot`` and
+the live display.
 """
 
 from __future__ import annotations
@@ -35,7 +39,6 @@ from ..errors import ConfigurationError
 from ..runtime import run
 from ..security.certs import ensure_dev_cluster
 from .engine import ArmResult, DemoFailure, run_quic_arm
-from .frontend import add_frontend_arguments, frontend_main
 from .grpc_arm import grpc_unavailable, run_grpc_arm
 from .impair import Impairment, parse_impairment
 from .progress import display_for
@@ -92,7 +95,7 @@ async def _demo(args: argparse.Namespace, impairment: Impairment | None) -> dict
                     skipped["grpc"] = reason
                     display.note(f"grpc: skipped, {reason}")
                     continue
-                result = await run_grpc_arm(plan, display, args.timeout)
+                result = await run_grpc_arm(plan, nodes, Path(tmp), display, args.timeout)
             else:
                 result = await run_quic_arm(
                     plan, nodes, Path(tmp), impairment, display, args.timeout
@@ -181,7 +184,7 @@ def _main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def add_demo_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``velomux demo`` (and the hidden ``demo-frontend`` it runs as its children)."""
+    """Add ``velomux demo`` (its frontends run as ``python -m velomux_quic.demo.frontend``)."""
     demo = commands.add_parser(
         "demo",
         help="an engine streams tokens to two frontend processes, measured",
@@ -209,7 +212,3 @@ def add_demo_commands(commands: argparse._SubParsersAction[argparse.ArgumentPars
     demo.add_argument("--timeout", type=float, default=60.0,
                       help="longest wait for any one step, s (60)")  # fmt: skip
     demo.set_defaults(handler=lambda args: _main(args, demo))
-
-    frontend = commands.add_parser("demo-frontend", help=argparse.SUPPRESS)
-    add_frontend_arguments(frontend)
-    frontend.set_defaults(handler=lambda args: run(frontend_main(args)))
