@@ -191,24 +191,25 @@ def add_demo_commands(commands: argparse._SubParsersAction[argparse.ArgumentPars
         description=(__doc__ or "").split("\n\n")[0].replace("``", ""),
     )
     demo.add_argument("--certs", type=Path, default=Path("certs/dev"),
-                      help="where dev certificates live, made on demand (certs/dev)")  # fmt: skip
-    demo.add_argument("--requests", type=int, default=1024, help="requests in flight (1024)")
-    demo.add_argument("--tokens", type=int, default=256, help="tokens per request (256)")
+                      help="where dev certificates live, made on demand")  # fmt: skip
+    demo.add_argument("--requests", type=int, default=1024, help="requests in flight")
+    demo.add_argument("--tokens", type=int, default=256, help="tokens per request")
     demo.add_argument("--pace-ms", type=float, default=10.0,
-                      help="ms between two forward passes (10)")  # fmt: skip
-    demo.add_argument("--lanes", type=int, default=1, help="QUIC lanes per peer, 1-16 (1)")
+                      help="milliseconds between two forward passes")  # fmt: skip
+    demo.add_argument("--lanes", type=int, default=1, help="QUIC lanes per peer, 1 to 16")
     demo.add_argument("--flush", choices=("auto", "manual"), default="auto",
                       help="the engine's mux flush policy: AutoFlush, or Manual with one "
-                      "flush_batch() per pass (auto)")  # fmt: skip
+                      "flush_batch() per pass")  # fmt: skip
     demo.add_argument("--compare", action="store_true",
-                      help="also run one QUIC stream per request, and grpc.aio where "
-                      "installed")  # fmt: skip
+                      help="also run one QUIC stream per request, and grpc.aio (the demo "
+                      "extra)")  # fmt: skip
     demo.add_argument("--impair", metavar="SPEC",
                       help="through the UDP impairment proxy, e.g. loss=1%%,delay=5ms")  # fmt: skip
     demo.add_argument("--plot", type=Path, metavar="PNG",
-                      help="draw each arm's latency CDF here (needs matplotlib)")  # fmt: skip
+                      help="draw each arm's latency CDF here (needs the demo extra: "
+                      "pip install 'velomux_quic[demo]')")  # fmt: skip
     demo.add_argument("--json", action="store_true",
                       help="print one JSON object on stdout and nothing else")  # fmt: skip
     demo.add_argument("--timeout", type=float, default=60.0,
-                      help="longest wait for any one step, s (60)")  # fmt: skip
+                      help="longest wait for any one step, in seconds")  # fmt: skip
     demo.set_defaults(handler=lambda args: _main(args, demo))
