@@ -7,7 +7,7 @@ one attach, end one request, or blame the peer)::
     VelomuxError
     ├── ConfigurationError (ValueError)    bad settings, files or arguments: fix and restart
     │   ├── CredentialsError               a certificate, key or CA file missing or unusable
-    │   ├── LaneError                      a lane outside 0 .. lanes-1
+    │   ├── LaneError                      a lane outside 0 .. 15
     │   ├── HandlerExists                  a handler name already taken (or reserved)
     │   └── WorkerIdCollision              two InstanceIds with one WorkerId
     ├── TransportError                     the network: connections, dials, admission
@@ -141,7 +141,9 @@ class CredentialsError(ConfigurationError):
 
 
 class LaneError(ConfigurationError):
-    """A lane index outside ``0 .. lanes-1`` (at most 16 lanes)."""
+    """A lane index outside ``0 .. 15``, the most lanes any node has. A lane at or above
+    the node's own lane count is no error: it folds onto ``lane % lanes``, so nodes with
+    different counts still talk."""
 
 
 class HandlerExists(ConfigurationError):

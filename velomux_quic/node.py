@@ -3,19 +3,8 @@
 A node is one process's endpoint in the cluster: one UDP port, one certificate, and the
 layers built on them (the QUIC transport, the messenger, the anchor manager and, unless
 it is disabled, the messenger mux), with one Prometheus registry for all of their
-metrics. Open it for the length of a block, the way aioquic's ``connect()`` is used::
-
-    from velomux_quic import open_node
-
-    async with open_node("certs/dev/node-b") as b, \\
-               open_node("certs/dev/node-a", peers=[b.record]) as a:
-        anchor = b.create_anchor()                    # the consumer's end
-        sender = await a.attach_anchor(anchor.handle) # the producer's end
-        await sender.send({"token": 1})
-        await sender.finalize()
-        async for item in anchor:
-            ...
-
+metrics. Open it for the length of a block with :func:`open_node`, the way aioquic's
+``connect()`` is used (docs/getting-started.md has a whole first program);
 ``await Node.start(...)`` returns a running node for code that manages its lifetime
 itself; it must then call :meth:`Node.close`.
 """
@@ -529,8 +518,8 @@ class Node:
     ) -> bytes:
         """Call the handler ``name`` of ``peer`` with ``payload`` and return its answer.
 
-        ``timeout`` (seconds; None waits as long as the connection lives) bounds the
-        whole call. Raises a :class:`~velomux_quic.errors.CallError` subclass:
+        ``timeout`` (seconds) bounds the whole call; None takes the messenger's
+        ``MessengerConfig.default_timeout`` (30 s unless configured). Raises a :class:`~velomux_quic.errors.CallError` subclass:
         ``UnknownHandler`` (the peer registered no such name), ``HandlerFailed`` (it
         raised; ``remote_message`` says what), ``RemoteRefused`` (malformed or too
         large for the peer), ``UnaryTimeout`` (no answer in time; the handler may still

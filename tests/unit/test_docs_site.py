@@ -82,12 +82,25 @@ def test_every_root_export_has_exactly_one_api_reference_entry() -> None:
     assert not not_exported, f"docs/api/ documents names the root does not export: {not_exported}"
 
 
-def test_every_relative_link_in_the_readme_resolves() -> None:
+REPOSITORY = "https://github.com/velomux/velomux_quic"
+
+
+def test_the_readme_links_are_absolute_and_those_into_the_repository_resolve() -> None:
+    """The README is the package index's page too, where a relative link breaks."""
     links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", (ROOT / "README.md").read_text())
     relative = [link for link in links if "://" not in link]
-    assert any(link.startswith("docs/") for link in relative), "the README links into the docs"
-    broken = [link for link in relative if not (ROOT / link).exists()]
-    assert not broken, f"README.md links to files that do not exist: {broken}"
+    assert not relative, f"README.md has relative links, broken on a package index: {relative}"
+    ours = [link for link in links if link.startswith(REPOSITORY + "/")]
+    assert any("/docs/" in link for link in ours), "the README links into the docs"
+    broken = [
+        link
+        for link in ours
+        if re.match(rf"{REPOSITORY}/(?:blob|tree)/main/", link)
+        and not (ROOT / re.sub(rf"{REPOSITORY}/(?:blob|tree)/main/", "", link)).exists()
+    ]
+    assert not broken, f"README.md links to files the repository does not have: {broken}"
+    project = (ROOT / "pyproject.toml").read_text()
+    assert f'Homepage = "{REPOSITORY}"' in project
 
 
 def test_every_page_the_package_source_names_exists() -> None:
