@@ -40,6 +40,7 @@ from .streaming.anchor import MpscAnchor, StreamAnchor
 from .streaming.control import StreamOpenTicket
 from .streaming.manager import AnchorManager, StreamingConfig
 from .streaming.sender import PassOutcome, StreamSender, send_pass
+from .tracing import node_tracing
 from .transport import TransportConfig
 
 if TYPE_CHECKING:
@@ -130,6 +131,9 @@ class Node:
         self._readiness: PeerReadiness | None = None
         self._configured_peers = tuple(record.instance_id for record in messenger.peers)
         self._credentials_dir = credentials_dir
+        # OpenTelemetry spans when the otel extra is installed; None (nothing imported,
+        # no hook anywhere) otherwise.
+        self._tracing = node_tracing(messenger, anchors, str(messenger.instance_id))
 
     @classmethod
     async def start(
@@ -403,7 +407,11 @@ class Node:
         ``AttachRefused`` (the anchor's node is unknown, unreachable or shares no
         transport: :meth:`add_peer` or discovery fixes the first).
         """
-        return await self.anchors.attach_anchor(handle, key=key)
+        if self._tracing is None:
+            return await self.anchors.attach_anchor(handle, key=key)
+        return await self._tracing.open_stream(
+            "attach", handle, lambda: self.anchors.attach_anchor(handle, key=key)
+        )
 
     async def attach_mpsc_anchor(
         self, handle: StreamAnchorHandle, *, key: int | None = None
@@ -414,7 +422,11 @@ class Node:
         ``max_senders`` producers are attached, and the other
         :class:`~velomux_quic.errors.AttachError` subclasses as :meth:`attach_anchor`.
         """
-        return await self.anchors.attach_mpsc_anchor(handle, key=key)
+        if self._tracing is None:
+            return await self.anchors.attach_mpsc_anchor(handle, key=key)
+        return await self._tracing.open_stream(
+            "attach", handle, lambda: self.anchors.attach_mpsc_anchor(handle, key=key)
+        )
 
     async def open_anchor_stream(
         self, handle: StreamAnchorHandle, ticket: StreamOpenTicket
@@ -427,7 +439,11 @@ class Node:
         :class:`~velomux_quic.errors.AttachRefused` when the anchor's node is unknown
         or unreachable (:meth:`add_peer` or discovery).
         """
-        return await self.anchors.open_anchor_stream(handle, ticket)
+        if self._tracing is None:
+            return await self.anchors.open_anchor_stream(handle, ticket)
+        return await self._tracing.open_stream(
+            "ticket", handle, lambda: self.anchors.open_anchor_stream(handle, ticket)
+        )
 
     async def send_pass(
         self,
@@ -493,6 +509,8 @@ class Node:
         starts with ``_`` (reserved for the library's own handlers).
         """
         self.messenger.register(name, handler, dispatch=dispatch)
+        if self._tracing is not None:
+            self._tracing.serve(name)
 
     async def send_message(
         self, peer: InstanceId, name: str, payload: bytes | bytearray | memoryview = b""
@@ -506,7 +524,8 @@ class Node:
         :class:`~velomux_quic.errors.TransportError` subclass when the message cannot
         be sent (``PeerNotRegistered``: :meth:`add_peer` or discovery).
         """
-        await self.messenger.am_send(peer, name, payload)
+        headers = None if self._tracing is None else self._tracing.message_headers()
+        await self.messenger.am_send(peer, name, payload, headers=headers)
 
     async def call(
         self,
@@ -519,14 +538,19 @@ class Node:
         """Call the handler ``name`` of ``peer`` with ``payload`` and return its answer.
 
         ``timeout`` (seconds) bounds the whole call; None takes the messenger's
-        ``MessengerConfig.default_timeout`` (30 s unless configured). Raises a :class:`~velomux_quic.errors.CallError` subclass:
+        ``MessengerConfig.default_timeout`` (30 s unless configured). Raises a
+        :class:`~velomux_quic.errors.CallError` subclass:
         ``UnknownHandler`` (the peer registered no such name), ``HandlerFailed`` (it
         raised; ``remote_message`` says what), ``RemoteRefused`` (malformed or too
         large for the peer), ``UnaryTimeout`` (no answer in time; the handler may still
         run), ``PeerGone`` (unreachable, or its connection died meanwhile), or
         ``MessengerClosed`` (this node is closing).
         """
-        return await self.messenger.unary(peer, name, payload, timeout=timeout)
+        if self._tracing is None:
+            return await self.messenger.unary(peer, name, payload, timeout=timeout)
+        return await self._tracing.call(
+            peer, name, lambda: self.messenger.unary(peer, name, payload, timeout=timeout)
+        )
 
     # -- credentials ---------------------------------------------------------------------
 

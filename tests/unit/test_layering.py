@@ -31,6 +31,7 @@ LAYERS = {
     "node": 6,
     "ops": 6,
     "snapshot": 6,
+    "tracing": 6,
     "demo": 7,
     "cli": 7,
     "service": 7,

@@ -135,6 +135,7 @@ class Messenger(TransportHandler):
         self.metrics = MessengerMetrics(registry)
         self._handlers = HandlerRegistry()
         self._header_codecs: dict[str, HeaderCodec[Any]] = {}
+        self._call_headers: Callable[[dict[str, str] | None], dict[str, str] | None] | None = None
         self._calls = PendingCalls()
         self._rendezvous = Rendezvous(
             config,
@@ -345,6 +346,23 @@ class Messenger(TransportHandler):
         """
         self._handlers.register(name, handler, dispatch=dispatch)
 
+    def wrap_handler(self, name: str, wrap: Callable[[HandlerSpec], Handler]) -> None:
+        """Run ``name``'s messages through ``wrap(its registration)`` from now on, with the
+        same dispatch: how a layer around the messenger (tracing) instruments a handler
+        another registered, system ones included. ConfigurationError when nothing is
+        registered under ``name``."""
+        if not self._handlers.wrap(name, wrap):
+            raise ConfigurationError(f"no handler named {name!r} is registered here")
+
+    def set_call_headers(
+        self, headers: Callable[[dict[str, str] | None], dict[str, str] | None] | None
+    ) -> None:
+        """Give every call this messenger makes (``unary``, ``am_sync``: attaches included)
+        the headers ``headers(the call's own)`` returns: how tracing puts the caller's
+        trace context into the request. None stops it. Messages (``am_send``) and the
+        mux's batches are not calls and never pass through it."""
+        self._call_headers = headers
+
     def unregister(self, name: str) -> None:
         """Stop serving ``name``: messages to it are then answered UnknownHandler.
 
@@ -546,6 +564,8 @@ class Messenger(TransportHandler):
         if self._closed:
             raise MessengerClosed("the messenger is closed", handler=handler)
         timeout = self.config.default_timeout if timeout is None else timeout
+        if self._call_headers is not None:
+            headers = self._call_headers(headers)
         if self._discovery is not None and self.transport.peer_address(peer) is None:
             await self.resolve(peer)
         message_id, future = self._calls.start(peer, handler, timeout)

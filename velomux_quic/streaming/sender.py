@@ -21,7 +21,7 @@ import contextlib
 import enum
 import logging
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal, Protocol
@@ -396,6 +396,13 @@ class StreamSender:
         """Leaving the block finalizes the stream, or drops it if the block raised."""
         self._finalizer.detach()
         self._state.terminal(DROPPED if exc_type is not None else FINALIZED)
+
+    def on_retired(self, callback: Callable[[Retired], None]) -> None:
+        """Call ``callback(outcome)`` once the stream retires (at once if it has): what
+        :meth:`retired` returns, without a task waiting for it per stream."""
+        self._state.retired.add_done_callback(
+            lambda done: None if done.cancelled() else callback(done.result())
+        )
 
     async def retired(self) -> Retired:
         """Resolves once the consumer's node holds all of the stream's output
