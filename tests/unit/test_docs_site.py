@@ -130,3 +130,36 @@ def test_the_getting_started_example_is_short_and_uses_only_the_root() -> None:
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("velomux_quic")
     ]
     assert modules == ["velomux_quic"], modules
+
+
+def test_every_link_into_the_repository_names_a_file_it_has() -> None:
+    """docs/ links to perf/results/ and examples/ by their repository address (they are
+    outside the site); each must exist in this tree."""
+    pages = [*DOCS.rglob("*.md"), ROOT / "README.md", *(ROOT / "examples").glob("*.md")]
+    pattern = re.compile(rf"{REPOSITORY}/(?:blob|tree)/main/([^)#\s]+)")
+    broken = sorted(
+        f"{page.relative_to(ROOT)}: {target}"
+        for page in pages
+        for target in pattern.findall(page.read_text())
+        if not (ROOT / target).exists()
+    )
+    assert not broken, f"links to files the repository does not have: {broken}"
+
+
+def test_the_headline_figures_are_the_performance_pages_own() -> None:
+    """The README and the site's home page quote the figure performance.md gives, not
+    another run's."""
+    performance = (DOCS / "performance.md").read_text()
+    for page in (ROOT / "README.md", DOCS / "index.md"):
+        figures = re.findall(r"\d+\.\d+-\d+\.\d+x", page.read_text())
+        assert figures, f"{page.name} quotes no ratio"
+        missing = [figure for figure in figures if figure not in performance]
+        assert not missing, f"{page.name} quotes {missing}, which performance.md does not"
+
+
+def test_the_quickstart_is_written_once() -> None:
+    """The first program lives in getting-started.md; the README and the home page link
+    to it instead of repeating it."""
+    for page in (ROOT / "README.md", DOCS / "index.md"):
+        assert "```python" not in page.read_text(), page.name
+        assert "getting-started.md" in page.read_text(), page.name
