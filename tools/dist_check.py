@@ -207,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix="velomux-dist-check-"))
     try:
-        wheel, sdist = built(args.dist, str(meta["version"]))
+        wheel, sdist = built(args.dist.resolve(), str(meta["version"]))
         print(f"dist-check: {wheel.name}, {sdist.name}")
         check_wheel_metadata(wheel, meta)
         check_sdist(sdist)
