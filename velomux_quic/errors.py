@@ -57,6 +57,9 @@ metric labels and logs, the way aioquic's and h2's errors do. Each class also st
 importable from the module that raises it, where it used to live.
 """
 
+# "The chapter" in this file is the Batched streaming chapter of the velo book, the
+# design this library implements (docs/architecture.md says how it is built):
+# https://github.com/ai-dynamo/velo/blob/main/docs/src/concepts/batched-streaming.md
 from __future__ import annotations
 
 from enum import StrEnum
@@ -444,7 +447,7 @@ class ProtocolErrorCode(StrEnum):
 class ProtocolError(VelomuxError, ValueError):
     """Bytes from a peer that break the wire format; ``code`` names the part.
 
-    The library drops exactly what the design chapter says (one batch, one slot, one
+    The library drops exactly what the Batched streaming chapter says (one batch, one slot, one
     connection) and counts it; the error reaches a caller only where a request of its
     own was answered with such bytes.
     """

@@ -1,4 +1,4 @@
-"""Node: the one object an application holds (the design chapter's ``Velo``).
+"""Node: the one object an application holds (the Batched streaming chapter's ``Velo``).
 
 A node is one process's endpoint in the cluster: one UDP port, one certificate, and the
 layers built on them (the QUIC transport, the messenger, the anchor manager and, unless
@@ -9,6 +9,9 @@ metrics. Open it for the length of a block with :func:`open_node`, the way aioqu
 itself; it must then call :meth:`Node.close`.
 """
 
+# "The chapter" in this file is the Batched streaming chapter of the velo book, the
+# design this library implements (docs/architecture.md says how it is built):
+# https://github.com/ai-dynamo/velo/blob/main/docs/src/concepts/batched-streaming.md
 from __future__ import annotations
 
 import contextlib
@@ -177,7 +180,7 @@ class Node:
         ``velomux probe``, which others must not dial or route to. ``registry`` is the
         Prometheus registry its
         metrics go to (a new one by default). ``name`` labels the node in records and logs
-        (the credentials' name by default). The configs default to the design chapter's
+        (the credentials' name by default). The configs default to the Batched streaming chapter's
         values; ``mux=MuxConfig(enabled=False)`` (or the environment variable
         ``VELO_MESSENGER_MUX_DISABLE=1``) runs without the mux.
 

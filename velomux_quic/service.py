@@ -21,6 +21,9 @@ connections, printing ``credentials_reloaded`` or ``credentials_reload_failed``;
 set leaves the running credentials in place and the node running.
 """
 
+# "The chapter" in this file is the Batched streaming chapter of the velo book, the
+# design this library implements (docs/architecture.md says how it is built):
+# https://github.com/ai-dynamo/velo/blob/main/docs/src/concepts/batched-streaming.md
 from __future__ import annotations
 
 import argparse

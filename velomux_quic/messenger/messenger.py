@@ -5,7 +5,7 @@ unary request/response with typed remote errors and timeouts, and dispatch of ea
 message to the handler registered under its name, inline, ordered per (sender, lane), or
 spawned (see :meth:`Messenger.register`).
 
-Replies go back the way ARCHITECTURE.md decides: on *this* node's own outbound connection
+Replies go back the way docs/architecture.md decides: on *this* node's own outbound connection
 to the sender, on the lane the request arrived on. The sender of every message is the
 InstanceId its connection's certificate proved, never something the message says.
 

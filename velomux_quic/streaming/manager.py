@@ -20,6 +20,9 @@ Anchors and senders call back only through the Protocols their modules define
 :class:`~velomux_quic.streaming.sender.SenderOwner`), so no module below imports this one.
 """
 
+# "The chapter" in this file is the Batched streaming chapter of the velo book, the
+# design this library implements (docs/architecture.md says how it is built):
+# https://github.com/ai-dynamo/velo/blob/main/docs/src/concepts/batched-streaming.md
 from __future__ import annotations
 
 import asyncio

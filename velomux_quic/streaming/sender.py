@@ -14,6 +14,9 @@ The consumer's cancel and graceful stop reach the producer as two read-only cond
 streams, under the rules ``send()`` follows, reporting per pair what it could not take.
 """
 
+# "The chapter" in this file is the Batched streaming chapter of the velo book, the
+# design this library implements (docs/architecture.md says how it is built):
+# https://github.com/ai-dynamo/velo/blob/main/docs/src/concepts/batched-streaming.md
 from __future__ import annotations
 
 import asyncio
@@ -73,7 +76,7 @@ class Retired(enum.Enum):
     consumer's node therefore holds the whole stream, in order; its reader gets to the
     end unless the stream had already ended there (the consumer cancelled it, or its
     watchdog fired first) or that node fails before the reader takes it. No message of
-    the consumer confirms it (the design chapter rejected that round trip per stream).
+    the consumer confirms it (the Batched streaming chapter rejected that round trip per stream).
     On the per-stream path: the terminal was admitted to the stream's QUIC send buffer.
     To a same-node anchor: it is in the anchor's channel."""
 
