@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install etcd test test-slow soak demo certs lint docs perf fuzz clean
+.PHONY: install etcd test test-slow test-pythons soak demo certs lint docs perf fuzz dist dist-check clean
 
 # editable_mode=compat installs a plain .pth entry for the source tree: setuptools' default
 # editable install is an import hook, which mypy cannot see, so a user program's
@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,lint,perf,docs,etcd]' --config-settings editable_mode=compat
+	$(PY) -m pip install --quiet -e '.[test,lint,perf,docs,etcd,otel]' --config-settings editable_mode=compat
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -57,9 +57,9 @@ certs: $(STAMP)
 # (examples/mypy.ini: strict, nothing else): once through the installed package, once with
 # MYPYPATH pointing at the source tree, where mypy analyses the library as user code.
 lint: $(STAMP)
-	$(VENV)/bin/ruff check velomux_quic tests perf examples fuzz
-	$(VENV)/bin/ruff format --check velomux_quic tests perf examples fuzz
-	$(VENV)/bin/mypy velomux_quic tests/conftest.py fuzz
+	$(VENV)/bin/ruff check velomux_quic tests perf examples fuzz tools
+	$(VENV)/bin/ruff format --check velomux_quic tests perf examples fuzz tools
+	$(VENV)/bin/mypy velomux_quic tests/conftest.py fuzz tools
 	cd examples && $(abspath $(VENV))/bin/mypy --config-file mypy.ini .
 	cd examples && MYPYPATH=$(CURDIR) $(abspath $(VENV))/bin/mypy --config-file mypy.ini .
 
@@ -93,5 +93,31 @@ fuzz: $(FUZZ_STAMP)
 		tests/unit/test_fuzz_properties.py
 	-$(PY) -m fuzz.replay
 
+# The release: the sdist and the wheel, built by the PEP 517 front end from this tree in
+# an isolated environment (whatever the build system builds, compiled code included), and
+# checked by twine as a package index would render them.
+RELEASE_STAMP := $(VENV)/.installed-release
+
+$(RELEASE_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[release]' --config-settings editable_mode=compat
+	touch $(RELEASE_STAMP)
+
+dist: $(RELEASE_STAMP)
+	rm -rf dist
+	$(PY) -m build --outdir dist .
+	$(VENV)/bin/twine check --strict dist/*
+
+# The wheel in a fresh virtual environment outside the checkout, used as a user would
+# (tools/dist_check.py says what it runs).
+dist-check: dist
+	$(PY) tools/dist_check.py --dist dist
+
+# The package built from the sdist and tested under every Python it declares (pyenv's,
+# or pythonX.Y on PATH; a missing one fails saying how to get it). PYTHONS must match the
+# classifiers in pyproject.toml (a unit test checks).
+PYTHONS ?= 3.11 3.12 3.13
+test-pythons: dist etcd
+	$(PY) tools/test_pythons.py --dist dist $(PYTHONS)
+
 clean:
-	rm -rf $(VENV) build site *.egg-info .mypy_cache .ruff_cache
+	rm -rf $(VENV) build dist site *.egg-info .mypy_cache .ruff_cache

@@ -11,7 +11,7 @@ measured:
 * for each lane count in 1, 2, 4, 8, 16 (``--lanes``);
 * at two datagram sizes, 1452 and 16,384 bytes (``--datagram-sizes``);
 * on two networks (``--conditions``): ``clean`` loopback, and ``impaired``, where every
-  datagram of both connections crosses the UDP impairment proxy (tests/impair/proxy.py)
+  datagram of both connections crosses the UDP impairment proxy (velomux_quic/demo/proxy.py)
   running in a process of its own, so that it does not take the producer's CPU: by
   default 1% loss and 5 ms of delay each way (``--loss``, ``--delay-ms``, ``--jitter-ms``).
   Run *k* of every configuration uses proxy seed ``--seed + k - 1``, so the arms of one
@@ -745,7 +745,7 @@ def _child_command(args: argparse.Namespace, arm: Arm, role: str, credentials: P
 
 def _proxy_command(args: argparse.Namespace, target: Sequence[Any], number: int) -> list[str]:
     return [
-        sys.executable, "-m", "tests.impair.proxy",
+        sys.executable, "-m", "velomux_quic.demo.proxy",
         "--target", f"{target[0]}:{target[1]}",
         "--loss", str(args.loss),
         "--delay-ms", str(args.delay_ms),

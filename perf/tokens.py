@@ -20,7 +20,7 @@ processes; a failed run is reported as failed and the others go on:
 * ``per-stream``: the engine offers only ``quic-stream-v1``, so every stream is its own QUIC
   stream whatever else the nodes could negotiate;
 * ``grpc``: grpc.aio, the engine a gRPC server, each frontend one channel and one
-  server-streaming RPC per request (``perf/grpc_tokens.py``), with the same token bytes
+  server-streaming RPC per request (``velomux_quic/demo/grpc_tokens.py``), with the same token bytes
   and the same checks. TLS with the same certificates, client certificates required, unless
   ``--grpc-insecure``;
 * ``bare``: the floor, raw aioquic with no velomux streaming code in the data path
@@ -930,8 +930,8 @@ class NodeArm(Arm):
 
 
 class GrpcArm(Arm):
-    """grpc.aio (``perf/grpc_tokens.py``): the engine is the server and starts first; its
-    port goes to every frontend, which opens one server-streaming RPC per stream."""
+    """grpc.aio (``velomux_quic/demo/grpc_tokens.py``): the engine is the server and starts
+    first; its port goes to every frontend, which opens one server-streaming RPC per stream."""
 
     quic = False
 
@@ -943,7 +943,8 @@ class GrpcArm(Arm):
         tally: Tally,
     ) -> None:
         from grpc import aio as grpc_aio
-        from grpc_tokens import TokenClient
+
+        from velomux_quic.demo.grpc_tokens import TokenClient
 
         credentials = None if args.grpc_insecure else args.credentials
         client = await TokenClient.open(args.grpc_port, credentials, args.timeout)
@@ -964,7 +965,7 @@ class GrpcArm(Arm):
     async def engine(
         self, args: argparse.Namespace, scenario: Scenario, stdin: asyncio.StreamReader
     ) -> None:
-        from grpc_tokens import TokenServer
+        from velomux_quic.demo.grpc_tokens import TokenServer
 
         server = TokenServer(scenario.streams, args.grpc_queue)
         try:
@@ -1349,14 +1350,14 @@ async def one_run(
 async def _impair(
     handoff: Path, args: argparse.Namespace, seed: int, timeout: float
 ) -> asyncio.subprocess.Process:
-    """Start the impairment proxy (tests/impair/proxy.py, a process of its own so it takes
-    no CPU from the arms) in front of one frontend, and point the engine at it. The
+    """Start the impairment proxy (velomux_quic/demo/proxy.py, a process of its own so it
+    takes no CPU from the arms) in front of one frontend, and point the engine at it. The
     frontend learns the engine's return address from the proxied connection, so both
     directions cross it."""
     data = json.loads(handoff.read_text())
     host, port = data["address"]
     proxy = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tests.impair.proxy", "--target", f"{host}:{port}",
+        sys.executable, "-m", "velomux_quic.demo.proxy", "--target", f"{host}:{port}",
         "--loss", str(args.loss), "--delay-ms", str(args.delay_ms), "--seed", str(seed),
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.DEVNULL, cwd=SCRIPT.parent.parent,

@@ -7,6 +7,7 @@ import os
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
+from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -30,6 +31,20 @@ try:
     import uvloop
 except ImportError:  # pragma: no cover - non-Linux
     uvloop = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """``VELOMUX_TEST_INSTALLED=1`` (``make test-pythons``, ``make dist-check``): the
+    session tests an installed package, so one imported from this checkout is an error."""
+    if os.environ.get("VELOMUX_TEST_INSTALLED") == "1":
+        import velomux_quic
+
+        package = Path(velomux_quic.__file__).resolve()
+        if package.is_relative_to(Path(__file__).resolve().parent.parent):
+            raise pytest.UsageError(
+                f"VELOMUX_TEST_INSTALLED=1, but velomux_quic comes from the checkout "
+                f"({package}): run the environment's pytest with --import-mode=append"
+            )
 
 
 def pytest_asyncio_loop_factories(

@@ -8,14 +8,51 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Sequence
+import textwrap
+from collections.abc import Callable, Iterator, Sequence
 
 from velomux_quic.demo import add_demo_commands
 from velomux_quic.probe import add_probe_commands
 from velomux_quic.security.cli import add_certs_commands
 from velomux_quic.service import add_node_commands
 
-__all__ = ["build_parser", "main"]
+__all__ = ["HelpFormatter", "build_parser", "main", "parsers"]
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Every command's help: a description's paragraphs keep the line breaks they were
+    written with (a list, say) unless a line is too long for the terminal, and an
+    option's help ends with its default unless it has none (None, a flag's False, an
+    empty list) or says it in its own words."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        paragraphs = []
+        for paragraph in text.strip("\n").split("\n\n"):
+            if max(map(len, paragraph.splitlines()), default=0) <= width:
+                paragraphs.append(textwrap.indent(paragraph, indent))
+            else:
+                paragraphs.append(super()._fill_text(paragraph, width, indent))
+        return "\n\n".join(paragraphs)
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help
+        if not text or text is argparse.SUPPRESS or not action.option_strings:
+            return text
+        default = action.default
+        if default in (None, False, [], argparse.SUPPRESS) or "default" in text:
+            return text
+        if text.endswith(")"):  # "(1 to 1024)" reads "(1 to 1024; default: 4)"
+            return f"{text[:-1]}; default: %(default)s)"
+        return f"{text} (default: %(default)s)"
+
+
+def parsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
+    """``parser`` and every subcommand's parser under it, depth first."""
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                yield from parsers(child)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_demo_commands(commands)
     add_node_commands(commands)
     add_probe_commands(commands)
+    for each in parsers(parser):
+        each.formatter_class = HelpFormatter
     return parser
 
 

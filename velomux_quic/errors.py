@@ -7,7 +7,7 @@ one attach, end one request, or blame the peer)::
     VelomuxError
     ├── ConfigurationError (ValueError)    bad settings, files or arguments: fix and restart
     │   ├── CredentialsError               a certificate, key or CA file missing or unusable
-    │   ├── LaneError                      a lane outside 0 .. lanes-1
+    │   ├── LaneError                      a lane outside 0 .. 15
     │   ├── HandlerExists                  a handler name already taken (or reserved)
     │   └── WorkerIdCollision              two InstanceIds with one WorkerId
     ├── TransportError                     the network: connections, dials, admission
@@ -57,6 +57,9 @@ metric labels and logs, the way aioquic's and h2's errors do. Each class also st
 importable from the module that raises it, where it used to live.
 """
 
+# "The chapter" in this file is the Batched streaming chapter of the velo book, the
+# design this library implements (docs/architecture.md says how it is built):
+# https://github.com/ai-dynamo/velo/blob/main/docs/src/concepts/batched-streaming.md
 from __future__ import annotations
 
 from enum import StrEnum
@@ -138,7 +141,9 @@ class CredentialsError(ConfigurationError):
 
 
 class LaneError(ConfigurationError):
-    """A lane index outside ``0 .. lanes-1`` (at most 16 lanes)."""
+    """A lane index outside ``0 .. 15``, the most lanes any node has. A lane at or above
+    the node's own lane count is no error: it folds onto ``lane % lanes``, so nodes with
+    different counts still talk."""
 
 
 class HandlerExists(ConfigurationError):
@@ -442,7 +447,7 @@ class ProtocolErrorCode(StrEnum):
 class ProtocolError(VelomuxError, ValueError):
     """Bytes from a peer that break the wire format; ``code`` names the part.
 
-    The library drops exactly what the design chapter says (one batch, one slot, one
+    The library drops exactly what the Batched streaming chapter says (one batch, one slot, one
     connection) and counts it; the error reaches a caller only where a request of its
     own was answered with such bytes.
     """

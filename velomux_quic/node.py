@@ -1,25 +1,17 @@
-"""Node: the one object an application holds (the design chapter's ``Velo``).
+"""Node: the one object an application holds (the Batched streaming chapter's ``Velo``).
 
 A node is one process's endpoint in the cluster: one UDP port, one certificate, and the
 layers built on them (the QUIC transport, the messenger, the anchor manager and, unless
 it is disabled, the messenger mux), with one Prometheus registry for all of their
-metrics. Open it for the length of a block, the way aioquic's ``connect()`` is used::
-
-    from velomux_quic import open_node
-
-    async with open_node("certs/dev/node-b") as b, \\
-               open_node("certs/dev/node-a", peers=[b.record]) as a:
-        anchor = b.create_anchor()                    # the consumer's end
-        sender = await a.attach_anchor(anchor.handle) # the producer's end
-        await sender.send({"token": 1})
-        await sender.finalize()
-        async for item in anchor:
-            ...
-
+metrics. Open it for the length of a block with :func:`open_node`, the way aioquic's
+``connect()`` is used (docs/getting-started.md has a whole first program);
 ``await Node.start(...)`` returns a running node for code that manages its lifetime
 itself; it must then call :meth:`Node.close`.
 """
 
+# "The chapter" in this file is the Batched streaming chapter of the velo book, the
+# design this library implements (docs/architecture.md says how it is built):
+# https://github.com/ai-dynamo/velo/blob/main/docs/src/concepts/batched-streaming.md
 from __future__ import annotations
 
 import asyncio
@@ -57,6 +49,7 @@ from .streaming.anchor import MpscAnchor, StreamAnchor
 from .streaming.control import StreamOpenTicket
 from .streaming.manager import AnchorManager, StreamingConfig
 from .streaming.sender import PassOutcome, StreamSender, send_pass
+from .tracing import node_tracing
 from .transport import TransportConfig
 
 if TYPE_CHECKING:
@@ -160,6 +153,10 @@ class Node:
         self._thread = threading.get_ident()
         """The thread whose event loop runs the node: the only one that may use it."""
 
+        # OpenTelemetry spans when the otel extra is installed; None (nothing imported,
+        # no hook anywhere) otherwise.
+        self._tracing = node_tracing(messenger, anchors, str(messenger.instance_id))
+
     # -- threads -------------------------------------------------------------------------
 
     @property
@@ -238,7 +235,7 @@ class Node:
         ``velomux probe``, which others must not dial or route to. ``registry`` is the
         Prometheus registry its
         metrics go to (a new one by default). ``name`` labels the node in records and logs
-        (the credentials' name by default). The configs default to the design chapter's
+        (the credentials' name by default). The configs default to the Batched streaming chapter's
         values; ``mux=MuxConfig(enabled=False)`` (or the environment variable
         ``VELO_MESSENGER_MUX_DISABLE=1``) runs without the mux.
 
@@ -499,7 +496,11 @@ class Node:
         transport: :meth:`add_peer` or discovery fixes the first).
         """
         self._on_own_loop()
-        return await self.anchors.attach_anchor(handle, key=key)
+        if self._tracing is None:
+            return await self.anchors.attach_anchor(handle, key=key)
+        return await self._tracing.open_stream(
+            "attach", handle, lambda: self.anchors.attach_anchor(handle, key=key)
+        )
 
     async def attach_mpsc_anchor(
         self, handle: StreamAnchorHandle, *, key: int | None = None
@@ -511,7 +512,11 @@ class Node:
         :class:`~velomux_quic.errors.AttachError` subclasses as :meth:`attach_anchor`.
         """
         self._on_own_loop()
-        return await self.anchors.attach_mpsc_anchor(handle, key=key)
+        if self._tracing is None:
+            return await self.anchors.attach_mpsc_anchor(handle, key=key)
+        return await self._tracing.open_stream(
+            "attach", handle, lambda: self.anchors.attach_mpsc_anchor(handle, key=key)
+        )
 
     async def open_anchor_stream(
         self, handle: StreamAnchorHandle, ticket: StreamOpenTicket
@@ -525,7 +530,11 @@ class Node:
         or unreachable (:meth:`add_peer` or discovery).
         """
         self._on_own_loop()
-        return await self.anchors.open_anchor_stream(handle, ticket)
+        if self._tracing is None:
+            return await self.anchors.open_anchor_stream(handle, ticket)
+        return await self._tracing.open_stream(
+            "ticket", handle, lambda: self.anchors.open_anchor_stream(handle, ticket)
+        )
 
     async def send_pass(
         self,
@@ -594,6 +603,8 @@ class Node:
         """
         self._on_own_thread()
         self.messenger.register(name, handler, dispatch=dispatch)
+        if self._tracing is not None:
+            self._tracing.serve(name)
 
     async def send_message(
         self, peer: InstanceId, name: str, payload: bytes | bytearray | memoryview = b""
@@ -608,7 +619,8 @@ class Node:
         be sent (``PeerNotRegistered``: :meth:`add_peer` or discovery).
         """
         self._on_own_loop()
-        await self.messenger.am_send(peer, name, payload)
+        headers = None if self._tracing is None else self._tracing.message_headers()
+        await self.messenger.am_send(peer, name, payload, headers=headers)
 
     async def call(
         self,
@@ -620,8 +632,9 @@ class Node:
     ) -> bytes:
         """Call the handler ``name`` of ``peer`` with ``payload`` and return its answer.
 
-        ``timeout`` (seconds; None waits as long as the connection lives) bounds the
-        whole call. Raises a :class:`~velomux_quic.errors.CallError` subclass:
+        ``timeout`` (seconds) bounds the whole call; None takes the messenger's
+        ``MessengerConfig.default_timeout`` (30 s unless configured). Raises a
+        :class:`~velomux_quic.errors.CallError` subclass:
         ``UnknownHandler`` (the peer registered no such name), ``HandlerFailed`` (it
         raised; ``remote_message`` says what), ``RemoteRefused`` (malformed or too
         large for the peer), ``UnaryTimeout`` (no answer in time; the handler may still
@@ -629,7 +642,11 @@ class Node:
         ``MessengerClosed`` (this node is closing).
         """
         self._on_own_loop()
-        return await self.messenger.unary(peer, name, payload, timeout=timeout)
+        if self._tracing is None:
+            return await self.messenger.unary(peer, name, payload, timeout=timeout)
+        return await self._tracing.call(
+            peer, name, lambda: self.messenger.unary(peer, name, payload, timeout=timeout)
+        )
 
     # -- credentials ---------------------------------------------------------------------
 

@@ -902,13 +902,34 @@ def probe_main(args: argparse.Namespace) -> int:
     return code
 
 
+DESCRIPTION = """\
+Is the path to a peer trustworthy, and how fast? The probe starts a node of its own
+from the configuration (its own credentials; port 0 is fine), proves who the peer is,
+then opens --streams streams to it and streams fixed-size records for --duration
+seconds (or --records per stream, at --rate records/s across all streams when given)
+through the peer's velomux.echo handler: the peer, a `velomux node`, reads each stream
+and writes every record back. It prints:
+
+  identity    the InstanceId the peer's certificate proved in the handshake,
+              the trust domain, the certificate's serial, fingerprint and
+              not-after, the handshake time, the transport negotiated
+  throughput  records/s and bytes/s that reached the peer, records per write
+  latency     round-trip p50/p99 (probe, peer, probe) on the probe's clock
+  delivery    records sent, counted by the peer (a CRC-32 per stream) and
+              echoed back; streams completed whole; errors by class
+
+Exit 0 when every stream completed whole and the identity was verified, 1 when
+anything was lost or failed (a refused handshake says why), 2 for a usage or
+configuration error.
+"""
+
+
 def add_probe_commands(commands: Any) -> None:
     """Add ``velomux probe`` to the command's subparsers."""
     parser = commands.add_parser(
         "probe",
         help="prove a peer's identity and measure streams to it (run `velomux node` there)",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=DESCRIPTION,
     )
     parser.add_argument(
         "peer",
@@ -916,37 +937,51 @@ def add_probe_commands(commands: Any) -> None:
         help="an InstanceId, a [[peers]] or discovered name, or host:port (with --peer-id)",
     )
     parser.add_argument(
-        "--config", required=True, help="the probe's own node (its credentials), in TOML"
+        "--config",
+        required=True,
+        metavar="TOML",
+        help="the probe's own node configuration (its credentials)",
     )
-    parser.add_argument("--peer-id", help="the InstanceId of a PEER given as host:port")
     parser.add_argument(
-        "--streams", type=int, default=4, help=f"streams to open (1 to {MAX_STREAMS}; 4)"
+        "--peer-id", metavar="UUID", help="the InstanceId of a PEER given as host:port"
+    )
+    parser.add_argument(
+        "--streams", type=int, default=4, help=f"streams to open (1 to {MAX_STREAMS})"
     )
     bound = parser.add_mutually_exclusive_group()
     bound.add_argument(
-        "--duration", type=float, help=f"seconds to stream (default 5, at most {MAX_DURATION:g})"
+        "--duration",
+        type=float,
+        metavar="SECONDS",
+        help=f"how long to stream (default 5, at most {MAX_DURATION:g})",
     )
-    bound.add_argument("--records", type=int, help="records per stream, in place of --duration")
+    bound.add_argument(
+        "--records", type=int, metavar="N", help="records per stream, in place of --duration"
+    )
     parser.add_argument(
-        "--rate", type=float, help="records per second across all streams (default: no pacing)"
+        "--rate",
+        type=float,
+        metavar="PER_SECOND",
+        help="records per second across all streams (default: no pacing)",
     )
     parser.add_argument(
         "--payload-bytes",
         type=int,
         default=64,
-        help=f"bytes per record ({MIN_PAYLOAD_BYTES} to {MAX_PAYLOAD_BYTES}; 64)",
+        help=f"bytes per record ({MIN_PAYLOAD_BYTES} to {MAX_PAYLOAD_BYTES})",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(
         "--timeout",
         type=float,
         default=20.0,
-        help="seconds each step may take beyond the streaming (handshake, calls, drain; 20)",
+        metavar="SECONDS",
+        help="how long each step may take beyond the streaming (handshake, calls, drain)",
     )
     parser.add_argument(
         "--log-level",
         default="error",
         choices=["debug", "info", "warning", "error"],
-        help="library log records shown on standard error (error)",
+        help="the least severe library log record shown on standard error",
     )
     parser.set_defaults(handler=probe_main)

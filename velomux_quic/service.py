@@ -21,6 +21,9 @@ connections, printing ``credentials_reloaded`` or ``credentials_reload_failed``;
 set leaves the running credentials in place and the node running.
 """
 
+# "The chapter" in this file is the Batched streaming chapter of the velo book, the
+# design this library implements (docs/architecture.md says how it is built):
+# https://github.com/ai-dynamo/velo/blob/main/docs/src/concepts/batched-streaming.md
 from __future__ import annotations
 
 import argparse
@@ -580,29 +583,50 @@ def node_main(args: argparse.Namespace) -> int:
         return EXIT_BAD_CONFIG
 
 
+DESCRIPTION = """\
+Run one node as a service, from a TOML configuration (examples/node.toml in the
+repository lists every key). Besides the application's traffic it serves the probe:
+its velomux.sink handler hands a producer a fresh anchor (and a zero-RTT ticket when
+the mux runs) and counts what arrives in velomux_sink_records_total and
+velomux_sink_streams_total.
+
+Every event is one key=value line on standard output, flushed at once; library log
+records go to standard error in the same form. SIGTERM or SIGINT drains the open
+streams for --drain-timeout seconds, closes the node and exits 0. SIGHUP reads the
+credentials directory again (renewed certificate, new trust roots) for new
+connections and prints credentials_reloaded or credentials_reload_failed. A bad
+configuration exits 2 with one line saying what is wrong and where.
+"""
+
+
 def add_node_commands(commands: Any) -> None:
     """Add ``velomux node`` to the command's subparsers."""
     parser = commands.add_parser(
         "node",
         help="run one node as a service, from a TOML configuration",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=DESCRIPTION,
     )
-    parser.add_argument("--config", required=True, help="the node's TOML file (see node.toml)")
+    parser.add_argument(
+        "--config", required=True, metavar="TOML", help="the node's configuration file"
+    )
     parser.add_argument(
         "--drain-timeout",
         type=float,
         default=10.0,
-        help="seconds open streams get to finish on SIGTERM/SIGINT before the node closes",
+        metavar="SECONDS",
+        help="how long open streams get to finish on SIGTERM/SIGINT before the node closes",
     )
     parser.add_argument(
         "--ops",
         default="127.0.0.1:0",
         metavar="HOST:PORT",
-        help="where /metrics, /healthz and /readyz listen (127.0.0.1:0, any free port: the "
-        "'listening' line says which); 'off' to serve none",
+        help="where /metrics, /healthz and /readyz listen (port 0: any free port, which the "
+        "'listening' line names); 'off' to serve none",
     )
     parser.add_argument(
-        "--log-level", default="warning", choices=["debug", "info", "warning", "error"]
+        "--log-level",
+        default="warning",
+        choices=["debug", "info", "warning", "error"],
+        help="the least severe library log record shown on standard error",
     )
     parser.set_defaults(handler=node_main)

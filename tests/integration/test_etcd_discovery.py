@@ -27,6 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests import etcd_server as etcd_fixtures
 from tests.conftest import StartNode
 from tests.etcd_server import EtcdServer, EtcdTls, require_etcd
+from tests.polling import poll_until
 from velomux_quic import (
     ConfigurationError,
     Context,
@@ -57,14 +58,6 @@ def prefix() -> str:
 
 def peers_of(node: Node) -> dict[InstanceId, PeerRecord]:
     return {record.instance_id: record for record in node.snapshot().peers}
-
-
-async def eventually(predicate: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
-    """Wait (bounded) until ``predicate()`` holds; fail naming ``what``."""
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.02)
-    assert predicate(), what
 
 
 def metric(node: Node, name: str, **labels: str) -> float:
@@ -99,7 +92,9 @@ async def test_nodes_discover_each_other_call_and_stream(
     # Nobody was told about anybody: the watch brings every node to the others.
     for node in (a, b, c):
         others = {n.instance_id for n in (a, b, c)} - {node.instance_id}
-        await eventually(lambda node=node, others=others: others <= set(peers_of(node)), "joins")
+        await poll_until(
+            lambda node=node, others=others: others <= set(peers_of(node)), "joins", timeout=WAIT
+        )
         assert node.instance_id not in peers_of(node), "a node does not list itself"
     assert peers_of(a)[b.instance_id].address == b.address
 
@@ -132,9 +127,9 @@ async def test_a_closed_node_leaves_the_others_at_once(
     # watch, not from the lease running out.
     a = await start_nodes("node-a", discovery=etcd_peers(etcd_server, prefix, lease_ttl=30))
     b = await start_nodes("node-b", discovery=etcd_peers(etcd_server, prefix, lease_ttl=30))
-    await eventually(lambda: b.instance_id in peers_of(a), "b joins a")
+    await poll_until(lambda: b.instance_id in peers_of(a), "b joins a", timeout=WAIT)
     await b.close()
-    await eventually(lambda: b.instance_id not in peers_of(a), "b leaves a", timeout=10)
+    await poll_until(lambda: b.instance_id not in peers_of(a), "b leaves a", timeout=10)
     client = await raw_client(etcd_server)
     try:
         assert await client.get(f"{prefix}/{b.instance_id}".encode()) is None
@@ -154,7 +149,7 @@ async def test_a_node_back_at_a_new_address_is_dialed_there(
         first = await Node.start(credentials, discovery=etcd_peers(etcd_server, prefix))
         stack.push_async_callback(first.close)
         first.register_handler("who", lambda ctx: b"first")
-        await eventually(lambda: first.instance_id in peers_of(a), "b joins")
+        await poll_until(lambda: first.instance_id in peers_of(a), "b joins", timeout=WAIT)
         assert await a.call(first.instance_id, "who", b"", timeout=10) == b"first"
         # The same identity comes up elsewhere (a restart on a new port) and re-registers
         # over the record of the old process, which is still alive but forgotten.
@@ -162,8 +157,10 @@ async def test_a_node_back_at_a_new_address_is_dialed_there(
         stack.push_async_callback(second.close)
         second.register_handler("who", lambda ctx: b"second")
         assert second.instance_id == first.instance_id and second.address != first.address
-        await eventually(
-            lambda: peers_of(a)[first.instance_id].address == second.address, "a hears the move"
+        await poll_until(
+            lambda: peers_of(a)[first.instance_id].address == second.address,
+            "a hears the move",
+            timeout=WAIT,
         )
         assert await a.call(first.instance_id, "who", b"", timeout=10) == b"second"
         assert metric(a, "velo_discovery_peer_events_total", backend="etcd", event="change") >= 1
@@ -203,10 +200,10 @@ async def test_a_killed_process_lapses_from_the_registry_within_its_ttl(
         report = json.loads(line)
         assert report["connected"] is True
         ghost = InstanceId.parse(report["instance_id"])
-        await eventually(lambda: ghost in peers_of(a), "the child's record reaches a")
+        await poll_until(lambda: ghost in peers_of(a), "the child's record reaches a", timeout=WAIT)
         child.send_signal(signal.SIGKILL)  # no close, no revoke: only the lease can end it
         await asyncio.to_thread(child.wait, 10)
-        await eventually(
+        await poll_until(
             lambda: ghost not in peers_of(a), "the lapsed lease removes it", timeout=TTL + 8
         )
         assert metric(a, "velo_discovery_peer_events_total", backend="etcd", event="leave") >= 1
@@ -224,7 +221,7 @@ async def test_etcd_restarted_mid_run_the_nodes_re_register_and_go_on(
 ) -> None:
     a = await start_nodes("node-a", discovery=etcd_peers(etcd_server, prefix, max_backoff=0.5))
     b = await start_nodes("node-b", discovery=etcd_peers(etcd_server, prefix, max_backoff=0.5))
-    await eventually(lambda: b.instance_id in peers_of(a), "b joins a")
+    await poll_until(lambda: b.instance_id in peers_of(a), "b joins a", timeout=WAIT)
     b.register_handler("echo", lambda ctx: bytes(ctx.payload))
     host, port = await a.serve_ops("127.0.0.1", 0)
 
@@ -239,19 +236,25 @@ async def test_etcd_restarted_mid_run_the_nodes_re_register_and_go_on(
     await asyncio.to_thread(etcd_server.stop)
     discovery = a.messenger.discovery
     assert isinstance(discovery, EtcdPeers)
-    await eventually(lambda: not discovery.connected, "a sees etcd gone")
+    await poll_until(lambda: not discovery.connected, "a sees etcd gone", timeout=WAIT)
     assert await asyncio.to_thread(ready) == 503, "readiness reports discovery down"
     # The node still works from its last view while etcd is away.
     assert await a.call(b.instance_id, "echo", b"during", timeout=10) == b"during"
     await asyncio.to_thread(etcd_server.start)
-    await eventually(lambda: discovery.connected, "a reconnects")
-    await eventually(
-        lambda: metric(a, "velo_discovery_reconnects_total", backend="etcd") >= 1, "counted"
+    await poll_until(lambda: discovery.connected, "a reconnects", timeout=WAIT)
+    await poll_until(
+        lambda: metric(a, "velo_discovery_reconnects_total", backend="etcd") >= 1,
+        "counted",
+        timeout=WAIT,
     )
     # Both re-registered: a node that joins now sees both, and both see it.
     c = await start_nodes("node-c", discovery=etcd_peers(etcd_server, prefix))
-    await eventually(lambda: {a.instance_id, b.instance_id} <= set(peers_of(c)), "c sees a, b")
-    await eventually(lambda: c.instance_id in peers_of(a) and c.instance_id in peers_of(b), "")
+    await poll_until(
+        lambda: {a.instance_id, b.instance_id} <= set(peers_of(c)), "c sees a, b", timeout=WAIT
+    )
+    await poll_until(
+        lambda: c.instance_id in peers_of(a) and c.instance_id in peers_of(b), "", timeout=WAIT
+    )
     assert await a.call(b.instance_id, "echo", b"after", timeout=10) == b"after"
     assert await asyncio.to_thread(ready) == 200
 
@@ -264,14 +267,18 @@ async def test_etcd_losing_its_data_the_nodes_re_put_and_departed_peers_go(
     ghost = etcd_peers(etcd_server, prefix)
     ghost_record = PeerRecord(new_instance_id(), ("127.0.0.1", 9), name="ghost")
     await ghost.publish(ghost_record)
-    await eventually(lambda: {b.instance_id, ghost_record.instance_id} <= set(peers_of(a)), "joins")
+    await poll_until(
+        lambda: {b.instance_id, ghost_record.instance_id} <= set(peers_of(a)), "joins", timeout=WAIT
+    )
     await asyncio.to_thread(etcd_server.kill)
     await ghost.close()  # its revoke cannot reach etcd: the ghost just goes away
     await asyncio.to_thread(etcd_server.wipe)
     await asyncio.to_thread(etcd_server.start)  # an empty etcd at the same endpoint
     # a's resync finds no ghost (removed) and b's record again (b re-put it).
-    await eventually(lambda: ghost_record.instance_id not in peers_of(a), "the ghost goes")
-    await eventually(lambda: b.instance_id in peers_of(a), "b is listed again")
+    await poll_until(
+        lambda: ghost_record.instance_id not in peers_of(a), "the ghost goes", timeout=WAIT
+    )
+    await poll_until(lambda: b.instance_id in peers_of(a), "b is listed again", timeout=WAIT)
     client = await raw_client(etcd_server)
     try:
         listing = await client.get_prefix(f"{prefix}/".encode())
@@ -297,14 +304,16 @@ async def test_malformed_records_are_ignored_and_counted(
         await put(
             str(victim_key), json.dumps(PeerRecord(victim_key, ("127.0.0.1", 9)).to_json()).encode()
         )
-        await eventually(lambda: victim_key in peers_of(a), "a first, valid record")
+        await poll_until(lambda: victim_key in peers_of(a), "a first, valid record", timeout=WAIT)
         await put(str(junk_key), b"\xff\xfe not json")
         await put(str(victim_key), b"{}")  # a known key overwritten with junk: it leaves
         await put(str(new_instance_id()), json.dumps(mismatched.to_json()).encode())
         await put(str(large_key), b" " * (64 * 1024 + 1) + b"{}")
         await put("not-a-uuid", json.dumps(valid.to_json()).encode())
         await put(str(valid.instance_id), json.dumps(valid.to_json()).encode())  # a barrier
-        await eventually(lambda: valid.instance_id in peers_of(a), "the valid record arrives")
+        await poll_until(
+            lambda: valid.instance_id in peers_of(a), "the valid record arrives", timeout=WAIT
+        )
         # Another spelling of a listed node's UUID is not its key: putting it is refused,
         # and deleting it does not remove the node.
         upper = str(valid.instance_id).upper()
@@ -314,7 +323,7 @@ async def test_malformed_records_are_ignored_and_counted(
         await put(
             str(barrier), json.dumps(PeerRecord(barrier, ("127.0.0.1", 9)).to_json()).encode()
         )
-        await eventually(lambda: barrier in peers_of(a), "the second barrier arrives")
+        await poll_until(lambda: barrier in peers_of(a), "the second barrier arrives", timeout=WAIT)
     finally:
         await client.close()
     known = set(peers_of(a))
@@ -344,7 +353,9 @@ async def test_a_forged_address_for_a_node_is_never_dialed_as_that_node(
 
     attacker.register_handler("secret", steal)
     victim.register_handler("secret", lambda ctx: b"victim")
-    await eventually(lambda: victim.instance_id in peers_of(caller), "the victim joins")
+    await poll_until(
+        lambda: victim.instance_id in peers_of(caller), "the victim joins", timeout=WAIT
+    )
     assert await caller.call(victim.instance_id, "secret", b"one", timeout=10) == b"victim"
 
     forged = PeerRecord(victim.instance_id, attacker.address, name="victim")
@@ -356,8 +367,10 @@ async def test_a_forged_address_for_a_node_is_never_dialed_as_that_node(
     finally:
         await client.close()
     # The registry says where: it now points at the attacker ...
-    await eventually(
-        lambda: peers_of(caller)[victim.instance_id].address == attacker.address, "moved"
+    await poll_until(
+        lambda: peers_of(caller)[victim.instance_id].address == attacker.address,
+        "moved",
+        timeout=WAIT,
     )
     refusals_before = metric(
         caller, "velo_transport_peer_refusals_total", reason="identity_mismatch"
@@ -396,7 +409,7 @@ async def test_tls_to_etcd_with_client_certificates(
 
         a = await start_nodes("node-a", discovery=secured())
         b = await start_nodes("node-b", discovery=secured())
-        await eventually(lambda: b.instance_id in peers_of(a), "discovered over TLS")
+        await poll_until(lambda: b.instance_id in peers_of(a), "discovered over TLS", timeout=WAIT)
         b.register_handler("echo", lambda ctx: bytes(ctx.payload))
         assert await a.call(b.instance_id, "echo", b"tls", timeout=10) == b"tls"
 
@@ -490,12 +503,14 @@ async def test_the_view_is_bounded_however_many_records_the_store_holds(
         for record in records:
             key = f"{prefix}/{record.instance_id}".encode()
             await client.put(key, json.dumps(record.to_json()).encode())
-        await eventually(lambda: observer.rejected["too_many"] == 2, "the flood is refused")
+        await poll_until(
+            lambda: observer.rejected["too_many"] == 2, "the flood is refused", timeout=WAIT
+        )
         assert observer.view_size == 2
         assert seen == [records[0].instance_id, records[1].instance_id]
         # A place frees up when a listed record leaves.
         await client.delete(f"{prefix}/{records[0].instance_id}".encode())
-        await eventually(lambda: observer.view_size == 1, "the leave")
+        await poll_until(lambda: observer.view_size == 1, "the leave", timeout=WAIT)
     finally:
         unsubscribe()
         await client.close()
@@ -542,12 +557,14 @@ async def test_a_velomux_node_service_joins_by_config_and_lapses_when_killed(
         fields = dict(item.split("=", 1) for item in line.split() if "=" in item)
         sink = InstanceId.parse(fields["instance"])
         # Nobody told a where the service is: its record in etcd did.
-        await eventually(lambda: sink in peers_of(a), "the service joins by its config")
+        await poll_until(
+            lambda: sink in peers_of(a), "the service joins by its config", timeout=WAIT
+        )
         reply = json.loads(await a.call(sink, "velomux.sink", b"", timeout=10))
         assert isinstance(reply["handle"], int)
         service.send_signal(signal.SIGKILL)
         await asyncio.to_thread(service.wait, 10)
-        await eventually(lambda: sink not in peers_of(a), "its lease lapses", timeout=TTL + 8)
+        await poll_until(lambda: sink not in peers_of(a), "its lease lapses", timeout=TTL + 8)
     finally:
         if service.poll() is None:
             service.kill()
@@ -564,22 +581,26 @@ async def test_calls_go_on_through_repeated_etcd_restarts_and_node_churn(
     a = await start_nodes("node-a", discovery=etcd_peers(etcd_server, prefix, max_backoff=1.0))
     b = await start_nodes("node-b", discovery=etcd_peers(etcd_server, prefix, max_backoff=1.0))
     b.register_handler("echo", lambda ctx: bytes(ctx.payload))
-    await eventually(lambda: b.instance_id in peers_of(a), "b joins")
+    await poll_until(lambda: b.instance_id in peers_of(a), "b joins", timeout=WAIT)
     discovery = a.messenger.discovery
     assert isinstance(discovery, EtcdPeers)
     calls = 0
     for cycle in range(5):
         await asyncio.to_thread(etcd_server.kill if cycle % 2 else etcd_server.stop)
-        await eventually(lambda: not discovery.connected, "a sees etcd gone")
+        await poll_until(lambda: not discovery.connected, "a sees etcd gone", timeout=WAIT)
         for _ in range(20):  # the last view still routes
             assert await a.call(b.instance_id, "echo", b"%d" % calls, timeout=10) == b"%d" % calls
             calls += 1
         await asyncio.to_thread(etcd_server.start)
-        await eventually(lambda: discovery.connected, "a reconnects", timeout=30)
+        await poll_until(lambda: discovery.connected, "a reconnects", timeout=30)
         # A node joining and one leaving between restarts reach a's registry.
         churn = await start_nodes(f"churn-{cycle}", discovery=etcd_peers(etcd_server, prefix))
-        await eventually(lambda churn=churn: churn.instance_id in peers_of(a), "churn joins")
+        await poll_until(
+            lambda churn=churn: churn.instance_id in peers_of(a), "churn joins", timeout=WAIT
+        )
         await churn.close()
-        await eventually(lambda churn=churn: churn.instance_id not in peers_of(a), "churn leaves")
+        await poll_until(
+            lambda churn=churn: churn.instance_id not in peers_of(a), "churn leaves", timeout=WAIT
+        )
     assert metric(a, "velo_discovery_reconnects_total", backend="etcd") >= 5
     assert set(peers_of(a)) == {b.instance_id}

@@ -19,6 +19,9 @@ cell takes seconds. The children run on the test's event loop kind (uvloop or as
 docs/reliability.md has the table of what each cell showed.
 """
 
+# "The chapter" in this file is the Batched streaming chapter of the velo book, the
+# design this library implements (docs/architecture.md says how it is built):
+# https://github.com/ai-dynamo/velo/blob/main/docs/src/concepts/batched-streaming.md
 from __future__ import annotations
 
 import asyncio

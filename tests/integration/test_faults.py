@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import StartNode
+from tests.polling import poll_until
 from velomux_quic import (
     AttachRefused,
     ChannelClosed,
@@ -43,13 +44,6 @@ async def pair(start_nodes: StartNode, **options: Any) -> tuple[Node, Node]:
     return a, b
 
 
-async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    """Poll a condition no event announces (a snapshot value), bounded."""
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.01)
-
-
 @pytest.mark.timeout(60)
 async def test_a_stalled_consumer_costs_its_watchdog_a_few_wake_ups_per_window(
     start_nodes: StartNode,
@@ -68,7 +62,7 @@ async def test_a_stalled_consumer_costs_its_watchdog_a_few_wake_ups_per_window(
     producing = asyncio.create_task(produce())
     try:
         # The consumer reads nothing: the sender spends its credit and waits.
-        await until(lambda: sender.credit == 0)
+        await poll_until(lambda: sender.credit == 0)
         before = b.anchors.metrics.heartbeat_watchdog_checks
         stalled = 8 * window
         await asyncio.sleep(stalled)  # the stall being measured, not a synchronisation

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from tests.conftest import NodeFactory, StartNode, wait_admitted
 from tests.integration.hostile_peer import hostile_client
+from tests.polling import poll_until
 from velomux_quic.node import Node
 from velomux_quic.security.certs import NodeCredentials
 from velomux_quic.transport import TransportConfig
@@ -18,12 +19,6 @@ from velomux_quic.transport.endpoint import QuicTransport
 _HEADER = struct.Struct(">I")
 _FIRST_STREAM = 66
 """The first client-initiated unidirectional stream that is not a lane."""
-
-
-async def _until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.01)
 
 
 def _rejected(node: Node, reason: str) -> float:
@@ -70,7 +65,7 @@ async def test_a_peer_holds_at_most_its_connection_bound_and_the_newest_one_work
         inbound = victim.snapshot().inbound_from(credentials.instance_id)
         return [c.state for c in inbound if c.state == "established"]
 
-    await _until(lambda: len(established()) == 2)
+    await poll_until(lambda: len(established()) == 2)
     await wait_admitted([dialers[-1].send(victim.instance_id, 0, b"the newest still works")])
     await seen.wait_until(lambda: seen.count() == 6)
     assert seen.frames[(credentials.instance_id, 0)][-1] == b"the newest still works"
@@ -93,12 +88,12 @@ async def test_unfinished_frames_on_every_lane_close_the_connection_past_their_b
             )
 
         peer.write(2, announced + bytes(piece))
-        await _until(lambda: partial() == piece + 4)
+        await poll_until(lambda: partial() == piece + 4)
         assert _rejected(victim, "partial_frame_bytes") == 0
         for lane in (1, 2):
             peer.write(4 * lane + 2, announced + bytes(piece))
-        await _until(lambda: _rejected(victim, "partial_frame_bytes") == 1)
-        await _until(lambda: partial() == 0)
+        await poll_until(lambda: _rejected(victim, "partial_frame_bytes") == 1)
+        await poll_until(lambda: partial() == 0)
     await _stream_intact(victim, await start_nodes("good"))
 
 
@@ -110,8 +105,8 @@ async def test_a_frame_begun_and_abandoned_closes_its_connection_after_the_timeo
     async with hostile_client(hostile, victim.address) as peer:
         peer.write(2, _HEADER.pack(5) + b"whole" + _HEADER.pack(1000) + b"begun, never ended")
         await seen.wait_until(lambda: seen.count() == 1)
-        await _until(lambda: victim.stats.rejections["partial_frame_timeout"] == 1)
-        await _until(lambda: not victim.snapshot().inbound_from(hostile.instance_id))
+        await poll_until(lambda: victim.stats.rejections["partial_frame_timeout"] == 1)
+        await poll_until(lambda: not victim.snapshot().inbound_from(hostile.instance_id))
     # A lane that keeps sending, frame after frame, is never taken for a stalled one.
     good, _ = await start_node("good")
     good.register_peer(victim.instance_id, victim.address)
@@ -141,14 +136,14 @@ async def test_stream_openings_are_bounded_in_count_size_and_time(
         # 40 streams, each announcing its 16-byte opening and sending 2 bytes of it.
         for index in range(40):
             peer.write(_FIRST_STREAM + 4 * index, _HEADER.pack(16) + b"\x00\x01")
-        await _until(lambda: _rejected(victim, "stream_openings") == 24)
-        await _until(lambda: openings() == 16)
+        await poll_until(lambda: _rejected(victim, "stream_openings") == 24)
+        await poll_until(lambda: openings() == 16)
         assert receivers() == 16
         # None finishes: each is refused at its deadline, and its receiver freed.
-        await _until(lambda: _rejected(victim, "stream_opening_timeout") == 16)
+        await poll_until(lambda: _rejected(victim, "stream_opening_timeout") == 16)
         assert openings() == 0 and receivers() == 0
         # A first frame announcing more than an opening can be.
         peer.write(_FIRST_STREAM + 4 * 40, _HEADER.pack(4096) + bytes(100))
-        await _until(lambda: _rejected(victim, "stream_opening_size") == 1)
+        await poll_until(lambda: _rejected(victim, "stream_opening_size") == 1)
         assert openings() == 0 and receivers() == 0
         await _stream_intact(victim, await start_nodes("good"))

@@ -12,6 +12,7 @@ import pytest
 
 from tests.conftest import NodeFactory, wait_admitted
 from tests.integration.hostile_peer import InitialFlood, hostile_server, real_initials
+from tests.polling import poll_until
 from velomux_quic.ids import InstanceId
 from velomux_quic.messenger import Context, Messenger, MessengerConfig
 from velomux_quic.messenger.envelope import Kind, StagedDescriptor, encode_envelope
@@ -25,12 +26,6 @@ def _partial_requests(transport: QuicTransport) -> int:
     return sum(c.partial_requests for c in transport.snapshot().connections)
 
 
-async def _until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.01)
-
-
 async def test_a_request_stream_reset_halfway_is_freed(
     start_node: NodeFactory, make_credentials: Callable[..., NodeCredentials]
 ) -> None:
@@ -41,10 +36,10 @@ async def test_a_request_stream_reset_halfway_is_freed(
         await victim.connect(hostile_credentials.instance_id)
         peer = await server.first_connection()
         streams = [peer.open_request(b"half of a request") for _ in range(8)]
-        await _until(lambda: _partial_requests(victim) == 8)
+        await poll_until(lambda: _partial_requests(victim) == 8)
         for stream_id in streams:
             peer.reset(stream_id)
-        await _until(lambda: _partial_requests(victim) == 0)
+        await poll_until(lambda: _partial_requests(victim) == 0)
 
 
 class _StallingPeer(TransportHandler):
@@ -100,7 +95,7 @@ async def test_a_flood_of_staged_descriptors_is_held_to_the_pull_bound(
         ]
         await wait_admitted(outcomes)
         refused = "velo_messenger_staged_pulls_refused_total"
-        await _until(
+        await poll_until(
             lambda: _counter(victim, refused, reason="count") == descriptors - bound, timeout=20
         )
         snapshot = victim.snapshot()
@@ -154,7 +149,7 @@ async def test_replies_to_a_peer_that_stops_reading_are_bounded_then_dropped(
             for i in range(1, requests + 1)
         ]
         await wait_admitted(outcomes)
-        await _until(lambda: handled == requests, timeout=20)
+        await poll_until(lambda: handled == requests, timeout=20)
         dropped = _counter(
             victim, "velo_messenger_replies_dropped_total", reason="peer_not_reading"
         )
@@ -185,7 +180,7 @@ async def test_a_real_peer_connects_through_a_handshake_flood(
     try:
         # Every Initial of the pool sent once: more than the 256 half-open handshakes
         # that used to lock out every later dial.
-        await _until(lambda: flood.sent >= 300)
+        await poll_until(lambda: flood.sent >= 300)
         await good.connect(victim.instance_id)  # DialError(handshake_timeout) when locked out
     finally:
         flood.stop()
@@ -200,5 +195,5 @@ async def test_abandoned_inbound_handshakes_are_reaped_early(start_node: NodeFac
     victim, _ = await start_node("victim", config=config)
     flood = InitialFlood(real_initials(10), "127.0.0.2", victim.address)
     await flood.run_once()
-    await _until(lambda: victim.stats.rejections["handshake_abandoned"] == 10)
+    await poll_until(lambda: victim.stats.rejections["handshake_abandoned"] == 10)
     assert victim.snapshot().connections == ()  # gone long before the 30 s deadline

@@ -1,4 +1,4 @@
-"""Streaming between two real nodes through a lossy, delayed path (tests/impair/proxy.py).
+"""Streaming between two real nodes through a lossy, delayed path (velomux_quic/demo/proxy.py).
 
 The producer knows the consumer only by the proxy's address, so its connection crosses
 the proxy; the consumer learns the producer's address from that connection's source,
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import StartNode
-from tests.impair.proxy import Impairment, ImpairmentProxy
+from velomux_quic.demo.proxy import Impairment, ImpairmentProxy
 from velomux_quic.mux.config import MuxConfig
 from velomux_quic.node import Node
 from velomux_quic.streaming.anchor import StreamAnchor

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import StartNode
-from tests.impair.proxy import Impairment, ImpairmentProxy
+from velomux_quic.demo.proxy import Impairment, ImpairmentProxy
 from velomux_quic.messenger.config import MessengerConfig
 from velomux_quic.mux.config import MuxConfig
 from velomux_quic.node import Node

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import StartNode
+from tests.polling import poll_until
 from velomux_quic.mux.config import MuxConfig
 from velomux_quic.node import Node
 from velomux_quic.security.certs import NodeCredentials
@@ -73,13 +74,6 @@ def held_by_the_window(connection: ConnectionSnapshot) -> bool:
     return connection.held_by_peer_window == 1 and connection.send_backlog == 0
 
 
-async def until(condition: Callable[[], bool], timeout: float = 20) -> None:
-    """Wait for a state the library signals with no event of its own (polled)."""
-    async with asyncio.timeout(timeout):
-        while not condition():
-            await asyncio.sleep(0.005)
-
-
 class Pump:
     """Sends ``total`` records on one sender, one at a time, then finalizes."""
 
@@ -110,7 +104,7 @@ async def stuck_stream(a: Node, b: Node, total: int) -> tuple[StreamAnchor[Any],
     assert await collect(flowing) == list(range(200))
     # Held by the consumer's window: nothing the connection transmits can release it,
     # and everything inside that window has been transmitted.
-    await until(lambda: held_by_the_window(producer_connection(a, b)))
+    await poll_until(lambda: held_by_the_window(producer_connection(a, b)), timeout=20)
     assert not pump.task.done()
     # The consumer's window (4 records) and the producer's own bound (2 more) at most.
     assert 3 <= pump.sent <= 8, pump.sent

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import StartNode
+from tests.polling import poll_until
 from velomux_quic import (
     ChannelClosed,
     Manual,
@@ -101,6 +102,7 @@ async def test_an_autoflush_pass_ends_in_one_flush_per_peer_and_a_manual_one_wai
     for manual in (False, True):
         mux = MuxConfig(flush_policy=Manual()) if manual else MuxConfig()
         consumers = [await start_nodes(f"c{n}") for n in range(2)]
+        consumers[0].register_handler("barrier", lambda ctx: None)
         engine = await start_nodes("engine", mux=mux)
         for node in consumers:
             engine.add_peer(node.instance_id, node.address)
@@ -113,10 +115,14 @@ async def test_an_autoflush_pass_ends_in_one_flush_per_peer_and_a_manual_one_wai
         before = batches_sent(engine)
         outcome = await engine.send_pass([(s, i) for i, s in enumerate(senders)])
         assert outcome == PassOutcome(len(senders))
+        # A round trip to a consumer: its reply arrives after every wake the pass
+        # scheduled (call_soon) has run, so an AutoFlush batcher has written by then.
+        await engine.call(consumers[0].instance_id, "barrier", timeout=30)
         if manual:
-            await asyncio.sleep(0.05)  # loop turns in which an AutoFlush batcher would write
             assert batches_sent(engine) == before  # Manual: staged until flush_batch()
             engine.flush_batch()
+        else:
+            assert batches_sent(engine) - before == 2  # the barrier does see a write
         got = [await x.next(timeout=30) for x in anchors]
         assert got == list(range(len(senders)))
         assert batches_sent(engine) - before == 2  # one flush per peer (one lane each)
@@ -141,9 +147,8 @@ async def test_credit_exhausted_mid_pass_returns_the_left_overs_and_takes_them_o
     # a stream out of room holds back none but its own later records.
     for item in items[:2]:  # the stalled stream's two credits go on its first records
         await slow.send(item)
-    async with asyncio.timeout(30):
-        while slow.credit:  # written at the end of the wake: then the credit is spent
-            await asyncio.sleep(0.005)
+    # Written at the end of the wake: then the credit is spent (no event says so).
+    await poll_until(lambda: not slow.credit, "the stalled stream's credit spent", timeout=30)
     pairs = [(slow, item) for item in items[2:]] + [(fast, item) for item in items[:2]]
     taken_free = asyncio.ensure_future(drain(free))
     first = await engine.send_pass(pairs)

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.impair.proxy import Impairment, ImpairmentProxy
 from velomux_quic import NodeCredentials
+from velomux_quic.demo.proxy import Impairment, ImpairmentProxy
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -82,18 +82,32 @@ def test_every_root_export_has_exactly_one_api_reference_entry() -> None:
     assert not not_exported, f"docs/api/ documents names the root does not export: {not_exported}"
 
 
-def test_every_relative_link_in_the_readme_resolves() -> None:
+REPOSITORY = "https://github.com/velomux/velomux_quic"
+
+
+def test_the_readme_links_are_absolute_and_those_into_the_repository_resolve() -> None:
+    """The README is the package index's page too, where a relative link breaks."""
     links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", (ROOT / "README.md").read_text())
     relative = [link for link in links if "://" not in link]
-    assert any(link.startswith("docs/") for link in relative), "the README links into the docs"
-    broken = [link for link in relative if not (ROOT / link).exists()]
-    assert not broken, f"README.md links to files that do not exist: {broken}"
+    assert not relative, f"README.md has relative links, broken on a package index: {relative}"
+    ours = [link for link in links if link.startswith(REPOSITORY + "/")]
+    assert any("/docs/" in link for link in ours), "the README links into the docs"
+    broken = [
+        link
+        for link in ours
+        if re.match(rf"{REPOSITORY}/(?:blob|tree)/main/", link)
+        and not (ROOT / re.sub(rf"{REPOSITORY}/(?:blob|tree)/main/", "", link)).exists()
+    ]
+    assert not broken, f"README.md links to files the repository does not have: {broken}"
+    project = (ROOT / "pyproject.toml").read_text()
+    assert f'Homepage = "{REPOSITORY}"' in project
 
 
 def test_every_page_the_package_source_names_exists() -> None:
     named: dict[str, str] = {}
     for path in (ROOT / "velomux_quic").rglob("*.py"):
-        for page in re.findall(r"\bdocs/[\w/-]+\.(?:md|json)\b", path.read_text()):
+        # A path of this tree (not the docs/ of another repository's address).
+        for page in re.findall(r"(?<![\w/])docs/[\w/-]+\.(?:md|json)\b", path.read_text()):
             named.setdefault(page, str(path.relative_to(ROOT)))
     # The dashboard is a file of its own, written beside the pages.
     missing = {
@@ -117,3 +131,36 @@ def test_the_getting_started_example_is_short_and_uses_only_the_root() -> None:
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("velomux_quic")
     ]
     assert modules == ["velomux_quic"], modules
+
+
+def test_every_link_into_the_repository_names_a_file_it_has() -> None:
+    """docs/ links to perf/results/ and examples/ by their repository address (they are
+    outside the site); each must exist in this tree."""
+    pages = [*DOCS.rglob("*.md"), ROOT / "README.md", *(ROOT / "examples").glob("*.md")]
+    pattern = re.compile(rf"{REPOSITORY}/(?:blob|tree)/main/([^)#\s]+)")
+    broken = sorted(
+        f"{page.relative_to(ROOT)}: {target}"
+        for page in pages
+        for target in pattern.findall(page.read_text())
+        if not (ROOT / target).exists()
+    )
+    assert not broken, f"links to files the repository does not have: {broken}"
+
+
+def test_the_headline_figures_are_the_performance_pages_own() -> None:
+    """The README and the site's home page quote the figure performance.md gives, not
+    another run's."""
+    performance = (DOCS / "performance.md").read_text()
+    for page in (ROOT / "README.md", DOCS / "index.md"):
+        figures = re.findall(r"\d+\.\d+-\d+\.\d+x", page.read_text())
+        assert figures, f"{page.name} quotes no ratio"
+        missing = [figure for figure in figures if figure not in performance]
+        assert not missing, f"{page.name} quotes {missing}, which performance.md does not"
+
+
+def test_the_quickstart_is_written_once() -> None:
+    """The first program lives in getting-started.md; the README and the home page link
+    to it instead of repeating it."""
+    for page in (ROOT / "README.md", DOCS / "index.md"):
+        assert "```python" not in page.read_text(), page.name
+        assert "getting-started.md" in page.read_text(), page.name

@@ -1,6 +1,6 @@
 """The package's shape, checked from its source: layers, import cycles, aioquic, mixins.
 
-ARCHITECTURE.md's rules, made tests so a change that breaks one fails here and not in a
+docs/architecture.md's rules, made tests so a change that breaks one fails here and not in a
 review: imports point downward only and form no cycle (``TYPE_CHECKING`` imports count, as
 they tie the modules together for a reader and for the type checker just the same); only the
 transport and security layers import aioquic; a class is never assembled from mixins
@@ -33,6 +33,7 @@ LAYERS = {
     "node": 6,
     "ops": 6,
     "snapshot": 6,
+    "tracing": 6,
     "demo": 7,
     "cli": 7,
     "service": 7,

@@ -8,6 +8,9 @@ stream's consumer: every consumer reads only its own records, in order, or ends 
 with Dropped.
 """
 
+# "The chapter" in this file is the Batched streaming chapter of the velo book, the
+# design this library implements (docs/architecture.md says how it is built):
+# https://github.com/ai-dynamo/velo/blob/main/docs/src/concepts/batched-streaming.md
 from __future__ import annotations
 
 from typing import Any

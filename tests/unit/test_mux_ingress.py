@@ -6,6 +6,9 @@ node's transport uses (``decode_batch_owned``: bodies as bytes); a harness built
 exactly-once property runs with both.
 """
 
+# "The chapter" in this file is the Batched streaming chapter of the velo book, the
+# design this library implements (docs/architecture.md says how it is built):
+# https://github.com/ai-dynamo/velo/blob/main/docs/src/concepts/batched-streaming.md
 from __future__ import annotations
 
 import random

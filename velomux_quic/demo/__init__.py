@@ -18,7 +18,11 @@ arm's latency CDF; ``--json`` prints one JSON object and nothing else.
 The modules: ``engine`` (this process's side and one QUIC arm's run), ``frontend`` (the
 children), ``protocol`` (what they say to each other), ``measure`` (CPU, counters,
 percentiles), ``report`` (text, table, plot), ``progress`` (the live display),
-``impair`` (the proxy), ``grpc_arm`` (the gRPC arm).
+``impair`` (the ``--impair`` option), ``proxy`` (the impairment proxy itself, which the
+tests and benchmarks use too), ``grpc_arm`` (the gRPC arm) and ``grpc_tokens`` (its server
+and client, shared with ``perf/tokens.py``). Nothing here needs a checkout: ``pip install
+'velomux_quic[demo]'`` brings grpcio, matplotlib and rich for ``--compare``, ``--plot`` and
+the live display.
 """
 
 from __future__ import annotations
@@ -35,7 +39,6 @@ from ..errors import ConfigurationError
 from ..runtime import run
 from ..security.certs import ensure_dev_cluster
 from .engine import ArmResult, DemoFailure, run_quic_arm
-from .frontend import add_frontend_arguments, frontend_main
 from .grpc_arm import grpc_unavailable, run_grpc_arm
 from .impair import Impairment, parse_impairment
 from .progress import display_for
@@ -92,7 +95,7 @@ async def _demo(args: argparse.Namespace, impairment: Impairment | None) -> dict
                     skipped["grpc"] = reason
                     display.note(f"grpc: skipped, {reason}")
                     continue
-                result = await run_grpc_arm(plan, display, args.timeout)
+                result = await run_grpc_arm(plan, nodes, Path(tmp), display, args.timeout)
             else:
                 result = await run_quic_arm(
                     plan, nodes, Path(tmp), impairment, display, args.timeout
@@ -181,35 +184,32 @@ def _main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def add_demo_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``velomux demo`` (and the hidden ``demo-frontend`` it runs as its children)."""
+    """Add ``velomux demo`` (its frontends run as ``python -m velomux_quic.demo.frontend``)."""
     demo = commands.add_parser(
         "demo",
         help="an engine streams tokens to two frontend processes, measured",
         description=(__doc__ or "").split("\n\n")[0].replace("``", ""),
     )
     demo.add_argument("--certs", type=Path, default=Path("certs/dev"),
-                      help="where dev certificates live, made on demand (certs/dev)")  # fmt: skip
-    demo.add_argument("--requests", type=int, default=1024, help="requests in flight (1024)")
-    demo.add_argument("--tokens", type=int, default=256, help="tokens per request (256)")
+                      help="where dev certificates live, made on demand")  # fmt: skip
+    demo.add_argument("--requests", type=int, default=1024, help="requests in flight")
+    demo.add_argument("--tokens", type=int, default=256, help="tokens per request")
     demo.add_argument("--pace-ms", type=float, default=10.0,
-                      help="ms between two forward passes (10)")  # fmt: skip
-    demo.add_argument("--lanes", type=int, default=1, help="QUIC lanes per peer, 1-16 (1)")
+                      help="milliseconds between two forward passes")  # fmt: skip
+    demo.add_argument("--lanes", type=int, default=1, help="QUIC lanes per peer, 1 to 16")
     demo.add_argument("--flush", choices=("auto", "manual"), default="auto",
                       help="the engine's mux flush policy: AutoFlush, or Manual with one "
-                      "flush_batch() per pass (auto)")  # fmt: skip
+                      "flush_batch() per pass")  # fmt: skip
     demo.add_argument("--compare", action="store_true",
-                      help="also run one QUIC stream per request, and grpc.aio where "
-                      "installed")  # fmt: skip
+                      help="also run one QUIC stream per request, and grpc.aio (the demo "
+                      "extra)")  # fmt: skip
     demo.add_argument("--impair", metavar="SPEC",
                       help="through the UDP impairment proxy, e.g. loss=1%%,delay=5ms")  # fmt: skip
     demo.add_argument("--plot", type=Path, metavar="PNG",
-                      help="draw each arm's latency CDF here (needs matplotlib)")  # fmt: skip
+                      help="draw each arm's latency CDF here (needs the demo extra: "
+                      "pip install 'velomux_quic[demo]')")  # fmt: skip
     demo.add_argument("--json", action="store_true",
                       help="print one JSON object on stdout and nothing else")  # fmt: skip
     demo.add_argument("--timeout", type=float, default=60.0,
-                      help="longest wait for any one step, s (60)")  # fmt: skip
+                      help="longest wait for any one step, in seconds")  # fmt: skip
     demo.set_defaults(handler=lambda args: _main(args, demo))
-
-    frontend = commands.add_parser("demo-frontend", help=argparse.SUPPRESS)
-    add_frontend_arguments(frontend)
-    frontend.set_defaults(handler=lambda args: run(frontend_main(args)))

@@ -1,14 +1,15 @@
 """The demo's decode engine (this process) and one run of a QUIC arm against two frontends.
 
-The engine starts its node, then two frontend processes (``velomux demo-frontend``),
-each owning every other request. They register their requests with ``GENERATE`` calls;
-once all have arrived the engine opens every stream (from its zero-RTT ticket on the mux
-arm, by attaching on the per-stream arm) and runs paced forward passes: every
-``pace_ms`` one token per live request, each stamped with ``perf_counter_ns`` as it is
-sent, the shape of an LLM decode loop. The schedule is anchored (a timer that wakes late
-does not stretch it); a pass that falls due while the previous one still runs starts at
-once and is counted late, never bursting to catch up. Then it ends every stream, waits
-for both frontends' reports and adds up what the run showed.
+The engine starts its node, then two frontend processes (``python -m
+velomux_quic.demo.frontend``), each owning every other request. They register their
+requests with ``GENERATE`` calls; once all have arrived the engine opens every stream
+(from its zero-RTT ticket on the mux arm, by attaching on the per-stream arm) and runs
+paced forward passes: every ``pace_ms`` one token per live request, each stamped with
+``perf_counter_ns`` as it is sent, the shape of an LLM decode loop. The schedule is
+anchored (a timer that wakes late does not stretch it); a pass that falls due while the
+previous one still runs starts at once and is counted late, never bursting to catch up.
+Then it ends every stream, waits for both frontends' reports and adds up what the run
+showed.
 
 The engine's CPU includes the live display's (rich redraws on a thread of this process
 a few times a second, on a terminal only): a cost of the demo, not of the library,
@@ -23,7 +24,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -40,7 +41,7 @@ from .measure import CpuWindow, counters_since, live_slots, percentile_ms, read_
 from .progress import Display
 from .protocol import GENERATE, PROGRESS, REPORT, ArmPlan, Latencies, Request, read_latencies
 
-__all__ = ["ArmResult", "DemoFailure", "run_quic_arm"]
+__all__ = ["ArmResult", "DemoFailure", "Frontends", "paced_passes", "run_quic_arm"]
 
 T = TypeVar("T")
 
@@ -88,25 +89,35 @@ class _Inbox:
             self.all_reports.set()
 
 
-class _Frontends:
-    """The frontend processes: started, watched (one that dies fails the run at once, with
-    the end of its stderr), and gone when the run ends however it ends."""
+class Frontends:
+    """The frontend processes (``python -m velomux_quic.demo.frontend``): started, watched
+    (one that dies fails the run at once, with the end of its stderr), and gone when the
+    run ends however it ends."""
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
         self.processes: list[asyncio.subprocess.Process] = []
         self.logs: list[Path] = []
+        self._readers: list[asyncio.Task[None]] = []
 
-    async def spawn(self, arguments: list[str]) -> None:
+    async def spawn(
+        self, arguments: list[str], progress: Callable[[int], None] | None = None
+    ) -> None:
+        """Start one frontend; ``progress``, when given, is called with each number the
+        frontend prints on its standard output (tokens read so far)."""
         log = self.workdir / f"frontend-{len(self.processes)}.log"
+        stdout = asyncio.subprocess.DEVNULL if progress is None else asyncio.subprocess.PIPE
         with log.open("wb") as stderr:
             process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "velomux_quic.cli", "demo-frontend", *arguments,
-                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+                sys.executable, "-m", "velomux_quic.demo.frontend", *arguments,
+                stdin=asyncio.subprocess.DEVNULL, stdout=stdout,
                 stderr=stderr, env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )  # fmt: skip
         self.processes.append(process)
         self.logs.append(log)
+        if progress is not None:
+            assert process.stdout is not None
+            self._readers.append(asyncio.create_task(_read_progress(process.stdout, progress)))
 
     def _died(self, number: int) -> DemoFailure:
         process = self.processes[number]
@@ -150,6 +161,15 @@ class _Frontends:
         self.kill()
         for process in self.processes:
             await process.wait()
+        for reader in self._readers:
+            reader.cancel()
+        await asyncio.gather(*self._readers, return_exceptions=True)
+
+
+async def _read_progress(stream: asyncio.StreamReader, progress: Callable[[int], None]) -> None:
+    while line := await stream.readline():
+        with contextlib.suppress(ValueError):
+            progress(int(line))
 
 
 @contextlib.asynccontextmanager
@@ -178,17 +198,16 @@ async def _open(engine: Node, request: Request) -> StreamSender:
     return await engine.open_anchor_stream(handle, StreamOpenTicket.decode(request.ticket))
 
 
-async def _passes(
-    engine: Node,
+async def paced_passes(
     plan: ArmPlan,
-    order: list[tuple[int, StreamSender]],
-    inbox: _Inbox,
-    display: Display,
+    one_pass: Callable[[int], Awaitable[None]],
+    after_pass: Callable[[int], None],
 ) -> int:
-    """The decode loop; returns how many passes started late."""
+    """The decode loop, the same on every arm: ``plan.tokens`` passes, one every
+    ``plan.pace_ms`` on an anchored schedule, ``one_pass(step)`` emitting one token per
+    live request and ``after_pass(passes run)`` after each; returns how many passes
+    started late."""
     pace = plan.pace_ms / 1e3
-    manual = plan.arm == "mux" and plan.flush == "manual"
-    clock = time.perf_counter_ns
     late = 0
     due = time.perf_counter()
     for step in range(plan.tokens):
@@ -200,12 +219,25 @@ async def _passes(
             late += step > 0
             due = now + pace
             await asyncio.sleep(0)
+        await one_pass(step)
+        after_pass(step + 1)
+    return late
+
+
+def _quic_pass(
+    engine: Node, plan: ArmPlan, order: list[tuple[int, StreamSender]]
+) -> Callable[[int], Awaitable[None]]:
+    """One forward pass of a QUIC arm: a stamped token per stream, one ``send`` each."""
+    manual = plan.arm == "mux" and plan.flush == "manual"
+    clock = time.perf_counter_ns
+
+    async def one_pass(step: int) -> None:
         for index, sender in order:
             await sender.send([index, step, clock()])
         if manual:
             engine.flush_batch()  # the pass's one write per peer
-        display.update(step + 1, sum(inbox.delivered.values()))
-    return late
+
+    return one_pass
 
 
 def _frontend_arguments(
@@ -232,7 +264,7 @@ async def run_quic_arm(
     """One run of the ``mux`` or ``per-stream`` arm, in fresh processes."""
     transport = TransportConfig(lanes=plan.lanes)
     inbox = _Inbox(plan.requests, plan.frontends)
-    frontends = _Frontends(workdir)
+    frontends = Frontends(workdir)
     outs = [workdir / f"{plan.arm}-latency-{f}.bin" for f in range(plan.frontends)]
     proxy: dict[str, Any] = {}
     engine_mux = _engine_mux(plan)
@@ -270,7 +302,13 @@ async def run_quic_arm(
                 ]
                 streaming = timeout + 4 * plan.tokens * plan.pace_ms / 1e3
                 late = await frontends.watch(
-                    _passes(engine, plan, order, inbox, display), "the forward passes", streaming
+                    paced_passes(
+                        plan,
+                        _quic_pass(engine, plan, order),
+                        lambda passes: display.update(passes, sum(inbox.delivered.values())),
+                    ),
+                    "the forward passes",
+                    streaming,
                 )
                 retired = await frontends.watch(
                     asyncio.gather(*(sender.finalize() for sender in senders)),

@@ -1,13 +1,18 @@
 """A demo frontend (a child process): requests out, every token checked, a report back.
 
-It registers each of its requests the way a serving frontend would: it creates the
-request's anchor, binds its mux slot (``prebind_anchor``) and sends the engine one
-``GENERATE`` call carrying the handle and the zero-RTT ticket, so the engine's first
-batch opens the stream with no attach round trip. One task per stream reads the tokens,
-checks each is the next one of its own stream, and measures its latency against the
-engine's stamp. A few times a second it tells the engine how far it got (the parent's
-progress display); at the end it writes its latency samples to the file the engine
-named and reports what arrived, its CPU, its counters and its live mux slots.
+The engine starts each frontend as ``python -m velomux_quic.demo.frontend`` with the
+arguments of :func:`build_parser`; it is no command of its own.
+
+On a QUIC arm it registers each of its requests the way a serving frontend would: it
+creates the request's anchor, binds its mux slot (``prebind_anchor``) and sends the engine
+one ``GENERATE`` call carrying the handle and the zero-RTT ticket, so the engine's first
+batch opens the stream with no attach round trip. On the gRPC arm it opens one
+server-streaming RPC per request on one channel (:mod:`.grpc_tokens`). Either way one task
+per stream reads the tokens, checks each is the next one of its own stream, and measures
+its latency against the engine's stamp. A few times a second it tells the engine how far
+it got (the parent's progress display); at the end it writes its latency samples to the
+file the engine named and reports what arrived and its CPU (on a QUIC arm also its
+counters and its live mux slots).
 """
 
 from __future__ import annotations
@@ -15,20 +20,34 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 import time
+from collections.abc import AsyncIterable, AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
+
+from msgpack import unpackb  # type: ignore[import-untyped]
 
 from ..errors import TicketError
 from ..ids import InstanceId
 from ..messenger import PeerRecord
 from ..node import Node, open_node
+from ..runtime import run
 from ..streaming.anchor import StreamAnchor
 from ..transport.config import TransportConfig
 from .measure import CpuWindow, counters_since, live_slots, read_counters
-from .protocol import GENERATE, PROGRESS, REPORT, ArmPlan, Latencies, Request, write_latencies
+from .protocol import (
+    ARMS,
+    GENERATE,
+    PROGRESS,
+    REPORT,
+    ArmPlan,
+    Latencies,
+    Request,
+    write_latencies,
+)
 
-__all__ = ["add_frontend_arguments", "frontend_main"]
+__all__ = ["build_parser", "frontend_main", "grpc_frontend_main", "main"]
 
 PROGRESS_INTERVAL = 0.25
 """Seconds between two progress messages: often enough for a live display, rare enough
@@ -48,7 +67,7 @@ class _StreamReader:
         """When the last token of any stream reached the consumer (``perf_counter_ns``)."""
         self.latencies = Latencies.empty()
 
-    async def read(self, index: int, anchor: StreamAnchor[Any]) -> None:
+    async def read(self, index: int, anchor: AsyncIterable[Any]) -> None:
         clock = time.perf_counter_ns
         first, later, gaps = self.latencies.first, self.latencies.later, self.latencies.gaps
         expected = 0
@@ -91,6 +110,8 @@ async def _settled_live_slots(node: Node, timeout: float = 2.0) -> int:
 
 async def frontend_main(args: argparse.Namespace) -> int:
     plan = ArmPlan(args.arm, args.requests, args.tokens, args.pace_ms, args.lanes, args.flush)
+    if args.engine_instance is None:
+        raise SystemExit("--engine-instance is needed on a QUIC arm")
     engine = PeerRecord(
         instance_id=InstanceId.parse(args.engine_instance),
         address=(args.engine_host, args.engine_port),
@@ -151,18 +172,84 @@ async def frontend_main(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_frontend_arguments(parser: argparse.ArgumentParser) -> None:
-    """The hidden ``demo-frontend`` command's arguments (the engine passes them)."""
-    parser.add_argument("--credentials", type=Path, required=True)
-    parser.add_argument("--engine-instance", required=True)
-    parser.add_argument("--engine-host", required=True)
-    parser.add_argument("--engine-port", type=int, required=True)
-    parser.add_argument("--index", type=int, required=True)
-    parser.add_argument("--arm", choices=("mux", "per-stream"), required=True)
-    parser.add_argument("--requests", type=int, required=True)
-    parser.add_argument("--tokens", type=int, required=True)
-    parser.add_argument("--pace-ms", type=float, required=True)
-    parser.add_argument("--lanes", type=int, required=True)
-    parser.add_argument("--flush", choices=("auto", "manual"), required=True)
-    parser.add_argument("--latency-out", type=Path, required=True)
-    parser.add_argument("--timeout", type=float, required=True)
+async def _decoded(call: AsyncIterable[bytes]) -> AsyncIterator[Any]:
+    """An RPC's responses as the tokens they carry."""
+    async for message in call:
+        yield unpackb(message)
+
+
+async def _print_progress(reader: _StreamReader) -> None:
+    """Tokens read so far, one number a line on stdout, for the engine's display."""
+    while True:
+        await asyncio.sleep(PROGRESS_INTERVAL)
+        print(reader.delivered, flush=True)
+
+
+async def grpc_frontend_main(args: argparse.Namespace) -> int:
+    """The gRPC arm's frontend: one RPC per request, its tokens checked as on QUIC."""
+    from .grpc_tokens import TokenClient
+
+    plan = ArmPlan(args.arm, args.requests, args.tokens, args.pace_ms, args.lanes, args.flush)
+    indices = plan.indices(args.index)
+    reader = _StreamReader(plan.tokens)
+    cpu = CpuWindow.open()
+    client = await TokenClient.open(args.engine_port, args.credentials, args.timeout)
+    readers = [
+        asyncio.create_task(reader.read(index, _decoded(client.call(index)))) for index in indices
+    ]
+    progress = asyncio.create_task(_print_progress(reader))
+    try:
+        async with asyncio.timeout(args.timeout + plan.tokens * plan.pace_ms / 1e3 * 4):
+            await asyncio.gather(*readers)
+    finally:
+        progress.cancel()
+        for task in readers:
+            task.cancel()
+        await asyncio.gather(progress, *readers, return_exceptions=True)
+        await client.close()
+    write_latencies(args.latency_out, reader.latencies)
+    report = {
+        "frontend": args.index,
+        "streams": len(indices),
+        "tokens": reader.delivered,
+        "complete": reader.complete,
+        "out_of_order": reader.out_of_order,
+        "cpu_s": cpu.seconds(),
+        "last_token_at": reader.last_token_ns / 1e9,
+    }
+    args.report_out.write_text(json.dumps(report))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The frontend's arguments, all given by the engine that starts it."""
+    parser = argparse.ArgumentParser(
+        prog="python -m velomux_quic.demo.frontend",
+        description="A frontend process of `velomux demo`, started by its engine.",
+    )
+    parser.add_argument("--credentials", type=Path, required=True, help="its node directory")
+    parser.add_argument("--engine-instance", help="the engine's InstanceId (QUIC arms)")
+    parser.add_argument("--engine-host", required=True, help="where the engine listens")
+    parser.add_argument("--engine-port", type=int, required=True, help="the engine's port")
+    parser.add_argument("--index", type=int, required=True, help="this frontend's number")
+    parser.add_argument("--arm", choices=ARMS, required=True, help="the arm being run")
+    parser.add_argument("--requests", type=int, required=True, help="requests of the run")
+    parser.add_argument("--tokens", type=int, required=True, help="tokens per request")
+    parser.add_argument("--pace-ms", type=float, required=True, help="ms between passes")
+    parser.add_argument("--lanes", type=int, required=True, help="QUIC lanes per peer")
+    parser.add_argument("--flush", choices=("auto", "manual"), required=True, help="policy")
+    parser.add_argument("--latency-out", type=Path, required=True, help="samples file")
+    parser.add_argument("--report-out", type=Path, help="report file (gRPC arm)")
+    parser.add_argument("--timeout", type=float, required=True, help="longest wait, s")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.arm == "grpc":
+        return run(grpc_frontend_main(args))
+    return run(frontend_main(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

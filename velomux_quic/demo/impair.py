@@ -1,11 +1,10 @@
 """``--impair loss=1%,delay=5ms``: the project's UDP impairment proxy in front of the engine.
 
-The proxy lives in the source tree (``tests/impair/proxy.py``, where the test suite
-imports it) and the package does not import ``tests``: the demo runs it as a process of
-its own from the checkout ``make demo`` runs in, which also keeps its CPU out of the
-engine's figures. The frontends dial the proxy; the engine learns each frontend's return
-address from its connection's source, the proxy's upstream socket, so both directions
-of both connections cross it.
+The proxy (:mod:`velomux_quic.demo.proxy`, which the test suite and the benchmarks use too)
+runs as a process of its own, which keeps its CPU out of the engine's figures. The
+frontends dial the proxy; the engine learns each frontend's return address from its
+connection's source, the proxy's upstream socket, so both directions of both connections
+cross it.
 """
 
 from __future__ import annotations
@@ -17,12 +16,11 @@ import re
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigurationError
 
-__all__ = ["Impairment", "parse_impairment", "proxy_in_front_of", "source_root"]
+__all__ = ["Impairment", "parse_impairment", "proxy_in_front_of"]
 
 _ITEM = re.compile(r"^(loss|delay|jitter)=(\d+(?:\.\d+)?)(%|ms)?$")
 
@@ -77,34 +75,19 @@ def parse_impairment(text: str) -> Impairment:
     )
 
 
-def source_root() -> Path:
-    """The checkout this package runs from (its parent directory); the source-tree
-    extras (the proxy, the gRPC arm) are looked up under it."""
-    return Path(__file__).resolve().parent.parent.parent
-
-
-PROXY = Path("tests") / "impair" / "proxy.py"
-
-
 @contextlib.asynccontextmanager
 async def proxy_in_front_of(
     target: tuple[str, int], impairment: Impairment, timeout: float
 ) -> AsyncIterator[tuple[tuple[str, int], dict[str, Any]]]:
     """Run the proxy forwarding to ``target``; yields (its address, its counters, filled
-    in once it stopped). Raises ConfigurationError outside a source checkout."""
-    root = source_root()
-    if not (root / PROXY).is_file():
-        raise ConfigurationError(
-            f"--impair runs the impairment proxy from a source checkout ({PROXY}), which "
-            f"is not under {root}; run the demo from a clone of the repository"
-        )
+    in once it stopped)."""
     host, port = target
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tests.impair.proxy", "--target", f"{host}:{port}",
+        sys.executable, "-m", "velomux_quic.demo.proxy", "--target", f"{host}:{port}",
         "--loss", str(impairment.loss), "--delay-ms", str(impairment.delay_ms),
         "--jitter-ms", str(impairment.jitter_ms), "--seed", "1",
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL, cwd=root,
+        stderr=asyncio.subprocess.DEVNULL,
     )  # fmt: skip
     counters: dict[str, Any] = {}
     try:

@@ -1,6 +1,6 @@
 """The live progress display: passes sent and tokens delivered, on a terminal only.
 
-rich draws it (``pip install rich``, in the ``perf`` extra ``make`` installs); rich is
+rich draws it (in the ``demo`` extra, and the ``perf`` one ``make`` installs); rich is
 imported only when the display is on, so ``--json``, a pipe or a machine without rich
 gets :class:`Silent`, which does nothing. Drawing runs on rich's own refresh thread a
 few times a second; the engine only sets numbers.
@@ -116,6 +116,6 @@ def display_for(enabled: bool) -> Display:
     try:
         import rich.progress  # noqa: F401
     except ImportError:
-        print("(no live progress display: pip install rich)", file=sys.stderr)
+        print("(no live progress display: pip install 'velomux_quic[demo]')", file=sys.stderr)
         return Silent(echo=True)
     return _Rich()

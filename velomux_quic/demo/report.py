@@ -170,8 +170,7 @@ def require_matplotlib() -> None:
         import matplotlib  # noqa: F401
     except ImportError:
         raise ConfigurationError(
-            "--plot needs matplotlib: pip install matplotlib (it is in the perf extra: "
-            "pip install -e '.[perf]')"
+            "--plot needs matplotlib: pip install 'velomux_quic[demo]' (or matplotlib alone)"
         ) from None
 
 

@@ -5,7 +5,7 @@ unary request/response with typed remote errors and timeouts, and dispatch of ea
 message to the handler registered under its name, inline, ordered per (sender, lane), or
 spawned (see :meth:`Messenger.register`).
 
-Replies go back the way ARCHITECTURE.md decides: on *this* node's own outbound connection
+Replies go back the way docs/architecture.md decides: on *this* node's own outbound connection
 to the sender, on the lane the request arrived on. The sender of every message is the
 InstanceId its connection's certificate proved, never something the message says.
 
@@ -140,6 +140,7 @@ class Messenger(TransportHandler):
         self.metrics = MessengerMetrics(registry)
         self._handlers = HandlerRegistry()
         self._header_codecs: dict[str, HeaderCodec[Any]] = {}
+        self._call_headers: Callable[[dict[str, str] | None], dict[str, str] | None] | None = None
         self._calls = PendingCalls()
         self._rendezvous = Rendezvous(
             config,
@@ -368,6 +369,23 @@ class Messenger(TransportHandler):
         """
         self._handlers.register(name, handler, dispatch=dispatch)
 
+    def wrap_handler(self, name: str, wrap: Callable[[HandlerSpec], Handler]) -> None:
+        """Run ``name``'s messages through ``wrap(its registration)`` from now on, with the
+        same dispatch: how a layer around the messenger (tracing) instruments a handler
+        another registered, system ones included. ConfigurationError when nothing is
+        registered under ``name``."""
+        if not self._handlers.wrap(name, wrap):
+            raise ConfigurationError(f"no handler named {name!r} is registered here")
+
+    def set_call_headers(
+        self, headers: Callable[[dict[str, str] | None], dict[str, str] | None] | None
+    ) -> None:
+        """Give every call this messenger makes (``unary``, ``am_sync``: attaches included)
+        the headers ``headers(the call's own)`` returns: how tracing puts the caller's
+        trace context into the request. None stops it. Messages (``am_send``) and the
+        mux's batches are not calls and never pass through it."""
+        self._call_headers = headers
+
     def unregister(self, name: str) -> None:
         """Stop serving ``name``: messages to it are then answered UnknownHandler.
 
@@ -570,6 +588,8 @@ class Messenger(TransportHandler):
         if self._closed:
             raise MessengerClosed("the messenger is closed", handler=handler)
         timeout = self.config.default_timeout if timeout is None else timeout
+        if self._call_headers is not None:
+            headers = self._call_headers(headers)
         if self._discovery is not None and self.transport.peer_address(peer) is None:
             await self.resolve(peer)
         message_id, future = self._calls.start(peer, handler, timeout)

@@ -126,6 +126,15 @@ class HandlerRegistry:
         self._handlers[name] = spec
         return spec
 
+    def wrap(self, name: str, wrap: Callable[[HandlerSpec], Handler]) -> bool:
+        """Replace ``name``'s function with ``wrap(its registration)``, keeping its name and
+        dispatch; False when none had that name."""
+        spec = self._handlers.get(name)
+        if spec is None:
+            return False
+        self._handlers[name] = HandlerSpec(name, wrap(spec), spec.dispatch)
+        return True
+
     def unregister(self, name: str) -> bool:
         """Remove a handler; False when none had that name."""
         return self._handlers.pop(name, None) is not None

@@ -1,4 +1,4 @@
-"""MuxConfig and the flush policies, with the defaults the design chapter sets.
+"""MuxConfig and the flush policies, with the defaults the Batched streaming chapter sets.
 
 ``AutoFlush`` is a struct rather than more policy variants because its conditions compose:
 a batcher can write at the end of every wake (``on_admission``), and/or after a linger
@@ -8,6 +8,9 @@ writes only when the application calls ``flush_batch()`` (and a pending credit r
 ``reply_linger``).
 """
 
+# "The chapter" in this file is the Batched streaming chapter of the velo book, the
+# design this library implements (docs/architecture.md says how it is built):
+# https://github.com/ai-dynamo/velo/blob/main/docs/src/concepts/batched-streaming.md
 from __future__ import annotations
 
 import os

@@ -26,6 +26,9 @@ never run at the same time, so the drain count and the bitmap need no lock, and 
 consumer's path takes none and allocates nothing per record.
 """
 
+# "The chapter" in this file is the Batched streaming chapter of the velo book, the
+# design this library implements (docs/architecture.md says how it is built):
+# https://github.com/ai-dynamo/velo/blob/main/docs/src/concepts/batched-streaming.md
 from __future__ import annotations
 
 from collections import deque

@@ -32,7 +32,7 @@ rate passes merge while a batch waits for admission, and that case used to cost 
 paths (``state is _OPEN``): an ordering comparison of two IntEnum members cost ``offer``
 10 ns more per record.
 
-The rules, from the design chapter:
+The rules, from the Batched streaming chapter:
 
 * **Slots.** A stream is a slot: a dense index (LIFO free list, so a reused index is hot in
   cache) and an 8-bit generation bumped on every reuse, packed as a u32 SlotId.
@@ -74,6 +74,9 @@ The rules, from the design chapter:
   peer's streams are coalesced replies (:meth:`reply_lifecycle`).
 """
 
+# "The chapter" in this file is the Batched streaming chapter of the velo book, the
+# design this library implements (docs/architecture.md says how it is built):
+# https://github.com/ai-dynamo/velo/blob/main/docs/src/concepts/batched-streaming.md
 from __future__ import annotations
 
 import itertools

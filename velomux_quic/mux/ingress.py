@@ -63,6 +63,9 @@ refusal ends exactly the stream it names (:meth:`IngressTable.refuse_staged`), o
 the stream's bind until the OpenSlot claims it (see :mod:`.singleton`).
 """
 
+# "The chapter" in this file is the Batched streaming chapter of the velo book, the
+# design this library implements (docs/architecture.md says how it is built):
+# https://github.com/ai-dynamo/velo/blob/main/docs/src/concepts/batched-streaming.md
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence

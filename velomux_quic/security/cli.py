@@ -288,11 +288,11 @@ def add_certs_commands(
         type=_trust_domain,
         default=DEFAULT_TRUST_DOMAIN,
         metavar="TD",
-        help=f"SPIFFE trust domain of the cluster (default {DEFAULT_TRUST_DOMAIN})",
+        help="SPIFFE trust domain of the cluster",
     )
     init_ca.add_argument("--name", default="velomux cluster CA", help="the CA's common name")
     init_ca.add_argument(
-        "--days", type=_positive_days, default=3650, metavar="N", help="validity (3650)"
+        "--days", type=_positive_days, default=3650, metavar="N", help="validity in days"
     )
     init_ca.add_argument("--force", action="store_true", help="replace an existing CA key")
     init_ca.set_defaults(handler=_init_ca)
@@ -326,7 +326,7 @@ def add_certs_commands(
         help="extra CA certificates for the node's trust roots (CA rotation)",
     )
     issue.add_argument(
-        "--days", type=_positive_days, default=365, metavar="N", help="validity (365)"
+        "--days", type=_positive_days, default=365, metavar="N", help="validity in days"
     )
     issue.add_argument("--out", required=True, metavar="DIR", help="node directory to write")
     issue.add_argument("--force", action="store_true", help="replace an existing node key")
@@ -345,7 +345,7 @@ def add_certs_commands(
     renew.add_argument("--ca", required=True, metavar="DIR", help="CA directory (init-ca)")
     renew.add_argument("--node-dir", required=True, metavar="DIR", help="node directory")
     renew.add_argument(
-        "--days", type=_positive_days, default=365, metavar="N", help="validity (365)"
+        "--days", type=_positive_days, default=365, metavar="N", help="validity in days"
     )
     renew.add_argument("--keep-key", action="store_true", help="keep the node's private key")
     renew.set_defaults(handler=_renew)
@@ -379,7 +379,7 @@ def add_certs_commands(
         type=_names,
         default=["node-a", "node-b"],
         metavar="A,B",
-        help="comma-separated node names (default node-a,node-b)",
+        help="comma-separated node names (default: node-a,node-b)",
     )
     dev.add_argument("--force", action="store_true", help="remake every key and certificate")
     dev.set_defaults(handler=_dev)

@@ -98,6 +98,9 @@ class RemoteSender:
     prebound: bool = False
     """A pre-bind no sender has adopted or claimed yet: ``node`` is not known, and the
     watchdog counts no window as dead (the accept window is the backstop)."""
+    observed: Any = None
+    """What the manager's stream observer (tracing) keeps for this stream from its bind to
+    its end; None when nothing observes the node's streams."""
 
 
 @dataclass(slots=True)

@@ -19,6 +19,9 @@ Order rules:
 Every item is ``(sender_id, body)``; single-sender anchors use sender id 0.
 """
 
+# "The chapter" in this file is the Batched streaming chapter of the velo book, the
+# design this library implements (docs/architecture.md says how it is built):
+# https://github.com/ai-dynamo/velo/blob/main/docs/src/concepts/batched-streaming.md
 from __future__ import annotations
 
 import asyncio

@@ -20,6 +20,9 @@ Anchors and senders call back only through the Protocols their modules define
 :class:`~velomux_quic.streaming.sender.SenderOwner`), so no module below imports this one.
 """
 
+# "The chapter" in this file is the Batched streaming chapter of the velo book, the
+# design this library implements (docs/architecture.md says how it is built):
+# https://github.com/ai-dynamo/velo/blob/main/docs/src/concepts/batched-streaming.md
 from __future__ import annotations
 
 import asyncio
@@ -29,7 +32,7 @@ import os
 import time
 from collections import Counter
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 from ..errors import ConfigurationError
 from ..ids import InstanceId, StreamAnchorHandle, WorkerId, worker_id_of
@@ -62,7 +65,7 @@ from .transports import BindTerms, PrebindTransport, StreamTransport, TransportR
 from .watchdog import DETECTION_MULTIPLIER, WatchdogClock, check, deadline_windows
 from .zero_rtt import ZeroRtt
 
-__all__ = ["DETECTION_MULTIPLIER", "AnchorManager", "StreamingConfig"]
+__all__ = ["DETECTION_MULTIPLIER", "AnchorManager", "StreamObserver", "StreamingConfig"]
 
 logger = logging.getLogger(__name__)
 
@@ -81,9 +84,25 @@ def _checked_handle(handle: object, method: str) -> StreamAnchorHandle:
     )
 
 
+class StreamObserver(Protocol):
+    """Told when a remote producer's stream is bound to one of this node's anchors and
+    when the node forgets it, with how it ended (``finished``, ``cancelled``,
+    ``detached``, ``dropped``, ``released``): the consumer's side of a stream's life, for
+    tracing. Called at attach and at a stream's end, never per record."""
+
+    def bound(self, handle: StreamAnchorHandle, peer: InstanceId | None, transport: str) -> Any:
+        """A stream was bound (``peer`` None: a pre-bind); what to keep for it."""
+
+    def ended(self, observed: Any, outcome: str) -> None:
+        """The stream ``bound`` returned ``observed`` for is over."""
+
+
 class AnchorManager:
     """One per node: its anchors, the attach protocol, and (through the producer it owns)
     its senders. See the module docstring."""
+
+    observer: StreamObserver | None = None
+    """Told of every remote stream's bind and end (the node sets it when tracing)."""
 
     def __init__(
         self,
@@ -230,8 +249,9 @@ class AnchorManager:
         entry.finished = True
         if entry.unattached_timer is not None:
             entry.unattached_timer.cancel()
+        outcome = "cancelled" if entry.cancelled else "finished"
         for sender in entry.senders.values():
-            self._forget_sender(entry, sender)
+            self._forget_sender(entry, sender, outcome)
         entry.inbox.close()
 
     def cancel_anchor(self, local_id: int) -> None:
@@ -280,7 +300,7 @@ class AnchorManager:
             return
         remote = entry.senders.pop(sender_id, None)
         if remote is not None:
-            self._forget_sender(entry, remote)
+            self._forget_sender(entry, remote, "detached")
         entry.local_senders.discard(sender_id)
         entry.inbox.withdraw_feed(sender_id)
         if not entry.mpsc and not entry.senders and not entry.local_senders:
@@ -288,7 +308,10 @@ class AnchorManager:
         if entry.sender_count == 0:
             self._arm_unattached(entry)
 
-    def _forget_sender(self, entry: AnchorEntry, remote: RemoteSender) -> None:
+    def _forget_sender(self, entry: AnchorEntry, remote: RemoteSender, outcome: str) -> None:
+        if remote.observed is not None and self.observer is not None:
+            self.observer.ended(remote.observed, outcome)
+            remote.observed = None
         if entry.prebind is remote:
             entry.prebind = None
         if remote.watchdog is not None:
@@ -346,6 +369,8 @@ class AnchorManager:
             lane_key=lane_key,
             prebound=peer is None,
         )
+        if self.observer is not None:
+            remote.observed = self.observer.bound(entry.handle, peer, transport.key)
         entry.senders[sender_id] = remote
         if peer is not None:
             entry.attached = True
@@ -360,7 +385,7 @@ class AnchorManager:
         """Forget a remote sender (its bind, watchdog and feed). ``dropped``: the reader
         reads Dropped next; otherwise the anchor may be attached again."""
         entry.senders.pop(remote.sender_id, None)
-        self._forget_sender(entry, remote)
+        self._forget_sender(entry, remote, "dropped" if dropped else "released")
         entry.inbox.withdraw_feed(remote.sender_id)
         log_event(
             logger,

@@ -14,6 +14,9 @@ The consumer's cancel and graceful stop reach the producer as two read-only cond
 streams, under the rules ``send()`` follows, reporting per pair what it could not take.
 """
 
+# "The chapter" in this file is the Batched streaming chapter of the velo book, the
+# design this library implements (docs/architecture.md says how it is built):
+# https://github.com/ai-dynamo/velo/blob/main/docs/src/concepts/batched-streaming.md
 from __future__ import annotations
 
 import asyncio
@@ -21,7 +24,7 @@ import contextlib
 import enum
 import logging
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal, Protocol
@@ -73,7 +76,7 @@ class Retired(enum.Enum):
     consumer's node therefore holds the whole stream, in order; its reader gets to the
     end unless the stream had already ended there (the consumer cancelled it, or its
     watchdog fired first) or that node fails before the reader takes it. No message of
-    the consumer confirms it (the design chapter rejected that round trip per stream).
+    the consumer confirms it (the Batched streaming chapter rejected that round trip per stream).
     On the per-stream path: the terminal was admitted to the stream's QUIC send buffer.
     To a same-node anchor: it is in the anchor's channel."""
 
@@ -396,6 +399,13 @@ class StreamSender:
         """Leaving the block finalizes the stream, or drops it if the block raised."""
         self._finalizer.detach()
         self._state.terminal(DROPPED if exc_type is not None else FINALIZED)
+
+    def on_retired(self, callback: Callable[[Retired], None]) -> None:
+        """Call ``callback(outcome)`` once the stream retires (at once if it has): what
+        :meth:`retired` returns, without a task waiting for it per stream."""
+        self._state.retired.add_done_callback(
+            lambda done: None if done.cancelled() else callback(done.result())
+        )
 
     async def retired(self) -> Retired:
         """Resolves once the consumer's node holds all of the stream's output

@@ -28,6 +28,9 @@ The rules, and why:
   away, so a stale reference can never make the timer fire on every loop iteration.
 """
 
+# "The chapter" in this file is the Batched streaming chapter of the velo book, the
+# design this library implements (docs/architecture.md says how it is built):
+# https://github.com/ai-dynamo/velo/blob/main/docs/src/concepts/batched-streaming.md
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,5 +1,8 @@
-"""Transport settings, with the defaults the design chapter and its reference name."""
+"""Transport settings, with the defaults the Batched streaming chapter and its reference name."""
 
+# "The chapter" in this file is the Batched streaming chapter of the velo book, the
+# design this library implements (docs/architecture.md says how it is built):
+# https://github.com/ai-dynamo/velo/blob/main/docs/src/concepts/batched-streaming.md
 from __future__ import annotations
 
 from dataclasses import dataclass

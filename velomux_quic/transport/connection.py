@@ -2,7 +2,7 @@
 
 A node *sends* only on connections it dialed (client role: outbound lanes with admission
 gates) and *receives* only on connections it accepted (server role: inbound lanes with
-frame decoders), as ARCHITECTURE.md decides. Both roles share this class because the
+frame decoders), as docs/architecture.md decides. Both roles share this class because the
 asyncio plumbing (timers, transmit, close) is the same.
 
 :class:`PeerConnection` is one concern, a connection's lifecycle and what happens on it,

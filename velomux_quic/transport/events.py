@@ -78,7 +78,7 @@ class PeerLink:
         """The peer's InstanceId, proven by its certificate."""
         self.outbound = outbound
         """True on a connection this node dialed (it sends on those, and receives on the
-        ones it accepted; see ARCHITECTURE.md)."""
+        ones it accepted; see docs/architecture.md)."""
         self._connection = connection
 
     def manage_receive_window(

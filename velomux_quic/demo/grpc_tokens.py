@@ -1,12 +1,13 @@
-"""The gRPC arm of ``perf/tokens.py``: the token workload as a Python user would wire it.
+"""The token workload on grpc.aio, as a Python user would wire it: the gRPC arm of
+``velomux demo --compare`` and of ``perf/tokens.py``.
 
 grpc.aio, one server-streaming RPC per request on one channel per frontend: the frontend
 asks (``Stream(request)`` carrying the stream's index) and the engine, the gRPC server,
 streams that request's tokens back. No protobuf code generation: the method is registered
 with ``grpc.method_handlers_generic_handler`` and ``grpc.unary_stream_rpc_method_handler``
 without serializers, so requests and responses are the raw bytes (identity), and every
-response is the same 48-byte MessagePack token the QUIC arms send, decoded and checked the
-same way by the frontend.
+response is the same MessagePack token the QUIC arms of the same program send, decoded and
+checked the same way by the frontend.
 
 The engine side is the shape of an LLM server on grpc.aio: the decode loop puts each
 request's token on that request's ``asyncio.Queue`` and the RPC's handler, an async
@@ -21,7 +22,8 @@ encrypted, like the QUIC arms' mutual TLS. gRPC checks the chain and the server'
 (the certificates carry the 127.0.0.1 IP SAN) but not the SPIFFE identity the QUIC nodes
 check. ``insecure=True`` gives plaintext HTTP/2 instead.
 
-grpc is imported here only, so the QUIC children of the benchmark never load it.
+grpc is imported here only, so the QUIC processes of the demo and the benchmark never load
+it; importing this module needs the ``demo`` (or ``perf``) extra.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from typing import Any
 
 import grpc
 import grpc.aio
-import msgpack
+import msgpack  # type: ignore[import-untyped]
 
 __all__ = ["METHOD_PATH", "QUEUE_TOKENS", "TokenClient", "TokenServer"]
 

@@ -1,0 +1,108 @@
+"""OpenTelemetry tracing (the otel extra) between two real nodes, and its absence.
+
+Each test runs ``tests/procs/traced_pair.py`` in a process of its own, so the global tracer
+provider it installs (OpenTelemetry's SDK with an in-memory exporter, as an application
+would) never reaches another test. The nodes talk over real QUIC; the anchor's node learns
+the caller's trace context only from the request's headers (its spans' parents are
+remote), as it would in another process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_pair(tmp_path: Path, *flags: str, env: dict[str, str] | None = None) -> list[Any]:
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.procs.traced_pair", "--certs", str(tmp_path), *flags],
+        capture_output=True, text=True, timeout=60, check=False, cwd=ROOT,
+        env={**os.environ, **(env or {})},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines: list[Any] = [json.loads(line) for line in result.stdout.splitlines()]
+    return lines
+
+
+def one(spans: list[dict[str, Any]], name: str, **attributes: str) -> dict[str, Any]:
+    found = [
+        span
+        for span in spans
+        if span["name"] == name
+        and all(span["attributes"].get(k) == v for k, v in attributes.items())
+    ]
+    assert len(found) == 1, (name, attributes, [s["name"] for s in spans])
+    return found[0]
+
+
+@pytest.mark.timeout(90)
+def test_attach_stream_and_call_spans_share_one_trace_across_the_two_nodes(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("opentelemetry.sdk")
+    *spans, summary = run_pair(tmp_path, "--sdk")
+    assert summary["attached"] == [0, 1, 2] and summary["streamed"] == [0, 1, 2, 3]
+    engine = {"velomux.node": summary["engine"]}
+    frontend = {"velomux.node": summary["frontend"]}
+
+    # The attach: the producer's stream span, its attach, the consumer's accept and the
+    # consumer's stream span, one trace; the accept's parent is the remote attach.
+    stream = one(spans, "velomux.stream.send", **engine, **{"velomux.stream.open": "attach"})
+    attach = one(spans, "velomux.attach", **engine)
+    accept = one(spans, "velomux.attach.accept", **frontend)
+    receive = one(
+        spans, "velomux.stream.receive", **frontend, **{"velomux.peer": summary["engine"]}
+    )
+    assert {s["trace_id"] for s in (stream, attach, accept, receive)} == {stream["trace_id"]}
+    assert stream["parent_id"] is None and stream["kind"] == "PRODUCER"
+    assert attach["parent_id"] == stream["span_id"] and attach["kind"] == "CLIENT"
+    assert accept["parent_id"] == attach["span_id"] and accept["parent_remote"] is True
+    assert receive["parent_id"] == accept["span_id"] and receive["kind"] == "CONSUMER"
+    assert stream["attributes"]["velomux.stream.outcome"] == "sent"
+    assert stream["attributes"]["velomux.transport"] == "messenger-mux-v2"
+    assert receive["attributes"]["velomux.stream.outcome"] == "finished"
+
+    # A call and the handler that answered it.
+    call = one(spans, "velomux.call echo", **engine)
+    handled = one(spans, "velomux.handle echo", **frontend)
+    assert handled["trace_id"] == call["trace_id"] != stream["trace_id"]
+    assert handled["parent_id"] == call["span_id"] and handled["parent_remote"] is True
+
+    # A request carrying a ticket: the frontend's span, its pre-bound stream, its call, the
+    # engine's handler and the stream it opened from the ticket are one trace.
+    request = one(spans, "frontend request")
+    ticketed = one(spans, "velomux.stream.send", **engine, **{"velomux.stream.open": "ticket"})
+    generate = one(spans, "velomux.handle generate", **engine)
+    prebound = one(spans, "velomux.stream.receive", **frontend, **{"velomux.peer": "pre-bound"})
+    together = (request, one(spans, "velomux.call generate"), generate, ticketed, prebound)
+    assert {s["trace_id"] for s in together} == {request["trace_id"]}
+    assert ticketed["parent_id"] == generate["span_id"]
+    assert ticketed["attributes"]["velomux.stream.outcome"] == "sent"
+    assert "_traceparent" in summary["reserved_headers"]
+    assert all(span["status"] != "ERROR" for span in spans)
+    assert Counter(span["name"] for span in spans)["velomux.stream.send"] == 2
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("how", ["not installed", "switched off"])
+def test_without_the_extra_nothing_of_opentelemetry_is_imported_and_all_works(
+    tmp_path: Path, how: str
+) -> None:
+    if how == "not installed":
+        *spans, summary = run_pair(tmp_path, "--no-otel")
+    else:
+        *spans, summary = run_pair(tmp_path, env={"VELOMUX_TRACING": "off"})
+    assert spans == []
+    assert summary["attached"] == [0, 1, 2] and summary["streamed"] == [0, 1, 2, 3]
+    assert summary["echoed"] == "hi" and summary["reply"] == "done"
+    assert summary["otel_modules"] == []
+    assert summary["reserved_headers"] == ["_mux_slot"]  # no trace header was registered
