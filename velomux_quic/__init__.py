@@ -27,7 +27,16 @@ from __future__ import annotations
 
 import logging
 
-from .config import DiscoveryConfig, NodeConfig, PeerEntry
+from .config import NodeConfig
+from .discovery import (
+    DirectoryPeers,
+    DiscoveryConfig,
+    EtcdPeers,
+    PeerDiscovery,
+    PeerEntry,
+    PeerRecord,
+    StaticPeers,
+)
 from .errors import (
     AdmissionCancelled,
     AdmissionError,
@@ -87,15 +96,7 @@ from .errors import (
     WrongHandleKind,
 )
 from .ids import InstanceId, StreamAnchorHandle, WorkerId
-from .messenger import (
-    DirectoryPeers,
-    MessengerConfig,
-    PeerDiscovery,
-    PeerRecord,
-    PeerRegistry,
-    StaticPeers,
-)
-from .messenger.etcd import EtcdPeers
+from .messenger import MessengerConfig, PeerRegistry
 from .messenger.registry import Context, Dispatch
 from .mux.config import (
     AutoFlush,

@@ -28,17 +28,11 @@ from prometheus_client import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
 from .config import NodeConfig
+from .discovery import PeerDiscovery, PeerRecord
 from .errors import ConfigurationError, UsageError
+from .eventlog import log_event
 from .ids import InstanceId, StreamAnchorHandle, WorkerId
-from .liveness import StaticPeerLiveness
-from .logs import log_event
-from .messenger import (
-    Messenger,
-    MessengerConfig,
-    PeerDiscovery,
-    PeerRecord,
-    PeerRegistry,
-)
+from .messenger import Messenger, MessengerConfig, PeerRegistry
 from .messenger.registry import Dispatch, Handler
 from .mux.config import MuxConfig
 from .mux.transport import MuxTransport
@@ -51,6 +45,7 @@ from .streaming.manager import AnchorManager, StreamingConfig
 from .streaming.sender import PassOutcome, StreamSender, send_pass
 from .tracing import node_tracing
 from .transport import TransportConfig
+from .transport.liveness import StaticPeerLiveness
 
 if TYPE_CHECKING:
     # The layers' snapshot types. Each layer defines its own next to its state.

@@ -498,7 +498,7 @@ async def test_nodes_find_each_other_through_a_peer_directory(
 ) -> None:
     from pathlib import Path
 
-    from velomux_quic.messenger import DirectoryPeers
+    from velomux_quic.discovery import DirectoryPeers
 
     directory = Path(str(tmp_path)) / "peers"
     async with (

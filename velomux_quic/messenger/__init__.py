@@ -10,7 +10,8 @@ Modules: :mod:`.messenger` (the :class:`Messenger`: sending, receiving, dispatch
 of payloads held for peers), :mod:`.registry` (handlers and the :class:`Context`),
 :mod:`.dispatch` (ordered queues), :mod:`.calls` (calls waiting for answers),
 :mod:`.envelope` and :mod:`.contents` (the wire format), :mod:`.headers` (header codecs),
-:mod:`.peers` (records, registry, discovery), :mod:`.config`, :mod:`.metrics`,
+:mod:`.peers` (the peer registry, which discovery fills: :mod:`velomux_quic.discovery`),
+:mod:`.config`, :mod:`.metrics`,
 :mod:`.snapshot`, :mod:`.errors`.
 """
 
@@ -29,14 +30,13 @@ from .errors import (
 )
 from .headers import HeaderCodec
 from .messenger import Messenger, StagedRefusal
-from .peers import DirectoryPeers, PeerDiscovery, PeerRecord, PeerRegistry, StaticPeers
+from .peers import PeerRegistry
 from .registry import Context, Dispatch, Handler, HandlerResult
 from .snapshot import MessengerSnapshot
 
 __all__ = [
     "CallError",
     "Context",
-    "DirectoryPeers",
     "Dispatch",
     "Handler",
     "HandlerExists",
@@ -48,14 +48,11 @@ __all__ = [
     "MessengerClosed",
     "MessengerConfig",
     "MessengerSnapshot",
-    "PeerDiscovery",
     "PeerGone",
-    "PeerRecord",
     "PeerRegistry",
     "RemoteRefused",
     "StagedRefusal",
     "StagingFull",
-    "StaticPeers",
     "UnaryTimeout",
     "UnknownHandler",
 ]

@@ -37,7 +37,8 @@ from typing import Any
 import msgpack  # type: ignore[import-untyped]
 from prometheus_client.registry import CollectorRegistry
 
-from ..errors import ConfigurationError, SendTimeout
+from ..discovery import PeerDiscovery, PeerRecord, PeerWatch, peer_address
+from ..errors import ConfigurationError, SendTimeout, WorkerIdCollision
 from ..ids import InstanceId
 from ..security.certs import NodeCredentials
 from ..transport import (
@@ -78,16 +79,7 @@ from .errors import (
 )
 from .headers import RESERVED_PREFIX, HeaderCodec
 from .metrics import MessengerMetrics
-from .peers import (
-    DiscoveryFeed,
-    PeerDiscovery,
-    PeerRecord,
-    PeerRegistry,
-    PeerWatch,
-    WorkerIdCollision,
-    peer_address,
-    sync_registry,
-)
+from .peers import DiscoveryFeed, PeerRegistry, sync_registry
 from .registry import Context, Dispatch, Handler, HandlerRegistry, HandlerSpec
 from .rendezvous import RefusalHook, Rendezvous, StagedRefusal, StagingListener
 from .snapshot import MessengerSnapshot
@@ -202,7 +194,7 @@ class Messenger(TransportHandler):
         With ``discovery``, the node publishes its own record there (unless ``publish``
         is False: a client that only looks others up), loads every record it finds, and
         looks up a peer it does not know the first time it calls it. A backend that is
-        also a :class:`~velomux_quic.messenger.peers.PeerWatch` (etcd) exports its
+        also a :class:`~velomux_quic.discovery.PeerWatch` (etcd) exports its
         metrics in ``registry`` and pushes joins, moves and leaves into the peer registry
         as they happen, through a :class:`~velomux_quic.messenger.peers.DiscoveryFeed`.
         """

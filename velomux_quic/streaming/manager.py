@@ -35,8 +35,8 @@ from functools import partial
 from typing import Any, Protocol
 
 from ..errors import ConfigurationError
+from ..eventlog import EventThrottle, log_event
 from ..ids import InstanceId, StreamAnchorHandle, WorkerId, worker_id_of
-from ..logs import EventThrottle, log_event
 from ..messenger import Context, Messenger
 from ..transport import CONTROL_LANE
 from .anchor import AnchorEntry, MpscAnchor, RemoteSender, StreamAnchor

@@ -32,8 +32,8 @@ from cryptography.hazmat.primitives import serialization
 from prometheus_client.registry import CollectorRegistry
 
 from ..errors import ConfigurationError, CredentialsError
+from ..eventlog import log_event
 from ..ids import InstanceId
-from ..logs import log_event
 from ..security.certs import NodeCredentials
 from ..security.rotation import (
     CertificateSummary,
