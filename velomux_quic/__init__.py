@@ -114,13 +114,15 @@ from .streaming.anchor import (
     StreamAnchor,
 )
 from .streaming.config import StreamingConfig
-from .streaming.control import StreamOpenTicket
+from .streaming.control import MESSENGER_MUX_KEY, PER_STREAM_KEY, StreamOpenTicket
 from .streaming.sender import PassOutcome, Retired, StreamSender
 from .transport.config import TransportConfig
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "MESSENGER_MUX_KEY",
+    "PER_STREAM_KEY",
     "AdmissionCancelled",
     "AdmissionError",
     "AlreadyAttached",

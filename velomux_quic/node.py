@@ -406,6 +406,10 @@ class Node:
         or an ``instance_id`` that is not an :class:`~velomux_quic.InstanceId`.
         Raises :class:`~velomux_quic.errors.WorkerIdCollision` if another known peer
         has the same WorkerId (practically never; the peer is refused).
+
+        Adding a known peer at another address (it restarted there) also closes the
+        connection this node dialed to the old one, which leads nowhere now; the next
+        send dials the new address. Discovery treats a peer that moved the same way.
         """
         self._on_own_thread()
         self.messenger.add_peer(instance_id, address, name)
@@ -415,6 +419,61 @@ class Node:
         (epoch death on its lanes), so its senders' cancel tokens fire and sends fail."""
         self._on_own_thread()
         self.messenger.remove_peer(instance_id)
+
+    @property
+    def peers(self) -> PeerRegistry:
+        """The peers this node knows where to reach: configured, added, discovered.
+
+        Read a record (``node.peers.get(instance_id)``), iterate them, or
+        ``node.peers.subscribe(listener)`` to hear every join, move and leave as it
+        happens (what ``velomux node`` prints). Change them with :meth:`add_peer` and
+        :meth:`remove_peer`, which check what they are given.
+        """
+        return self.messenger.peers
+
+    @property
+    def discovery(self) -> PeerDiscovery | None:
+        """The discovery backend the node was started with (its ``discovery=`` or its
+        configuration's ``[discovery]``); None for a node with static peers only."""
+        return self.messenger.discovery
+
+    def peer_address(self, instance_id: InstanceId) -> tuple[str, int] | None:
+        """Where this node dials ``instance_id``: the address it was added, configured or
+        discovered at, else the one the peer's own verified connection came from (a node
+        dials and listens on one UDP socket, so that is where it listens). None when
+        neither is known: :meth:`resolve_peer` asks discovery."""
+        self._on_own_thread()
+        return self.messenger.transport.peer_address(instance_id)
+
+    async def resolve_peer(self, instance_id: InstanceId) -> bool:
+        """Whether this node knows where ``instance_id`` listens, asking discovery when it
+        does not (the record discovery answers joins :attr:`peers`). False when nobody
+        knows: :meth:`add_peer` it. Sends and calls do this on their own; a program that
+        must know before it starts (a probe) asks here."""
+        self._on_own_loop()
+        return await self.messenger.resolve(instance_id)
+
+    async def connect(self, instance_id: InstanceId) -> None:
+        """Dial ``instance_id`` now and return once the mutual-TLS handshake has proven
+        its certificate, asking discovery for its address first if need be.
+
+        Sends and calls dial on their own when they need to; this is for a program that
+        wants the handshake's outcome before anything else (a probe timing it, a
+        startup check). Bounded by ``TransportConfig.handshake_timeout``. Raises
+        :class:`~velomux_quic.errors.DialError` (``reason`` says why: the peer's
+        certificate refused, ``handshake_timeout``, ``unreachable``, ...) or
+        :class:`~velomux_quic.errors.PeerNotRegistered` (no address known:
+        :meth:`add_peer` or discovery).
+        """
+        self._on_own_loop()
+        await self.messenger.resolve(instance_id)
+        await self.messenger.transport.connect(instance_id)
+
+    @property
+    def credentials(self) -> NodeCredentials:
+        """The credentials new connections present: those the node started with, or the
+        last set :meth:`reload_credentials` took (certificate, chain, trust roots)."""
+        return self.messenger.transport.credentials
 
     # -- streams: the consumer's side ----------------------------------------------------
 

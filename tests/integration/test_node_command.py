@@ -1,6 +1,6 @@
 """`velomux node --config node.toml` as a real process: a stream into its sink, then SIGTERM.
 
-The test starts the command as an operator would (``python -m velomux_quic.cli node``),
+The test starts the command as an operator would (``python -m velomux_quic.programs.cli node``),
 reads its structured event lines, reaches it from a node of its own over mutual-TLS QUIC
 (both certificates from one CA), streams into the sink and stops it with SIGTERM.
 """
@@ -29,7 +29,7 @@ from velomux_quic import (
 )
 
 CHECKOUT = Path(__file__).resolve().parents[2]
-COMMAND = [sys.executable, "-m", "velomux_quic.cli", "node"]
+COMMAND = [sys.executable, "-m", "velomux_quic.programs.cli", "node"]
 
 
 def parse_event(line: str) -> dict[str, str]:

@@ -22,6 +22,8 @@ SURFACE = {
     "Retired",
     "PassOutcome",
     "StreamOpenTicket",
+    "MESSENGER_MUX_KEY",
+    "PER_STREAM_KEY",
     "InstanceId",
     "WorkerId",
     "StreamAnchorHandle",

@@ -279,6 +279,8 @@ class Messenger(TransportHandler):
 
         ``address`` is ``(host, port)`` or ``"host:port"``; a malformed one, or an
         ``instance_id`` that is not an :class:`InstanceId`, raises ConfigurationError.
+        A known peer added at another address moved: the connection dialed to the old
+        address is closed, as for a move discovery reports.
         """
         if not isinstance(instance_id, InstanceId):
             raise ConfigurationError(
@@ -287,14 +289,16 @@ class Messenger(TransportHandler):
             )
         if not isinstance(name, str):
             raise ConfigurationError(f"add_peer: name must be a string, got {name!r}")
-        self.peers.add(
-            PeerRecord(
-                instance_id=instance_id,
-                address=peer_address(address),
-                name=name,
-                updated_at=time.time(),
-            )
+        previous = self.peers.get(instance_id)
+        record = PeerRecord(
+            instance_id=instance_id,
+            address=peer_address(address),
+            name=name,
+            updated_at=time.time(),
         )
+        self.peers.add(record)
+        if previous is not None and previous.address != record.address:
+            self._peer_moved(instance_id)
 
     def remove_peer(self, instance_id: InstanceId) -> None:
         """Forget a peer (eviction): its address goes, and the mux ends its streams."""

@@ -53,7 +53,7 @@ In-process::
 
 As its own process (so it does not compete for the CPU of the process it measures)::
 
-    python -m velomux_quic.demo.proxy --target 127.0.0.1:4433 --loss 0.01 --delay-ms 5
+    python -m velomux_quic.programs.demo.proxy --target 127.0.0.1:4433 --loss 0.01 --delay-ms 5
 
 prints ``{"host": ..., "port": ...}`` on one line once it listens, runs until SIGTERM,
 SIGINT or end of its standard input, then prints ``{"counters": {...}}`` and exits 0.
@@ -634,7 +634,7 @@ def _address(text: str) -> tuple[str, int]:
 
 def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m velomux_quic.demo.proxy",
+        prog="python -m velomux_quic.programs.demo.proxy",
         description="A UDP proxy that adds loss, delay, jitter and reordering, each way.",
     )
     parser.add_argument("--target", type=_address, required=True, help="HOST:PORT to forward to")
