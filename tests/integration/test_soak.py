@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 
+from velomux_quic.errors import StreamError
 from velomux_quic.mux.config import DISABLE_ENV, MuxConfig
 from velomux_quic.node import Node
 from velomux_quic.security.certs import NodeCredentials
 from velomux_quic.streaming.control import MESSENGER_MUX_KEY, PER_STREAM_KEY
-from velomux_quic.streaming.errors import StreamError
 from velomux_quic.streaming.manager import StreamingConfig
 from velomux_quic.streaming.sender import Retired
 

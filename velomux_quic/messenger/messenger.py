@@ -38,12 +38,23 @@ import msgpack  # type: ignore[import-untyped]
 from prometheus_client.registry import CollectorRegistry
 
 from ..discovery import PeerDiscovery, PeerRecord, PeerWatch, peer_address
-from ..errors import ConfigurationError, SendTimeout, WorkerIdCollision
+from ..errors import (
+    CallError,
+    ConfigurationError,
+    HandlerFailed,
+    MessengerClosed,
+    PeerGone,
+    PeerNotRegistered,
+    RemoteRefused,
+    SendTimeout,
+    TransportError,
+    UnknownHandler,
+    WorkerIdCollision,
+)
 from ..ids import InstanceId
 from ..security.certs import NodeCredentials
 from ..transport import (
     PeerLink,
-    PeerNotRegistered,
     QuicTransport,
     SendAdmission,
     SendOutcome,
@@ -51,7 +62,6 @@ from ..transport import (
     StreamReset,
     StreamStopped,
     TransportConfig,
-    TransportError,
     TransportHandler,
 )
 from .calls import PendingCalls
@@ -68,14 +78,6 @@ from .envelope import (
     encode_envelope,
     encode_error,
     message_prefix,
-)
-from .errors import (
-    CallError,
-    HandlerFailed,
-    MessengerClosed,
-    PeerGone,
-    RemoteRefused,
-    UnknownHandler,
 )
 from .headers import RESERVED_PREFIX, HeaderCodec
 from .metrics import MessengerMetrics

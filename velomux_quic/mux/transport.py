@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from ..errors import ChannelClosed
 from ..ids import InstanceId
 from ..messenger import Context, Messenger
-from ..streaming.errors import ChannelClosed
 from ..streaming.frames import DETACHED
 from ..streaming.transports import AttachTerms, BindTerms
 from .binds import Bind, BindBook

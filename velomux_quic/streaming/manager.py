@@ -34,7 +34,13 @@ from collections import Counter
 from functools import partial
 from typing import Any, Protocol
 
-from ..errors import ConfigurationError
+from ..errors import (
+    AlreadyAttached,
+    AnchorNotFound,
+    ConfigurationError,
+    MaxSendersReached,
+    UsageError,
+)
 from ..eventlog import EventThrottle, log_event
 from ..ids import InstanceId, StreamAnchorHandle, WorkerId, worker_id_of
 from ..messenger import Context, Messenger
@@ -53,7 +59,6 @@ from .control import (
     StreamControl,
     StreamOpenTicket,
 )
-from .errors import AlreadyAttached, AnchorNotFound, MaxSendersReached, UsageError
 from .frames import DROPPED
 from .inbox import Inbox
 from .metrics import StreamingMetrics

@@ -27,9 +27,20 @@ import time
 from collections import Counter
 from typing import Protocol
 
-from ..errors import PeerGone, UnaryTimeout
+from ..errors import (
+    AlreadyAttached,
+    AnchorNotFound,
+    AttachError,
+    AttachRefused,
+    CallError,
+    MaxSendersReached,
+    PeerGone,
+    TicketError,
+    UnaryTimeout,
+    WrongHandleKind,
+)
 from ..ids import InstanceId, StreamAnchorHandle, WorkerId, worker_id_of
-from ..messenger import CallError, Context, Messenger
+from ..messenger import Context, Messenger
 from ..transport import CONTROL_LANE
 from .channels import InboxChannel
 from .config import StreamingConfig
@@ -43,15 +54,6 @@ from .control import (
     MpscAnchorAttachResponse,
     StreamControl,
     StreamOpenTicket,
-)
-from .errors import (
-    AlreadyAttached,
-    AnchorNotFound,
-    AttachError,
-    AttachRefused,
-    MaxSendersReached,
-    TicketError,
-    WrongHandleKind,
 )
 from .frames import HEARTBEAT
 from .inbox import Inbox
