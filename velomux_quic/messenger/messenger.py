@@ -93,6 +93,15 @@ logger = logging.getLogger(__name__)
 PROTOCOL_VERSION = 1
 CAPABILITIES = ("rendezvous", "lanes")
 
+HELLO_HANDLER = "_hello"
+"""The system handler that answers this node's protocol version, capabilities and lanes."""
+
+HEALTH_HANDLER = "_health"
+"""The system handler that answers ``ok``: the peer's messenger, not only its QUIC stack."""
+
+LIST_HANDLERS_HANDLER = "_list_handlers"
+"""The system handler that answers every handler name this node serves."""
+
 ENVELOPE_RESERVE = 2048
 """Bytes kept out of the eager budget for the envelope: fixed header, name, small headers."""
 
@@ -883,10 +892,10 @@ class Messenger(TransportHandler):
     # -- system handlers, and the calls that ask a peer's --------------------------------
 
     def _register_system_handlers(self) -> None:
-        self._handlers.register("_hello", self._hello_handler, system=True)
-        self._handlers.register("_health", lambda ctx: b"ok", system=True)
+        self._handlers.register(HELLO_HANDLER, self._hello_handler, system=True)
+        self._handlers.register(HEALTH_HANDLER, lambda ctx: b"ok", system=True)
         self._handlers.register(
-            "_list_handlers",
+            LIST_HANDLERS_HANDLER,
             lambda ctx: msgpack.packb(self._handlers.names()),
             system=True,
         )
@@ -910,7 +919,7 @@ class Messenger(TransportHandler):
         ``timeout`` defaults to ``MessengerConfig.default_timeout``; raises as :meth:`unary`.
         """
         answer: dict[str, Any] = msgpack.unpackb(
-            await self.unary(peer, "_hello", self._hello_payload(), timeout=timeout)
+            await self.unary(peer, HELLO_HANDLER, self._hello_payload(), timeout=timeout)
         )
         return answer
 
@@ -922,7 +931,7 @@ class Messenger(TransportHandler):
         """
         if timeout is None:
             timeout = self.config.health_check_timeout
-        await self.unary(peer, "_health", timeout=timeout)
+        await self.unary(peer, HEALTH_HANDLER, timeout=timeout)
 
     async def list_handlers(self, peer: InstanceId, timeout: float | None = None) -> list[str]:
         """The handler names ``peer`` serves, sorted (the system's ``_`` names included).
@@ -930,7 +939,7 @@ class Messenger(TransportHandler):
         ``timeout`` defaults to ``MessengerConfig.default_timeout``; raises as :meth:`unary`.
         """
         names: list[str] = msgpack.unpackb(
-            await self.unary(peer, "_list_handlers", timeout=timeout)
+            await self.unary(peer, LIST_HANDLERS_HANDLER, timeout=timeout)
         )
         return names
 

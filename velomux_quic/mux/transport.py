@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector
 from ..errors import ChannelClosed
 from ..ids import InstanceId
 from ..messenger import Context, Messenger
+from ..streaming.control import MESSENGER_MUX_KEY
 from ..streaming.frames import DETACHED
 from ..streaming.transports import AttachTerms, BindTerms
 from .binds import Bind, BindBook
@@ -37,7 +38,6 @@ from .health import PeerHealth
 from .ingress import IngressTable, MuxIngressStats
 from .protocol import (
     MAX_LANES,
-    MESSENGER_MUX_KEY,
     CloseReason,
     LifecycleAction,
     MalformedBatch,

@@ -33,6 +33,7 @@ from ..errors import (
     AttachError,
     AttachRefused,
     CallError,
+    ControlDecodeError,
     MaxSendersReached,
     PeerGone,
     TicketError,
@@ -45,10 +46,13 @@ from ..transport import CONTROL_LANE
 from .channels import InboxChannel
 from .config import StreamingConfig
 from .control import (
+    ATTACH_HANDLER,
+    CANCEL_HANDLER,
+    MPSC_ATTACH_HANDLER,
+    STOP_HANDLER,
     AnchorAttachOk,
     AnchorAttachRequest,
     AnchorAttachResponse,
-    ControlDecodeError,
     MpscAnchorAttachOk,
     MpscAnchorAttachRequest,
     MpscAnchorAttachResponse,
@@ -148,8 +152,8 @@ class AnchorProducer:
         self._idle = asyncio.Event()
         self._idle.set()
         self._closed = False
-        messenger.register_system("_stream_cancel", self._cancel_handler)
-        messenger.register_system("_stream_stop", self._stop_handler)
+        messenger.register_system(CANCEL_HANDLER, self._cancel_handler)
+        messenger.register_system(STOP_HANDLER, self._stop_handler)
 
     # -- attach ----------------------------------------------------------------------
 
@@ -194,7 +198,7 @@ class AnchorProducer:
                 try:
                     raw = await self._messenger.unary(
                         peer,
-                        "_mpsc_anchor_attach" if mpsc else "_anchor_attach",
+                        MPSC_ATTACH_HANDLER if mpsc else ATTACH_HANDLER,
                         request.encode(),
                         lane=CONTROL_LANE,  # never behind the data queued on the lanes
                         timeout=max(0.0, deadline - time.monotonic()),
