@@ -26,9 +26,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import sys
 import tomllib
 import types
 import typing
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,14 +39,27 @@ from typing import Any
 from .discovery import DiscoveryConfig, PeerEntry, PeerRecord
 from .errors import ConfigurationError
 from .messenger import MessengerConfig
-from .mux.config import AutoFlush, FlushPolicy, Manual, MuxConfig
+from .mux.config import DISABLE_ENV, AutoFlush, FlushPolicy, Manual, MuxConfig
 from .streaming.config import StreamingConfig
 from .transport.config import TransportConfig
 
-__all__ = ["ENV_PREFIX", "NodeConfig"]
+__all__ = ["DEPRECATED_VARIABLES", "ENV_PREFIX", "NodeConfig"]
 
 ENV_PREFIX = "VELOMUX_"
-"""Environment overrides are ``VELOMUX_<SECTION>_<KEY>`` (``VELOMUX_NODE_PORT=7000``)."""
+"""Environment overrides are ``VELOMUX_<SECTION>_<KEY>`` (``VELOMUX_NODE_PORT=7000``); every
+variable the project reads starts with it (the design chapter's
+``VELO_MESSENGER_MUX_DISABLE`` aside, read under the chapter's name on purpose)."""
+
+DEPRECATED_VARIABLES: Mapping[str, str] = {
+    "VELOMUX_MUX_ENABLED": (
+        "set VELOMUX_MUX_DISABLE=1 to run without the mux (or enabled = false in [mux])"
+    ),
+}
+"""Variables still read, with a DeprecationWarning, for one release, and what to set instead."""
+
+_SWITCHES = frozenset({DISABLE_ENV})
+"""Variables under a section's prefix that are no key of it: switches read where they act
+(``VELOMUX_MUX_DISABLE`` when the node is built), so the loader lets them be."""
 
 _NO_VALUE = frozenset({"none", "null", ""})
 _TRUE = frozenset({"1", "true", "yes", "on"})
@@ -312,9 +327,11 @@ class _Loader:
         for key in keys:
             variable = prefix + key.upper()
             if variable in environ:
+                if variable in DEPRECATED_VARIABLES:
+                    _warn_deprecated(variable)
                 values[key] = self.parsed(f"environment {variable}", environ[variable], hints[key])
         # A misspelt override would otherwise be ignored without a word.
-        known = {prefix + key.upper() for key in keys}
+        known = {prefix + key.upper() for key in keys} | _SWITCHES
         for variable in sorted(environ):
             if variable.startswith(prefix) and variable not in known:
                 raise self.fail(
@@ -371,6 +388,22 @@ class _Loader:
         if str in kinds:
             return text
         raise self.fail(where, f"must be {_describe(kinds)}, got {text!r}")
+
+
+def _warn_deprecated(variable: str) -> None:
+    """A DeprecationWarning naming the variable and its replacement, attributed to the first
+    caller outside this package (the line that loaded the configuration)."""
+    level = 2  # this function's caller
+    frame: types.FrameType | None = sys._getframe(1)
+    package = os.path.dirname(__file__) + os.sep
+    while frame is not None and frame.f_code.co_filename.startswith(package):
+        level, frame = level + 1, frame.f_back
+    warnings.warn(
+        f"environment variable {variable} is deprecated and read for one more release only: "
+        f"{DEPRECATED_VARIABLES[variable]}",
+        DeprecationWarning,
+        stacklevel=level,
+    )
 
 
 def _kinds(annotation: Any) -> tuple[type[Any], ...]:

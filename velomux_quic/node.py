@@ -232,7 +232,7 @@ class Node:
         metrics go to (a new one by default). ``name`` labels the node in records and logs
         (the credentials' name by default). The configs default to the Batched streaming chapter's
         values; ``mux=MuxConfig(enabled=False)`` (or the environment variable
-        ``VELO_MESSENGER_MUX_DISABLE=1``) runs without the mux.
+        ``VELOMUX_MUX_DISABLE=1``) runs without the mux.
 
         Raises :class:`~velomux_quic.errors.CredentialsError` for missing or unusable
         credential files and :class:`~velomux_quic.errors.ConfigurationError` for a

@@ -65,7 +65,7 @@ from velomux_quic import (
 )
 from velomux_quic.security import PeerVerifier, spiffe_uris, summarize_certificate
 
-from .runtime import run
+from .runtime import run, show_deprecated_settings
 from .sink import ECHO_HANDLER, INFO_HANDLER, REPORT_HANDLER
 
 __all__ = [
@@ -860,6 +860,7 @@ def probe_main(args: argparse.Namespace) -> int:
         format="velomux probe: log %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    show_deprecated_settings()
     try:
         options = ProbeOptions(
             streams=args.streams,

@@ -42,7 +42,7 @@ from velomux_quic import (
     VelomuxError,
 )
 
-from .runtime import run
+from .runtime import run, show_deprecated_settings
 from .sink import Sink
 
 __all__ = ["add_node_commands", "format_event"]
@@ -190,6 +190,7 @@ def node_main(args: argparse.Namespace) -> int:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_KeyValueFormatter())
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), handlers=[handler])
+    show_deprecated_settings()
     try:
         config = NodeConfig.from_toml(args.config)
     except ConfigurationError as error:

@@ -65,7 +65,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import random
 import signal
 import socket
@@ -74,6 +73,8 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from ..runtime import run
 
 __all__ = [
     "DIRECTIONS",
@@ -724,19 +725,6 @@ async def serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop when installed (the proxy should cost as little CPU as it can), unless
-    ``VELOMUX_NO_UVLOOP`` asks for plain asyncio."""
-    if os.environ.get("VELOMUX_NO_UVLOOP", "").lower() in ("1", "true", "yes", "on"):
-        return None
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
-    return factory
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_arguments(argv)
     try:
@@ -744,8 +732,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"impair proxy: {exc}", file=sys.stderr)
         return 2
-    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        return runner.run(serve(args))
+    # uvloop where installed (the proxy should cost as little CPU as it can), as every
+    # program here runs, unless VELOMUX_NO_UVLOOP asks for plain asyncio.
+    return run(serve(args))
 
 
 if __name__ == "__main__":
