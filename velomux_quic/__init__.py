@@ -104,7 +104,7 @@ from .mux.config import (
     Manual,
     MuxConfig,
 )
-from .node import Node, NodeSnapshot, open_node
+from .node import Node, NodeOptions, NodeSnapshot, open_node
 from .ops import OpsConfig, ReadinessReport
 from .security.certs import NodeCredentials, ensure_dev_cluster
 from .streaming.anchor import (
@@ -166,6 +166,7 @@ __all__ = [
     "Node",
     "NodeConfig",
     "NodeCredentials",
+    "NodeOptions",
     "NodeSnapshot",
     "OpsConfig",
     "PassOutcome",

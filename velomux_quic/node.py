@@ -19,10 +19,10 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Generator, Iterable
+from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypedDict, Unpack
 
 from prometheus_client import generate_latest
 from prometheus_client.registry import CollectorRegistry
@@ -54,9 +54,61 @@ if TYPE_CHECKING:
     from .streaming.snapshot import StreamingSnapshot
     from .transport import TransportSnapshot
 
-__all__ = ["Node", "NodeSnapshot", "open_node"]
+__all__ = ["Node", "NodeOptions", "NodeSnapshot", "open_node"]
 
 logger = logging.getLogger(__name__)
+
+
+class NodeOptions(TypedDict, total=False):
+    """The keyword options of :meth:`Node.start`, :meth:`Node.open` and :func:`open_node`,
+    declared once for the three; every one is optional (its default is said here).
+
+    Type checkers read them as those calls' keywords, so a misspelt or mistyped option fails
+    a checked program; at run time a keyword that is none of these raises
+    :class:`~velomux_quic.errors.ConfigurationError` naming it.
+    """
+
+    host: str | None
+    """The address the node's UDP endpoint binds (``127.0.0.1`` when absent or None)."""
+    port: int | None
+    """The UDP port (0 when absent or None: any free port; read :attr:`Node.address`)."""
+    transport: TransportConfig | None
+    """The transport's settings (the Batched streaming chapter's defaults when absent)."""
+    messenger: MessengerConfig | None
+    """The messenger's settings."""
+    streaming: StreamingConfig | None
+    """The streaming layer's settings."""
+    mux: MuxConfig | None
+    """The mux's settings; ``MuxConfig(enabled=False)`` (or the environment variable
+    ``VELOMUX_MUX_DISABLE=1``) runs without the mux."""
+    registry: CollectorRegistry | None
+    """The Prometheus registry the node's metrics go to (a new one when absent)."""
+    peers: PeerRegistry | Iterable[PeerRecord] | None
+    """The nodes it knows from the start: PeerRecords (another node's :attr:`Node.record`)
+    or an existing :class:`~velomux_quic.PeerRegistry` to share."""
+    discovery: PeerDiscovery | None
+    """A discovery backend (a ``DirectoryPeers``, an ``EtcdPeers``): it publishes this
+    node's record and finds the peers it is asked to reach; one that watches
+    (``EtcdPeers``) also adds and removes peers as they join and leave."""
+    name: str
+    """The node's label in records and logs (the credentials' name when absent or "")."""
+    publish: bool
+    """False: use ``discovery`` to find peers without listing this node there, for a
+    short-lived client such as ``velomux probe``, which others must not dial or route to
+    (True when absent)."""
+
+
+_OPTIONS = NodeOptions.__optional_keys__
+
+
+def _check_options(call: str, options: Mapping[str, object]) -> None:
+    """Refuse a keyword that is no option at the call, not when the node starts."""
+    unknown = sorted(set(options) - _OPTIONS)
+    if unknown:
+        raise ConfigurationError(
+            f"{call}() got {', '.join(map(repr, unknown))}, which is no option; the options "
+            f"are {', '.join(sorted(_OPTIONS))} (NodeOptions)"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,55 +242,39 @@ class Node:
 
     @classmethod
     async def start(
-        cls,
-        credentials: NodeConfig | NodeCredentials | str | Path,
-        *,
-        host: str | None = None,
-        port: int | None = None,
-        transport: TransportConfig | None = None,
-        messenger: MessengerConfig | None = None,
-        streaming: StreamingConfig | None = None,
-        mux: MuxConfig | None = None,
-        registry: CollectorRegistry | None = None,
-        peers: PeerRegistry | Iterable[PeerRecord] | None = None,
-        discovery: PeerDiscovery | None = None,
-        name: str = "",
-        publish: bool = True,
+        cls, credentials: NodeConfig | NodeCredentials | str | Path, **options: Unpack[NodeOptions]
     ) -> Node:
         """Start a node and return it running; the caller must :meth:`close` it.
 
         ``credentials`` is a :class:`NodeCredentials` or the directory holding
         ``node.pem``, ``node.key``, ``ca.pem`` and ``node.json`` (``velomux certs dev`` or
-        :func:`~velomux_quic.ensure_dev_cluster` make one). The node listens on
-        ``host:port`` (default ``127.0.0.1``; port 0, the default: any free port; read
-        :attr:`address`).
+        :func:`~velomux_quic.ensure_dev_cluster` make one).
 
         Or it is a :class:`~velomux_quic.NodeConfig` (``NodeConfig.from_toml(path)``), which
         then supplies the credentials, address, name, peers, discovery (its ``[discovery]``
         section, or ``peer_directory``) and every layer's config: passing one of those
-        arguments as well is a ConfigurationError (change the config with
+        options as well is a ConfigurationError (change the config with
         ``dataclasses.replace`` instead), so no setting is silently ignored. ``registry``,
         and ``peers`` or ``discovery`` given here, still apply (given peers join the
         configured ones; a given ``discovery`` replaces the configured one).
 
-        ``peers`` are the nodes it knows from the start: PeerRecords (another node's
-        :attr:`record`) or an existing :class:`PeerRegistry` to share. ``discovery`` (for
-        example a ``DirectoryPeers`` or an ``EtcdPeers``) publishes this node's record and
-        finds peers it is asked to reach; one that watches (``EtcdPeers``) also adds and
-        removes peers as they join and leave. ``publish=False`` uses discovery to find
-        peers without listing this node there: for a short-lived client such as
-        ``velomux probe``, which others must not dial or route to. ``registry`` is the
-        Prometheus registry its
-        metrics go to (a new one by default). ``name`` labels the node in records and logs
-        (the credentials' name by default). The configs default to the Batched streaming chapter's
-        values; ``mux=MuxConfig(enabled=False)`` (or the environment variable
-        ``VELOMUX_MUX_DISABLE=1``) runs without the mux.
+        ``options`` are the keywords of :class:`NodeOptions` (``host``, ``port``, each
+        layer's config, ``registry``, ``peers``, ``discovery``, ``name``, ``publish``),
+        which says what each means; every one is optional. They are declared there once,
+        for this method, :meth:`open` and :func:`open_node`.
 
         Raises :class:`~velomux_quic.errors.CredentialsError` for missing or unusable
         credential files and :class:`~velomux_quic.errors.ConfigurationError` for a
-        setting it cannot use (a mux-only node with the mux disabled, say); nothing
-        is left running when it raises.
+        setting it cannot use (a mux-only node with the mux disabled, say, or a keyword
+        that is not an option); nothing is left running when it raises.
         """
+        _check_options("Node.start", options)
+        host, port = options.get("host"), options.get("port")
+        transport, messenger = options.get("transport"), options.get("messenger")
+        streaming, mux = options.get("streaming"), options.get("mux")
+        registry, peers = options.get("registry"), options.get("peers")
+        discovery, name = options.get("discovery"), options.get("name", "")
+        publish = options.get("publish", True)
         if isinstance(credentials, NodeConfig):
             config = credentials
             given = {
@@ -321,42 +357,15 @@ class Node:
 
     @classmethod
     def open(
-        cls,
-        credentials: NodeConfig | NodeCredentials | str | Path,
-        *,
-        host: str | None = None,
-        port: int | None = None,
-        transport: TransportConfig | None = None,
-        messenger: MessengerConfig | None = None,
-        streaming: StreamingConfig | None = None,
-        mux: MuxConfig | None = None,
-        registry: CollectorRegistry | None = None,
-        peers: PeerRegistry | Iterable[PeerRecord] | None = None,
-        discovery: PeerDiscovery | None = None,
-        name: str = "",
-        publish: bool = True,
+        cls, credentials: NodeConfig | NodeCredentials | str | Path, **options: Unpack[NodeOptions]
     ) -> contextlib.AbstractAsyncContextManager[Node]:
         """``async with Node.open(...) as node:``, the same as :func:`open_node`.
 
         The node starts on entry (the arguments are :meth:`start`'s) and closes when
         the block ends, however it ends.
         """
-        return _opened(
-            lambda: cls.start(
-                credentials,
-                host=host,
-                port=port,
-                transport=transport,
-                messenger=messenger,
-                streaming=streaming,
-                mux=mux,
-                registry=registry,
-                peers=peers,
-                discovery=discovery,
-                name=name,
-                publish=publish,
-            )
-        )
+        _check_options("Node.open", options)
+        return _opened(lambda: cls.start(credentials, **options))
 
     async def __aenter__(self) -> Node:
         """``async with node:`` for a node already started: it closes when the block ends."""
@@ -866,19 +875,7 @@ class Node:
 
 
 def open_node(
-    credentials: NodeConfig | NodeCredentials | str | Path,
-    *,
-    host: str | None = None,
-    port: int | None = None,
-    transport: TransportConfig | None = None,
-    messenger: MessengerConfig | None = None,
-    streaming: StreamingConfig | None = None,
-    mux: MuxConfig | None = None,
-    registry: CollectorRegistry | None = None,
-    peers: PeerRegistry | Iterable[PeerRecord] | None = None,
-    discovery: PeerDiscovery | None = None,
-    name: str = "",
-    publish: bool = True,
+    credentials: NodeConfig | NodeCredentials | str | Path, **options: Unpack[NodeOptions]
 ) -> contextlib.AbstractAsyncContextManager[Node]:
     """Open a node for the length of an ``async with`` block::
 
@@ -886,23 +883,12 @@ def open_node(
             ...
 
     The node starts on entry and closes when the block ends, however it ends. The
-    arguments are those of :meth:`Node.start`, which says what each means and what
-    starting raises. Use ``await Node.start(...)`` to manage the lifetime yourself.
+    arguments are those of :meth:`Node.start` (the keywords: :class:`NodeOptions`), which
+    says what each means and what starting raises. Use ``await Node.start(...)`` to
+    manage the lifetime yourself.
     """
-    return Node.open(
-        credentials,
-        host=host,
-        port=port,
-        transport=transport,
-        messenger=messenger,
-        streaming=streaming,
-        mux=mux,
-        registry=registry,
-        peers=peers,
-        discovery=discovery,
-        name=name,
-        publish=publish,
-    )
+    _check_options("open_node", options)
+    return Node.open(credentials, **options)
 
 
 def _with_configured_peers(
