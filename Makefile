@@ -48,10 +48,10 @@ soak: $(STAMP)
 	$(PY) -m tests.soak.oracle_soak --seconds $(SOAK_SECONDS)
 
 demo: $(STAMP)
-	$(PY) -m velomux_quic.cli demo --certs certs/dev
+	$(PY) -m velomux_quic.programs.cli demo --certs certs/dev
 
 certs: $(STAMP)
-	$(PY) -m velomux_quic.cli certs dev --out certs/dev
+	$(PY) -m velomux_quic.programs.cli certs dev --out certs/dev
 
 # The last two steps type-check examples/ as a user's program, with a user's settings
 # (examples/mypy.ini: strict, nothing else): once through the installed package, once with

@@ -17,6 +17,7 @@ from typing import Final
 
 import msgpack  # type: ignore[import-untyped]
 
+from velomux_quic.discovery import PeerRecord
 from velomux_quic.ids import InstanceId, StreamAnchorHandle
 from velomux_quic.messenger.envelope import (
     ErrorCode,
@@ -25,7 +26,6 @@ from velomux_quic.messenger.envelope import (
     encode_envelope,
     encode_error,
 )
-from velomux_quic.messenger.peers import PeerRecord
 from velomux_quic.mux.protocol import (
     BatchHeader,
     CloseReason,

@@ -56,7 +56,7 @@ DECODERS: Final[dict[str, list[str]]] = {
         "is_terminal_sentinel",
         "is_heartbeat",
     ],
-    "messenger/peers.py": [
+    "discovery/records.py": [
         "PeerRecord.from_bytes",
         "PeerRecord.from_json",
         "PeerRecord.__post_init__",

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from velomux_quic.discovery import PeerRecord
 from velomux_quic.errors import (
     ControlDecodeError,
     FrameDecodeError,
@@ -42,7 +43,6 @@ from velomux_quic.messenger.envelope import (
     encode_envelope,
     handler_name_cache_size,
 )
-from velomux_quic.messenger.peers import PeerRecord
 from velomux_quic.mux.protocol import (
     RecordType,
     close_slot_body,

@@ -30,7 +30,7 @@ import msgpack
 
 from velomux_quic.mux.protocol import BATCH_HEADER_SIZE, RECORD_HEADER_SIZE
 from velomux_quic.node import Node
-from velomux_quic.runtime import run
+from velomux_quic.programs.runtime import run
 from velomux_quic.streaming.frames import encode_item
 
 T = TypeVar("T")

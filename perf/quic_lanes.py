@@ -11,9 +11,10 @@ measured:
 * for each lane count in 1, 2, 4, 8, 16 (``--lanes``);
 * at two datagram sizes, 1452 and 16,384 bytes (``--datagram-sizes``);
 * on two networks (``--conditions``): ``clean`` loopback, and ``impaired``, where every
-  datagram of both connections crosses the UDP impairment proxy (velomux_quic/demo/proxy.py)
-  running in a process of its own, so that it does not take the producer's CPU: by
-  default 1% loss and 5 ms of delay each way (``--loss``, ``--delay-ms``, ``--jitter-ms``).
+  datagram of both connections crosses the UDP impairment proxy
+  (velomux_quic/programs/demo/proxy.py) running in a process of its own, so that it does
+  not take the producer's CPU: by default 1% loss and 5 ms of delay each way (``--loss``,
+  ``--delay-ms``, ``--jitter-ms``).
   Run *k* of every configuration uses proxy seed ``--seed + k - 1``, so the arms of one
   run meet the same loss pattern (the same datagram indices are dropped).
 
@@ -75,7 +76,7 @@ items, in order, whole (16 KiB each), and ended; a mux sender must have negotiat
 
 Every wait is bounded (``--timeout`` per step; streaming may take twice that) and every
 child process (consumer, producer, proxy) is killed when a run fails or times out. Both
-children run on ``velomux_quic.runtime.run`` (uvloop when installed; set
+children run on ``velomux_quic.programs.runtime.run`` (uvloop when installed; set
 ``VELOMUX_NO_UVLOOP=1`` to measure plain asyncio), the raw ones too.
 """
 
@@ -745,7 +746,7 @@ def _child_command(args: argparse.Namespace, arm: Arm, role: str, credentials: P
 
 def _proxy_command(args: argparse.Namespace, target: Sequence[Any], number: int) -> list[str]:
     return [
-        sys.executable, "-m", "velomux_quic.demo.proxy",
+        sys.executable, "-m", "velomux_quic.programs.demo.proxy",
         "--target", f"{target[0]}:{target[1]}",
         "--loss", str(args.loss),
         "--delay-ms", str(args.delay_ms),

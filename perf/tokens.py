@@ -20,9 +20,9 @@ processes; a failed run is reported as failed and the others go on:
 * ``per-stream``: the engine offers only ``quic-stream-v1``, so every stream is its own QUIC
   stream whatever else the nodes could negotiate;
 * ``grpc``: grpc.aio, the engine a gRPC server, each frontend one channel and one
-  server-streaming RPC per request (``velomux_quic/demo/grpc_tokens.py``), with the same token bytes
-  and the same checks. TLS with the same certificates, client certificates required, unless
-  ``--grpc-insecure``;
+  server-streaming RPC per request (``velomux_quic/programs/demo/grpc_tokens.py``), with
+  the same token bytes and the same checks. TLS with the same certificates, client
+  certificates required, unless ``--grpc-insecure``;
 * ``bare``: the floor, raw aioquic with no velomux streaming code in the data path
   (``perf/bare_tokens.py``): a bare prototype that only packs records into one QUIC stream
   per frontend. Each pass appends every token (a 6-byte header, stream index and length,
@@ -95,7 +95,7 @@ What a run reports:
     python perf/tokens.py --short --json perf/results/tokens.json
 
 Exit status 0 when every run succeeded, 2 when any failed (the report is printed either
-way). Children run on ``velomux_quic.runtime.run`` (uvloop where installed;
+way). Children run on ``velomux_quic.programs.runtime.run`` (uvloop where installed;
 ``VELOMUX_NO_UVLOOP=1`` for plain asyncio), the gRPC ones too.
 """
 
@@ -930,7 +930,7 @@ class NodeArm(Arm):
 
 
 class GrpcArm(Arm):
-    """grpc.aio (``velomux_quic/demo/grpc_tokens.py``): the engine is the server and starts
+    """grpc.aio (``velomux_quic/programs/demo/grpc_tokens.py``): the engine is the server and starts
     first; its port goes to every frontend, which opens one server-streaming RPC per stream."""
 
     quic = False
@@ -944,7 +944,7 @@ class GrpcArm(Arm):
     ) -> None:
         from grpc import aio as grpc_aio
 
-        from velomux_quic.demo.grpc_tokens import TokenClient
+        from velomux_quic.programs.demo.grpc_tokens import TokenClient
 
         credentials = None if args.grpc_insecure else args.credentials
         client = await TokenClient.open(args.grpc_port, credentials, args.timeout)
@@ -965,7 +965,7 @@ class GrpcArm(Arm):
     async def engine(
         self, args: argparse.Namespace, scenario: Scenario, stdin: asyncio.StreamReader
     ) -> None:
-        from velomux_quic.demo.grpc_tokens import TokenServer
+        from velomux_quic.programs.demo.grpc_tokens import TokenServer
 
         server = TokenServer(scenario.streams, args.grpc_queue)
         try:
@@ -1350,14 +1350,14 @@ async def one_run(
 async def _impair(
     handoff: Path, args: argparse.Namespace, seed: int, timeout: float
 ) -> asyncio.subprocess.Process:
-    """Start the impairment proxy (velomux_quic/demo/proxy.py, a process of its own so it
+    """Start the impairment proxy (velomux_quic/programs/demo/proxy.py, a process of its own so it
     takes no CPU from the arms) in front of one frontend, and point the engine at it. The
     frontend learns the engine's return address from the proxied connection, so both
     directions cross it."""
     data = json.loads(handoff.read_text())
     host, port = data["address"]
     proxy = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "velomux_quic.demo.proxy", "--target", f"{host}:{port}",
+        sys.executable, "-m", "velomux_quic.programs.demo.proxy", "--target", f"{host}:{port}",
         "--loss", str(args.loss), "--delay-ms", str(args.delay_ms), "--seed", str(seed),
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.DEVNULL, cwd=SCRIPT.parent.parent,

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from velomux_quic.errors import TransportError
 from velomux_quic.ids import InstanceId, new_instance_id
 from velomux_quic.security.certs import (
     CertificateAuthority,
@@ -21,7 +22,6 @@ from velomux_quic.security.certs import (
 )
 from velomux_quic.transport.config import TransportConfig
 from velomux_quic.transport.endpoint import QuicTransport, TransportHandler
-from velomux_quic.transport.errors import TransportError
 
 if TYPE_CHECKING:
     from velomux_quic.node import Node

@@ -27,7 +27,16 @@ from __future__ import annotations
 
 import logging
 
-from .config import DiscoveryConfig, NodeConfig, PeerEntry
+from .config import NodeConfig
+from .discovery import (
+    DirectoryPeers,
+    DiscoveryConfig,
+    EtcdPeers,
+    PeerDiscovery,
+    PeerEntry,
+    PeerRecord,
+    StaticPeers,
+)
 from .errors import (
     AdmissionCancelled,
     AdmissionError,
@@ -87,15 +96,7 @@ from .errors import (
     WrongHandleKind,
 )
 from .ids import InstanceId, StreamAnchorHandle, WorkerId
-from .messenger import (
-    DirectoryPeers,
-    MessengerConfig,
-    PeerDiscovery,
-    PeerRecord,
-    PeerRegistry,
-    StaticPeers,
-)
-from .messenger.etcd import EtcdPeers
+from .messenger import MessengerConfig, PeerRegistry
 from .messenger.registry import Context, Dispatch
 from .mux.config import (
     AutoFlush,
@@ -103,7 +104,7 @@ from .mux.config import (
     Manual,
     MuxConfig,
 )
-from .node import Node, NodeSnapshot, open_node
+from .node import Node, NodeOptions, NodeSnapshot, open_node
 from .ops import OpsConfig, ReadinessReport
 from .security.certs import NodeCredentials, ensure_dev_cluster
 from .streaming.anchor import (
@@ -113,13 +114,15 @@ from .streaming.anchor import (
     StreamAnchor,
 )
 from .streaming.config import StreamingConfig
-from .streaming.control import StreamOpenTicket
+from .streaming.control import MESSENGER_MUX_KEY, PER_STREAM_KEY, StreamOpenTicket
 from .streaming.sender import PassOutcome, Retired, StreamSender
 from .transport.config import TransportConfig
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "MESSENGER_MUX_KEY",
+    "PER_STREAM_KEY",
     "AdmissionCancelled",
     "AdmissionError",
     "AlreadyAttached",
@@ -163,6 +166,7 @@ __all__ = [
     "Node",
     "NodeConfig",
     "NodeCredentials",
+    "NodeOptions",
     "NodeSnapshot",
     "OpsConfig",
     "PassOutcome",

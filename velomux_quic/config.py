@@ -26,152 +26,44 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import sys
 import tomllib
 import types
 import typing
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigurationError, PeerRecordError
-from .ids import InstanceId
-from .messenger import DirectoryPeers, MessengerConfig, PeerDiscovery, PeerRecord
-from .messenger.etcd import DEFAULT_ETCD_PREFIX, DEFAULT_LEASE_TTL, parse_endpoint
-from .mux.config import AutoFlush, FlushPolicy, Manual, MuxConfig
+from .discovery import DiscoveryConfig, PeerEntry, PeerRecord
+from .errors import ConfigurationError
+from .messenger import MessengerConfig
+from .mux.config import DISABLE_ENV, AutoFlush, FlushPolicy, Manual, MuxConfig
 from .streaming.config import StreamingConfig
 from .transport.config import TransportConfig
 
-__all__ = ["DISCOVERY_BACKENDS", "ENV_PREFIX", "DiscoveryConfig", "NodeConfig", "PeerEntry"]
+__all__ = ["DEPRECATED_VARIABLES", "ENV_PREFIX", "NodeConfig"]
 
 ENV_PREFIX = "VELOMUX_"
-"""Environment overrides are ``VELOMUX_<SECTION>_<KEY>`` (``VELOMUX_NODE_PORT=7000``)."""
+"""Environment overrides are ``VELOMUX_<SECTION>_<KEY>`` (``VELOMUX_NODE_PORT=7000``); every
+variable the project reads starts with it (the design chapter's
+``VELO_MESSENGER_MUX_DISABLE`` aside, read under the chapter's name on purpose)."""
+
+DEPRECATED_VARIABLES: Mapping[str, str] = {
+    "VELOMUX_MUX_ENABLED": (
+        "set VELOMUX_MUX_DISABLE=1 to run without the mux (or enabled = false in [mux])"
+    ),
+}
+"""Variables still read, with a DeprecationWarning, for one release, and what to set instead."""
+
+_SWITCHES = frozenset({DISABLE_ENV})
+"""Variables under a section's prefix that are no key of it: switches read where they act
+(``VELOMUX_MUX_DISABLE`` when the node is built), so the loader lets them be."""
 
 _NO_VALUE = frozenset({"none", "null", ""})
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
-
-
-@dataclass(frozen=True, slots=True)
-class PeerEntry:
-    """One statically configured peer: who it is (its certificate's InstanceId) and where."""
-
-    instance_id: str
-    """The peer's InstanceId (the UUID in its certificate's URI SAN)."""
-    address: str
-    """``host:port`` where it listens."""
-    name: str = ""
-    """A label for logs and records."""
-
-    def record(self) -> PeerRecord:
-        """The PeerRecord this entry describes; ConfigurationError when it is malformed."""
-        host, sep, port = self.address.rpartition(":")
-        if not sep or not port.isdigit():
-            raise ConfigurationError(f"address must be host:port, got {self.address!r}")
-        try:
-            return PeerRecord(
-                InstanceId.parse(self.instance_id), (host.strip("[]"), int(port)), self.name
-            )
-        except PeerRecordError as error:
-            raise ConfigurationError(str(error)) from None
-        except (ValueError, TypeError) as error:
-            raise ConfigurationError(f"instance_id is not a UUID: {error}") from None
-
-
-DISCOVERY_BACKENDS = ("none", "directory", "etcd")
-"""The values of ``[discovery] backend``."""
-
-
-@dataclass(frozen=True, slots=True)
-class DiscoveryConfig:
-    """How a node finds the other nodes: the ``[discovery]`` section.
-
-    ``backend = "none"`` (the default) is static peers only (``[[peers]]``, ``add_peer``;
-    ``[node] peer_directory`` still selects a directory, as before). ``"directory"`` is
-    :class:`~velomux_quic.DirectoryPeers` on ``directory``, for the processes of one host.
-    ``"etcd"`` is :class:`~velomux_quic.EtcdPeers`: a leased key per node under
-    ``etcd_prefix`` on the etcd cluster at ``etcd_endpoints``, watched, with TLS when
-    ``etcd_ca`` is set (and a client certificate with ``etcd_cert`` and ``etcd_key``).
-    Validated on construction; files are read when the node starts.
-    """
-
-    backend: str = "none"
-    """``"none"``, ``"directory"`` or ``"etcd"``."""
-    directory: str | None = None
-    """The shared directory of ``backend = "directory"`` (required there, unused elsewhere)."""
-    etcd_endpoints: tuple[str, ...] = ("127.0.0.1:2379",)
-    """``host:port`` of each etcd member, tried in turn."""
-    etcd_prefix: str = DEFAULT_ETCD_PREFIX
-    """Key prefix of the records: ``<etcd_prefix>/<instance-uuid>``."""
-    lease_ttl: int = DEFAULT_LEASE_TTL
-    """Seconds of the record's lease: how long a killed node stays listed, at most."""
-    etcd_ca: str | None = None
-    """CA file that verifies etcd's certificate; set, the connection is TLS."""
-    etcd_cert: str | None = None
-    """This node's client certificate for etcd's ``--client-cert-auth`` (with ``etcd_key``)."""
-    etcd_key: str | None = None
-    """The private key of ``etcd_cert``."""
-
-    def __post_init__(self) -> None:
-        if self.backend not in DISCOVERY_BACKENDS:
-            raise ConfigurationError(
-                f"backend must be one of {', '.join(map(repr, DISCOVERY_BACKENDS))}, "
-                f"got {self.backend!r}"
-            )
-        if self.backend == "directory" and not self.directory:
-            raise ConfigurationError('directory: backend = "directory" needs a directory path')
-        if self.directory is not None and self.backend != "directory":
-            raise ConfigurationError(
-                f'directory is used only with backend = "directory" (backend is '
-                f"{self.backend!r}): remove it or change the backend"
-            )
-        if not isinstance(self.etcd_endpoints, tuple):
-            raise ConfigurationError(
-                f"etcd_endpoints must be a list of host:port, got {self.etcd_endpoints!r}"
-            )
-        if not self.etcd_endpoints:
-            raise ConfigurationError("etcd_endpoints must name at least one host:port")
-        for endpoint in self.etcd_endpoints:
-            try:
-                parse_endpoint(endpoint)
-            except ConfigurationError:
-                raise ConfigurationError(f"etcd_endpoints: {endpoint!r} is not host:port") from None
-        prefix = self.etcd_prefix
-        if not isinstance(prefix, str) or not prefix.startswith("/") or not prefix.strip("/"):
-            raise ConfigurationError(
-                f"etcd_prefix must be an absolute key path such as {DEFAULT_ETCD_PREFIX!r}, "
-                f"got {prefix!r}"
-            )
-        ttl = self.lease_ttl
-        if isinstance(ttl, bool) or not isinstance(ttl, int) or not 1 <= ttl <= 86400:
-            raise ConfigurationError(
-                f"lease_ttl must be a whole number of seconds, 1 to 86400, got {ttl!r}"
-            )
-        if (self.etcd_cert is None) != (self.etcd_key is None):
-            raise ConfigurationError(
-                "etcd_cert and etcd_key: give both (the client certificate and its key) or neither"
-            )
-
-    def backend_for(self, peer_directory: str | None = None) -> PeerDiscovery | None:
-        """The discovery backend this section describes (None for ``"none"``), or the
-        :class:`DirectoryPeers` of a ``[node] peer_directory``; ConfigurationError when a
-        file it names cannot be read or the etcd client is not installed."""
-        if self.backend == "etcd":
-            from .messenger.etcd import EtcdPeers
-
-            return EtcdPeers(
-                self.etcd_endpoints,
-                prefix=self.etcd_prefix,
-                lease_ttl=self.lease_ttl,
-                ca_file=self.etcd_ca,
-                cert_file=self.etcd_cert,
-                key_file=self.etcd_key,
-            )
-        if self.backend == "directory" and self.directory is not None:
-            return DirectoryPeers(self.directory)
-        if peer_directory is not None:
-            return DirectoryPeers(peer_directory)
-        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -435,9 +327,11 @@ class _Loader:
         for key in keys:
             variable = prefix + key.upper()
             if variable in environ:
+                if variable in DEPRECATED_VARIABLES:
+                    _warn_deprecated(variable)
                 values[key] = self.parsed(f"environment {variable}", environ[variable], hints[key])
         # A misspelt override would otherwise be ignored without a word.
-        known = {prefix + key.upper() for key in keys}
+        known = {prefix + key.upper() for key in keys} | _SWITCHES
         for variable in sorted(environ):
             if variable.startswith(prefix) and variable not in known:
                 raise self.fail(
@@ -494,6 +388,22 @@ class _Loader:
         if str in kinds:
             return text
         raise self.fail(where, f"must be {_describe(kinds)}, got {text!r}")
+
+
+def _warn_deprecated(variable: str) -> None:
+    """A DeprecationWarning naming the variable and its replacement, attributed to the first
+    caller outside this package (the line that loaded the configuration)."""
+    level = 2  # this function's caller
+    frame: types.FrameType | None = sys._getframe(1)
+    package = os.path.dirname(__file__) + os.sep
+    while frame is not None and frame.f_code.co_filename.startswith(package):
+        level, frame = level + 1, frame.f_back
+    warnings.warn(
+        f"environment variable {variable} is deprecated and read for one more release only: "
+        f"{DEPRECATED_VARIABLES[variable]}",
+        DeprecationWarning,
+        stacklevel=level,
+    )
 
 
 def _kinds(annotation: Any) -> tuple[type[Any], ...]:

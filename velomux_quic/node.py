@@ -19,26 +19,20 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Generator, Iterable
+from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypedDict, Unpack
 
 from prometheus_client import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
 from .config import NodeConfig
+from .discovery import PeerDiscovery, PeerRecord
 from .errors import ConfigurationError, UsageError
+from .eventlog import log_event
 from .ids import InstanceId, StreamAnchorHandle, WorkerId
-from .liveness import StaticPeerLiveness
-from .logs import log_event
-from .messenger import (
-    Messenger,
-    MessengerConfig,
-    PeerDiscovery,
-    PeerRecord,
-    PeerRegistry,
-)
+from .messenger import Messenger, MessengerConfig, PeerRegistry
 from .messenger.registry import Dispatch, Handler
 from .mux.config import MuxConfig
 from .mux.transport import MuxTransport
@@ -51,6 +45,7 @@ from .streaming.manager import AnchorManager, StreamingConfig
 from .streaming.sender import PassOutcome, StreamSender, send_pass
 from .tracing import node_tracing
 from .transport import TransportConfig
+from .transport.liveness import StaticPeerLiveness
 
 if TYPE_CHECKING:
     # The layers' snapshot types. Each layer defines its own next to its state.
@@ -59,9 +54,61 @@ if TYPE_CHECKING:
     from .streaming.snapshot import StreamingSnapshot
     from .transport import TransportSnapshot
 
-__all__ = ["Node", "NodeSnapshot", "open_node"]
+__all__ = ["Node", "NodeOptions", "NodeSnapshot", "open_node"]
 
 logger = logging.getLogger(__name__)
+
+
+class NodeOptions(TypedDict, total=False):
+    """The keyword options of :meth:`Node.start`, :meth:`Node.open` and :func:`open_node`,
+    declared once for the three; every one is optional (its default is said here).
+
+    Type checkers read them as those calls' keywords, so a misspelt or mistyped option fails
+    a checked program; at run time a keyword that is none of these raises
+    :class:`~velomux_quic.errors.ConfigurationError` naming it.
+    """
+
+    host: str | None
+    """The address the node's UDP endpoint binds (``127.0.0.1`` when absent or None)."""
+    port: int | None
+    """The UDP port (0 when absent or None: any free port; read :attr:`Node.address`)."""
+    transport: TransportConfig | None
+    """The transport's settings (the Batched streaming chapter's defaults when absent)."""
+    messenger: MessengerConfig | None
+    """The messenger's settings."""
+    streaming: StreamingConfig | None
+    """The streaming layer's settings."""
+    mux: MuxConfig | None
+    """The mux's settings; ``MuxConfig(enabled=False)`` (or the environment variable
+    ``VELOMUX_MUX_DISABLE=1``) runs without the mux."""
+    registry: CollectorRegistry | None
+    """The Prometheus registry the node's metrics go to (a new one when absent)."""
+    peers: PeerRegistry | Iterable[PeerRecord] | None
+    """The nodes it knows from the start: PeerRecords (another node's :attr:`Node.record`)
+    or an existing :class:`~velomux_quic.PeerRegistry` to share."""
+    discovery: PeerDiscovery | None
+    """A discovery backend (a ``DirectoryPeers``, an ``EtcdPeers``): it publishes this
+    node's record and finds the peers it is asked to reach; one that watches
+    (``EtcdPeers``) also adds and removes peers as they join and leave."""
+    name: str
+    """The node's label in records and logs (the credentials' name when absent or "")."""
+    publish: bool
+    """False: use ``discovery`` to find peers without listing this node there, for a
+    short-lived client such as ``velomux probe``, which others must not dial or route to
+    (True when absent)."""
+
+
+_OPTIONS = NodeOptions.__optional_keys__
+
+
+def _check_options(call: str, options: Mapping[str, object]) -> None:
+    """Refuse a keyword that is no option at the call, not when the node starts."""
+    unknown = sorted(set(options) - _OPTIONS)
+    if unknown:
+        raise ConfigurationError(
+            f"{call}() got {', '.join(map(repr, unknown))}, which is no option; the options "
+            f"are {', '.join(sorted(_OPTIONS))} (NodeOptions)"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,55 +242,39 @@ class Node:
 
     @classmethod
     async def start(
-        cls,
-        credentials: NodeConfig | NodeCredentials | str | Path,
-        *,
-        host: str | None = None,
-        port: int | None = None,
-        transport: TransportConfig | None = None,
-        messenger: MessengerConfig | None = None,
-        streaming: StreamingConfig | None = None,
-        mux: MuxConfig | None = None,
-        registry: CollectorRegistry | None = None,
-        peers: PeerRegistry | Iterable[PeerRecord] | None = None,
-        discovery: PeerDiscovery | None = None,
-        name: str = "",
-        publish: bool = True,
+        cls, credentials: NodeConfig | NodeCredentials | str | Path, **options: Unpack[NodeOptions]
     ) -> Node:
         """Start a node and return it running; the caller must :meth:`close` it.
 
         ``credentials`` is a :class:`NodeCredentials` or the directory holding
         ``node.pem``, ``node.key``, ``ca.pem`` and ``node.json`` (``velomux certs dev`` or
-        :func:`~velomux_quic.ensure_dev_cluster` make one). The node listens on
-        ``host:port`` (default ``127.0.0.1``; port 0, the default: any free port; read
-        :attr:`address`).
+        :func:`~velomux_quic.ensure_dev_cluster` make one).
 
         Or it is a :class:`~velomux_quic.NodeConfig` (``NodeConfig.from_toml(path)``), which
         then supplies the credentials, address, name, peers, discovery (its ``[discovery]``
         section, or ``peer_directory``) and every layer's config: passing one of those
-        arguments as well is a ConfigurationError (change the config with
+        options as well is a ConfigurationError (change the config with
         ``dataclasses.replace`` instead), so no setting is silently ignored. ``registry``,
         and ``peers`` or ``discovery`` given here, still apply (given peers join the
         configured ones; a given ``discovery`` replaces the configured one).
 
-        ``peers`` are the nodes it knows from the start: PeerRecords (another node's
-        :attr:`record`) or an existing :class:`PeerRegistry` to share. ``discovery`` (for
-        example a ``DirectoryPeers`` or an ``EtcdPeers``) publishes this node's record and
-        finds peers it is asked to reach; one that watches (``EtcdPeers``) also adds and
-        removes peers as they join and leave. ``publish=False`` uses discovery to find
-        peers without listing this node there: for a short-lived client such as
-        ``velomux probe``, which others must not dial or route to. ``registry`` is the
-        Prometheus registry its
-        metrics go to (a new one by default). ``name`` labels the node in records and logs
-        (the credentials' name by default). The configs default to the Batched streaming chapter's
-        values; ``mux=MuxConfig(enabled=False)`` (or the environment variable
-        ``VELO_MESSENGER_MUX_DISABLE=1``) runs without the mux.
+        ``options`` are the keywords of :class:`NodeOptions` (``host``, ``port``, each
+        layer's config, ``registry``, ``peers``, ``discovery``, ``name``, ``publish``),
+        which says what each means; every one is optional. They are declared there once,
+        for this method, :meth:`open` and :func:`open_node`.
 
         Raises :class:`~velomux_quic.errors.CredentialsError` for missing or unusable
         credential files and :class:`~velomux_quic.errors.ConfigurationError` for a
-        setting it cannot use (a mux-only node with the mux disabled, say); nothing
-        is left running when it raises.
+        setting it cannot use (a mux-only node with the mux disabled, say, or a keyword
+        that is not an option); nothing is left running when it raises.
         """
+        _check_options("Node.start", options)
+        host, port = options.get("host"), options.get("port")
+        transport, messenger = options.get("transport"), options.get("messenger")
+        streaming, mux = options.get("streaming"), options.get("mux")
+        registry, peers = options.get("registry"), options.get("peers")
+        discovery, name = options.get("discovery"), options.get("name", "")
+        publish = options.get("publish", True)
         if isinstance(credentials, NodeConfig):
             config = credentials
             given = {
@@ -326,42 +357,15 @@ class Node:
 
     @classmethod
     def open(
-        cls,
-        credentials: NodeConfig | NodeCredentials | str | Path,
-        *,
-        host: str | None = None,
-        port: int | None = None,
-        transport: TransportConfig | None = None,
-        messenger: MessengerConfig | None = None,
-        streaming: StreamingConfig | None = None,
-        mux: MuxConfig | None = None,
-        registry: CollectorRegistry | None = None,
-        peers: PeerRegistry | Iterable[PeerRecord] | None = None,
-        discovery: PeerDiscovery | None = None,
-        name: str = "",
-        publish: bool = True,
+        cls, credentials: NodeConfig | NodeCredentials | str | Path, **options: Unpack[NodeOptions]
     ) -> contextlib.AbstractAsyncContextManager[Node]:
         """``async with Node.open(...) as node:``, the same as :func:`open_node`.
 
         The node starts on entry (the arguments are :meth:`start`'s) and closes when
         the block ends, however it ends.
         """
-        return _opened(
-            lambda: cls.start(
-                credentials,
-                host=host,
-                port=port,
-                transport=transport,
-                messenger=messenger,
-                streaming=streaming,
-                mux=mux,
-                registry=registry,
-                peers=peers,
-                discovery=discovery,
-                name=name,
-                publish=publish,
-            )
-        )
+        _check_options("Node.open", options)
+        return _opened(lambda: cls.start(credentials, **options))
 
     async def __aenter__(self) -> Node:
         """``async with node:`` for a node already started: it closes when the block ends."""
@@ -411,6 +415,10 @@ class Node:
         or an ``instance_id`` that is not an :class:`~velomux_quic.InstanceId`.
         Raises :class:`~velomux_quic.errors.WorkerIdCollision` if another known peer
         has the same WorkerId (practically never; the peer is refused).
+
+        Adding a known peer at another address (it restarted there) also closes the
+        connection this node dialed to the old one, which leads nowhere now; the next
+        send dials the new address. Discovery treats a peer that moved the same way.
         """
         self._on_own_thread()
         self.messenger.add_peer(instance_id, address, name)
@@ -420,6 +428,61 @@ class Node:
         (epoch death on its lanes), so its senders' cancel tokens fire and sends fail."""
         self._on_own_thread()
         self.messenger.remove_peer(instance_id)
+
+    @property
+    def peers(self) -> PeerRegistry:
+        """The peers this node knows where to reach: configured, added, discovered.
+
+        Read a record (``node.peers.get(instance_id)``), iterate them, or
+        ``node.peers.subscribe(listener)`` to hear every join, move and leave as it
+        happens (what ``velomux node`` prints). Change them with :meth:`add_peer` and
+        :meth:`remove_peer`, which check what they are given.
+        """
+        return self.messenger.peers
+
+    @property
+    def discovery(self) -> PeerDiscovery | None:
+        """The discovery backend the node was started with (its ``discovery=`` or its
+        configuration's ``[discovery]``); None for a node with static peers only."""
+        return self.messenger.discovery
+
+    def peer_address(self, instance_id: InstanceId) -> tuple[str, int] | None:
+        """Where this node dials ``instance_id``: the address it was added, configured or
+        discovered at, else the one the peer's own verified connection came from (a node
+        dials and listens on one UDP socket, so that is where it listens). None when
+        neither is known: :meth:`resolve_peer` asks discovery."""
+        self._on_own_thread()
+        return self.messenger.transport.peer_address(instance_id)
+
+    async def resolve_peer(self, instance_id: InstanceId) -> bool:
+        """Whether this node knows where ``instance_id`` listens, asking discovery when it
+        does not (the record discovery answers joins :attr:`peers`). False when nobody
+        knows: :meth:`add_peer` it. Sends and calls do this on their own; a program that
+        must know before it starts (a probe) asks here."""
+        self._on_own_loop()
+        return await self.messenger.resolve(instance_id)
+
+    async def connect(self, instance_id: InstanceId) -> None:
+        """Dial ``instance_id`` now and return once the mutual-TLS handshake has proven
+        its certificate, asking discovery for its address first if need be.
+
+        Sends and calls dial on their own when they need to; this is for a program that
+        wants the handshake's outcome before anything else (a probe timing it, a
+        startup check). Bounded by ``TransportConfig.handshake_timeout``. Raises
+        :class:`~velomux_quic.errors.DialError` (``reason`` says why: the peer's
+        certificate refused, ``handshake_timeout``, ``unreachable``, ...) or
+        :class:`~velomux_quic.errors.PeerNotRegistered` (no address known:
+        :meth:`add_peer` or discovery).
+        """
+        self._on_own_loop()
+        await self.messenger.resolve(instance_id)
+        await self.messenger.transport.connect(instance_id)
+
+    @property
+    def credentials(self) -> NodeCredentials:
+        """The credentials new connections present: those the node started with, or the
+        last set :meth:`reload_credentials` took (certificate, chain, trust roots)."""
+        return self.messenger.transport.credentials
 
     # -- streams: the consumer's side ----------------------------------------------------
 
@@ -812,19 +875,7 @@ class Node:
 
 
 def open_node(
-    credentials: NodeConfig | NodeCredentials | str | Path,
-    *,
-    host: str | None = None,
-    port: int | None = None,
-    transport: TransportConfig | None = None,
-    messenger: MessengerConfig | None = None,
-    streaming: StreamingConfig | None = None,
-    mux: MuxConfig | None = None,
-    registry: CollectorRegistry | None = None,
-    peers: PeerRegistry | Iterable[PeerRecord] | None = None,
-    discovery: PeerDiscovery | None = None,
-    name: str = "",
-    publish: bool = True,
+    credentials: NodeConfig | NodeCredentials | str | Path, **options: Unpack[NodeOptions]
 ) -> contextlib.AbstractAsyncContextManager[Node]:
     """Open a node for the length of an ``async with`` block::
 
@@ -832,23 +883,12 @@ def open_node(
             ...
 
     The node starts on entry and closes when the block ends, however it ends. The
-    arguments are those of :meth:`Node.start`, which says what each means and what
-    starting raises. Use ``await Node.start(...)`` to manage the lifetime yourself.
+    arguments are those of :meth:`Node.start` (the keywords: :class:`NodeOptions`), which
+    says what each means and what starting raises. Use ``await Node.start(...)`` to
+    manage the lifetime yourself.
     """
-    return Node.open(
-        credentials,
-        host=host,
-        port=port,
-        transport=transport,
-        messenger=messenger,
-        streaming=streaming,
-        mux=mux,
-        registry=registry,
-        peers=peers,
-        discovery=discovery,
-        name=name,
-        publish=publish,
-    )
+    _check_options("open_node", options)
+    return Node.open(credentials, **options)
 
 
 def _with_configured_peers(

@@ -195,7 +195,7 @@ class Cluster:
         config = self.config("node", name, ttl)
         process = await asyncio.create_subprocess_exec(
             *host.command(
-                sys.executable, "-m", "velomux_quic.cli", "node", "--config", str(config),
+                sys.executable, "-m", "velomux_quic.programs.cli", "node", "--config", str(config),
                 "--ops", f"{host.address}:0", "--drain-timeout", "2",
             ),
             cwd=ROOT, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
@@ -220,7 +220,7 @@ class Cluster:
         """``velomux probe node-<target>`` from ``source``'s host, as its own probe node."""
         config = self.config("probe", source, LONG_TTL)
         status, out, err = await run(
-            self.hosts[source], sys.executable, "-m", "velomux_quic.cli", "probe",
+            self.hosts[source], sys.executable, "-m", "velomux_quic.programs.cli", "probe",
             f"node-{target}", "--config", str(config), "--json", *options,
         )  # fmt: skip
         assert status == 0, f"probe {source} -> {target} exited {status}:\n{out}\n{err}"
@@ -275,7 +275,7 @@ async def check_cluster(cluster: Cluster, *, every_pair: bool) -> None:
         assert not any(name.startswith("probe-") for name in names), names
     # A probe with a running node's credentials would pass for that node: refused.
     status, out, err = await run(
-        cluster.hosts["a"], sys.executable, "-m", "velomux_quic.cli", "probe", "node-b",
+        cluster.hosts["a"], sys.executable, "-m", "velomux_quic.programs.cli", "probe", "node-b",
         "--config", str(cluster.directory / "node-a.toml"), "--json",
     )  # fmt: skip
     assert status == 2 and "running node" in err, (status, out, err)

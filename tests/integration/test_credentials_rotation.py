@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from velomux_quic.cli import main
 from velomux_quic.errors import CredentialsError, DialError
 from velomux_quic.ids import InstanceId, new_instance_id
 from velomux_quic.messenger.registry import Context
 from velomux_quic.mux.config import MuxConfig
 from velomux_quic.node import Node
+from velomux_quic.programs.cli import main
 from velomux_quic.security.certs import (
     CertificateAuthority,
     NodeCredentials,

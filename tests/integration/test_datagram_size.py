@@ -17,8 +17,8 @@ import pytest
 from prometheus_client import generate_latest
 
 from tests.conftest import NodeFactory, Recorder, wait_admitted
-from velomux_quic.demo.proxy import Impairment, ImpairmentProxy
 from velomux_quic.ids import InstanceId
+from velomux_quic.programs.demo.proxy import Impairment, ImpairmentProxy
 from velomux_quic.transport import QuicTransport
 from velomux_quic.transport.config import TransportConfig
 from velomux_quic.transport.snapshot import ConnectionSnapshot

@@ -1,7 +1,7 @@
 """`velomux demo` end to end: an engine and two frontend processes, certificates made on demand.
 
-Each test runs the command as a user would (``python -m velomux_quic.cli demo ... --json``)
-from a scratch directory, not the checkout: everything the demo runs (the frontends, the
+Each test runs the command as a user would (``python -m velomux_quic.programs.cli demo ...
+--json``) from a scratch directory, not the checkout: everything the demo runs (the frontends, the
 gRPC arm, the impairment proxy) ships in the package. It reads the one JSON object printed.
 """
 
@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 
-from velomux_quic.demo.impair import parse_impairment
 from velomux_quic.errors import ConfigurationError
+from velomux_quic.programs.demo.impair import parse_impairment
 
+VELOMUX = [sys.executable, "-m", "velomux_quic.programs.cli"]
 SMALL = ["--requests", "64", "--tokens", "16", "--timeout", "30"]
 LATENCY_FIELDS = (
     "first_token_p50_ms",
@@ -33,7 +34,7 @@ LATENCY_FIELDS = (
 def run_demo(certs: Path, *arguments: str, timeout: float = 60) -> dict[str, Any]:
     tmp = certs.parent
     result = subprocess.run(
-        [sys.executable, "-m", "velomux_quic.cli", "demo", "--certs", str(certs), *arguments],
+        [*VELOMUX, "demo", "--certs", str(certs), *arguments],
         capture_output=True, text=True, timeout=timeout, check=False, cwd=tmp,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
@@ -114,7 +115,7 @@ def test_demo_through_lossy_proxy_still_delivers_everything(tmp_path: Path) -> N
 @pytest.mark.timeout(30)
 def test_a_bad_impairment_is_a_usage_error_that_says_the_form(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "velomux_quic.cli", "demo", "--certs", str(tmp_path),
+        [*VELOMUX, "demo", "--certs", str(tmp_path),
          "--impair", "loss=lots"],
         capture_output=True, text=True, timeout=25, check=False, cwd=tmp_path,
     )  # fmt: skip
@@ -145,7 +146,7 @@ def test_impairment_spec_refused(spec: str) -> None:
 @pytest.mark.timeout(60)
 def test_demo_summary_for_a_person_without_a_terminal_has_no_live_display(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "velomux_quic.cli", "demo", "--certs", str(tmp_path / "certs"),
+        [*VELOMUX, "demo", "--certs", str(tmp_path / "certs"),
          *SMALL, "--flush", "manual", "--lanes", "2"],
         capture_output=True, text=True, timeout=50, check=False, cwd=tmp_path,
     )  # fmt: skip
@@ -172,7 +173,7 @@ def test_demo_plot_draws_the_latency_cdf(tmp_path: Path) -> None:
 @pytest.mark.timeout(30)
 def test_a_load_beyond_the_memory_bound_is_refused_before_anything_runs(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "velomux_quic.cli", "demo", "--certs", str(tmp_path),
+        [*VELOMUX, "demo", "--certs", str(tmp_path),
          "--requests", "100000", "--tokens", "1000"],
         capture_output=True, text=True, timeout=25, check=False, cwd=tmp_path,
     )  # fmt: skip

@@ -47,6 +47,7 @@ aetcd = pytest.importorskip("aetcd", reason="the etcd extra: pip install 'velomu
 etcd_server = etcd_fixtures.etcd_server  # the fixture: a running etcd for each test
 
 ROOT = Path(__file__).resolve().parents[2]
+VELOMUX = [sys.executable, "-m", "velomux_quic.programs.cli"]
 TTL = 2
 WAIT = 20.0
 
@@ -535,7 +536,7 @@ async def test_a_velomux_node_service_joins_by_config_and_lapses_when_killed(
     )
     service = await asyncio.to_thread(
         subprocess.Popen,
-        [sys.executable, "-m", "velomux_quic.cli", "node", "--config", str(config), "--ops", "off"],
+        [*VELOMUX, "node", "--config", str(config), "--ops", "off"],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         stdin=subprocess.DEVNULL,

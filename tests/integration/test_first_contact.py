@@ -27,8 +27,8 @@ from velomux_quic import (
 )
 from velomux_quic.config import PeerEntry
 from velomux_quic.node import Node
-from velomux_quic.probe import ProbeOptions, probe
-from velomux_quic.service import INFO_HANDLER
+from velomux_quic.programs.probe import ProbeOptions, probe
+from velomux_quic.programs.sink import INFO_HANDLER
 from velomux_quic.transport import TransportConfig
 
 pytestmark = pytest.mark.timeout(60)

@@ -1,4 +1,4 @@
-"""Streaming between two real nodes through a lossy, delayed path (velomux_quic/demo/proxy.py).
+"""Streaming between two real nodes through a lossy, delayed path (the demo's UDP proxy).
 
 The producer knows the consumer only by the proxy's address, so its connection crosses
 the proxy; the consumer learns the producer's address from that connection's source,
@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from tests.conftest import StartNode
-from velomux_quic.demo.proxy import Impairment, ImpairmentProxy
 from velomux_quic.mux.config import MuxConfig
 from velomux_quic.node import Node
+from velomux_quic.programs.demo.proxy import Impairment, ImpairmentProxy
 from velomux_quic.streaming.anchor import StreamAnchor
 from velomux_quic.streaming.control import MESSENGER_MUX_KEY, PER_STREAM_KEY
 from velomux_quic.streaming.sender import Retired, StreamSender

@@ -19,7 +19,7 @@ from tests.integration.test_node_command import http_get, velomux_node
 from velomux_quic import InstanceId, NodeCredentials, PeerRecord, StreamAnchorHandle
 from velomux_quic.errors import HandlerFailed
 from velomux_quic.node import Node
-from velomux_quic.service import ECHO_HANDLER, INFO_HANDLER
+from velomux_quic.programs.sink import ECHO_HANDLER, INFO_HANDLER
 from velomux_quic.transport import TransportConfig
 
 INTERVAL = 0.5

@@ -10,21 +10,18 @@ from contextlib import AsyncExitStack
 import pytest
 from prometheus_client import generate_latest
 
-from velomux_quic.errors import ConfigurationError, SendTimeout
-from velomux_quic.ids import InstanceId
-from velomux_quic.messenger import (
-    Context,
+from velomux_quic.errors import (
+    ConfigurationError,
     HandlerExists,
     HandlerFailed,
-    HeaderCodec,
-    Messenger,
-    MessengerConfig,
     PeerGone,
     RemoteRefused,
-    StagedRefusal,
+    SendTimeout,
     UnaryTimeout,
     UnknownHandler,
 )
+from velomux_quic.ids import InstanceId
+from velomux_quic.messenger import Context, HeaderCodec, Messenger, MessengerConfig, StagedRefusal
 from velomux_quic.messenger.envelope import Kind, StagedDescriptor, encode_envelope
 from velomux_quic.security.certs import NodeCredentials
 from velomux_quic.transport import SendAdmission, TransportConfig
@@ -498,7 +495,7 @@ async def test_nodes_find_each_other_through_a_peer_directory(
 ) -> None:
     from pathlib import Path
 
-    from velomux_quic.messenger import DirectoryPeers
+    from velomux_quic.discovery import DirectoryPeers
 
     directory = Path(str(tmp_path)) / "peers"
     async with (

@@ -14,6 +14,7 @@ from aioquic.asyncio.client import connect as aioquic_connect
 from aioquic.quic.configuration import QuicConfiguration
 
 from tests.conftest import NodeFactory, Recorder, wait_admitted
+from velomux_quic.errors import ChannelClosed, DialError
 from velomux_quic.ids import new_instance_id
 from velomux_quic.security.certs import (
     CertificateAuthority,
@@ -24,7 +25,6 @@ from velomux_quic.security.testing import issue_expired, self_signed_copy, with_
 from velomux_quic.security.tls import ALPN_PROTOCOL
 from velomux_quic.transport.admission import SendAdmission
 from velomux_quic.transport.endpoint import QuicTransport
-from velomux_quic.transport.errors import ChannelClosed, DialError
 
 BadCredentials = Callable[
     [CertificateAuthority, CertificateAuthority, NodeCredentials], NodeCredentials

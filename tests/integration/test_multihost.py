@@ -33,7 +33,7 @@ from typing import IO, Any
 import pytest
 
 from velomux_quic.ids import new_instance_id
-from velomux_quic.mux.config import DISABLE_ENV
+from velomux_quic.mux.config import DISABLE_ENVS
 from velomux_quic.security.certs import CertificateAuthority, issue_node_certificate
 from velomux_quic.streaming.control import MESSENGER_MUX_KEY, PER_STREAM_KEY
 
@@ -41,7 +41,10 @@ pytestmark = pytest.mark.netns
 
 ROOT = Path(__file__).resolve().parents[2]
 NODE = [sys.executable, "-m", "tests.procs.netns_node"]
-CHILD_ENV = {**{k: v for k, v in os.environ.items() if k != DISABLE_ENV}, "PYTHONUNBUFFERED": "1"}
+CHILD_ENV = {
+    **{k: v for k, v in os.environ.items() if k not in DISABLE_ENVS},
+    "PYTHONUNBUFFERED": "1",
+}
 """The children's environment: the transport is chosen by their ``--transport`` alone."""
 
 

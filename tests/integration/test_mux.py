@@ -10,7 +10,7 @@ import pytest
 from tests.conftest import StartNode
 from velomux_quic.ids import StreamAnchorHandle
 from velomux_quic.mux import SlotState
-from velomux_quic.mux.config import DISABLE_ENV, Manual, MuxConfig
+from velomux_quic.mux.config import DISABLE_ENVS, Manual, MuxConfig
 from velomux_quic.mux.protocol import (
     BatchHeader,
     RecordType,
@@ -187,17 +187,18 @@ async def test_the_mux_is_advertised_beside_the_per_stream_path_and_rolls_back(
     assert b.anchors.transport_keys == sorted([MESSENGER_MUX_KEY, PER_STREAM_KEY])
     disabled = await start_node("disabled", mux=MuxConfig(enabled=False))
     assert disabled.anchors.transport_keys == [PER_STREAM_KEY]
-    monkeypatch.setenv(DISABLE_ENV, "yes")
-    by_env = await start_node("by-env")
-    assert by_env.anchors.transport_keys == [PER_STREAM_KEY]
-    with pytest.raises(ValueError, match="mux-only"):
-        await start_node("broken", mux=MuxConfig(mux_only=True))
-    monkeypatch.delenv(DISABLE_ENV)
+    for name in DISABLE_ENVS:  # the project's switch, and the chapter's name for it
+        monkeypatch.setenv(name, "yes")
+        by_env = await start_node(f"by-{name}")
+        assert by_env.anchors.transport_keys == [PER_STREAM_KEY]
+        with pytest.raises(ValueError, match="mux-only"):
+            await start_node(f"broken-{name}", mux=MuxConfig(mux_only=True))
+        monkeypatch.delenv(name)
     only = await start_node("only", mux=MuxConfig(mux_only=True))
     assert only.anchors.transport_keys == [MESSENGER_MUX_KEY]
     # An old sender (no keys) cannot reach a mux-only node: there is no per-stream listener.
     a.add_peer(only.instance_id, only.address)
-    from velomux_quic.streaming.errors import AttachRefused
+    from velomux_quic.errors import AttachRefused
 
     unreachable = only.create_anchor()
     with pytest.raises(AttachRefused, match="no_common_transport"):
@@ -307,9 +308,9 @@ async def test_two_large_items_in_a_row_on_one_stream_arrive_in_order(
 async def test_a_receiver_refuses_an_oversized_item_and_only_that_stream_ends(
     start_node: StartNode,
 ) -> None:
+    from velomux_quic.errors import ChannelClosed, StreamTransportError
     from velomux_quic.messenger.config import MessengerConfig
     from velomux_quic.mux.protocol import BATCH_HEADER_SIZE, RECORD_HEADER_SIZE
-    from velomux_quic.streaming.errors import ChannelClosed, StreamTransportError
 
     limit = 512 * 1024
     b = await start_node("b", messenger=MessengerConfig(staged_payload_max=limit))
@@ -361,8 +362,8 @@ def routing_session(consumer: Node, handle: StreamAnchorHandle) -> int:
 async def test_lifecycle_stop_then_cancel_reach_the_producer_by_session(
     start_node: StartNode,
 ) -> None:
+    from velomux_quic.errors import ChannelClosed
     from velomux_quic.mux.protocol import LifecycleAction
-    from velomux_quic.streaming.errors import ChannelClosed
 
     a, b = await pair(start_node)
     anchor, bystander = b.create_anchor(), b.create_anchor()

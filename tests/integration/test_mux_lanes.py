@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import StartNode
+from velomux_quic.errors import ChannelClosed, SenderDropped
 from velomux_quic.ids import InstanceId, StreamAnchorHandle
 from velomux_quic.mux.config import MuxConfig
 from velomux_quic.mux.lanes import splitmix64
@@ -23,7 +24,6 @@ from velomux_quic.mux.protocol import BatchHeader, RecordType, encode_batch
 from velomux_quic.node import Node
 from velomux_quic.security.certs import NodeCredentials
 from velomux_quic.streaming.anchor import StreamAnchor
-from velomux_quic.streaming.errors import ChannelClosed, SenderDropped
 from velomux_quic.streaming.frames import encode_item
 from velomux_quic.streaming.manager import StreamingConfig
 from velomux_quic.streaming.sender import StreamSender

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from tests.conftest import StartNode
+from velomux_quic.errors import SenderDropped
 from velomux_quic.node import Node
 from velomux_quic.security.certs import NodeCredentials
 from velomux_quic.streaming.anchor import StreamAnchor
-from velomux_quic.streaming.errors import SenderDropped
 from velomux_quic.streaming.manager import StreamingConfig
 from velomux_quic.transport import ADMITTED, TransportConfig
 

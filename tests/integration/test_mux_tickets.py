@@ -11,10 +11,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import StartNode
-from velomux_quic.mux.config import MuxConfig
-from velomux_quic.node import Node
-from velomux_quic.streaming.control import MESSENGER_MUX_KEY, PER_STREAM_KEY, StreamOpenTicket
-from velomux_quic.streaming.errors import (
+from velomux_quic.errors import (
     AlreadyAttached,
     AttachRefused,
     ChannelClosed,
@@ -22,6 +19,9 @@ from velomux_quic.streaming.errors import (
     StreamCancelled,
     TicketError,
 )
+from velomux_quic.mux.config import MuxConfig
+from velomux_quic.node import Node
+from velomux_quic.streaming.control import MESSENGER_MUX_KEY, PER_STREAM_KEY, StreamOpenTicket
 from velomux_quic.streaming.sender import StreamSender
 
 

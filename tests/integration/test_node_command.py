@@ -1,6 +1,6 @@
 """`velomux node --config node.toml` as a real process: a stream into its sink, then SIGTERM.
 
-The test starts the command as an operator would (``python -m velomux_quic.cli node``),
+The test starts the command as an operator would (``python -m velomux_quic.programs.cli node``),
 reads its structured event lines, reaches it from a node of its own over mutual-TLS QUIC
 (both certificates from one CA), streams into the sink and stops it with SIGTERM.
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -29,7 +30,7 @@ from velomux_quic import (
 )
 
 CHECKOUT = Path(__file__).resolve().parents[2]
-COMMAND = [sys.executable, "-m", "velomux_quic.cli", "node"]
+COMMAND = [sys.executable, "-m", "velomux_quic.programs.cli", "node"]
 
 
 def parse_event(line: str) -> dict[str, str]:
@@ -107,6 +108,24 @@ def test_missing_credentials_exit_2_with_one_line(tmp_path: Path) -> None:
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "absent" in lines[0], result.stderr
+
+
+@pytest.mark.timeout(30)
+def test_a_deprecated_variable_is_read_and_says_what_replaces_it(tmp_path: Path) -> None:
+    config = tmp_path / "node.toml"
+    config.write_text(f'[node]\ncredentials = "{tmp_path / "absent"}"\n')
+    result = subprocess.run(
+        [*COMMAND, "--config", str(config)],
+        capture_output=True, text=True, timeout=25, check=False, cwd=CHECKOUT,
+        env={**os.environ, "VELOMUX_MUX_ENABLED": "false"},
+    )  # fmt: skip
+    assert result.returncode == 2  # the credentials are missing: the loader ran first
+    warning, error = result.stderr.strip().splitlines()
+    fields = parse_event(warning)
+    assert (fields["event"], fields["level"], fields["logger"]) == ("log", "warning", "py.warnings")
+    assert "VELOMUX_MUX_ENABLED is deprecated" in fields["message"]
+    assert "VELOMUX_MUX_DISABLE=1" in fields["message"]
+    assert "absent" in error
 
 
 def http_get(host: str, port: int, path: str) -> tuple[int, str]:

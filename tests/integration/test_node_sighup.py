@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from tests.integration.test_node_command import http_get, velomux_node
-from velomux_quic.cli import main
 from velomux_quic.ids import InstanceId, new_instance_id
 from velomux_quic.node import Node, open_node
+from velomux_quic.programs.cli import main
 from velomux_quic.security.certs import (
     CertificateAuthority,
     NodeCredentials,

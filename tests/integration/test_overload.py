@@ -25,13 +25,13 @@ from typing import Any
 import pytest
 
 from tests.conftest import StartNode
-from velomux_quic.demo.proxy import Impairment, ImpairmentProxy
+from velomux_quic.errors import StreamTransportError
 from velomux_quic.messenger.config import MessengerConfig
 from velomux_quic.mux.config import MuxConfig
 from velomux_quic.node import Node
+from velomux_quic.programs.demo.proxy import Impairment, ImpairmentProxy
 from velomux_quic.streaming.anchor import StreamAnchor
 from velomux_quic.streaming.config import StreamingConfig
-from velomux_quic.streaming.errors import StreamTransportError
 from velomux_quic.streaming.sender import Retired, StreamSender
 from velomux_quic.transport.config import TransportConfig
 

@@ -17,12 +17,13 @@ import pytest
 
 from tests.conftest import StartNode
 from tests.polling import poll_until
+from velomux_quic.errors import ChannelClosed
+from velomux_quic.errors import ChannelClosed as TransportChannelClosed
 from velomux_quic.mux.config import MuxConfig
 from velomux_quic.node import Node
 from velomux_quic.security.certs import NodeCredentials
 from velomux_quic.streaming.anchor import StreamAnchor
 from velomux_quic.streaming.control import PER_STREAM_KEY
-from velomux_quic.streaming.errors import ChannelClosed
 from velomux_quic.streaming.frames import HEARTBEAT
 from velomux_quic.streaming.manager import StreamingConfig
 from velomux_quic.streaming.sender import Retired, StreamSender
@@ -37,7 +38,6 @@ from velomux_quic.transport import (
     TransportConfig,
     TransportHandler,
 )
-from velomux_quic.transport import ChannelClosed as TransportChannelClosed
 
 RECORD = bytes(1000)
 """A record about a kilobyte on the wire: a few fill a 4 KiB window."""

@@ -1,8 +1,8 @@
 """`velomux probe` as a real process against a real `velomux node` process.
 
 Each test writes TOML files as an operator would, starts the sink with
-``python -m velomux_quic.cli node``, reads its ``listening`` line for its address and
-InstanceId, then runs ``python -m velomux_quic.cli probe`` to completion and reads its
+``python -m velomux_quic.programs.cli node``, reads its ``listening`` line for its address and
+InstanceId, then runs ``python -m velomux_quic.programs.cli probe`` to completion and reads its
 output and exit status. Both processes speak mutual-TLS QUIC over loopback.
 """
 
@@ -27,7 +27,7 @@ from velomux_quic.security.certs import CertificateAuthority, issue_node_certifi
 from .test_node_command import parse_event
 
 CHECKOUT = Path(__file__).resolve().parents[2]
-CLI = [sys.executable, "-m", "velomux_quic.cli"]
+CLI = [sys.executable, "-m", "velomux_quic.programs.cli"]
 SECTIONS = ("identity", "throughput", "latency", "delivery", "errors")
 
 

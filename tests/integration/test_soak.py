@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 
-from velomux_quic.mux.config import DISABLE_ENV, MuxConfig
+from velomux_quic.errors import StreamError
+from velomux_quic.mux.config import DISABLE_ENVS, MuxConfig
 from velomux_quic.node import Node
 from velomux_quic.security.certs import NodeCredentials
 from velomux_quic.streaming.control import MESSENGER_MUX_KEY, PER_STREAM_KEY
-from velomux_quic.streaming.errors import StreamError
 from velomux_quic.streaming.manager import StreamingConfig
 from velomux_quic.streaming.sender import Retired
 
@@ -39,7 +39,8 @@ shorter than this can end a live stream on a busy machine.)"""
 @pytest.fixture(params=[MESSENGER_MUX_KEY, PER_STREAM_KEY])
 def transport(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """The transport both nodes negotiate (chosen by the test alone, not the environment)."""
-    monkeypatch.delenv(DISABLE_ENV, raising=False)
+    for name in DISABLE_ENVS:
+        monkeypatch.delenv(name, raising=False)
     return str(request.param)
 
 

@@ -16,12 +16,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import StartNode
-from velomux_quic.mux.config import MuxConfig
-from velomux_quic.node import Node
-from velomux_quic.security.certs import NodeCredentials
-from velomux_quic.streaming.anchor import MpscEvent, MpscItem, StreamAnchor
-from velomux_quic.streaming.control import MESSENGER_MUX_KEY, PER_STREAM_KEY
-from velomux_quic.streaming.errors import (
+from velomux_quic.errors import (
     AlreadyAttached,
     AnchorNotFound,
     AttachRefused,
@@ -34,6 +29,11 @@ from velomux_quic.streaming.errors import (
     UsageError,
     WrongHandleKind,
 )
+from velomux_quic.mux.config import MuxConfig
+from velomux_quic.node import Node
+from velomux_quic.security.certs import NodeCredentials
+from velomux_quic.streaming.anchor import MpscEvent, MpscItem, StreamAnchor
+from velomux_quic.streaming.control import MESSENGER_MUX_KEY, PER_STREAM_KEY
 from velomux_quic.streaming.manager import StreamingConfig
 from velomux_quic.streaming.perstream import PerStreamTransport
 from velomux_quic.streaming.sender import Retired

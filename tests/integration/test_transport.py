@@ -11,7 +11,15 @@ import pytest
 from prometheus_client import generate_latest
 
 from tests.conftest import NodeFactory, Recorder, wait_admitted
-from velomux_quic.errors import ConfigurationError
+from velomux_quic.errors import (
+    ChannelClosed,
+    ConfigurationError,
+    DialError,
+    LaneError,
+    MessageTooLarge,
+    PeerNotRegistered,
+    TransportClosed,
+)
 from velomux_quic.ids import new_instance_id
 from velomux_quic.security.certs import NodeCredentials
 from velomux_quic.transport import (
@@ -24,14 +32,6 @@ from velomux_quic.transport import (
 )
 from velomux_quic.transport.admission import ADMITTED, AdmissionState, SendAdmission
 from velomux_quic.transport.config import TransportConfig
-from velomux_quic.transport.errors import (
-    ChannelClosed,
-    DialError,
-    LaneError,
-    MessageTooLarge,
-    PeerNotRegistered,
-    TransportClosed,
-)
 
 
 def seq(n: int, size: int = 32) -> bytes:
@@ -279,8 +279,8 @@ class Server(Recorder):
 async def test_request_stream_pulls_from_the_dialer_without_touching_lanes(
     start_node: NodeFactory, make_credentials: object
 ) -> None:
+    from velomux_quic.errors import RequestRefused, ResponseTooLarge
     from velomux_quic.transport.endpoint import QuicTransport
-    from velomux_quic.transport.errors import RequestRefused, ResponseTooLarge
 
     b, b_seen = await start_node("b")
     server = Server()

@@ -14,7 +14,7 @@ import json
 import sys
 
 from velomux_quic.node import Node
-from velomux_quic.runtime import run
+from velomux_quic.programs.runtime import run
 
 
 async def main(args: argparse.Namespace) -> int:

@@ -14,9 +14,8 @@ import asyncio
 import json
 import sys
 
+from velomux_quic.discovery import EtcdPeers, PeerRecord
 from velomux_quic.ids import new_instance_id
-from velomux_quic.messenger.etcd import EtcdPeers
-from velomux_quic.messenger.peers import PeerRecord
 
 
 async def main(endpoint: str, prefix: str, ttl: int) -> None:

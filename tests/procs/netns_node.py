@@ -40,13 +40,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from velomux_quic.errors import StreamError
 from velomux_quic.ids import InstanceId, StreamAnchorHandle
 from velomux_quic.mux.config import MuxConfig
 from velomux_quic.node import Node
-from velomux_quic.runtime import run
+from velomux_quic.programs.runtime import run
 from velomux_quic.streaming.anchor import StreamAnchor
 from velomux_quic.streaming.control import MESSENGER_MUX_KEY, PER_STREAM_KEY
-from velomux_quic.streaming.errors import StreamError
 from velomux_quic.streaming.manager import StreamingConfig
 
 

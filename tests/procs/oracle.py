@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from velomux_quic import NodeCredentials
-from velomux_quic.demo.proxy import Impairment, ImpairmentProxy
+from velomux_quic.programs.demo.proxy import Impairment, ImpairmentProxy
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -43,7 +43,7 @@ from velomux_quic import (
     StreamingConfig,
     TransportConfig,
 )
-from velomux_quic.runtime import run
+from velomux_quic.programs.runtime import run
 
 
 async def read(index: int, anchor: StreamAnchor[Any], command: dict[str, Any]) -> None:

@@ -43,7 +43,7 @@ from velomux_quic import (
     StreamSender,
     TransportConfig,
 )
-from velomux_quic.runtime import run
+from velomux_quic.programs.runtime import run
 
 
 def oracle_item(stream: int, seq: int, payload: bytes) -> list[object]:

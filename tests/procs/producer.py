@@ -15,7 +15,7 @@ import asyncio
 
 from velomux_quic.ids import InstanceId, StreamAnchorHandle
 from velomux_quic.node import Node
-from velomux_quic.runtime import run
+from velomux_quic.programs.runtime import run
 from velomux_quic.transport import TransportConfig
 
 

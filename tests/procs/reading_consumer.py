@@ -17,7 +17,7 @@ import sys
 from typing import Any
 
 from velomux_quic.node import Node
-from velomux_quic.runtime import run
+from velomux_quic.programs.runtime import run
 from velomux_quic.streaming.anchor import StreamAnchor
 from velomux_quic.streaming.config import StreamingConfig
 

@@ -16,7 +16,7 @@ import json
 import sys
 
 from velomux_quic.ids import InstanceId
-from velomux_quic.runtime import run
+from velomux_quic.programs.runtime import run
 from velomux_quic.security.certs import NodeCredentials
 from velomux_quic.transport import QuicTransport, TransportHandler
 

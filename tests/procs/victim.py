@@ -28,7 +28,7 @@ from typing import Any
 
 from velomux_quic.ids import InstanceId
 from velomux_quic.node import Node
-from velomux_quic.runtime import run
+from velomux_quic.programs.runtime import run
 
 _REPORTED = (
     "velo_transport_rejections_total",

@@ -226,7 +226,7 @@ async def soak(
 
 def main(argv: list[str] | None = None) -> int:
     from velomux_quic.ids import new_instance_id
-    from velomux_quic.runtime import run
+    from velomux_quic.programs.runtime import run
     from velomux_quic.security.certs import CertificateAuthority, issue_node_certificate
 
     parser = argparse.ArgumentParser(prog="python -m tests.soak.oracle_soak")

@@ -8,13 +8,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from velomux_quic.errors import AdmissionCancelled, ChannelClosed
 from velomux_quic.transport.admission import (
     ADMITTED,
     AdmissionState,
     LaneGate,
     SendAdmission,
 )
-from velomux_quic.transport.errors import AdmissionCancelled, ChannelClosed
 
 
 class FakeLane:

@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from velomux_quic.cli import build_parser, parsers
+from velomux_quic.programs.cli import build_parser, parsers
 
 ALL = list(parsers(build_parser()))
 MARKUP = re.compile(r"``|:(?:class|func|meth|mod|attr|data|exc):|==SUPPRESS==|SUPPRESS")

@@ -18,8 +18,9 @@ from velomux_quic import (
     PeerRegistry,
     WorkerId,
 )
+from velomux_quic.discovery import PeerWatch
 from velomux_quic.ids import new_instance_id
-from velomux_quic.messenger.peers import DiscoveryFeed, PeerWatch
+from velomux_quic.messenger.peers import DiscoveryFeed
 
 
 def record(instance_id: InstanceId, port: int = 7000) -> PeerRecord:

@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fuzz.targets import CONTROL_MESSAGES
+from velomux_quic.discovery import PeerRecord
 from velomux_quic.errors import ControlDecodeError, FrameDecodeError, PeerRecordError
 from velomux_quic.ids import InstanceId, StreamAnchorHandle
 from velomux_quic.messenger.envelope import (
@@ -31,7 +32,6 @@ from velomux_quic.messenger.envelope import (
     encode_envelope,
     encode_error,
 )
-from velomux_quic.messenger.peers import PeerRecord
 from velomux_quic.mux.protocol import (
     BatchBuilder,
     BatchHeader,

@@ -18,8 +18,8 @@ import pytest
 from fuzz.corpus import CORPUS_DIR, seeds
 from fuzz.mutate import mutations
 from fuzz.targets import TARGETS, InvariantBroken, Target, check
+from velomux_quic.discovery import DirectoryPeers, PeerRecord
 from velomux_quic.errors import PeerRecordError
-from velomux_quic.messenger.peers import DirectoryPeers, PeerRecord
 
 MUTANTS_PER_TARGET = 20_000
 """Enough to reach every refusal of the small formats, and under 3 s per target on a busy

@@ -1,4 +1,4 @@
-"""The UDP impairment proxy (velomux_quic/demo/proxy.py) over loopback UDP, without QUIC.
+"""The UDP impairment proxy (velomux_quic/programs/demo/proxy.py) over loopback UDP, without QUIC.
 
 Loopback UDP between sockets with large buffers loses nothing at these volumes, so every
 drop a test sees is the proxy's, and its counters must account for each datagram. Tests
@@ -20,7 +20,13 @@ from typing import Any, cast
 
 import pytest
 
-from velomux_quic.demo.proxy import TIMER_SLACK, Counters, Impairment, ImpairmentProxy, Link
+from velomux_quic.programs.demo.proxy import (
+    TIMER_SLACK,
+    Counters,
+    Impairment,
+    ImpairmentProxy,
+    Link,
+)
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 
@@ -430,7 +436,7 @@ async def _spawn_proxy(target: tuple[str, int], *options: str) -> asyncio.subpro
     return await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "velomux_quic.demo.proxy",
+        "velomux_quic.programs.demo.proxy",
         "--target",
         f"{target[0]}:{target[1]}",
         *options,

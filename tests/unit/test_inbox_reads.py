@@ -13,14 +13,9 @@ from collections import deque
 
 import pytest
 
+from velomux_quic.errors import DeserializationError, ReadTimeout, SenderDropped, SenderError
 from velomux_quic.ids import StreamAnchorHandle
 from velomux_quic.streaming.anchor import AnchorEntry, StreamAnchor
-from velomux_quic.streaming.errors import (
-    DeserializationError,
-    ReadTimeout,
-    SenderDropped,
-    SenderError,
-)
 from velomux_quic.streaming.frames import (
     DETACHED,
     DROPPED,

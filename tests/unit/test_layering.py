@@ -1,10 +1,12 @@
-"""The package's shape, checked from its source: layers, import cycles, aioquic, mixins.
+"""The package's shape, checked from its source: layers, import cycles, aioquic, mixins,
+the root, the programs.
 
 docs/architecture.md's rules, made tests so a change that breaks one fails here and not in a
 review: imports point downward only and form no cycle (``TYPE_CHECKING`` imports count, as
 they tie the modules together for a reader and for the type checker just the same); only the
 transport and security layers import aioquic; a class is never assembled from mixins
-spread over files.
+spread over files; the package root holds the public surface's modules and nothing else;
+the programs use the public surface only; no module only names another's definitions again.
 """
 
 from __future__ import annotations
@@ -21,27 +23,41 @@ PACKAGE = "velomux_quic"
 LAYERS = {
     "ids": 0,
     "errors": 0,
-    "runtime": 0,
-    "logs": 0,
+    "eventlog": 0,
     "security": 1,
     "transport": 2,
-    "messenger": 3,
-    "liveness": 3,
-    "streaming": 4,
-    "mux": 5,
-    "config": 6,
-    "node": 6,
-    "ops": 6,
-    "snapshot": 6,
-    "tracing": 6,
-    "demo": 7,
-    "cli": 7,
-    "service": 7,
-    "probe": 7,
+    "discovery": 3,
+    "messenger": 4,
+    "streaming": 5,
+    "mux": 6,
+    "config": 7,
+    "node": 7,
+    "ops": 7,
+    "tracing": 7,
     "__init__": 8,
+    "programs": 9,
 }
 """Each top-level module or subpackage and its height: a module imports only from layers
-below it or from its own (the root ``__init__`` re-exports everything)."""
+below it or from its own (the root ``__init__`` re-exports the public surface, and the
+programs are built on it)."""
+
+ROOT_MODULES = {"__init__", "errors", "ids", "node", "config"}
+"""The modules at the package root: the public surface's, nothing else."""
+
+PUBLIC_SURFACE = {
+    "velomux_quic",
+    "velomux_quic.errors",
+    "velomux_quic.ids",
+    "velomux_quic.node",
+    "velomux_quic.config",
+    "velomux_quic.security",
+}
+"""What a program may import of the library: the root (whose ``__all__`` is the contract),
+its public modules, and the certificate toolkit the security package exports (its
+``__init__``, not its modules)."""
+
+NODE_LAYERS = {"messenger", "anchors", "mux"}
+"""A node's layers: outside the contract, so no program reads them."""
 
 AIOQUIC_LAYERS = {"transport", "security"}
 
@@ -245,3 +261,102 @@ def test_no_class_is_assembled_from_mixins_in_other_files() -> None:
                 continue
             offenders.append(f"{name}.{cls}({base_module}.{base_name})")
     assert sorted(offenders) == []
+
+
+def test_the_package_root_holds_only_the_public_surface() -> None:
+    at_root = {path.stem for path in PACKAGE_DIR.glob("*.py")}
+    assert at_root == ROOT_MODULES
+    packages = {path.parent.name for path in PACKAGE_DIR.glob("*/__init__.py")}
+    assert set(LAYERS) == ROOT_MODULES | packages, "every package has a height"
+
+
+def test_the_node_configuration_builds_no_discovery_backend() -> None:
+    """config.py is the node's configuration only: the backends, and the code that builds
+    one from ``[discovery]``, are the discovery package's."""
+    tree = ast.parse((PACKAGE_DIR / "config.py").read_text())
+    names = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+    names |= {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+    names |= {
+        alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }  # fmt: skip
+    assert names & {"StaticPeers", "DirectoryPeers", "EtcdPeers", "backend_for"} == set()
+
+
+def program_modules() -> dict[str, Path]:
+    return {name: path for name, path in modules().items() if layer_of(name) == "programs"}
+
+
+def test_the_programs_import_only_the_public_surface() -> None:
+    known = modules()
+    offenders = sorted(
+        f"{name} -> {target}"
+        for name, path in program_modules().items()
+        for target in imported(name, path)
+        if target in known and target not in PUBLIC_SURFACE and layer_of(target) != "programs"
+    )
+    assert offenders == []
+
+
+def reaches_into_a_node(expression: ast.Attribute) -> bool:
+    """``node.messenger``, ``self.node.mux``, ``node._closed``: a node's layers or private
+    state read through a name that holds a node."""
+    owner = expression.value
+    holder = owner.id if isinstance(owner, ast.Name) else getattr(owner, "attr", None)
+    if holder != "node":
+        return False
+    attribute = expression.attr
+    return attribute in NODE_LAYERS or (attribute.startswith("_") and not attribute.endswith("__"))
+
+
+def test_the_programs_never_reach_into_a_node() -> None:
+    offenders = sorted(
+        f"{name}:{node.lineno} {ast.unparse(node)}"
+        for name, path in program_modules().items()
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.Attribute) and reaches_into_a_node(node)
+    )
+    assert offenders == []
+
+
+def test_the_reach_check_sees_what_it_must() -> None:
+    """The check above, proven on the shapes it is for (a check that never fires would pass
+    on anything)."""
+
+    def flagged(text: str) -> bool:
+        tree = ast.parse(text, mode="eval")
+        return any(
+            isinstance(node, ast.Attribute) and reaches_into_a_node(node) for node in ast.walk(tree)
+        )
+
+    assert flagged("node.messenger.transport.credentials")
+    assert flagged("self.node.mux is not None")
+    assert flagged("node._closed")
+    assert not flagged("node.snapshot().mux is not None")
+    assert not flagged("node.peers.get(peer)")
+
+
+def only_renames(tree: ast.Module) -> bool:
+    """A module whose body is a docstring, imports and ``__all__``: it defines nothing."""
+    for statement in tree.body:
+        if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant):
+            continue
+        if isinstance(statement, (ast.Import, ast.ImportFrom)):
+            continue
+        if isinstance(statement, ast.Assign) and [ast.unparse(t) for t in statement.targets] == [
+            "__all__"
+        ]:
+            continue
+        return False
+    return True
+
+
+def test_no_module_only_names_definitions_of_another() -> None:
+    """A package's ``__init__`` gathers its API; any other module that only imports names
+    again is a second place to find them (the tree of errors lives in errors.py alone)."""
+    offenders = sorted(
+        name
+        for name, path in modules().items()
+        if path.name != "__init__.py" and only_renames(ast.parse(path.read_text()))
+    )
+    assert offenders == []

@@ -18,7 +18,6 @@ from velomux_quic.mux.protocol import (
     COALESCE_THRESHOLD,
     MAX_LANES,
     MAX_RECORDS,
-    MESSENGER_MUX_KEY,
     MIN_BATCH_CAP,
     MUX_VERSION,
     RECORD_HEADER,
@@ -155,7 +154,6 @@ def decode_or_refuse(data: bytes) -> type[MalformedBatch] | None:
 
 def test_constants() -> None:
     assert MUX_VERSION == 2
-    assert MESSENGER_MUX_KEY == "messenger-mux-v2"
     assert BATCH_HEADER.format == ">BBHQI" and BATCH_HEADER.size == BATCH_HEADER_SIZE == 16
     assert RECORD_HEADER.format == ">BIII" and RECORD_HEADER.size == RECORD_HEADER_SIZE == 13
     assert MAX_RECORDS == 65_535

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from velomux_quic import (
     open_node,
 )
 from velomux_quic.ids import new_instance_id
-from velomux_quic.mux.config import AutoFlush
+from velomux_quic.mux.config import AutoFlush, mux_disabled_by_env
 
 SAMPLE = Path(__file__).resolve().parents[2] / "examples" / "node.toml"
 
@@ -114,7 +115,7 @@ kind = "manual"
     environ = {
         "VELOMUX_TRANSPORT_LANES": "4",
         "VELOMUX_NODE_PORT": "7100",
-        "VELOMUX_MUX_ENABLED": "false",
+        "VELOMUX_MUX_MUX_ONLY": "true",
         "VELOMUX_TRANSPORT_MAX_PARTIAL_FRAME_BYTES": "33554432",
         "VELOMUX_STREAMING_ATTACH_TIMEOUT": "2.5",
         "VELOMUX_NO_UVLOOP": "1",  # not a section's: left to whoever reads it
@@ -125,7 +126,7 @@ kind = "manual"
     assert config.transport.idle_timeout == 20.0
     assert config.transport.max_partial_frame_bytes == 32 << 20
     assert config.streaming.attach_timeout == 2.5
-    assert config.mux.initial_credit == 64 and config.mux.enabled is False
+    assert config.mux.initial_credit == 64 and config.mux.mux_only is True
     assert config.mux.flush_policy == Manual()
     [record] = config.peer_records()
     assert (record.instance_id, record.address, record.name) == (
@@ -190,6 +191,32 @@ def test_a_bad_environment_value_names_the_variable(tmp_path: Path) -> None:
     message = _error(path, {"VELOMUX_TRANSPORT_LANE": "4"})
     assert "VELOMUX_TRANSPORT_LANE:" in message and "no such key" in message
     assert "lanes" in message
+
+
+def test_the_mux_switch_is_velomux_mux_disable_and_the_old_variable_warns(
+    tmp_path: Path,
+) -> None:
+    path = _write(tmp_path, "")
+    # The switch is read when the node is built, not a key: the loader lets it be.
+    config = NodeConfig.from_toml(path, environ={"VELOMUX_MUX_DISABLE": "1"})
+    assert config.mux.enabled is True
+    assert mux_disabled_by_env({"VELOMUX_MUX_DISABLE": "1"})
+    assert mux_disabled_by_env({"VELO_MESSENGER_MUX_DISABLE": "yes"})  # the chapter's name
+    assert not mux_disabled_by_env({"VELOMUX_MUX_DISABLE": "2"})  # a stray value: still on
+    assert not mux_disabled_by_env({})
+    # The old override still applies for a release, with a warning naming the new switch
+    # and pointing at the line that loaded the configuration.
+    with pytest.warns(
+        DeprecationWarning, match="VELOMUX_MUX_ENABLED.*VELOMUX_MUX_DISABLE=1"
+    ) as seen:
+        config = NodeConfig.from_toml(path, environ={"VELOMUX_MUX_ENABLED": "false"})
+    assert config.mux.enabled is False
+    assert [warning.filename for warning in seen] == [__file__]
+    # The chapter's name is read without one.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert mux_disabled_by_env({"VELO_MESSENGER_MUX_DISABLE": "1"})
+        NodeConfig.from_toml(path, environ={"VELOMUX_MUX_DISABLE": "1"})
 
 
 def test_a_missing_or_broken_file_is_a_configuration_error(tmp_path: Path) -> None:

@@ -17,20 +17,19 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from velomux_quic.ids import InstanceId, WorkerId, new_instance_id, worker_id_of
-from velomux_quic.messenger.peers import (
+from velomux_quic.discovery import (
     PEER_RECORD_MAX_BYTES,
     DirectoryPeers,
     PeerDiscovery,
     PeerRecord,
-    PeerRecordError,
-    PeerRegistry,
     StaticPeers,
-    WorkerIdCollision,
-    sync_registry,
 )
+from velomux_quic.errors import PeerRecordError, WorkerIdCollision
+from velomux_quic.ids import InstanceId, WorkerId, new_instance_id, worker_id_of
+from velomux_quic.messenger.peers import PeerRegistry, sync_registry
 
 LOGGER = "velomux_quic.messenger.peers"
+DIRECTORY_LOGGER = "velomux_quic.discovery.directory"
 
 instance_ids = st.uuids().map(InstanceId)
 hosts = st.text(
@@ -504,7 +503,7 @@ async def test_junk_partial_and_temporary_files_are_skipped(
     (tmp_path / "peer.json").write_text(json.dumps(hidden.to_json()))
     (tmp_path / "README").write_text("not a record")
 
-    with caplog.at_level(logging.DEBUG, logger=LOGGER):
+    with caplog.at_level(logging.DEBUG, logger=DIRECTORY_LOGGER):
         assert await peers.snapshot() == [good]
         for skipped in (partial, not_utf8, invalid, empty, nested, huge, impostor, a_directory):
             assert await peers.lookup(skipped) is None

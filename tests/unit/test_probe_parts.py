@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from velomux_quic.errors import ConfigurationError
-from velomux_quic.probe import MAX_STREAMS, LatencySamples, ProbeOptions, render_text
+from velomux_quic.programs.probe import MAX_STREAMS, LatencySamples, ProbeOptions, render_text
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import inspect
 
+import pytest
+
 import velomux_quic
 from velomux_quic import errors
 
@@ -11,6 +13,7 @@ from velomux_quic import errors
 SURFACE = {
     "open_node",
     "Node",
+    "NodeOptions",
     "NodeSnapshot",
     "OpsConfig",
     "ReadinessReport",
@@ -22,6 +25,8 @@ SURFACE = {
     "Retired",
     "PassOutcome",
     "StreamOpenTicket",
+    "MESSENGER_MUX_KEY",
+    "PER_STREAM_KEY",
     "InstanceId",
     "WorkerId",
     "StreamAnchorHandle",
@@ -92,3 +97,37 @@ def test_the_keyed_twins_are_gone() -> None:
         assert not hasattr(velomux_quic.Node, name), name
     for name in ("attach_anchor", "attach_mpsc_anchor", "prebind_anchor"):
         assert "key" in inspect.signature(getattr(velomux_quic.Node, name)).parameters
+
+
+def test_the_ways_to_open_a_node_share_one_declaration_of_their_options() -> None:
+    """Node.start, Node.open and open_node take the credentials and NodeOptions' keywords,
+    declared once; a keyword that is no option fails at the call, naming it."""
+    for opener in (velomux_quic.Node.start, velomux_quic.Node.open, velomux_quic.open_node):
+        parameters = list(inspect.signature(opener).parameters.values())
+        assert [p.name for p in parameters] == ["credentials", "options"], opener
+        assert parameters[1].kind is inspect.Parameter.VAR_KEYWORD
+        assert parameters[1].annotation == "Unpack[NodeOptions]"
+    assert velomux_quic.NodeOptions.__optional_keys__ == {
+        "host",
+        "port",
+        "transport",
+        "messenger",
+        "streaming",
+        "mux",
+        "registry",
+        "peers",
+        "discovery",
+        "name",
+        "publish",
+    }
+    assert not velomux_quic.NodeOptions.__required_keys__
+    options: dict[str, object] = {"hots": "127.0.0.1"}
+    for opener in (velomux_quic.open_node, velomux_quic.Node.open):
+        with pytest.raises(velomux_quic.ConfigurationError, match="'hots', which is no option"):
+            opener("certs/dev/node-a", **options)  # type: ignore[arg-type]
+
+
+async def test_node_start_refuses_a_keyword_that_is_no_option_before_it_starts() -> None:
+    options: dict[str, object] = {"prot": 7000}
+    with pytest.raises(velomux_quic.ConfigurationError, match=r"'prot'.*the options are"):
+        await velomux_quic.Node.start("certs/dev/node-a", **options)  # type: ignore[arg-type]

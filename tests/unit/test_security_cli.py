@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from velomux_quic.cli import main
 from velomux_quic.ids import new_instance_id
+from velomux_quic.programs.cli import main
 from velomux_quic.security.certs import CertificateAuthority, NodeCredentials
 from velomux_quic.security.verify import PeerVerifier
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tests.unit.engine_pair import WINDOW, drain, engine_pair, exchange
+from velomux_quic.errors import ChannelClosed
 from velomux_quic.security.certs import NodeCredentials
 from velomux_quic.transport.admission import (
     ADMITTED,
@@ -16,7 +17,6 @@ from velomux_quic.transport.admission import (
     SendOutcome,
     SharedRoom,
 )
-from velomux_quic.transport.errors import ChannelClosed
 
 # -- SharedRoom ---------------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from velomux_quic.errors import ControlDecodeError
 from velomux_quic.ids import StreamAnchorHandle
 from velomux_quic.streaming import control as control_module
 from velomux_quic.streaming.control import (
@@ -22,7 +23,6 @@ from velomux_quic.streaming.control import (
     AnchorAttachRequest,
     AnchorAttachResponse,
     AnchorRef,
-    ControlDecodeError,
     MpscAnchorAttachErr,
     MpscAnchorAttachOk,
     MpscAnchorAttachRequest,

@@ -10,52 +10,29 @@ Modules: :mod:`.messenger` (the :class:`Messenger`: sending, receiving, dispatch
 of payloads held for peers), :mod:`.registry` (handlers and the :class:`Context`),
 :mod:`.dispatch` (ordered queues), :mod:`.calls` (calls waiting for answers),
 :mod:`.envelope` and :mod:`.contents` (the wire format), :mod:`.headers` (header codecs),
-:mod:`.peers` (records, registry, discovery), :mod:`.config`, :mod:`.metrics`,
-:mod:`.snapshot`, :mod:`.errors`.
+:mod:`.peers` (the peer registry, which discovery fills: :mod:`velomux_quic.discovery`),
+:mod:`.config`, :mod:`.metrics`, :mod:`.snapshot`. Its errors are in
+:mod:`velomux_quic.errors`, with every other error of the library.
 """
 
 from .config import MessengerConfig
 from .envelope import Kind
-from .errors import (
-    CallError,
-    HandlerExists,
-    HandlerFailed,
-    MessengerClosed,
-    PeerGone,
-    RemoteRefused,
-    StagingFull,
-    UnaryTimeout,
-    UnknownHandler,
-)
 from .headers import HeaderCodec
 from .messenger import Messenger, StagedRefusal
-from .peers import DirectoryPeers, PeerDiscovery, PeerRecord, PeerRegistry, StaticPeers
+from .peers import PeerRegistry
 from .registry import Context, Dispatch, Handler, HandlerResult
 from .snapshot import MessengerSnapshot
 
 __all__ = [
-    "CallError",
     "Context",
-    "DirectoryPeers",
     "Dispatch",
     "Handler",
-    "HandlerExists",
-    "HandlerFailed",
     "HandlerResult",
     "HeaderCodec",
     "Kind",
     "Messenger",
-    "MessengerClosed",
     "MessengerConfig",
     "MessengerSnapshot",
-    "PeerDiscovery",
-    "PeerGone",
-    "PeerRecord",
     "PeerRegistry",
-    "RemoteRefused",
     "StagedRefusal",
-    "StagingFull",
-    "StaticPeers",
-    "UnaryTimeout",
-    "UnknownHandler",
 ]

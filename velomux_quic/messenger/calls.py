@@ -12,8 +12,8 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
+from ..errors import CallError, UnaryTimeout
 from ..ids import InstanceId
-from .errors import CallError, UnaryTimeout
 
 __all__ = ["PendingCalls"]
 

@@ -37,12 +37,24 @@ from typing import Any
 import msgpack  # type: ignore[import-untyped]
 from prometheus_client.registry import CollectorRegistry
 
-from ..errors import ConfigurationError, SendTimeout
+from ..discovery import PeerDiscovery, PeerRecord, PeerWatch, peer_address
+from ..errors import (
+    CallError,
+    ConfigurationError,
+    HandlerFailed,
+    MessengerClosed,
+    PeerGone,
+    PeerNotRegistered,
+    RemoteRefused,
+    SendTimeout,
+    TransportError,
+    UnknownHandler,
+    WorkerIdCollision,
+)
 from ..ids import InstanceId
 from ..security.certs import NodeCredentials
 from ..transport import (
     PeerLink,
-    PeerNotRegistered,
     QuicTransport,
     SendAdmission,
     SendOutcome,
@@ -50,7 +62,6 @@ from ..transport import (
     StreamReset,
     StreamStopped,
     TransportConfig,
-    TransportError,
     TransportHandler,
 )
 from .calls import PendingCalls
@@ -68,26 +79,9 @@ from .envelope import (
     encode_error,
     message_prefix,
 )
-from .errors import (
-    CallError,
-    HandlerFailed,
-    MessengerClosed,
-    PeerGone,
-    RemoteRefused,
-    UnknownHandler,
-)
 from .headers import RESERVED_PREFIX, HeaderCodec
 from .metrics import MessengerMetrics
-from .peers import (
-    DiscoveryFeed,
-    PeerDiscovery,
-    PeerRecord,
-    PeerRegistry,
-    PeerWatch,
-    WorkerIdCollision,
-    peer_address,
-    sync_registry,
-)
+from .peers import DiscoveryFeed, PeerRegistry, sync_registry
 from .registry import Context, Dispatch, Handler, HandlerRegistry, HandlerSpec
 from .rendezvous import RefusalHook, Rendezvous, StagedRefusal, StagingListener
 from .snapshot import MessengerSnapshot
@@ -98,6 +92,15 @@ logger = logging.getLogger(__name__)
 
 PROTOCOL_VERSION = 1
 CAPABILITIES = ("rendezvous", "lanes")
+
+HELLO_HANDLER = "_hello"
+"""The system handler that answers this node's protocol version, capabilities and lanes."""
+
+HEALTH_HANDLER = "_health"
+"""The system handler that answers ``ok``: the peer's messenger, not only its QUIC stack."""
+
+LIST_HANDLERS_HANDLER = "_list_handlers"
+"""The system handler that answers every handler name this node serves."""
 
 ENVELOPE_RESERVE = 2048
 """Bytes kept out of the eager budget for the envelope: fixed header, name, small headers."""
@@ -202,7 +205,7 @@ class Messenger(TransportHandler):
         With ``discovery``, the node publishes its own record there (unless ``publish``
         is False: a client that only looks others up), loads every record it finds, and
         looks up a peer it does not know the first time it calls it. A backend that is
-        also a :class:`~velomux_quic.messenger.peers.PeerWatch` (etcd) exports its
+        also a :class:`~velomux_quic.discovery.PeerWatch` (etcd) exports its
         metrics in ``registry`` and pushes joins, moves and leaves into the peer registry
         as they happen, through a :class:`~velomux_quic.messenger.peers.DiscoveryFeed`.
         """
@@ -287,6 +290,8 @@ class Messenger(TransportHandler):
 
         ``address`` is ``(host, port)`` or ``"host:port"``; a malformed one, or an
         ``instance_id`` that is not an :class:`InstanceId`, raises ConfigurationError.
+        A known peer added at another address moved: the connection dialed to the old
+        address is closed, as for a move discovery reports.
         """
         if not isinstance(instance_id, InstanceId):
             raise ConfigurationError(
@@ -295,14 +300,16 @@ class Messenger(TransportHandler):
             )
         if not isinstance(name, str):
             raise ConfigurationError(f"add_peer: name must be a string, got {name!r}")
-        self.peers.add(
-            PeerRecord(
-                instance_id=instance_id,
-                address=peer_address(address),
-                name=name,
-                updated_at=time.time(),
-            )
+        previous = self.peers.get(instance_id)
+        record = PeerRecord(
+            instance_id=instance_id,
+            address=peer_address(address),
+            name=name,
+            updated_at=time.time(),
         )
+        self.peers.add(record)
+        if previous is not None and previous.address != record.address:
+            self._peer_moved(instance_id)
 
     def remove_peer(self, instance_id: InstanceId) -> None:
         """Forget a peer (eviction): its address goes, and the mux ends its streams."""
@@ -885,10 +892,10 @@ class Messenger(TransportHandler):
     # -- system handlers, and the calls that ask a peer's --------------------------------
 
     def _register_system_handlers(self) -> None:
-        self._handlers.register("_hello", self._hello_handler, system=True)
-        self._handlers.register("_health", lambda ctx: b"ok", system=True)
+        self._handlers.register(HELLO_HANDLER, self._hello_handler, system=True)
+        self._handlers.register(HEALTH_HANDLER, lambda ctx: b"ok", system=True)
         self._handlers.register(
-            "_list_handlers",
+            LIST_HANDLERS_HANDLER,
             lambda ctx: msgpack.packb(self._handlers.names()),
             system=True,
         )
@@ -912,7 +919,7 @@ class Messenger(TransportHandler):
         ``timeout`` defaults to ``MessengerConfig.default_timeout``; raises as :meth:`unary`.
         """
         answer: dict[str, Any] = msgpack.unpackb(
-            await self.unary(peer, "_hello", self._hello_payload(), timeout=timeout)
+            await self.unary(peer, HELLO_HANDLER, self._hello_payload(), timeout=timeout)
         )
         return answer
 
@@ -924,7 +931,7 @@ class Messenger(TransportHandler):
         """
         if timeout is None:
             timeout = self.config.health_check_timeout
-        await self.unary(peer, "_health", timeout=timeout)
+        await self.unary(peer, HEALTH_HANDLER, timeout=timeout)
 
     async def list_handlers(self, peer: InstanceId, timeout: float | None = None) -> list[str]:
         """The handler names ``peer`` serves, sorted (the system's ``_`` names included).
@@ -932,7 +939,7 @@ class Messenger(TransportHandler):
         ``timeout`` defaults to ``MessengerConfig.default_timeout``; raises as :meth:`unary`.
         """
         names: list[str] = msgpack.unpackb(
-            await self.unary(peer, "_list_handlers", timeout=timeout)
+            await self.unary(peer, LIST_HANDLERS_HANDLER, timeout=timeout)
         )
         return names
 

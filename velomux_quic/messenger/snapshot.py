@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .peers import PeerRecord
+from ..discovery import PeerRecord
 
 __all__ = ["MessengerSnapshot"]
 

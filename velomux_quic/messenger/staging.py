@@ -16,8 +16,8 @@ import struct
 from collections.abc import Callable
 from enum import IntEnum
 
+from ..errors import StagingFull
 from ..ids import InstanceId
-from .errors import StagingFull
 
 __all__ = ["PullOp", "ReleaseCallback", "StagingStore", "decode_pull", "encode_pull"]
 

@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 from ..errors import ConfigurationError
 
 __all__ = [
+    "CHAPTER_DISABLE_ENV",
     "DISABLE_ENV",
+    "DISABLE_ENVS",
     "AutoFlush",
     "FlushPolicy",
     "Manual",
@@ -30,15 +32,23 @@ __all__ = [
 KiB = 1024
 MiB = 1024 * KiB
 
-DISABLE_ENV = "VELO_MESSENGER_MUX_DISABLE"
+DISABLE_ENV = "VELOMUX_MUX_DISABLE"
+"""The mux's rollback switch: ``VELOMUX_MUX_DISABLE=1`` runs a node on the per-stream path."""
+
+CHAPTER_DISABLE_ENV = "VELO_MESSENGER_MUX_DISABLE"
+"""The same switch under the name the design chapter and its runbooks use, read too (and
+not deprecated: an operator following the chapter must find it working)."""
+
+DISABLE_ENVS = (DISABLE_ENV, CHAPTER_DISABLE_ENV)
 _TRUE = frozenset({"1", "true", "yes", "on"})
 
 
 def mux_disabled_by_env(environ: dict[str, str] | None = None) -> bool:
-    """``VELO_MESSENGER_MUX_DISABLE`` is read once at node build; only 1/true/yes/on
-    (any case) disable the mux, so a stray value never silently turns it off."""
-    value = (environ if environ is not None else os.environ).get(DISABLE_ENV, "")
-    return value.strip().lower() in _TRUE
+    """``VELOMUX_MUX_DISABLE`` (or the chapter's ``VELO_MESSENGER_MUX_DISABLE``) is read
+    once at node build; only 1/true/yes/on (any case) disable the mux, so a stray value
+    never silently turns it off."""
+    env = environ if environ is not None else os.environ
+    return any(env.get(name, "").strip().lower() in _TRUE for name in DISABLE_ENVS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +167,6 @@ class MuxConfig:
         if not enabled and self.mux_only:
             raise ConfigurationError(
                 "the mux is disabled (MuxConfig.enabled=False or "
-                f"{DISABLE_ENV}) on a mux-only node; remove mux_only to roll back"
+                f"{DISABLE_ENV}=1) on a mux-only node; remove mux_only to roll back"
             )
         return enabled

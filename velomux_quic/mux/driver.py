@@ -25,10 +25,10 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any, Final
 
+from ..errors import ChannelClosed, TransportError
 from ..ids import InstanceId
 from ..messenger import Messenger
-from ..streaming.errors import ChannelClosed
-from ..transport import SendAdmission, TransportError
+from ..transport import SendAdmission
 from .egress import EgressBatcher, EgressSlot, OutgoingBatch, SlotOwner
 from .handlers import BATCH_HANDLER_NAMES
 from .protocol import CloseReason

@@ -96,7 +96,6 @@ __all__ = [
     "COALESCE_THRESHOLD",
     "MAX_LANES",
     "MAX_RECORDS",
-    "MESSENGER_MUX_KEY",
     "MIN_BATCH_CAP",
     "MUX_VERSION",
     "RECORD_HEADER",
@@ -142,9 +141,6 @@ __all__ = [
 
 MUX_VERSION: Final = 2
 """The ``mux_version`` byte of every batch; anything else is refused."""
-
-MESSENGER_MUX_KEY: Final = "messenger-mux-v2"
-"""The streaming transport key both sides name when an attach selects the mux."""
 
 BATCH_HEADER: Final = struct.Struct(">BBHQI")
 """mux_version, flags, record_count, peer_epoch, batch_seq."""

@@ -22,9 +22,10 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from ..errors import ChannelClosed
 from ..ids import InstanceId
 from ..messenger import Context, Messenger
-from ..streaming.errors import ChannelClosed
+from ..streaming.control import MESSENGER_MUX_KEY
 from ..streaming.frames import DETACHED
 from ..streaming.transports import AttachTerms, BindTerms
 from .binds import Bind, BindBook
@@ -37,7 +38,6 @@ from .health import PeerHealth
 from .ingress import IngressTable, MuxIngressStats
 from .protocol import (
     MAX_LANES,
-    MESSENGER_MUX_KEY,
     CloseReason,
     LifecycleAction,
     MalformedBatch,

@@ -5,16 +5,29 @@ certificate carries its InstanceId as ``spiffe://<trust-domain>/instance/<uuid>`
 :class:`PeerVerifier` turns a verified certificate into that InstanceId on both sides of
 every connection. Nothing here imports aioquic; the hook that runs the verifier inside
 aioquic's handshake lives in ``security.tls``.
+
+What this package exports is the certificate toolkit the ``velomux certs`` commands and
+the probe are built on (a CA, issuing and reading node credentials and their files,
+summarising and verifying a certificate); the rest of its modules are the transport's.
 """
 
+from velomux_quic.security._files import certificates_pem, read_certificates, write_public
 from velomux_quic.security.certs import (
+    CA_CERT_FILE,
+    CA_KEY_FILE,
+    NODE_CERT_FILE,
+    NODE_KEY_FILE,
+    NODE_META_FILE,
+    TRUST_ROOTS_FILE,
+    AnyIPAddress,
     CertificateAuthority,
-    CredentialsError,
     NodeCredentials,
     ensure_dev_cluster,
     generate_private_key,
     issue_node_certificate,
     load_trust_roots,
+    recorded_instance_id,
+    spiffe_uris,
 )
 from velomux_quic.security.identity import (
     DEFAULT_TRUST_DOMAIN,
@@ -23,28 +36,35 @@ from velomux_quic.security.identity import (
     spiffe_uri,
     validate_trust_domain,
 )
-from velomux_quic.security.verify import (
-    PeerRole,
-    PeerVerificationError,
-    PeerVerifier,
-    RefusalReason,
-)
+from velomux_quic.security.rotation import CertificateSummary, summarize_certificate
+from velomux_quic.security.verify import PeerRole, PeerVerifier
 
 __all__ = [
+    "CA_CERT_FILE",
+    "CA_KEY_FILE",
     "DEFAULT_TRUST_DOMAIN",
+    "NODE_CERT_FILE",
+    "NODE_KEY_FILE",
+    "NODE_META_FILE",
+    "TRUST_ROOTS_FILE",
+    "AnyIPAddress",
     "CertificateAuthority",
-    "CredentialsError",
+    "CertificateSummary",
     "NodeCredentials",
     "PeerRole",
-    "PeerVerificationError",
     "PeerVerifier",
-    "RefusalReason",
+    "certificates_pem",
     "ensure_dev_cluster",
     "generate_private_key",
     "instance_from_spiffe",
     "issue_node_certificate",
     "load_trust_roots",
     "parse_spiffe",
+    "read_certificates",
+    "recorded_instance_id",
     "spiffe_uri",
+    "spiffe_uris",
+    "summarize_certificate",
     "validate_trust_domain",
+    "write_public",
 ]

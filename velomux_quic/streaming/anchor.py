@@ -33,8 +33,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final, Generic, NoReturn, Protocol, TypeVar
 
-from ..ids import InstanceId, StreamAnchorHandle
-from .errors import (
+from ..errors import (
     DeserializationError,
     ReadTimeout,
     SenderDropped,
@@ -43,6 +42,7 @@ from .errors import (
     StreamTransportError,
     UsageError,
 )
+from ..ids import InstanceId, StreamAnchorHandle
 from .frames import FrameDecodeError, FrameKind, decode_frame, shutdown_message
 from .inbox import Inbox
 from .watchdog import WatchdogClock

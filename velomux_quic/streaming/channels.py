@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import Protocol
 
-from .errors import ChannelClosed
+from ..errors import ChannelClosed
 from .inbox import Inbox
 
 __all__ = ["InboxChannel", "ProducerChannel"]

@@ -71,16 +71,19 @@ from ..ids import StreamAnchorHandle
 from ..transport.config import MAX_LANES
 
 __all__ = [
+    "ATTACH_HANDLER",
+    "CANCEL_HANDLER",
     "DEFAULT_HEARTBEAT_INTERVAL_MS",
     "MAX_LANES",
     "MESSENGER_MUX_KEY",
+    "MPSC_ATTACH_HANDLER",
     "PER_STREAM_KEY",
+    "STOP_HANDLER",
     "AnchorAttachErr",
     "AnchorAttachOk",
     "AnchorAttachRequest",
     "AnchorAttachResponse",
     "AnchorRef",
-    "ControlDecodeError",
     "MpscAnchorAttachErr",
     "MpscAnchorAttachOk",
     "MpscAnchorAttachRequest",
@@ -95,6 +98,18 @@ MESSENGER_MUX_KEY: Final = "messenger-mux-v2"
 
 PER_STREAM_KEY: Final = "quic-stream-v1"
 """The transport key of the one-QUIC-stream-per-stream path, the fallback every node serves."""
+
+ATTACH_HANDLER: Final = "_anchor_attach"
+"""The system handler an attach to a single-sender anchor calls (an AnchorAttachRequest)."""
+
+MPSC_ATTACH_HANDLER: Final = "_mpsc_anchor_attach"
+"""The system handler an attach to an MPSC anchor calls (an MpscAnchorAttachRequest)."""
+
+CANCEL_HANDLER: Final = "_stream_cancel"
+"""The system handler a consumer's node tells a producer's that a stream was cancelled."""
+
+STOP_HANDLER: Final = "_stream_stop"
+"""The system handler a consumer's node tells a producer's to stop a stream it gave up."""
 
 DEFAULT_HEARTBEAT_INTERVAL_MS: Final = 5000
 """What an attach response without ``heartbeat_interval_ms`` means: the cadence before the field."""

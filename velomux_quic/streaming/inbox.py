@@ -28,7 +28,7 @@ import asyncio
 from collections import deque
 from typing import Protocol
 
-from .errors import ChannelClosed
+from ..errors import ChannelClosed
 
 __all__ = ["Feed", "Inbox"]
 

@@ -34,26 +34,35 @@ from collections import Counter
 from functools import partial
 from typing import Any, Protocol
 
-from ..errors import ConfigurationError
+from ..errors import (
+    AlreadyAttached,
+    AnchorNotFound,
+    ConfigurationError,
+    ControlDecodeError,
+    MaxSendersReached,
+    UsageError,
+)
+from ..eventlog import EventThrottle, log_event
 from ..ids import InstanceId, StreamAnchorHandle, WorkerId, worker_id_of
-from ..logs import EventThrottle, log_event
 from ..messenger import Context, Messenger
 from ..transport import CONTROL_LANE
 from .anchor import AnchorEntry, MpscAnchor, RemoteSender, StreamAnchor
 from .config import StreamingConfig
 from .control import (
+    ATTACH_HANDLER,
+    CANCEL_HANDLER,
     MESSENGER_MUX_KEY,
+    MPSC_ATTACH_HANDLER,
     PER_STREAM_KEY,
+    STOP_HANDLER,
     AnchorAttachErr,
     AnchorAttachOk,
     AnchorAttachRequest,
-    ControlDecodeError,
     MpscAnchorAttachOk,
     MpscAnchorAttachRequest,
     StreamControl,
     StreamOpenTicket,
 )
-from .errors import AlreadyAttached, AnchorNotFound, MaxSendersReached, UsageError
 from .frames import DROPPED
 from .inbox import Inbox
 from .metrics import StreamingMetrics
@@ -127,8 +136,8 @@ class AnchorManager:
         self._producer = AnchorProducer(
             messenger, self.config, self._metrics, self.transports, self
         )
-        messenger.register_system("_anchor_attach", partial(self._attach_handler, mpsc=False))
-        messenger.register_system("_mpsc_anchor_attach", partial(self._attach_handler, mpsc=True))
+        messenger.register_system(ATTACH_HANDLER, partial(self._attach_handler, mpsc=False))
+        messenger.register_system(MPSC_ATTACH_HANDLER, partial(self._attach_handler, mpsc=True))
         self._per_stream: PerStreamTransport | None = None
         if per_stream:  # a mux-only node installs no per-stream listener
             self._per_stream = PerStreamTransport(messenger, self.config, self._metrics)
@@ -269,7 +278,7 @@ class AnchorManager:
         self.finish_anchor(local_id)
         for sender in remote:
             if sender.node is not None and sender.sender_stream_id:
-                self._notify(sender.node, "_stream_cancel", sender.sender_stream_id)
+                self._notify(sender.node, CANCEL_HANDLER, sender.sender_stream_id)
         self._producer.cancel_local_senders(local_id, local)
         self._metrics.anchor_operations.labels("cancel", "success", "local").inc()
 
@@ -281,7 +290,7 @@ class AnchorManager:
         mux = self._zero_rtt.mux
         for sender in entry.senders.values():
             if sender.node is not None and sender.sender_stream_id:
-                self._notify(sender.node, "_stream_stop", sender.sender_stream_id)
+                self._notify(sender.node, STOP_HANDLER, sender.sender_stream_id)
             elif mux is not None and not sender.sender_stream_id:
                 mux.post_stream_lifecycle(entry, sender, stop=True)
         self._producer.stop_local_senders(local_id)
@@ -600,7 +609,7 @@ class AnchorManager:
             )
         self.end_remote(entry, remote, dropped=True)
         if remote.node is not None and remote.sender_stream_id:
-            self._notify(remote.node, "_stream_cancel", remote.sender_stream_id)
+            self._notify(remote.node, CANCEL_HANDLER, remote.sender_stream_id)
 
     # -- consumer: cancel and stop sent to a remote producer -----------------------------
 

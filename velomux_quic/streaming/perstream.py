@@ -27,10 +27,9 @@ import struct
 from collections import deque
 from typing import TYPE_CHECKING
 
-from ..errors import FrameTooLarge
+from ..errors import AdmissionError, ChannelClosed, FrameTooLarge
 from ..ids import InstanceId
 from ..transport import (
-    AdmissionError,
     CloseCode,
     FrameDecoder,
     PeerLink,
@@ -43,7 +42,6 @@ from ..transport import (
 )
 from .config import StreamingConfig
 from .control import PER_STREAM_KEY
-from .errors import ChannelClosed
 from .frames import DETACHED, HEARTBEAT, encode_transport_error, is_terminal_sentinel
 from .snapshot import PerStreamSnapshot
 from .transports import AttachTerms, BindTerms

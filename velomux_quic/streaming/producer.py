@@ -27,31 +27,37 @@ import time
 from collections import Counter
 from typing import Protocol
 
-from ..errors import PeerGone, UnaryTimeout
+from ..errors import (
+    AlreadyAttached,
+    AnchorNotFound,
+    AttachError,
+    AttachRefused,
+    CallError,
+    ControlDecodeError,
+    MaxSendersReached,
+    PeerGone,
+    TicketError,
+    UnaryTimeout,
+    WrongHandleKind,
+)
 from ..ids import InstanceId, StreamAnchorHandle, WorkerId, worker_id_of
-from ..messenger import CallError, Context, Messenger
+from ..messenger import Context, Messenger
 from ..transport import CONTROL_LANE
 from .channels import InboxChannel
 from .config import StreamingConfig
 from .control import (
+    ATTACH_HANDLER,
+    CANCEL_HANDLER,
+    MPSC_ATTACH_HANDLER,
+    STOP_HANDLER,
     AnchorAttachOk,
     AnchorAttachRequest,
     AnchorAttachResponse,
-    ControlDecodeError,
     MpscAnchorAttachOk,
     MpscAnchorAttachRequest,
     MpscAnchorAttachResponse,
     StreamControl,
     StreamOpenTicket,
-)
-from .errors import (
-    AlreadyAttached,
-    AnchorNotFound,
-    AttachError,
-    AttachRefused,
-    MaxSendersReached,
-    TicketError,
-    WrongHandleKind,
 )
 from .frames import HEARTBEAT
 from .inbox import Inbox
@@ -146,8 +152,8 @@ class AnchorProducer:
         self._idle = asyncio.Event()
         self._idle.set()
         self._closed = False
-        messenger.register_system("_stream_cancel", self._cancel_handler)
-        messenger.register_system("_stream_stop", self._stop_handler)
+        messenger.register_system(CANCEL_HANDLER, self._cancel_handler)
+        messenger.register_system(STOP_HANDLER, self._stop_handler)
 
     # -- attach ----------------------------------------------------------------------
 
@@ -192,7 +198,7 @@ class AnchorProducer:
                 try:
                     raw = await self._messenger.unary(
                         peer,
-                        "_mpsc_anchor_attach" if mpsc else "_anchor_attach",
+                        MPSC_ATTACH_HANDLER if mpsc else ATTACH_HANDLER,
                         request.encode(),
                         lane=CONTROL_LANE,  # never behind the data queued on the lanes
                         timeout=max(0.0, deadline - time.monotonic()),

@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal, Protocol
 
+from ..errors import ChannelClosed, SendTimeout, SerializationError, UsageError
 from ..ids import InstanceId, StreamAnchorHandle
 from .channels import ProducerChannel
-from .errors import ChannelClosed, SendTimeout, SerializationError, UsageError
 from .frames import (
     DETACHED,
     DROPPED,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
+from ..errors import TicketError
 from ..ids import InstanceId, StreamAnchorHandle
 from .anchor import AnchorEntry, RemoteSender
 from .control import (
@@ -25,7 +26,6 @@ from .control import (
     MpscAnchorAttachRequest,
     StreamOpenTicket,
 )
-from .errors import TicketError
 from .metrics import StreamingMetrics
 from .transports import BindTerms, PrebindTransport
 

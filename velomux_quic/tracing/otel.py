@@ -36,6 +36,7 @@ from ..messenger import Context, Messenger
 from ..messenger.envelope import MAX_HEADER_VALUE_SIZE
 from ..messenger.headers import RESERVED_PREFIX, HeaderCodec
 from ..messenger.registry import Handler, HandlerSpec
+from ..streaming.control import ATTACH_HANDLER, MPSC_ATTACH_HANDLER
 from ..streaming.manager import AnchorManager
 from ..streaming.sender import Retired, StreamSender
 
@@ -43,7 +44,7 @@ __all__ = ["ATTACH_HANDLERS", "TRACER_NAME", "NodeTracing"]
 
 TRACER_NAME = "velomux_quic"
 
-ATTACH_HANDLERS = ("_anchor_attach", "_mpsc_anchor_attach")
+ATTACH_HANDLERS = (ATTACH_HANDLER, MPSC_ATTACH_HANDLER)
 """The streaming layer's attach handlers, answered inside ``velomux.attach.accept``."""
 
 

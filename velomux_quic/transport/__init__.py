@@ -9,20 +9,6 @@ the stream events of :mod:`.events` with their :class:`PeerLink`, the per-stream
 from .admission import ADMITTED, AdmissionState, Admitted, SendAdmission, SendOutcome
 from .config import MAX_LANES, TransportConfig
 from .endpoint import Address, QuicTransport
-from .errors import (
-    AdmissionCancelled,
-    AdmissionError,
-    ChannelClosed,
-    ConnectionReplaced,
-    DialError,
-    LaneError,
-    MessageTooLarge,
-    PeerNotRegistered,
-    RequestRefused,
-    ResponseTooLarge,
-    TransportClosed,
-    TransportError,
-)
 from .events import PeerLink, StreamData, StreamReset, StreamStopped
 from .framing import FrameDecoder
 from .handler import TransportHandler
@@ -36,32 +22,20 @@ __all__ = [
     "CONTROL_LANE",
     "MAX_LANES",
     "Address",
-    "AdmissionCancelled",
-    "AdmissionError",
     "AdmissionState",
     "Admitted",
-    "ChannelClosed",
     "CloseCode",
-    "ConnectionReplaced",
     "ConnectionSnapshot",
-    "DialError",
     "FrameDecoder",
-    "LaneError",
-    "MessageTooLarge",
     "PeerLink",
-    "PeerNotRegistered",
     "PerStreamOutbound",
     "QuicTransport",
-    "RequestRefused",
-    "ResponseTooLarge",
     "SendAdmission",
     "SendOutcome",
     "StreamData",
     "StreamReset",
     "StreamStopped",
-    "TransportClosed",
     "TransportConfig",
-    "TransportError",
     "TransportHandler",
     "TransportSnapshot",
     "lane_of_stream",

@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Callable, Generator
 from typing import Any, Final, final
 
-from .errors import AdmissionCancelled, AdmissionError
+from ..errors import AdmissionCancelled, AdmissionError
 
 __all__ = [
     "ADMITTED",

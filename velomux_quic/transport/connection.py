@@ -33,12 +33,12 @@ from typing import Protocol
 from aioquic.quic import events as quic_events
 from aioquic.quic.packet import QuicErrorCode
 
+from ..errors import ChannelClosed, ConnectionReplaced, DialError
 from ..ids import InstanceId
 from ..security.tls import parse_refusal_reason
 from .admission import SendOutcome, SharedRoom
 from .config import MAX_LANES, TransportConfig
 from .engine import EngineConnection
-from .errors import ChannelClosed, ConnectionReplaced, DialError
 from .events import PeerLink, StreamData, StreamReset, StreamStopped
 from .framing import FrameTooLarge
 from .handler import TransportHandler

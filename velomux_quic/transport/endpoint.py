@@ -31,9 +31,18 @@ from aioquic.quic.retry import QuicRetryTokenHandler
 from cryptography.hazmat.primitives import serialization
 from prometheus_client.registry import CollectorRegistry
 
-from ..errors import ConfigurationError, CredentialsError
+from ..errors import (
+    ChannelClosed,
+    ConfigurationError,
+    CredentialsError,
+    DialError,
+    LaneError,
+    MessageTooLarge,
+    PeerNotRegistered,
+    TransportClosed,
+)
+from ..eventlog import log_event
 from ..ids import InstanceId
-from ..logs import log_event
 from ..security.certs import NodeCredentials
 from ..security.rotation import (
     CertificateSummary,
@@ -47,14 +56,6 @@ from .admission import SendOutcome
 from .config import MAX_LANES, TransportConfig
 from .connection import CloseCode, ConnectionState, PeerConnection
 from .engine import EngineConnection
-from .errors import (
-    ChannelClosed,
-    DialError,
-    LaneError,
-    MessageTooLarge,
-    PeerNotRegistered,
-    TransportClosed,
-)
 from .handler import TransportHandler
 from .handshakes import HandshakeBudget, Verdict
 from .lanes import CONTROL_LANE

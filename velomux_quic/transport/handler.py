@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import logging
 
+from ..errors import RequestRefused, TransportError
 from ..ids import InstanceId
-from .errors import RequestRefused, TransportError
 from .events import PeerLink, StreamData, StreamReset, StreamStopped
 
 __all__ = ["TransportHandler"]

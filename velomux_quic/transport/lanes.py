@@ -11,10 +11,10 @@ import contextlib
 from collections import deque
 from typing import Protocol
 
+from ..errors import ChannelClosed
 from .admission import ADMITTED, LaneGate, SendOutcome
 from .config import MAX_LANES
 from .engine import EngineConnection
-from .errors import ChannelClosed
 from .framing import FRAME_HEADER_SIZE, FrameDecoder, frame_header
 from .metrics import TransportStats
 

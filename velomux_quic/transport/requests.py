@@ -28,7 +28,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from .errors import ChannelClosed, RequestRefused, ResponseTooLarge
+from ..errors import ChannelClosed, RequestRefused, ResponseTooLarge
 
 if TYPE_CHECKING:
     from ..ids import InstanceId

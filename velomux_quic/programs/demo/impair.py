@@ -1,6 +1,6 @@
 """``--impair loss=1%,delay=5ms``: the project's UDP impairment proxy in front of the engine.
 
-The proxy (:mod:`velomux_quic.demo.proxy`, which the test suite and the benchmarks use too)
+The proxy (:mod:`velomux_quic.programs.demo.proxy`, which the test suite and the benchmarks use too)
 runs as a process of its own, which keeps its CPU out of the engine's figures. The
 frontends dial the proxy; the engine learns each frontend's return address from its
 connection's source, the proxy's upstream socket, so both directions of both connections
@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ConfigurationError
+from velomux_quic import ConfigurationError
 
 __all__ = ["Impairment", "parse_impairment", "proxy_in_front_of"]
 
@@ -83,7 +83,7 @@ async def proxy_in_front_of(
     in once it stopped)."""
     host, port = target
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "velomux_quic.demo.proxy", "--target", f"{host}:{port}",
+        sys.executable, "-m", "velomux_quic.programs.demo.proxy", "--target", f"{host}:{port}",
         "--loss", str(impairment.loss), "--delay-ms", str(impairment.delay_ms),
         "--jitter-ms", str(impairment.jitter_ms), "--seed", "1",
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,

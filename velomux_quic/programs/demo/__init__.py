@@ -35,9 +35,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigurationError
+from velomux_quic import ConfigurationError, ensure_dev_cluster
+
 from ..runtime import run
-from ..security.certs import ensure_dev_cluster
 from .engine import ArmResult, DemoFailure, run_quic_arm
 from .grpc_arm import grpc_unavailable, run_grpc_arm
 from .impair import Impairment, parse_impairment
@@ -184,7 +184,8 @@ def _main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def add_demo_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``velomux demo`` (its frontends run as ``python -m velomux_quic.demo.frontend``)."""
+    """Add ``velomux demo`` (its frontends run as ``python -m
+    velomux_quic.programs.demo.frontend``)."""
     demo = commands.add_parser(
         "demo",
         help="an engine streams tokens to two frontend processes, measured",

@@ -20,16 +20,12 @@ from pathlib import Path
 
 from cryptography import x509
 
-from velomux_quic.ids import InstanceId, new_instance_id
-from velomux_quic.security._files import (
-    CredentialsError,
-    certificates_pem,
-    read_certificates,
-    write_public,
-)
-from velomux_quic.security.certs import (
+from velomux_quic import CredentialsError, InstanceId
+from velomux_quic.ids import new_instance_id
+from velomux_quic.security import (
     CA_CERT_FILE,
     CA_KEY_FILE,
+    DEFAULT_TRUST_DOMAIN,
     NODE_CERT_FILE,
     NODE_KEY_FILE,
     NODE_META_FILE,
@@ -37,13 +33,16 @@ from velomux_quic.security.certs import (
     AnyIPAddress,
     CertificateAuthority,
     NodeCredentials,
+    certificates_pem,
     ensure_dev_cluster,
     issue_node_certificate,
     load_trust_roots,
+    read_certificates,
     recorded_instance_id,
+    summarize_certificate,
+    validate_trust_domain,
+    write_public,
 )
-from velomux_quic.security.identity import DEFAULT_TRUST_DOMAIN, validate_trust_domain
-from velomux_quic.security.rotation import summarize_certificate
 
 __all__ = ["add_certs_commands"]
 

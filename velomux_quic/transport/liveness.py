@@ -23,8 +23,8 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterable
 
-from .ids import InstanceId
-from .transport.endpoint import QuicTransport
+from ..ids import InstanceId
+from .endpoint import QuicTransport
 
 __all__ = ["StaticPeerLiveness"]
 

@@ -1,7 +1,7 @@
 """The demo's decode engine (this process) and one run of a QUIC arm against two frontends.
 
 The engine starts its node, then two frontend processes (``python -m
-velomux_quic.demo.frontend``), each owning every other request. They register their
+velomux_quic.programs.demo.frontend``), each owning every other request. They register their
 requests with ``GENERATE`` calls; once all have arrived the engine opens every stream
 (from its zero-RTT ticket on the mux arm, by attaching on the per-stream arm) and runs
 paced forward passes: every ``pace_ms`` one token per live request, each stamped with
@@ -29,13 +29,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..ids import StreamAnchorHandle
-from ..messenger.registry import Context
-from ..mux.config import Manual, MuxConfig
-from ..node import Node, open_node
-from ..streaming.control import StreamOpenTicket
-from ..streaming.sender import Retired, StreamSender
-from ..transport.config import TransportConfig
+from velomux_quic import (
+    Context,
+    Manual,
+    MuxConfig,
+    Node,
+    Retired,
+    StreamAnchorHandle,
+    StreamOpenTicket,
+    StreamSender,
+    TransportConfig,
+    open_node,
+)
+
 from .impair import Impairment, proxy_in_front_of
 from .measure import CpuWindow, counters_since, live_slots, percentile_ms, read_counters
 from .progress import Display
@@ -90,7 +96,7 @@ class _Inbox:
 
 
 class Frontends:
-    """The frontend processes (``python -m velomux_quic.demo.frontend``): started, watched
+    """The frontend processes (``python -m velomux_quic.programs.demo.frontend``): started, watched
     (one that dies fails the run at once, with the end of its stderr), and gone when the
     run ends however it ends."""
 
@@ -109,7 +115,7 @@ class Frontends:
         stdout = asyncio.subprocess.DEVNULL if progress is None else asyncio.subprocess.PIPE
         with log.open("wb") as stderr:
             process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "velomux_quic.demo.frontend", *arguments,
+                sys.executable, "-m", "velomux_quic.programs.demo.frontend", *arguments,
                 stdin=asyncio.subprocess.DEVNULL, stdout=stdout,
                 stderr=stderr, env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )  # fmt: skip

@@ -3,7 +3,7 @@
 This process is the engine, a grpc.aio server (:class:`~.grpc_tokens.TokenServer`, the
 same code ``perf/tokens.py --impl grpc`` runs) with TLS from the engine's certificates
 and client certificates required; the two frontends (``python -m
-velomux_quic.demo.frontend --arm grpc``) open one server-streaming RPC per request on
+velomux_quic.programs.demo.frontend --arm grpc``) open one server-streaming RPC per request on
 one channel each. The passes, the token (the same MessagePack ``[stream, step, stamp]``
 the QUIC arms send), the checks and the latency samples are the QUIC arms'. What it
 cannot report is marked n/a: datagrams and records per write (gRPC runs over TCP and

@@ -1,6 +1,6 @@
 """A demo frontend (a child process): requests out, every token checked, a report back.
 
-The engine starts each frontend as ``python -m velomux_quic.demo.frontend`` with the
+The engine starts each frontend as ``python -m velomux_quic.programs.demo.frontend`` with the
 arguments of :func:`build_parser`; it is no command of its own.
 
 On a QUIC arm it registers each of its requests the way a serving frontend would: it
@@ -28,13 +28,17 @@ from typing import Any
 
 from msgpack import unpackb  # type: ignore[import-untyped]
 
-from ..errors import TicketError
-from ..ids import InstanceId
-from ..messenger import PeerRecord
-from ..node import Node, open_node
+from velomux_quic import (
+    InstanceId,
+    Node,
+    PeerRecord,
+    StreamAnchor,
+    TicketError,
+    TransportConfig,
+    open_node,
+)
+
 from ..runtime import run
-from ..streaming.anchor import StreamAnchor
-from ..transport.config import TransportConfig
 from .measure import CpuWindow, counters_since, live_slots, read_counters
 from .protocol import (
     ARMS,
@@ -224,7 +228,7 @@ async def grpc_frontend_main(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The frontend's arguments, all given by the engine that starts it."""
     parser = argparse.ArgumentParser(
-        prog="python -m velomux_quic.demo.frontend",
+        prog="python -m velomux_quic.programs.demo.frontend",
         description="A frontend process of `velomux demo`, started by its engine.",
     )
     parser.add_argument("--credentials", type=Path, required=True, help="its node directory")

@@ -53,7 +53,7 @@ In-process::
 
 As its own process (so it does not compete for the CPU of the process it measures)::
 
-    python -m velomux_quic.demo.proxy --target 127.0.0.1:4433 --loss 0.01 --delay-ms 5
+    python -m velomux_quic.programs.demo.proxy --target 127.0.0.1:4433 --loss 0.01 --delay-ms 5
 
 prints ``{"host": ..., "port": ...}`` on one line once it listens, runs until SIGTERM,
 SIGINT or end of its standard input, then prints ``{"counters": {...}}`` and exits 0.
@@ -65,7 +65,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import random
 import signal
 import socket
@@ -74,6 +73,8 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from ..runtime import run
 
 __all__ = [
     "DIRECTIONS",
@@ -634,7 +635,7 @@ def _address(text: str) -> tuple[str, int]:
 
 def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m velomux_quic.demo.proxy",
+        prog="python -m velomux_quic.programs.demo.proxy",
         description="A UDP proxy that adds loss, delay, jitter and reordering, each way.",
     )
     parser.add_argument("--target", type=_address, required=True, help="HOST:PORT to forward to")
@@ -724,19 +725,6 @@ async def serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop when installed (the proxy should cost as little CPU as it can), unless
-    ``VELOMUX_NO_UVLOOP`` asks for plain asyncio."""
-    if os.environ.get("VELOMUX_NO_UVLOOP", "").lower() in ("1", "true", "yes", "on"):
-        return None
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
-    return factory
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_arguments(argv)
     try:
@@ -744,8 +732,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"impair proxy: {exc}", file=sys.stderr)
         return 2
-    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        return runner.run(serve(args))
+    # uvloop where installed (the proxy should cost as little CPU as it can), as every
+    # program here runs, unless VELOMUX_NO_UVLOOP asks for plain asyncio.
+    return run(serve(args))
 
 
 if __name__ == "__main__":

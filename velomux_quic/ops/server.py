@@ -11,11 +11,8 @@ seconds to send it, ``max_connections`` at once (the next is answered 503 and cl
 ``/metrics`` is the node's registry through prometheus-client's own exposition and
 content negotiation (the text format, or OpenMetrics when the Accept header asks for it),
 gzip-compressed when the client accepts gzip. ``/healthz`` says the process is up.
-``/readyz`` says whether the node can do its job: its endpoint is bound, its discovery
-backend is connected (for a backend that reports it), and every peer it was configured
-with is reachable (a live outbound connection, or a ``_health`` answer within
-``OpsConfig.health_fresh_seconds``; otherwise a health check bounded by
-``OpsConfig.readiness_timeout`` is made). Both answer a small JSON body a person can read.
+``/readyz`` answers what :class:`~.readiness.PeerReadiness` finds (whether the node can
+do its job). Both answer a small JSON body a person can read.
 """
 
 from __future__ import annotations
@@ -26,18 +23,19 @@ import gzip
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import Counter, Gauge
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import CollectorRegistry
 
-from .errors import ConfigurationError, UsageError, VelomuxError
-from .ids import InstanceId
+from ..errors import ConfigurationError, UsageError
+from .config import OpsConfig
+from .readiness import ReadinessReport
 
-__all__ = ["OpsConfig", "OpsServer", "PeerReadiness", "ReadinessReport"]
+__all__ = ["OpsServer"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,153 +51,6 @@ _REASONS = {
     505: "HTTP Version Not Supported",
 }
 _PATHS = ("/metrics", "/healthz", "/readyz")
-
-
-@dataclass(frozen=True, slots=True)
-class OpsConfig:
-    """Bounds of the operations listener; the defaults suit a scraper and a probe."""
-
-    max_request_bytes: int = 8192
-    """The most bytes of request line and headers read from one client (431 above)."""
-    read_timeout: float = 5.0
-    """Seconds a client has to send its whole request head (408 after)."""
-    max_connections: int = 64
-    """Connections served at once; the next is answered 503 and closed."""
-    readiness_timeout: float = 2.0
-    """The bound on one ``/readyz`` evaluation's health checks of unconnected peers."""
-    health_fresh_seconds: float = 10.0
-    """How long a peer's successful health answer counts as reachable."""
-
-    def __post_init__(self) -> None:
-        for name in ("max_request_bytes", "max_connections"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ConfigurationError(f"OpsConfig.{name} must be a positive int, got {value!r}")
-        for name in ("read_timeout", "readiness_timeout", "health_fresh_seconds"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or value <= 0:
-                raise ConfigurationError(
-                    f"OpsConfig.{name} must be a positive number of seconds, got {value!r}"
-                )
-
-
-@dataclass(frozen=True, slots=True)
-class ReadinessReport:
-    """The answer of one readiness evaluation (the ``/readyz`` body)."""
-
-    ready: bool
-    checks: dict[str, Any] = field(default_factory=dict)
-    """Each check's name and result: ``"ok"`` or the reason it is not."""
-    not_ready: tuple[str, ...] = ()
-    """The names of the checks that failed."""
-
-    def to_json(self) -> dict[str, Any]:
-        """The JSON body ``/readyz`` answers."""
-        return {
-            "status": "ready" if self.ready else "not ready",
-            "not_ready": list(self.not_ready),
-            "checks": self.checks,
-        }
-
-
-class HealthChecker(Protocol):
-    """What readiness needs from the node's messenger (its ``check_health``)."""
-
-    async def check_health(self, peer: InstanceId, timeout: float | None = None) -> None:
-        """Raise when ``peer`` does not answer a health check in ``timeout`` seconds."""
-
-
-class PeerReadiness:
-    """The readiness of one node: bound, discovery connected, configured peers reachable.
-
-    ``endpoint_bound`` says whether the QUIC endpoint still listens;
-    ``discovery_connected`` is None for a node without discovery, else says whether its
-    backend is connected; ``connected_peers`` names the peers with a live outbound
-    connection (from the node's snapshot). Peers not connected get one health check,
-    all of them at once, bounded by ``OpsConfig.readiness_timeout``; one evaluation runs
-    at a time and concurrent probes share it, so a flood of probes costs one round.
-    """
-
-    def __init__(
-        self,
-        *,
-        required_peers: Iterable[InstanceId],
-        health: HealthChecker,
-        endpoint_bound: Callable[[], bool],
-        connected_peers: Callable[[], set[InstanceId]],
-        discovery_connected: Callable[[], bool] | None,
-        config: OpsConfig,
-    ) -> None:
-        self.required_peers = tuple(required_peers)
-        self._health = health
-        self._endpoint_bound = endpoint_bound
-        self._connected_peers = connected_peers
-        self._discovery_connected = discovery_connected
-        self._config = config
-        self._last_healthy: dict[InstanceId, float] = {}
-        self._running: asyncio.Future[ReadinessReport] | None = None
-
-    async def evaluate(self) -> ReadinessReport:
-        """Evaluate readiness (or join the evaluation in progress)."""
-        if self._running is None or self._running.done():
-            self._running = asyncio.ensure_future(self._evaluate())
-        return await asyncio.shield(self._running)
-
-    def forget(self, peer: InstanceId) -> None:
-        """``peer`` was found dead: its last good health answer no longer counts."""
-        self._last_healthy.pop(peer, None)
-
-    async def close(self) -> None:
-        """Cancel an evaluation in progress (the node is closing)."""
-        if self._running is not None and not self._running.done():
-            self._running.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._running
-
-    async def _evaluate(self) -> ReadinessReport:
-        checks: dict[str, Any] = {}
-        bound = self._endpoint_bound()
-        checks["endpoint"] = "ok" if bound else "not bound"
-        if self._discovery_connected is not None:
-            checks["discovery"] = "ok" if self._discovery_connected() else "not connected"
-        peers: dict[str, str] = {}
-        if bound:
-            connected = self._connected_peers()
-            now = time.monotonic()
-            pending: list[InstanceId] = []
-            for peer in self.required_peers:
-                fresh = (
-                    now - self._last_healthy.get(peer, -1e18) < self._config.health_fresh_seconds
-                )
-                if peer in connected or fresh:
-                    peers[str(peer)] = "ok"
-                else:
-                    pending.append(peer)
-            if pending:
-                results = await asyncio.gather(
-                    *(self._check(peer) for peer in pending), return_exceptions=False
-                )
-                for peer, result in zip(pending, results, strict=True):
-                    peers[str(peer)] = result
-        else:
-            peers = {str(peer): "endpoint not bound" for peer in self.required_peers}
-        if peers:
-            checks["peers"] = peers
-        not_ready = [name for name in ("endpoint", "discovery") if checks.get(name, "ok") != "ok"]
-        not_ready += [f"peer {peer}" for peer, result in peers.items() if result != "ok"]
-        return ReadinessReport(ready=not not_ready, checks=checks, not_ready=tuple(not_ready))
-
-    async def _check(self, peer: InstanceId) -> str:
-        timeout = self._config.readiness_timeout
-        try:
-            async with asyncio.timeout(timeout):
-                await self._health.check_health(peer, timeout=timeout)
-        except TimeoutError:
-            return f"no health answer within {timeout:g}s"
-        except VelomuxError as error:
-            return f"unreachable: {type(error).__name__}: {error}"
-        self._last_healthy[peer] = time.monotonic()
-        return "ok"
 
 
 class _OpsMetrics:

@@ -30,7 +30,6 @@ import argparse
 import asyncio
 import contextlib
 import errno
-import hashlib
 import json
 import logging
 import random
@@ -45,26 +44,29 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from cryptography import x509
-from cryptography.hazmat.primitives import serialization
 
-from .config import NodeConfig
-from .errors import (
+from velomux_quic import (
+    MESSENGER_MUX_KEY,
+    PER_STREAM_KEY,
     ConfigurationError,
     DialError,
+    InstanceId,
+    Node,
+    NodeConfig,
     PeerVerificationError,
+    StreamAnchor,
+    StreamAnchorHandle,
+    StreamOpenTicket,
+    StreamSender,
     TicketError,
     UnaryTimeout,
     UnknownHandler,
     VelomuxError,
 )
-from .ids import InstanceId, StreamAnchorHandle
-from .node import Node
-from .runtime import run
-from .security.verify import PeerVerifier
-from .service import ECHO_HANDLER, INFO_HANDLER, REPORT_HANDLER
-from .streaming.anchor import StreamAnchor
-from .streaming.control import MESSENGER_MUX_KEY, PER_STREAM_KEY, StreamOpenTicket
-from .streaming.sender import StreamSender
+from velomux_quic.security import PeerVerifier, spiffe_uris, summarize_certificate
+
+from .runtime import run, show_deprecated_settings
+from .sink import ECHO_HANDLER, INFO_HANDLER, REPORT_HANDLER
 
 __all__ = [
     "EXIT_FAILED",
@@ -224,6 +226,7 @@ class _Run:
 
     def __init__(self, node: Node, peer: InstanceId, options: ProbeOptions) -> None:
         self.node = node
+        self.mux = node.snapshot().mux is not None
         self.peer = peer
         self.options = options
         self.run_id = uuid.uuid4().hex
@@ -269,7 +272,7 @@ class _Run:
             )
             handle = StreamAnchorHandle(answer["handle"])
             async with asyncio.timeout(timeout):
-                if answer.get("ticket") and node.mux is not None:
+                if answer.get("ticket") and self.mux:
                     sender = await node.open_anchor_stream(
                         handle, StreamOpenTicket.decode(bytes.fromhex(answer["ticket"]))
                     )
@@ -442,9 +445,9 @@ def _listening(node: Node) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def _mux_sent(node: Node) -> tuple[float | None, float | None]:
+def _mux_sent(node: Node, mux: bool) -> tuple[float | None, float | None]:
     """(batches, data records) this node's mux has written, None without a mux."""
-    if node.mux is None:
+    if not mux:
         return None, None
     batches = node.registry.get_sample_value(
         "velo_streaming_mux_batches_total", {"direction": "sent"}
@@ -499,22 +502,12 @@ async def resolve_peer(node: Node, spec: str, peer_id: str | None) -> InstanceId
         ) from None
     if wanted is not None and wanted != instance:
         raise ConfigurationError(f"PEER {spec} and --peer-id {peer_id} disagree")
-    if not await node.messenger.resolve(instance):
+    if not await node.resolve_peer(instance):
         raise ConfigurationError(
             f"unknown peer {instance}: neither a [[peers]] entry nor discovery knows its "
             "address; add one, or give host:port with --peer-id"
         )
     return instance
-
-
-def _spiffe_id(certificate: x509.Certificate) -> str | None:
-    """The certificate's URI SAN (``spiffe://<trust domain>/instance/<uuid>``), if any."""
-    try:
-        names = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName)
-    except x509.ExtensionNotFound:
-        return None
-    uris = names.value.get_values_for_type(x509.UniformResourceIdentifier)
-    return uris[0] if uris else None
 
 
 def _certificate_facts(
@@ -528,12 +521,14 @@ def _certificate_facts(
     except (KeyError, ValueError) as error:
         return {"checked": False, "error": f"the peer reported no readable certificate: {error}"}
     leaf = chain[0]
+    summary = summarize_certificate(leaf)
+    spiffe = spiffe_uris(leaf)
     facts: dict[str, Any] = {
-        "serial": f"{leaf.serial_number:x}",
-        "sha256": hashlib.sha256(leaf.public_bytes(serialization.Encoding.DER)).hexdigest(),
-        "not_after": leaf.not_valid_after_utc.isoformat(),
-        "issuer": leaf.issuer.rfc4514_string(),
-        "spiffe_id": _spiffe_id(leaf),
+        "serial": summary.serial,
+        "sha256": summary.fingerprint,
+        "not_after": summary.not_after.isoformat(),
+        "issuer": summary.issuer,
+        "spiffe_id": spiffe[0] if spiffe else None,
         "presented_serial": presented_serial,
     }
     if presented_serial is not None and presented_serial != facts["serial"]:
@@ -543,7 +538,7 @@ def _certificate_facts(
             "error": f"the peer reports certificate serial {facts['serial']} but presented "
             f"{presented_serial} in the handshake",
         }
-    own = node.messenger.transport.credentials
+    own = node.credentials
     try:
         PeerVerifier(own.trust_roots, own.trust_domain).verify(
             leaf, chain[1:], role="server", expected=peer
@@ -555,8 +550,8 @@ def _certificate_facts(
 
 async def _identity(node: Node, peer: InstanceId, timeout: float) -> dict[str, Any]:
     """Dial the peer (mutual TLS), time the handshake, and read what it proved."""
-    credentials = node.messenger.transport.credentials
-    record = node.messenger.peers.get(peer)
+    credentials = node.credentials
+    record = node.peers.get(peer)
     identity: dict[str, Any] = {
         "verified": False,
         "instance_id": None,
@@ -570,7 +565,7 @@ async def _identity(node: Node, peer: InstanceId, timeout: float) -> dict[str, A
     began = time.perf_counter()
     try:
         async with asyncio.timeout(timeout):
-            await node.messenger.transport.connect(peer)
+            await node.connect(peer)
     except DialError as error:
         identity["refusal"] = {"reason": error.reason, "message": str(error)}
         return identity
@@ -590,7 +585,8 @@ async def _identity(node: Node, peer: InstanceId, timeout: float) -> dict[str, A
         request = json.dumps({"reply_to": _listening(node)}).encode()
         info = json.loads(await node.call(peer, INFO_HANDLER, request, timeout=timeout))
     except UnaryTimeout as error:
-        if not node.messenger.transport.is_connected(peer, outbound=False):
+        inbound = node.snapshot().transport.inbound_from(peer)
+        if not any(connection.state == "established" for connection in inbound):
             # The handshake worked, the answer never came, and the peer never dialed
             # back: it sends what is for this InstanceId to another address it knows.
             raise ConfigurationError(
@@ -629,7 +625,7 @@ async def _identity(node: Node, peer: InstanceId, timeout: float) -> dict[str, A
 async def _refuse_a_running_identity(node: Node) -> None:
     """A probe with a running node's credentials would look like that node to its peers
     (which close the older of two connections from one identity): refuse it."""
-    discovery = node.messenger.discovery
+    discovery = node.discovery
     if discovery is None:
         return
     record = await discovery.lookup(node.instance_id)
@@ -703,9 +699,9 @@ async def probe(config: NodeConfig, spec: str, options: ProbeOptions) -> dict[st
         stop_streams = streams.stop
         if interrupted:
             streams.stop.set()
-        before = _mux_sent(node)
+        before = _mux_sent(node, streams.mux)
         await streams.stream()
-        after = _mux_sent(node)
+        after = _mux_sent(node, streams.mux)
         await streams.reconcile()
         batches = data = None
         if before[0] is not None and after[0] is not None:
@@ -864,6 +860,7 @@ def probe_main(args: argparse.Namespace) -> int:
         format="velomux probe: log %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    show_deprecated_settings()
     try:
         options = ProbeOptions(
             streams=args.streams,

@@ -12,7 +12,7 @@ import resource
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..node import Node
+from velomux_quic import Node
 
 __all__ = ["COUNTERS", "CpuWindow", "live_slots", "percentile_ms", "read_counters"]
 

@@ -11,10 +11,10 @@ import sys
 import textwrap
 from collections.abc import Callable, Iterator, Sequence
 
-from velomux_quic.demo import add_demo_commands
-from velomux_quic.probe import add_probe_commands
-from velomux_quic.security.cli import add_certs_commands
-from velomux_quic.service import add_node_commands
+from velomux_quic.programs.certs import add_certs_commands
+from velomux_quic.programs.demo import add_demo_commands
+from velomux_quic.programs.probe import add_probe_commands
+from velomux_quic.programs.service import add_node_commands
 
 __all__ = ["HelpFormatter", "build_parser", "main", "parsers"]
 

@@ -1,72 +1,51 @@
-"""``velomux node --config node.toml``: one node run as a service, the sink of a probe.
+"""The probe's server side: the handlers ``velomux node`` serves for ``velomux probe``.
 
-The node starts from a :class:`~velomux_quic.NodeConfig` and registers the handler
-``velomux.sink``: a producer calls it (any payload) and gets back, as JSON, the handle
-of a fresh anchor on this node and, when the mux runs, a zero-RTT ticket for it
-(``{"handle": <int>, "ticket": <hex> | null}``); it then streams into that anchor. The
-node reads every such stream to its end and counts records and streams in its metrics
-(``velomux_sink_records_total``, ``velomux_sink_streams_total{outcome}``), so an
-operator or a probe can see what arrived.
-
-Every event is one line on standard output in ``key=value`` form (values with spaces
-quoted), flushed at once, so a supervisor or a test reads it as it happens; library log
-records go to standard error in the same form. SIGTERM or SIGINT stops it cleanly:
-its streams (the sink's inbound ones and any it produces) get ``drain_timeout`` seconds
-to finish, then the node closes (what is still open ends with the chapter's shutdown
-terminal; a sink stream cut this way is counted as ``cut_by_shutdown``) and the process
-exits 0. A bad
-configuration exits 2 with one line saying what is wrong and where. SIGHUP reads the
-configured credentials directory again (a renewed certificate, new trust roots) for new
-connections, printing ``credentials_reloaded`` or ``credentials_reload_failed``; a bad
-set leaves the running credentials in place and the node running.
+``velomux.sink`` hands a producer (any payload) the handle of a fresh anchor on this node
+and, when the mux runs, a zero-RTT ticket for it (``{"handle": <int>, "ticket": <hex> |
+null}``); the producer then streams into that anchor, which the sink reads to its end and
+counts (``velomux_sink_records_total``, ``velomux_sink_streams_total{outcome}``).
+``velomux.echo`` does the same and writes every record back to an anchor of the caller's,
+so a probe times a round trip on its own clock. ``velomux.sink.info`` says who this node
+is (and the certificate it presents), and ``velomux.sink.report`` what it counted per
+stream of a probe's run. Every bound is counted: open streams, runs waiting for their
+report, streams counted per run and in all.
 """
 
-# "The chapter" in this file is the Batched streaming chapter of the velo book, the
-# design this library implements (docs/architecture.md says how it is built):
-# https://github.com/ai-dynamo/velo/blob/main/docs/src/concepts/batched-streaming.md
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
-import logging
-import signal
-import sys
-import time
 import zlib
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from cryptography.hazmat.primitives import serialization
 from prometheus_client import Counter, Gauge
 
-from .config import NodeConfig
-from .errors import (
+from velomux_quic import (
     ConfigurationError,
+    Context,
+    InstanceId,
+    Node,
     SendError,
+    StreamAnchorHandle,
     StreamCancelled,
     StreamError,
+    StreamOpenTicket,
+    StreamSender,
     TicketError,
     VelomuxError,
 )
-from .ids import InstanceId, StreamAnchorHandle
-from .messenger.peers import PeerRecord
-from .messenger.registry import Context
-from .node import Node
-from .runtime import run
-from .streaming.control import StreamOpenTicket
-from .streaming.sender import StreamSender
+from velomux_quic.security import certificates_pem
 
 __all__ = [
     "ECHO_HANDLER",
     "INFO_HANDLER",
     "REPORT_HANDLER",
     "SINK_HANDLER",
-    "add_node_commands",
-    "format_event",
+    "Sink",
 ]
 
 SINK_HANDLER = "velomux.sink"
@@ -104,34 +83,6 @@ route back is released)."""
 
 ECHO_RETIRE_TIMEOUT = 30.0
 """Seconds an ended echo stream's last records get to leave before its route is released."""
-
-EXIT_BAD_CONFIG = 2
-
-
-def format_event(event: str, **fields: object) -> str:
-    """One structured line: ``ts=... event=... key=value ...`` (values quoted if needed)."""
-    parts = [f"ts={time.time():.3f}", f"event={event}"]
-    for key, value in fields.items():
-        text = str(value)
-        if not text or any(ch in text for ch in ' "=\n'):
-            text = json.dumps(text)
-        parts.append(f"{key}={text}")
-    return " ".join(parts)
-
-
-def _emit(event: str, **fields: object) -> None:
-    sys.stdout.write(format_event(event, **fields) + "\n")
-    sys.stdout.flush()
-
-
-class _KeyValueFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        return format_event(
-            "log",
-            level=record.levelname.lower(),
-            logger=record.name,
-            message=record.getMessage(),
-        )
 
 
 @dataclass(slots=True)
@@ -192,7 +143,7 @@ def _run_key(ctx: Context, request: dict[str, Any]) -> tuple[str, str]:
     return str(ctx.sender), run
 
 
-class _Sink:
+class Sink:
     """The streams producers opened into this node: read to the end and counted.
 
     A stream opened through ``velomux.sink`` is only read; one opened through
@@ -201,8 +152,12 @@ class _Sink:
     for the caller's ``velomux.sink.report`` (at most :data:`MAX_REPORTED_RUNS` runs).
     """
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: Node, emit: Callable[..., None]) -> None:
         self.node = node
+        self.emit = emit
+        """Where a stream's end is told: ``emit("stream_end", peer=..., ...)``."""
+        self.mux = node.snapshot().mux is not None
+        """Whether this node runs the mux (the probe's info says so)."""
         self.tasks: set[asyncio.Task[None]] = set()
         self.routes: dict[InstanceId, int] = {}
         """Callers added as peers for their echo streams, with the streams still open."""
@@ -246,18 +201,17 @@ class _Sink:
         :meth:`refresh_route`)."""
         with contextlib.suppress(ConfigurationError):
             self.refresh_route(ctx.sender, _reply_address(_request(ctx).get("reply_to")))
-        credentials = self.node.messenger.transport.credentials
-        pem = b"".join(
-            certificate.public_bytes(serialization.Encoding.PEM)
-            for certificate in (credentials.certificate, *credentials.chain)
-        )
+        credentials = self.node.credentials
+        record = self.node.record
         return json.dumps(
             {
                 "instance_id": str(self.node.instance_id),
-                "name": self.node.record.name,
-                "certificate": pem.decode(),
-                "mux": self.node.mux is not None,
-                "lanes": self.node.messenger.transport.config.lanes,
+                "name": record.name,
+                "certificate": certificates_pem(
+                    [credentials.certificate, *credentials.chain]
+                ).decode(),
+                "mux": self.mux,
+                "lanes": record.lanes,
             }
         ).encode()
 
@@ -372,10 +326,10 @@ class _Sink:
         elsewhere. A caller that comes back from another address while streams of its
         old run linger replaces them: its old connection is cut and the address updated.
         """
-        known = self.node.messenger.peers.get(peer)
+        known = self.node.peers.get(peer)
         if known is not None and peer not in self.routes:
             return  # configured or discovered: not ours to add or remove
-        address = reply_to or self.node.messenger.transport.peer_address(peer)
+        address = reply_to or self.node.peer_address(peer)
         if address is None:
             raise ConfigurationError(f"no route back to {peer}: add it as a peer")
         if known is None:
@@ -386,13 +340,12 @@ class _Sink:
 
     def refresh_route(self, peer: InstanceId, address: tuple[str, int] | None) -> None:
         """A caller this node added comes from another address than it was added at: it
-        restarted while streams of its old run linger (until their watchdogs). Cut the
-        connection to the old address and dial the new one, so replies reach it now."""
-        known = self.node.messenger.peers.get(peer)
+        restarted while streams of its old run linger (until their watchdogs). Adding it
+        at the new address cuts the connection to the old one, so replies reach it now."""
+        known = self.node.peers.get(peer)
         if peer not in self.routes or known is None or address in (None, known.address):
             return
         assert address is not None
-        self.node.messenger.transport.disconnect(peer, inbound=False)
         self.node.add_peer(peer, address)
 
     def release_route(self, peer: InstanceId) -> None:
@@ -452,181 +405,4 @@ class _Sink:
                 await back[1].aclose()
             self.release_route(back[0])
         self.streams.labels(outcome=outcome).inc()
-        _emit("stream_end", peer=peer, records=count.records, outcome=outcome)
-
-
-def _report_peers(node: Node) -> Callable[[], None]:
-    """One event line per peer the node knows now (``peer_joined``), then one per change:
-    ``peer_joined``, ``peer_moved`` (at a new address) or ``peer_left``, as discovery or
-    the configuration says; a record refreshed in place says nothing. Returns the call
-    that stops it."""
-    registry = node.messenger.peers
-    known: dict[InstanceId, tuple[str, int]] = {}
-
-    def report(record: PeerRecord, event: str) -> None:
-        known[record.instance_id] = record.address
-        host, port = record.address
-        _emit(event, instance=record.instance_id, name=record.name, address=f"{host}:{port}")
-
-    for record in registry:
-        report(record, "peer_joined")
-
-    def changed(record: PeerRecord | None, instance_id: InstanceId) -> None:
-        if record is None:
-            if known.pop(instance_id, None) is not None:
-                _emit("peer_left", instance=instance_id)
-        elif instance_id not in known:
-            report(record, "peer_joined")
-        elif known[instance_id] != record.address:
-            report(record, "peer_moved")
-
-    return registry.subscribe(changed)
-
-
-def _reload_credentials(node: Node) -> None:
-    """SIGHUP: read the configured credentials directory again; a bad set changes nothing."""
-    try:
-        summary = node.reload_credentials()
-    except VelomuxError as error:
-        _emit("credentials_reload_failed", reason=str(error))
-        return
-    _emit(
-        "credentials_reloaded",
-        serial=summary.serial,
-        not_after=summary.not_after.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        fingerprint=summary.fingerprint,
-    )
-
-
-async def serve(config: NodeConfig, drain_timeout: float, ops: str = "127.0.0.1:0") -> int:
-    """Run the node until SIGTERM or SIGINT; returns the exit status.
-
-    ``ops`` is where the HTTP operations endpoints listen (``/metrics``, ``/healthz``,
-    ``/readyz``): on by default here, unlike in the library; ``off`` turns them off.
-    """
-    try:
-        node = await Node.start(config)
-    except (VelomuxError, OSError) as error:
-        print(f"velomux node: {error}", file=sys.stderr)
-        return EXIT_BAD_CONFIG
-    ops_address = ""
-    if ops != "off":
-        ops_host, _, ops_port = ops.rpartition(":")
-        try:
-            bound = await node.serve_ops(ops_host or "127.0.0.1", int(ops_port))
-        except (ConfigurationError, ValueError) as error:
-            await node.close()
-            print(f"velomux node: --ops {ops}: {error}", file=sys.stderr)
-            return EXIT_BAD_CONFIG
-        ops_address = f"{bound[0]}:{bound[1]}"
-    stop = asyncio.Event()
-    received: list[str] = []
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-
-        def on_signal(signum: signal.Signals = signum) -> None:
-            received.append(signum.name)
-            stop.set()
-
-        loop.add_signal_handler(signum, on_signal)
-    loop.add_signal_handler(signal.SIGHUP, _reload_credentials, node)
-    try:
-        sink = _Sink(node)
-        sink.register()
-        host, port = node.address
-        _emit(
-            "listening",
-            instance=node.instance_id,
-            worker=node.worker_id,
-            address=f"{host}:{port}",
-            name=node.record.name,
-            lanes=config.transport.lanes,
-            mux=node.mux is not None,
-            peers=len(config.peers),
-            ops=ops_address or "off",
-        )
-        unsubscribe = _report_peers(node)
-        await stop.wait()
-        unsubscribe()
-        _emit("stopping", signal=received[0], open_streams=len(sink.tasks))
-        # Inbound streams get the window to finish as well as this node's own senders.
-        drained = await node.drain(drain_timeout)
-        if sink.tasks:
-            _done, pending = await asyncio.wait(set(sink.tasks), timeout=drain_timeout)
-            drained = drained and not pending
-    finally:
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            loop.remove_signal_handler(signum)
-        await node.close()
-    if sink.tasks:
-        await asyncio.wait(set(sink.tasks), timeout=drain_timeout)
-    _emit("stopped", drained=drained)
-    return 0
-
-
-def node_main(args: argparse.Namespace) -> int:
-    """``velomux node``: load the configuration (exit 2 on a bad one), then serve."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_KeyValueFormatter())
-    logging.basicConfig(level=getattr(logging, args.log_level.upper()), handlers=[handler])
-    try:
-        config = NodeConfig.from_toml(args.config)
-    except ConfigurationError as error:
-        print(f"velomux node: {error}", file=sys.stderr)
-        return EXIT_BAD_CONFIG
-    try:
-        return run(serve(config, args.drain_timeout, args.ops))
-    except (VelomuxError, OSError) as error:
-        # Whatever stopped the node from starting or running, in one line (no traceback):
-        # every such failure is the configuration's or the machine's, not a crash.
-        print(f"velomux node: {error}", file=sys.stderr)
-        return EXIT_BAD_CONFIG
-
-
-DESCRIPTION = """\
-Run one node as a service, from a TOML configuration (examples/node.toml in the
-repository lists every key). Besides the application's traffic it serves the probe:
-its velomux.sink handler hands a producer a fresh anchor (and a zero-RTT ticket when
-the mux runs) and counts what arrives in velomux_sink_records_total and
-velomux_sink_streams_total.
-
-Every event is one key=value line on standard output, flushed at once; library log
-records go to standard error in the same form. SIGTERM or SIGINT drains the open
-streams for --drain-timeout seconds, closes the node and exits 0. SIGHUP reads the
-credentials directory again (renewed certificate, new trust roots) for new
-connections and prints credentials_reloaded or credentials_reload_failed. A bad
-configuration exits 2 with one line saying what is wrong and where.
-"""
-
-
-def add_node_commands(commands: Any) -> None:
-    """Add ``velomux node`` to the command's subparsers."""
-    parser = commands.add_parser(
-        "node",
-        help="run one node as a service, from a TOML configuration",
-        description=DESCRIPTION,
-    )
-    parser.add_argument(
-        "--config", required=True, metavar="TOML", help="the node's configuration file"
-    )
-    parser.add_argument(
-        "--drain-timeout",
-        type=float,
-        default=10.0,
-        metavar="SECONDS",
-        help="how long open streams get to finish on SIGTERM/SIGINT before the node closes",
-    )
-    parser.add_argument(
-        "--ops",
-        default="127.0.0.1:0",
-        metavar="HOST:PORT",
-        help="where /metrics, /healthz and /readyz listen (port 0: any free port, which the "
-        "'listening' line names); 'off' to serve none",
-    )
-    parser.add_argument(
-        "--log-level",
-        default="warning",
-        choices=["debug", "info", "warning", "error"],
-        help="the least severe library log record shown on standard error",
-    )
-    parser.set_defaults(handler=node_main)
+        self.emit("stream_end", peer=peer, records=count.records, outcome=outcome)

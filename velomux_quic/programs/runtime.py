@@ -1,4 +1,5 @@
-"""Running an entry point on the best event loop available, without touching global policy.
+"""How the programs run: on the best event loop available, without touching global policy,
+and with the library's deprecation warnings shown to the operator.
 
 uvloop nearly doubles batched throughput and halves the consumer's CPU, so our own entry
 points use it when it is installed. The library itself never sets a loop policy: it runs
@@ -8,11 +9,13 @@ on whatever loop it is called from.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import warnings
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-__all__ = ["loop_factory", "run"]
+__all__ = ["loop_factory", "run", "show_deprecated_settings"]
 
 T = TypeVar("T")
 
@@ -33,3 +36,13 @@ def run(main: Coroutine[Any, Any, T]) -> T:
     """``asyncio.run`` on uvloop where available."""
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
         return runner.run(main)
+
+
+def show_deprecated_settings() -> None:
+    """Show the warning a deprecated environment variable raises as a log record.
+
+    Python hides a DeprecationWarning not raised in ``__main__``; an operator who still sets
+    an old variable must read that it goes away in the next release, on standard error
+    with the program's other log records."""
+    logging.captureWarnings(True)
+    warnings.filterwarnings("default", message="environment variable ", category=DeprecationWarning)

@@ -1,11 +1,11 @@
 """Discovery on etcd v3: each node's record under a lease, and a watch on the prefix.
 
-A node registers its :class:`~velomux_quic.messenger.peers.PeerRecord` as the value of
+A node registers its :class:`~velomux_quic.discovery.PeerRecord` as the value of
 ``<prefix>/<instance-uuid>``, attached to a lease of ``lease_ttl`` seconds that a task
 keeps alive. Closing revokes the lease, so the key goes at once; a node that dies without
 closing (SIGKILL, a lost host) stops renewing, and etcd deletes the key when the lease
 expires, at most ``lease_ttl`` seconds later. Every node watches the prefix and hears
-joins, moves and leaves as they happen (:class:`~velomux_quic.messenger.peers.PeerWatch`),
+joins, moves and leaves as they happen (:class:`~velomux_quic.discovery.PeerWatch`),
 besides answering the pull protocol from the same view.
 
 The store is shared, so every value is read as hostile: a value that is not a record,
@@ -45,7 +45,8 @@ from prometheus_client.registry import Collector
 from velomux_quic.errors import ConfigurationError, PeerRecordError, UsageError
 from velomux_quic.ids import InstanceId
 
-from .peers import PEER_RECORD_MAX_BYTES, PeerListener, PeerRecord
+from .backend import PeerListener
+from .records import PEER_RECORD_MAX_BYTES, PeerRecord
 
 if TYPE_CHECKING:
     from prometheus_client.registry import CollectorRegistry

@@ -1,6 +1,6 @@
 """What the demo prints: the summary a person reads, the side-by-side table, the plot.
 
-Every figure comes from one arm's row (:class:`~velomux_quic.demo.engine.ArmResult`),
+Every figure comes from one arm's row (:class:`~velomux_quic.programs.demo.engine.ArmResult`),
 the same dictionary ``--json`` prints, so the text and the machine output never differ.
 """
 
@@ -10,7 +10,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigurationError
+from velomux_quic import ConfigurationError
+
 from .engine import ArmResult
 
 __all__ = ["arm_ok", "arm_summary", "compare_table", "plot_cdf", "require_matplotlib"]
