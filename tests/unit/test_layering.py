@@ -22,6 +22,7 @@ LAYERS = {
     "ids": 0,
     "errors": 0,
     "runtime": 0,
+    "recordpath": 0,
     "security": 1,
     "transport": 2,
     "messenger": 3,

@@ -27,6 +27,7 @@ from typing import Any, Final
 
 from ..ids import InstanceId
 from ..messenger import Messenger
+from ..recordpath import Twins
 from ..streaming.errors import ChannelClosed
 from ..transport import SendAdmission, TransportError
 from .egress import EgressBatcher, EgressSlot, OutgoingBatch, SlotOwner
@@ -40,6 +41,9 @@ logger = logging.getLogger(__name__)
 
 _OPEN: Final = SlotState.OPEN
 _OPENING: Final = SlotState.OPENING
+
+_twins: Final = Twins("velomux_quic.mux._compiled")
+"""The compiled twin of :class:`MuxChannel` (or none): see velomux_quic.recordpath."""
 
 
 DeliveryWatch = Callable[[InstanceId, int, Callable[[bool], None]], None]
@@ -279,6 +283,7 @@ def _resolve_all(guards: list[DeliveryGuard]) -> Callable[[bool], None]:
     return told
 
 
+@_twins.of
 class MuxChannel:
     """A sender's channel into its mux slot (the ProducerChannel the mux provides)."""
 

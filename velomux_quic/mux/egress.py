@@ -84,6 +84,7 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from ..errors import UsageError
+from ..recordpath import Twins
 from .config import AutoFlush, Manual, MuxConfig
 from .protocol import (
     COALESCE_THRESHOLD,
@@ -144,6 +145,9 @@ _OPENING: Final = SlotState.OPENING
 _DATA: Final = int(RecordType.DATA)
 _pack_record: Final = RECORD_HEADER.pack
 _CLOSED: Final = SlotState.CLOSED
+
+_twins: Final = Twins("velomux_quic.mux._compiled")
+"""The compiled twins of ``offer`` and ``_pack_ready`` (or none): see velomux_quic.recordpath."""
 
 
 def wall_clock_epochs() -> EpochSource:
@@ -307,6 +311,7 @@ class EgressBatcher:
 
     # -- producers -----------------------------------------------------------------------
 
+    @_twins.method
     def offer(self, slot: EgressSlot, body: bytes, now: float) -> bool:
         """Stage one record; False when the slot's byte budget is full (the producer waits).
 
@@ -619,6 +624,7 @@ class EgressBatcher:
 
     # -- packing: what one poll writes, record by record ---------------------------------
 
+    @_twins.method
     def _pack_ready(
         self, out: list[OutgoingBatch], guards: list[Any], carries_data: bool
     ) -> tuple[list[Any], bool]:

@@ -68,6 +68,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Sequence
 from typing import Final
 
+from ..recordpath import Twins
 from ..streaming.frames import DROPPED, ITEM_PREFIX, encode_transport_error, is_terminal_sentinel
 from .config import MuxConfig
 from .contracts import (
@@ -119,10 +120,14 @@ _TERMINAL_SENT: Final = CloseReason.TERMINAL_SENT
 _PEER_GONE: Final = CloseReason.PEER_GONE
 _OWNER_CLOSE_BYTES: Final = frozenset({int(_TERMINAL_SENT), int(_PEER_GONE)})
 
+_twins: Final = Twins("velomux_quic.mux._compiled")
+"""The compiled twins of ``_Route`` and the arrival loop (or none): see velomux_quic.recordpath."""
+
 
 # -- per-slot ingress state ---------------------------------------------------------------
 
 
+@_twins.of
 class _Route:
     """The sequencing state of one live slot: what ``frame_seq`` comes next, the records
     that arrived ahead of it, and a close that arrived ahead of it.
@@ -278,6 +283,7 @@ class IngressTable:
 
     # -- arrival: one batch, record by record ------------------------------------------------
 
+    @_twins.method
     def handle_batch(
         self, header: BatchHeader, records: Sequence[Record | OwnedRecord], now: float
     ) -> None:
@@ -769,6 +775,7 @@ class IngressTable:
         if grant:
             self._replies.credit(route.slot_id, grant)
 
+    @_twins.method
     def _reconcile(self, touched: list[_Route]) -> None:
         """Visit the slots a batch delivered into that may owe the sender something now.
 
@@ -791,6 +798,7 @@ class IngressTable:
             if index < len(routes) and routes[index] is route:
                 self._visit(route)
 
+    @_twins.method
     def _reconcile_dirty(self) -> int:
         listed = self.dirty.drain()
         routes = self._routes

@@ -31,8 +31,12 @@ from enum import Enum, IntEnum
 from types import MappingProxyType
 from typing import Any, Final, Protocol
 
+from ..recordpath import Twins
+
 from ..errors import SlotsExhausted, UsageError
 from .protocol import slot_id
+
+_twins: Final = Twins("velomux_quic.mux._compiled")
 
 __all__ = [
     "RECORDS_PER_BATCH_BUCKETS",
@@ -169,6 +173,7 @@ class SlotOwner(Protocol):
         abort (the producer knows) or its own terminal."""
 
 
+@_twins.of
 class EgressSlot:
     """One stream on this (peer, lane), as the producer's node sees it."""
 

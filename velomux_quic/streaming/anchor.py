@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Generic, NoReturn, Protocol, TypeVar
 
 from ..ids import InstanceId, StreamAnchorHandle
+from ..recordpath import Twins
 from .errors import (
     DeserializationError,
     ReadTimeout,
@@ -68,6 +69,9 @@ _SENDER_ERROR: Final = FrameKind.SENDER_ERROR
 _DETACHED: Final = FrameKind.DETACHED
 _FINALIZED: Final = FrameKind.FINALIZED
 _DROPPED: Final = FrameKind.DROPPED
+
+_twins: Final = Twins("velomux_quic.streaming._compiled")
+"""The compiled twin of the consumer's take (or none): see velomux_quic.recordpath."""
 
 
 @dataclass(slots=True)
@@ -347,6 +351,7 @@ class StreamAnchor(_AnchorBase, Generic[T]):
             self._take_items(items, limit)
         return items
 
+    @_twins.method
     def _take_items(self, items: list[T], limit: int) -> None:
         """Append the items ready now, up to ``limit``, skipping heartbeats; stop before
         anything else (given back to be read next), so the items before it come first.

@@ -24,9 +24,10 @@ import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Literal, Protocol
+from typing import Any, Final, Literal, Protocol
 
 from ..ids import InstanceId, StreamAnchorHandle
+from ..recordpath import Twins
 from .channels import ProducerChannel
 from .errors import ChannelClosed, SendTimeout, SerializationError, UsageError
 from .frames import (
@@ -53,6 +54,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+_twins: Final = Twins("velomux_quic.streaming._compiled")
+"""The compiled twin of the pass loop (or none): see velomux_quic.recordpath."""
 
 SenderStateName = Literal["open", "finished", "detached", "dropped", "cancelled"]
 """Where a sender is in its life: sending (``open``) or how its stream ended here."""
@@ -473,6 +477,56 @@ def _restage(
     return taken, left
 
 
+@_twins.of
+def _stage_pass(
+    pairs: Iterable[tuple[StreamSender, Any]],
+    failed: dict[int, ChannelClosed | SerializationError],
+    left: list[_PassEntry],
+) -> int:
+    """The pass without waiting: each pair's record encoded and staged as ``send()`` would,
+    what failed into ``failed``, what found no room (and every later pair of its stream)
+    into ``left``, each of those counted once as backpressure. Returns how many were taken.
+    The loop runs once per token, so it has a compiled twin (velomux_quic.recordpath)."""
+    blocked: set[int] = set()
+    taken = 0
+    packer = ItemPacker()  # encode_item inline: one packer for the pass
+    pack = packer.pack
+    prefix = ITEM_PREFIX
+    grew = False
+    try:
+        for index, (sender, item) in enumerate(pairs):
+            state = sender._state
+            if state.terminal_sent:  # ended or cancelled: what send() raises, for this pair
+                failed[index] = _closed_error(state)
+                continue
+            try:
+                packed = pack(item)
+            except (TypeError, ValueError, OverflowError) as exc:
+                failed[index] = packer.failed(item, exc)
+                pack = packer.pack  # a fresh packer: a failed one is not used again
+                continue
+            if len(packed) > PACKER_BUFFER:
+                grew = True
+            body = prefix + packed
+            if blocked and id(state) in blocked:
+                left.append((index, state, body))  # behind its stream's refused record
+                state.metrics.producer_send_backpressure += 1
+                continue
+            channel = state.channel
+            if channel.try_send(body):
+                taken += 1
+                continue
+            if channel.closed:
+                failed[index] = ChannelClosed("the stream's channel is closed")
+                continue
+            blocked.add(id(state))
+            left.append((index, state, body))
+            state.metrics.producer_send_backpressure += 1
+    finally:
+        packer.release(grew)
+    return taken
+
+
 async def send_pass(
     pairs: Iterable[tuple[StreamSender, Any]],
     *,
@@ -514,43 +568,7 @@ async def send_pass(
         raise UsageError("send_pass(timeout=...) bounds a wait: pass wait=True with it")
     failed: dict[int, ChannelClosed | SerializationError] = {}
     left: list[_PassEntry] = []
-    blocked: set[int] = set()
-    taken = 0
-    packer = ItemPacker()  # encode_item inline: one packer for the pass
-    pack = packer.pack
-    prefix = ITEM_PREFIX
-    grew = False
-    try:
-        for index, (sender, item) in enumerate(pairs):
-            state = sender._state
-            if state.terminal_sent:  # ended or cancelled: what send() raises, for this pair
-                failed[index] = _closed_error(state)
-                continue
-            try:
-                packed = pack(item)
-            except (TypeError, ValueError, OverflowError) as exc:
-                failed[index] = packer.failed(item, exc)
-                pack = packer.pack  # a fresh packer: a failed one is not used again
-                continue
-            if len(packed) > PACKER_BUFFER:
-                grew = True
-            body = prefix + packed
-            if blocked and id(state) in blocked:
-                left.append((index, state, body))  # behind its stream's refused record
-                state.metrics.producer_send_backpressure += 1
-                continue
-            channel = state.channel
-            if channel.try_send(body):
-                taken += 1
-                continue
-            if channel.closed:
-                failed[index] = ChannelClosed("the stream's channel is closed")
-                continue
-            blocked.add(id(state))
-            left.append((index, state, body))
-            state.metrics.producer_send_backpressure += 1
-    finally:
-        packer.release(grew)
+    taken = _stage_pass(pairs, failed, left)
     if left and wait:
         try:
             async with asyncio.timeout(timeout):
