@@ -16,6 +16,7 @@ import asyncio
 import cProfile
 import importlib.metadata
 import json
+import os
 import pstats
 import resource
 import statistics
@@ -30,6 +31,7 @@ import msgpack
 
 from velomux_quic.mux.protocol import BATCH_HEADER_SIZE, RECORD_HEADER_SIZE
 from velomux_quic.node import Node
+from velomux_quic.recordpath import IMPLEMENTATION as RECORD_PATH
 from velomux_quic.runtime import run
 from velomux_quic.streaming.frames import encode_item
 
@@ -276,6 +278,7 @@ def loop_environment() -> dict[str, Any]:
     return {
         "loop": f"{type(loop).__module__}.{type(loop).__qualname__}",
         "clock": time.get_clock_info("perf_counter").implementation,
+        "record_path": RECORD_PATH,
     }
 
 
@@ -327,18 +330,28 @@ class Child:
         self.process = process
 
     @classmethod
-    async def spawn(cls, name: str, script: Path, arguments: list[str]) -> Child:
-        """``script`` with ``arguments`` under this interpreter."""
-        return await cls.start(name, [sys.executable, str(script), *arguments])
+    async def spawn(
+        cls, name: str, script: Path, arguments: list[str], env: dict[str, str] | None = None
+    ) -> Child:
+        """``script`` with ``arguments`` under this interpreter (``env``: variables set for
+        the child on top of this process's environment)."""
+        return await cls.start(name, [sys.executable, str(script), *arguments], env=env)
 
     @classmethod
-    async def start(cls, name: str, command: list[str], cwd: Path | None = None) -> Child:
+    async def start(
+        cls,
+        name: str,
+        command: list[str],
+        cwd: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> Child:
         """Any command (``python -m`` a module, from ``cwd``)."""
         process = await asyncio.create_subprocess_exec(
             *command,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             cwd=cwd,
+            env=None if env is None else {**os.environ, **env},
         )
         return cls(name, process)
 

@@ -17,6 +17,9 @@ processes; a failed run is reported as failed and the others go on:
   ``node.flush_batch()`` per pass, which is the write; the frontends keep the default;
 * ``mux-pass``: as ``mux-auto``, but the engine hands each whole pass over in one
   ``node.send_pass(pairs, wait=True)`` call instead of one ``await send`` per token;
+* ``mux-auto-pure``, ``mux-pass-pure``: those two with every node (engine and frontends) on
+  the pure-Python twin of the record path (``VELOMUX_PURE_PYTHON=1``), the other arms on the
+  compiled one: the "before" of the compiled record path, measured in the same invocation;
 * ``per-stream``: the engine offers only ``quic-stream-v1``, so every stream is its own QUIC
   stream whatever else the nodes could negotiate;
 * ``grpc``: grpc.aio, the engine a gRPC server, each frontend one channel and one
@@ -151,6 +154,7 @@ from velomux_quic.ids import InstanceId, StreamAnchorHandle
 from velomux_quic.mux.config import Manual, MuxConfig
 from velomux_quic.mux.protocol import COALESCE_THRESHOLD
 from velomux_quic.node import Node
+from velomux_quic.recordpath import PURE_PYTHON_ENV
 from velomux_quic.security.certs import NodeCredentials, ensure_dev_cluster
 from velomux_quic.streaming.control import MESSENGER_MUX_KEY, PER_STREAM_KEY
 from velomux_quic.streaming.sender import Retired, StreamSender
@@ -713,6 +717,7 @@ class Launch:
     proxies: list[asyncio.subprocess.Process]
 
     async def spawn_frontends(self, extra: Callable[[int], dict[str, Any]]) -> list[Child]:
+        env = ARMS[self.impl].environment()
         frontends = []
         for f in range(self.scenario.frontends):
             arguments = _child_arguments(
@@ -722,7 +727,7 @@ class Launch:
                 "frontend",
                 **(self.frontend_extra(f) | extra(f)),
             )
-            frontends.append(await Child.spawn(f"frontend {f}", SCRIPT, arguments))
+            frontends.append(await Child.spawn(f"frontend {f}", SCRIPT, arguments, env))
             self.children.append(frontends[-1])
         return frontends
 
@@ -730,7 +735,7 @@ class Launch:
         arguments = _child_arguments(
             self.args, self.scenario, self.impl, "engine", **(self.engine_extra | extra)
         )
-        engine = await Child.spawn("engine", SCRIPT, arguments)
+        engine = await Child.spawn("engine", SCRIPT, arguments, ARMS[self.impl].environment())
         self.children.append(engine)
         return engine
 
@@ -755,6 +760,11 @@ class Arm(ABC):
 
     def __init__(self, name: str) -> None:
         self.name = name
+
+    def environment(self) -> dict[str, str]:
+        """Variables set for this arm's children: the record path they run (compiled,
+        unless the arm names the pure-Python twin), whatever the benchmark itself runs."""
+        return {PURE_PYTHON_ENV: "0"}
 
     @abstractmethod
     async def frontend(
@@ -808,12 +818,17 @@ class NodeArm(Arm):
         manual_flush: bool = False,
         whole_pass: bool = False,
         offer: list[str] | None = None,
+        pure_python: bool = False,
     ) -> None:
         super().__init__(name)
         self.transport_key = transport_key
         self.manual_flush = manual_flush
         self.whole_pass = whole_pass
         self.offer = offer
+        self.pure_python = pure_python
+
+    def environment(self) -> dict[str, str]:
+        return {PURE_PYTHON_ENV: "1" if self.pure_python else "0"}
 
     @property
     def mux(self) -> bool:
@@ -1146,6 +1161,8 @@ ARMS: dict[str, Arm] = {
         NodeArm("mux-auto", MESSENGER_MUX_KEY),
         NodeArm("mux-manual", MESSENGER_MUX_KEY, manual_flush=True),
         NodeArm("mux-pass", MESSENGER_MUX_KEY, whole_pass=True),
+        NodeArm("mux-auto-pure", MESSENGER_MUX_KEY, pure_python=True),
+        NodeArm("mux-pass-pure", MESSENGER_MUX_KEY, whole_pass=True, pure_python=True),
         # per-stream offers only the per-stream path, so the attach settles on it whatever
         # else the nodes could negotiate; the mux arms offer the default set.
         NodeArm("per-stream", PER_STREAM_KEY, offer=[PER_STREAM_KEY]),
@@ -1423,6 +1440,12 @@ def summarise(
             f"{tokens} tokens and {ended} ended streams delivered, expected {expected} and "
             f"{scenario.streams}"
         )
+    wanted = "pure-python" if ARMS[impl].environment()[PURE_PYTHON_ENV] == "1" else "compiled"
+    paths = {sent.get("record_path"), *(part.get("record_path") for part in received)}
+    if paths != {wanted}:
+        raise BenchFailure(
+            f"the children ran the record path {sorted(map(str, paths))}, not {wanted}"
+        )
     clocks = [sent["clock"], *(part["clock"] for part in received)]
     shared = all("CLOCK_MONOTONIC" in clock for clock in clocks)
     start = sent["first_send_at"] if shared else min(part["at"] for part in armed)
@@ -1452,6 +1475,7 @@ def summarise(
         "worst_late_ms": sent["worst_late_ms"],
         "mean_pass_interval_ms": sent["mean_pass_interval_ms"],
         "engine_loop": sent["loop"],
+        "record_path": sent.get("record_path"),
         "frontend_loop": received[0]["loop"],
     }
     first, later, gaps = _read_latencies(latencies) if shared else ([], [], [])

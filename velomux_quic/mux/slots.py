@@ -31,9 +31,8 @@ from enum import Enum, IntEnum
 from types import MappingProxyType
 from typing import Any, Final, Protocol
 
-from ..recordpath import Twins
-
 from ..errors import SlotsExhausted, UsageError
+from ..recordpath import Twins
 from .protocol import slot_id
 
 _twins: Final = Twins("velomux_quic.mux._compiled")
