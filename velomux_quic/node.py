@@ -33,6 +33,8 @@ from prometheus_client.registry import CollectorRegistry
 
 from .config import NodeConfig
 from .errors import ConfigurationError, UsageError
+from .recordpath import IMPLEMENTATION as RECORD_PATH
+from .recordpath import RecordPath
 from .ids import InstanceId, StreamAnchorHandle, WorkerId
 from .messenger import (
     Messenger,
@@ -85,6 +87,9 @@ class NodeSnapshot:
     """Anchors, senders and their states, pending attaches."""
     mux: MuxSnapshot | None
     """Slots per (peer, lane), binds, byte budgets; None when the node runs without a mux."""
+    record_path: RecordPath
+    """Which implementation of the per-record loops this process runs: ``compiled`` (the
+    Cython extension) or ``pure-python`` (its twin, chosen with VELOMUX_PURE_PYTHON=1)."""
 
 
 class Node:
@@ -587,6 +592,7 @@ class Node:
             messenger=self.messenger.snapshot(),
             streaming=self.anchors.snapshot(),
             mux=self.mux.snapshot() if self.mux is not None else None,
+            record_path=RECORD_PATH,
         )
 
     def metrics_text(self) -> str:

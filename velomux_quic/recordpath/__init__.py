@@ -25,14 +25,17 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Final, Literal, TypeVar
 
 __all__ = [
     "IMPLEMENTATION",
     "PURE_PYTHON_ENV",
+    "TWINNED",
     "CompiledRecordPathMissing",
     "RecordPath",
+    "Twin",
     "Twins",
 ]
 
@@ -58,6 +61,20 @@ class CompiledRecordPathMissing(ImportError):
     An ``ImportError`` (it is raised while importing velomux_quic, before the library's own
     exception tree is usable); its message says how to fix it."""
 
+
+@dataclass(frozen=True, slots=True)
+class Twin:
+    """One twinned definition: where it lives, its pure-Python definition, and the one this
+    process runs (the compiled twin, or the pure definition itself)."""
+
+    name: str
+    """``module.qualname`` of the pure definition."""
+    pure: Any
+    selected: Any
+
+
+TWINNED: Final[list[Twin]] = []
+"""Every twinned definition, as the modules were imported (for tests and introspection)."""
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -92,22 +109,27 @@ class Twins:
     def of(self, definition: T) -> T:
         """Decorate a pure-Python class or function that has a compiled twin of the same
         name: the twin when the compiled path runs, ``definition`` itself otherwise."""
-        if self.module is None:
-            return definition
         name: str = getattr(definition, "__name__")  # noqa: B009 (a class or a function)
+        where = f"{getattr(definition, '__module__', '?')}.{name}"
+        if self.module is None:
+            TWINNED.append(Twin(where, definition, definition))
+            return definition
         twin: Any = getattr(self.module, name, None)
         if twin is None:
             raise CompiledRecordPathMissing(
                 f"{self.name} has no compiled twin of {name}: the extension is older than "
                 f"the Python sources; rebuild it (`make install`) or set {PURE_PYTHON_ENV}=1"
             )
+        TWINNED.append(Twin(where, definition, twin))
         return twin  # type: ignore[no-any-return]
 
     def method(self, definition: F) -> F:
         """As :meth:`of`, for a method: the compiled twin is a module-level function of the
         class's name and the method's (``EgressBatcher_offer``), taking the instance first,
         which binds as a method because Cython functions are descriptors."""
+        where = f"{definition.__module__}.{definition.__qualname__}"
         if self.module is None:
+            TWINNED.append(Twin(where, definition, definition))
             return definition
         owner = definition.__qualname__.split(".")[-2]
         name = f"{owner}_{definition.__name__}"
@@ -118,4 +140,5 @@ class Twins:
                 f"extension is older than the Python sources; rebuild it (`make install`) "
                 f"or set {PURE_PYTHON_ENV}=1"
             )
+        TWINNED.append(Twin(where, definition, twin))
         return twin  # type: ignore[no-any-return]

@@ -1,0 +1,17 @@
+"""Type stubs of the compiled record path of the streaming layer (``_compiled.pyx``).
+
+Each function has the signature of the pure-Python definition it twins (see
+velomux_quic.recordpath)."""
+
+from collections.abc import Iterable
+from typing import Any
+
+from .errors import ChannelClosed, SerializationError
+from .sender import SenderState, StreamSender
+
+def _stage_pass(
+    pairs: Iterable[tuple[StreamSender, Any]],
+    failed: dict[int, ChannelClosed | SerializationError],
+    left: list[tuple[int, SenderState, bytes]],
+) -> int: ...
+def StreamAnchor__take_items(self: Any, items: list[Any], limit: int) -> None: ...
