@@ -33,8 +33,6 @@ from prometheus_client.registry import CollectorRegistry
 
 from .config import NodeConfig
 from .errors import ConfigurationError, UsageError
-from .recordpath import IMPLEMENTATION as RECORD_PATH
-from .recordpath import RecordPath
 from .ids import InstanceId, StreamAnchorHandle, WorkerId
 from .messenger import (
     Messenger,
@@ -47,6 +45,8 @@ from .messenger.registry import Dispatch, Handler
 from .mux.config import MuxConfig
 from .mux.transport import MuxTransport
 from .ops import OpsConfig, OpsServer, PeerReadiness
+from .recordpath import IMPLEMENTATION as RECORD_PATH
+from .recordpath import RecordPath
 from .security.certs import NodeCredentials
 from .security.rotation import CertificateSummary
 from .streaming.anchor import MpscAnchor, StreamAnchor

@@ -23,14 +23,12 @@ record a producer sends) stages a data record and updates the ready set without 
 :meth:`EgressBatcher._pack_ready` packs the common record (data with credit that fits the
 open batch) in its own loop, appending it to the builder's buffer itself, with locals bound
 once per poll, instead of going through :meth:`EgressBatcher._pack_slot` or a builder call
-per record. Profile (CPython 3.11, 1,024 slots, one 54-byte record each per poll, the token
-workload of ``perf/tokens.py``): a poll costs about 450 ns per record with the inlined loop
-(540 with one ``add_data_if_fits`` call per record, 805 with every record through
-``_pack_slot``); ``offer`` about 215 ns, also when the slot already holds records (at max
-rate passes merge while a batch waits for admission, and that case used to cost a call to
-``_enqueued`` and two slot properties). Slot states are compared by identity on these
-paths (``state is _OPEN``): an ordering comparison of two IntEnum members cost ``offer``
-10 ns more per record.
+per record: the profiles of ``perf/tokens.py`` put these two among the largest costs of
+the engine's thread, and every call or attribute lookup removed from them showed there
+(the figures are in docs/performance.md). For the same reason slot states are compared
+by identity on these paths (``state is _OPEN``), not by ordering. Both methods have a
+compiled twin (velomux_quic.recordpath) that follows these rules line for line in C;
+the Python here stays the reference, and the differential tests hold the two equal.
 
 The rules, from the design chapter:
 
@@ -49,8 +47,7 @@ The rules, from the design chapter:
   records count against the bound) slow the others down but never shut them out: memory
   per batcher is ``peer_queue_bytes`` plus one record per live slot. On ``offer`` the
   bound is one attribute load, one compare and one store (the room left, kept wherever a
-  slot's ``queued_bytes`` moves): measured at about 35 ns per record, 225 against 190 ns,
-  on 1,024 slots of one 54-byte record each, on a loaded 2-core machine.
+  slot's ``queued_bytes`` moves), so the bound costs ``offer`` next to nothing.
 * **Sequence.** ``frame_seq`` is per slot: OpenSlot takes 0, data starts at 1, and the
   ``CloseSlot{TerminalSent}`` written right after a terminal takes the next one, in the
   same batch (terminal and close are atomic).

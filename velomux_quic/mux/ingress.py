@@ -46,11 +46,11 @@ measures. Its body arrives as ``bytes`` already (the transport decodes with
 :func:`~velomux_quic.mux.protocol.decode_batch_owned`), so it goes into the slot's buffer
 as it is; a ``memoryview`` body (``decode_batch``) is copied once. After the batch, only
 the touched slots that may owe the sender a grant are visited (see :meth:`_reconcile`).
-Figures (``perf/ingress_bench.py``: CPython 3.11, 1,024 slots, one 42-byte item each per
-batch, CPU time, a loaded machine): the decode and ``handle_batch`` together about 900 to
-1,300 ns per record, against 1,300 to 1,900 ns before these cuts (a memoryview slice and a
-``bytes`` copy per record, and a credit visit of every touched slot); keep the loop free
-of extra calls and attribute lookups.
+A memoryview slice and a ``bytes`` copy per record, and a credit visit of every touched
+slot, were what this loop cost before (``perf/ingress_bench.py``; the figures are in
+docs/performance.md): keep it free of extra calls and attribute lookups. The loop and the
+two reconcile walks have a compiled twin (velomux_quic.recordpath) that applies these rules
+line for line in C; this Python stays the reference.
 
 A slot's failure never touches another slot or the lane: a sender over its credit, a
 hold past its byte budget, or a reader stall closes that slot alone (CloseSlot
