@@ -1201,6 +1201,7 @@ class Spy:
         process = await asyncio.create_subprocess_exec(
             executable, "record", "--pid", str(pid), "--output", str(out),
             "--format", format_, "--rate", "250", "--nonblocking",
+            *(["--native"] if os.environ.get("VELOMUX_PROFILE_NATIVE") else []),
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
@@ -1476,6 +1477,14 @@ def summarise(
         "mean_pass_interval_ms": sent["mean_pass_interval_ms"],
         "engine_loop": sent["loop"],
         "record_path": sent.get("record_path"),
+        "engine_gc_pause_max_ms": sent.get("gc_pause_max_ms"),
+        "engine_gc_pause_total_ms": sent.get("gc_pause_total_ms"),
+        "engine_gc_collections": sent.get("gc_collections"),
+        "frontends_gc_pause_max_ms": max(part.get("gc_pause_max_ms", 0.0) for part in received),
+        "frontends_gc_pause_total_ms": sum(part.get("gc_pause_total_ms", 0.0) for part in received),
+        "frontends_gc_collections": [
+            sum(part.get("gc_collections", [0, 0, 0])[g] for part in received) for g in range(3)
+        ],
         "frontend_loop": received[0]["loop"],
     }
     first, later, gaps = _read_latencies(latencies) if shared else ([], [], [])
@@ -1652,6 +1661,11 @@ def _progress_line(tag: str, result: dict[str, Any]) -> str:
     )
     if "engine_records_per_write" in result:
         line += f", {result['engine_records_per_write']:.1f} records/write"
+    if result.get("engine_gc_pause_max_ms") is not None:
+        line += (
+            f", GC pauses max {result['engine_gc_pause_max_ms']:.1f} engine / "
+            f"{result['frontends_gc_pause_max_ms']:.1f} frontends ms"
+        )
     if "later_tokens_p50_ms" in result:
         line += (
             f", later tokens p50/p99 {result['later_tokens_p50_ms']:.2f}/"

@@ -39,6 +39,9 @@ TWINNED_NAMES = {
     "velomux_quic.mux.ingress.IngressTable._reconcile_dirty",
     "velomux_quic.streaming.anchor.StreamAnchor._take_items",
     "velomux_quic.streaming.sender._stage_pass",
+    "velomux_quic.streaming.sender.StreamSender.send",
+    "velomux_quic.streaming.anchor.StreamAnchor.__anext__",
+    "velomux_quic.streaming.frames.encode_item",
 }
 """The definitions the compiled record path twins: the brief's loops (stage, pack, a whole
 pass, walk a batch, deliver with credit, take) and the state they work on."""

@@ -10,7 +10,7 @@ loaded while the pure modules that select it are still being defined.
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
-from libc.string cimport memcpy
+from libc.string cimport memcmp, memcpy
 
 cdef Py_ssize_t PREFIX_SIZE = 6
 cdef bytes ITEM_PREFIX = b"\x81\xa4Item"
@@ -144,3 +144,160 @@ def StreamAnchor__take_items(self, list items, Py_ssize_t limit):
         elif kind is not heartbeat_kind:
             inbox.push_front(peek[0], body)
             return
+
+
+# -- frames.py --------------------------------------------------------------------------
+
+
+cdef object _pool = None
+cdef object _Packer = None
+cdef Py_ssize_t _PACKER_BUFFER = 0
+cdef Py_ssize_t _POOL_MAX = 0
+cdef object _serialization_error = None
+
+
+cdef int _bind_frames() except -1:
+    global _pool, _Packer, _PACKER_BUFFER, _POOL_MAX, _serialization_error
+    frames = frames_module()
+    _pool = frames._packer_pool
+    _Packer = frames._Packer
+    _PACKER_BUFFER = frames.PACKER_BUFFER
+    _POOL_MAX = frames.POOL_MAX
+    _serialization_error = frames._serialization_error
+    return 0
+
+
+def encode_item(item):
+    """Twin of :func:`velomux_quic.streaming.frames.encode_item`."""
+    if _pool is None:
+        _bind_frames()
+    cdef list pool = <list>_pool
+    if pool:
+        packer = pool.pop()
+    else:
+        packer = _Packer(buf_size=_PACKER_BUFFER)
+    try:
+        packed = packer.pack(item)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise _serialization_error(item, exc) from exc
+    if len(packed) <= _PACKER_BUFFER and len(pool) < _POOL_MAX:
+        pool.append(packer)
+    if type(packed) is bytes:
+        return _item_frame(<bytes>packed)
+    return ITEM_PREFIX + packed
+
+
+# -- sender.py --------------------------------------------------------------------------
+
+
+async def StreamSender_send(self, item, *, timeout=None):
+    """Twin of ``StreamSender.send``: the common send (room now) without the interpreter;
+    a send that has to wait goes to the pure ``_send_when_room``."""
+    state = self._state
+    if state.terminal_sent:
+        raise sender_module().ChannelClosed(
+            "the stream was cancelled" if state.cancelled.is_set() else "the stream has ended"
+        )
+    body = encode_item(item)
+    channel = state.channel
+    if not channel.try_send(body):
+        await sender_module()._send_when_room(state, body, timeout)
+
+
+# -- anchor.py --------------------------------------------------------------------------
+
+
+cdef object _anchor = None
+cdef object _unpackb = None
+cdef object _ITEM = None
+cdef object _HEARTBEAT = None
+cdef object _SENDER_ERROR = None
+cdef object _DETACHED = None
+cdef object _FINALIZED = None
+cdef object _DROPPED = None
+
+
+cdef int _bind_anchor() except -1:
+    global _anchor, _unpackb, _ITEM, _HEARTBEAT, _SENDER_ERROR, _DETACHED, _FINALIZED, _DROPPED
+    from velomux_quic.streaming import anchor as module
+
+    frames = frames_module()
+    kinds = frames.FrameKind
+    _unpackb = frames._unpackb
+    _ITEM = kinds.ITEM
+    _HEARTBEAT = kinds.HEARTBEAT
+    _SENDER_ERROR = kinds.SENDER_ERROR
+    _DETACHED = kinds.DETACHED
+    _FINALIZED = kinds.FINALIZED
+    _DROPPED = kinds.DROPPED
+    _anchor = module
+    return 0
+
+
+cdef inline bint _is_item(object body):
+    return (
+        type(body) is bytes
+        and PyBytes_GET_SIZE(body) >= PREFIX_SIZE
+        and memcmp(PyBytes_AS_STRING(body), PyBytes_AS_STRING(ITEM_PREFIX), PREFIX_SIZE) == 0
+    )
+
+
+async def StreamAnchor___anext__(self):
+    """Twin of ``StreamAnchor.__anext__``: an item frame is decoded here (the ``Item``
+    prefix, then MessagePack), every other frame by the pure ``decode_frame``."""
+    if _anchor is None:
+        _bind_anchor()
+    module = _anchor
+    if self._reading:
+        raise module.UsageError(module._ONE_READER)
+    self._reading = True
+    try:
+        entry = self._entry
+        inbox = entry.inbox
+        while True:
+            taken = inbox.take()
+            if taken is not None:
+                sender_id, body = taken
+                if _is_item(body):
+                    try:
+                        return _unpackb(body[PREFIX_SIZE:], strict_map_key=False)
+                    except Exception as exc:
+                        error = frames_module()._item_error(exc)
+                        error.__cause__ = exc
+                        self._end("a record did not decode")
+                        raise module.DeserializationError(str(error)) from error
+                try:
+                    kind, value = frames_module().decode_frame(body)
+                except module.FrameDecodeError as exc:
+                    self._end("a record did not decode")
+                    raise module.DeserializationError(str(exc)) from exc
+                if kind is _ITEM:
+                    return value
+                if kind is _HEARTBEAT:
+                    continue
+                if kind is _SENDER_ERROR:
+                    raise module.SenderError(str(value))
+                if kind is _DETACHED:
+                    self._owner.sender_detached(entry.local_id, sender_id)
+                    continue
+                if kind is _FINALIZED:
+                    self._end("finished")
+                    raise StopAsyncIteration
+                if kind is _DROPPED:
+                    self._end("the producer went away")
+                    raise module.SenderDropped(
+                        "the producer went away without finishing the stream"
+                    )
+                shutdown = module.shutdown_message(value)
+                if shutdown is not None:
+                    self._end("the producer shut down")
+                    raise module.SenderDropped(shutdown)
+                self._end("a transport error")
+                raise module.StreamTransportError(str(value))
+            if inbox.any_feed_exhausted() and self._owner.feed_exhausted(entry, 0):
+                continue
+            if entry.finished:
+                self._ended_finished()
+            await inbox.wait()
+    finally:
+        self._reading = False

@@ -240,6 +240,7 @@ class StreamAnchor(_AnchorBase, Generic[T]):
         self._begin_iteration()
         return self
 
+    @_twins.method
     async def __anext__(self) -> T:
         """The next item; StopAsyncIteration at the end, a StreamError if it broke."""
         # The loop is inline, not a helper coroutine, and reads the inbox itself rather

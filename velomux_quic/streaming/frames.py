@@ -40,6 +40,7 @@ from typing import Any, Final
 import msgpack  # type: ignore[import-untyped]
 
 from ..errors import FrameDecodeError, SerializationError
+from ..recordpath import Twins
 
 __all__ = [
     "DETACHED",
@@ -85,6 +86,9 @@ TERMINAL_KINDS: Final = frozenset(
 )
 """Kinds that end a slot's stream: the slot spends its reserved credit on one and closes."""
 
+
+_twins: Final = Twins("velomux_quic.streaming._compiled")
+"""The compiled twin of :func:`encode_item` (or none): see velomux_quic.recordpath."""
 
 _packb: Final = msgpack.packb
 _unpackb: Final = msgpack.unpackb
@@ -182,6 +186,7 @@ class ItemPacker:
             _packer_pool.append(self._packer)
 
 
+@_twins.of
 def encode_item(item: object) -> bytes:
     """The ``Item`` frame of ``item``: :data:`ITEM_PREFIX` followed by ``item`` in MessagePack.
 

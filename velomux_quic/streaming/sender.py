@@ -310,6 +310,7 @@ class StreamSender:
         slot, or written to the QUIC stream and not transmitted)."""
         return self._state.channel.queued_bytes
 
+    @_twins.method
     async def send(self, item: Any, *, timeout: float | None = None) -> None:
         """Send one item, waiting while the stream has no room (the backpressure).
 
@@ -327,20 +328,7 @@ class StreamSender:
         body = encode_item(item)  # SerializationError for what MessagePack cannot hold
         channel = state.channel
         if not channel.try_send(body):
-            if channel.closed:
-                raise ChannelClosed("the stream's channel is closed")
-            state.metrics.producer_send_backpressure += 1
-            if timeout is None:
-                await channel.send(body)
-                return
-            try:
-                async with asyncio.timeout(timeout):
-                    await channel.send(body)
-            except TimeoutError:
-                raise SendTimeout(
-                    f"no room on the stream to {state.handle} within {timeout} s; the item "
-                    "was not sent: retry, shed it, or raise the consumer's read rate"
-                ) from None
+            await _send_when_room(state, body, timeout)
 
     def try_send(self, item: Any) -> bool:
         """Send one item only if the stream has room now; never waits.
@@ -406,6 +394,27 @@ class StreamSender:
         (:attr:`Retired.SENT`), or once it is known that it never will (see
         :class:`Retired` for what each path promises)."""
         return await asyncio.shield(self._state.retired)
+
+
+async def _send_when_room(state: SenderState, body: bytes, timeout: float | None) -> None:
+    """The rest of a ``send()`` whose record found no room: fail if the channel closed,
+    else count the backpressure and wait for room (at most ``timeout``). Apart from
+    ``send()`` because its compiled twin hands this (rare) case over to it."""
+    channel = state.channel
+    if channel.closed:
+        raise ChannelClosed("the stream's channel is closed")
+    state.metrics.producer_send_backpressure += 1
+    if timeout is None:
+        await channel.send(body)
+        return
+    try:
+        async with asyncio.timeout(timeout):
+            await channel.send(body)
+    except TimeoutError:
+        raise SendTimeout(
+            f"no room on the stream to {state.handle} within {timeout} s; the item "
+            "was not sent: retry, shed it, or raise the consumer's read rate"
+        ) from None
 
 
 # -- a forward pass in one call ------------------------------------------------------------
