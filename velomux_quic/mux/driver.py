@@ -70,6 +70,24 @@ class DeliveryGuard:
 class BatcherDriver:
     """Drives one (peer, lane) batcher on the event loop."""
 
+    # Slots: a sender's ``try_send`` reads ``_wake`` once per record.
+    __slots__ = (
+        "_delivered",
+        "_loop",
+        "_pending",
+        "_space",
+        "_timer",
+        "_timer_at",
+        "_wake",
+        "batcher",
+        "closed",
+        "handler",
+        "last_activity",
+        "messenger",
+        "peer",
+        "wakes",
+    )
+
     def __init__(
         self,
         messenger: Messenger,

@@ -166,6 +166,49 @@ def _closed_slot(slot: EgressSlot) -> UsageError:
 class EgressBatcher:
     """One per (peer, lane). See the module docstring."""
 
+    # Slots, not a dict: ``offer`` and the poll read and write the batcher's fields once per
+    # record or per slot, and a slot is one descriptor read where a dict is a hash lookup
+    # (from the interpreter and from the compiled twin alike).
+    __slots__ = (
+        "_builder",
+        "_by_session",
+        "_count_close",
+        "_count_credit",
+        "_count_data",
+        "_count_lifecycle",
+        "_count_open",
+        "_epochs",
+        "_free",
+        "_generations",
+        "_kick",
+        "_last_data_write",
+        "_live",
+        "_opens",
+        "_ready",
+        "_reply_close",
+        "_reply_credit",
+        "_reply_lifecycle",
+        "_reply_since",
+        "_room",
+        "_slots",
+        "_staged_since",
+        "_urgent",
+        "batch_seq",
+        "byte_cap",
+        "config",
+        "counters",
+        "eager_budget",
+        "epoch",
+        "lane",
+        "on_guard_dropped",
+        "parked",
+        "policy",
+        "poll_budget",
+        "quantum",
+        "queue_limit",
+        "stats",
+    )
+
     def __init__(
         self,
         lane: int,
