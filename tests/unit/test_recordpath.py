@@ -42,6 +42,7 @@ TWINNED_NAMES = {
     "velomux_quic.streaming.sender.StreamSender.send",
     "velomux_quic.streaming.anchor.StreamAnchor.__anext__",
     "velomux_quic.streaming.frames.encode_item",
+    "velomux_quic.streaming.inbox.Inbox",
 }
 """The definitions the compiled record path twins: the brief's loops (stage, pack, a whole
 pass, walk a batch, deliver with credit, take) and the state they work on."""

@@ -12,6 +12,8 @@ loaded while the pure modules that select it are still being defined.
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from libc.string cimport memcmp, memcpy
 
+from collections import deque
+
 cdef Py_ssize_t PREFIX_SIZE = 6
 cdef bytes ITEM_PREFIX = b"\x81\xa4Item"
 
@@ -254,8 +256,9 @@ async def StreamAnchor___anext__(self):
     try:
         entry = self._entry
         inbox = entry.inbox
+        compiled = type(inbox) is Inbox
         while True:
-            taken = inbox.take()
+            taken = (<Inbox>inbox).take() if compiled else inbox.take()
             if taken is not None:
                 sender_id, body = taken
                 if _is_item(body):
@@ -294,10 +297,210 @@ async def StreamAnchor___anext__(self):
                     raise module.SenderDropped(shutdown)
                 self._end("a transport error")
                 raise module.StreamTransportError(str(value))
-            if inbox.any_feed_exhausted() and self._owner.feed_exhausted(entry, 0):
+            if compiled:
+                if (<Inbox>inbox).any_feed_exhausted() and self._owner.feed_exhausted(entry, 0):
+                    continue
+            elif inbox.any_feed_exhausted() and self._owner.feed_exhausted(entry, 0):
                 continue
             if entry.finished:
                 self._ended_finished()
-            await inbox.wait()
+            await ((<Inbox>inbox).wait() if compiled else inbox.wait())
     finally:
         self._reading = False
+
+
+# -- inbox.py ---------------------------------------------------------------------------
+
+
+cdef object _ChannelClosed = None
+cdef object _get_running_loop = None
+
+
+cdef int _bind_inbox() except -1:
+    global _ChannelClosed, _get_running_loop
+    import asyncio
+    from velomux_quic.streaming.errors import ChannelClosed
+
+    _ChannelClosed = ChannelClosed
+    _get_running_loop = asyncio.get_running_loop
+    return 0
+
+
+cdef class Inbox:
+    """Twin of :class:`velomux_quic.streaming.inbox.Inbox`: the reader's ``take`` and
+    ``wait`` and the writers' ``wake`` without the interpreter."""
+
+    cdef Py_ssize_t _capacity
+    cdef bint _ordered
+    cdef object _channel
+    cdef dict _feeds
+    cdef list _feed_order
+    cdef object _head
+    cdef object _head_id
+    cdef Py_ssize_t _next_feed
+    cdef Py_ssize_t _barrier
+    cdef object _waiter
+    cdef object _space
+    cdef bint _closed
+
+    def __init__(self, capacity=256, *, ordered=False):
+        if _get_running_loop is None:
+            _bind_inbox()
+        self._capacity = capacity
+        self._ordered = ordered
+        self._channel = deque()
+        self._feeds = {}
+        self._feed_order = []
+        self._head = None
+        self._head_id = 0
+        self._next_feed = 0
+        self._barrier = 0
+        self._waiter = None
+        self._space = deque()
+        self._closed = False
+
+    @property
+    def closed(self):
+        return self._closed
+
+    @property
+    def space(self):
+        if self._closed:
+            return 0
+        free = self._capacity - len(self._channel)
+        return free if free > 0 else 0
+
+    def try_put(self, body, sender_id=0):
+        if self._closed or len(self._channel) >= self._capacity:
+            return False
+        self._channel.append((sender_id, body))
+        self.wake()
+        return True
+
+    async def put(self, body, sender_id=0):
+        while not self.try_put(body, sender_id):
+            if self._closed:
+                raise _ChannelClosed("the anchor is gone")
+            space = _get_running_loop().create_future()
+            self._space.append(space)
+            try:
+                await space
+            finally:
+                if not space.done():
+                    space.cancel()
+
+    def inject(self, body, sender_id=0):
+        if self._closed:
+            return
+        self._channel.append((sender_id, body))
+        self.wake()
+
+    def install_feed(self, feed, sender_id=0):
+        self._barrier = len(self._channel)
+        self._feeds[sender_id] = feed
+        if sender_id not in self._feed_order:
+            self._feed_order.append(sender_id)
+        self._find_head()
+        self.wake()
+
+    def withdraw_feed(self, sender_id=0):
+        feed = self._feeds.pop(sender_id, None)
+        if feed is not None:
+            self._feed_order.remove(sender_id)
+            self._find_head()
+            feed.withdraw()
+            self.wake()
+
+    cdef void _find_head(self) except *:
+        order = self._feed_order
+        if self._ordered and order:
+            self._head_id = order[0]
+            self._head = self._feeds[order[0]]
+        else:
+            self._head = None
+
+    def feed(self, sender_id=0):
+        return self._feeds.get(sender_id)
+
+    cpdef object take(self):
+        channel = self._channel
+        if self._barrier and channel:
+            self._barrier -= 1
+            return self._taken(channel.popleft())
+        head = self._head
+        cdef Py_ssize_t count, step, index
+        if head is not None:
+            body = head.take()
+            if body is not None:
+                return self._head_id, body
+        elif self._feed_order:
+            order = self._feed_order
+            count = len(order)
+            for step in range(count):
+                index = (self._next_feed + step) % count
+                sender_id = order[index]
+                body = self._feeds[sender_id].take()
+                if body is not None:
+                    self._next_feed = (index + 1) % count
+                    return sender_id, body
+        if channel:
+            return self._taken(channel.popleft())
+        return None
+
+    def first_feed(self):
+        head = self._head
+        if head is None or (self._barrier and self._channel):
+            return None
+        return self._head_id, head
+
+    def push_front(self, sender_id, body):
+        self._channel.appendleft((sender_id, body))
+        self._barrier += 1
+
+    cpdef bint any_feed_exhausted(self) except -1:
+        for feed in self._feeds.values():
+            if feed.exhausted:
+                return True
+        return False
+
+    def feeds(self):
+        return [(sender_id, self._feeds[sender_id]) for sender_id in self._feed_order]
+
+    cdef object _taken(self, item):
+        space_waiters = self._space
+        while space_waiters:
+            space = space_waiters.popleft()
+            if not space.done():
+                space.set_result(None)
+                break
+        return item
+
+    cpdef void wake(self) except *:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    cpdef object wait(self):
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            waiter = self._waiter = _get_running_loop().create_future()
+        return waiter
+
+    def close(self):
+        self._closed = True
+        for sender_id in list(self._feeds):
+            self.withdraw_feed(sender_id)
+        while self._space:
+            space = self._space.popleft()
+            if not space.done():
+                space.set_result(None)
+        self.wake()
+
+    def clear(self):
+        self._channel.clear()
+        self._barrier = 0
+
+    def __len__(self):
+        return len(self._channel)
