@@ -7,9 +7,8 @@ import asyncio
 from collections.abc import Iterable
 from typing import Any
 
-from .inbox import Feed
-
 from .errors import ChannelClosed, SerializationError
+from .inbox import Feed
 from .sender import SenderState, StreamSender
 
 def _stage_pass(
