@@ -1200,8 +1200,10 @@ class Spy:
             raise BenchFailure("--profiler py-spy needs py-spy (pip install py-spy)")
         process = await asyncio.create_subprocess_exec(
             executable, "record", "--pid", str(pid), "--output", str(out),
-            "--format", format_, "--rate", "250", "--nonblocking",
-            *(["--native"] if os.environ.get("VELOMUX_PROFILE_NATIVE") else []),
+            "--format", format_, "--rate", "250",
+            # Native frames (the compiled record path, C extensions) need the process
+            # paused per sample; without them py-spy samples without pausing it.
+            *(["--native"] if os.environ.get("VELOMUX_PROFILE_NATIVE") else ["--nonblocking"]),
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip

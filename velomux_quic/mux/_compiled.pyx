@@ -23,6 +23,19 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes
 from libc.stdint cimport uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy
 
+
+cdef extern from "Python.h":
+    void PyObject_GC_UnTrack(object)
+
+
+cdef inline object _untracked(tuple atoms):
+    """``atoms`` (a tuple of bytes, ints and bools: it can never be part of a cycle) taken
+    out of the cyclic collector's lists, as the collector itself would do at its next pass.
+    Records staged or decoded by the thousand would otherwise be traversed, and survive
+    into older generations, in every collection that runs while they wait."""
+    PyObject_GC_UnTrack(atoms)
+    return atoms
+
 import struct
 from collections import deque
 
@@ -277,7 +290,7 @@ def decode_batch_owned(data):
                 whole = False
                 break
         records.append(
-            (record_type, _get_u32(base + pos + 1), _get_u32(base + pos + 5), body)
+            _untracked((record_type, _get_u32(base + pos + 1), _get_u32(base + pos + 5), body))
         )
         pos += RECORD_HEADER_SIZE + length
     if whole and pos == end:
@@ -693,7 +706,7 @@ cdef bint _offer(object self, EgressSlot slot, object body, object now) except -
         self.stats.queue_full += 1
         return False
     cdef Py_ssize_t size = PyBytes_GET_SIZE(body) if type(body) is bytes else len(body)
-    slot.queue.append((body, False))
+    slot.queue.append(_untracked((body, False)))
     slot.queued_bytes = queued + size
     self._room = room - size
     if slot.credit > 0:
