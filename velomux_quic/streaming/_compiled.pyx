@@ -59,9 +59,10 @@ def _stage_pass(pairs, dict failed, list left):
     packer = frames.ItemPacker()
     pack = packer.pack
     try:
-        for pair in pairs:
+        # Unpacked in the for statement, so a lazy ``zip(senders, items)`` can reuse its
+        # pair tuple: a pass then allocates no tracked object per pair.
+        for sender, item in pairs:
             index += 1
-            sender, item = pair
             state = sender._state
             if state.terminal_sent:
                 failed[index] = module._closed_error(state)
