@@ -20,6 +20,9 @@ processes; a failed run is reported as failed and the others go on:
 * ``mux-auto-pure``, ``mux-pass-pure``: those two with every node (engine and frontends) on
   the pure-Python twin of the record path (``VELOMUX_PURE_PYTHON=1``), the other arms on the
   compiled one: the "before" of the compiled record path, measured in the same invocation;
+* ``mux-auto-base``, ``mux-pass-base``: those two arms of another checkout of the repository
+  (``--baseline-tree PATH``: its ``perf/tokens.py`` and its ``velomux_quic``), so code from
+  before a change runs beside the code after it in one invocation (never in the default set);
 * ``per-stream``: the engine offers only ``quic-stream-v1``, so every stream is its own QUIC
   stream whatever else the nodes could negotiate;
 * ``grpc``: grpc.aio, the engine a gRPC server, each frontend one channel and one
@@ -716,26 +719,40 @@ class Launch:
     children: list[Child]
     proxies: list[asyncio.subprocess.Process]
 
+    def _child(self) -> tuple[Path, str, dict[str, str]]:
+        """The script the arm's children run, the ``--impl`` they are given, and the
+        variables set for them: a baseline arm runs another tree's benchmark and library
+        (``--baseline-tree``) under its own arm's name there."""
+        arm = ARMS[self.impl]
+        baseline = getattr(arm, "baseline_of", None)
+        if baseline is None:
+            return SCRIPT, self.impl, arm.environment()
+        tree: Path | None = self.args.baseline_tree
+        if tree is None:
+            raise BenchFailure(f"{self.impl} runs another tree's code: give --baseline-tree")
+        return tree / "perf" / "tokens.py", baseline, {"PYTHONPATH": str(tree)}
+
     async def spawn_frontends(self, extra: Callable[[int], dict[str, Any]]) -> list[Child]:
-        env = ARMS[self.impl].environment()
+        script, impl, env = self._child()
         frontends = []
         for f in range(self.scenario.frontends):
             arguments = _child_arguments(
                 self.args,
                 self.scenario,
-                self.impl,
+                impl,
                 "frontend",
                 **(self.frontend_extra(f) | extra(f)),
             )
-            frontends.append(await Child.spawn(f"frontend {f}", SCRIPT, arguments, env))
+            frontends.append(await Child.spawn(f"frontend {f}", script, arguments, env))
             self.children.append(frontends[-1])
         return frontends
 
     async def spawn_engine(self, **extra: Any) -> Child:
+        script, impl, env = self._child()
         arguments = _child_arguments(
-            self.args, self.scenario, self.impl, "engine", **(self.engine_extra | extra)
+            self.args, self.scenario, impl, "engine", **(self.engine_extra | extra)
         )
-        engine = await Child.spawn("engine", SCRIPT, arguments, ARMS[self.impl].environment())
+        engine = await Child.spawn("engine", script, arguments, env)
         self.children.append(engine)
         return engine
 
@@ -819,6 +836,7 @@ class NodeArm(Arm):
         whole_pass: bool = False,
         offer: list[str] | None = None,
         pure_python: bool = False,
+        baseline_of: str | None = None,
     ) -> None:
         super().__init__(name)
         self.transport_key = transport_key
@@ -826,6 +844,9 @@ class NodeArm(Arm):
         self.whole_pass = whole_pass
         self.offer = offer
         self.pure_python = pure_python
+        self.baseline_of = baseline_of
+        """The arm of that name in the ``--baseline-tree`` checkout, whose children this
+        arm runs (the code before a change, measured in the same invocation)."""
 
     def environment(self) -> dict[str, str]:
         return {PURE_PYTHON_ENV: "1" if self.pure_python else "0"}
@@ -1163,6 +1184,8 @@ ARMS: dict[str, Arm] = {
         NodeArm("mux-pass", MESSENGER_MUX_KEY, whole_pass=True),
         NodeArm("mux-auto-pure", MESSENGER_MUX_KEY, pure_python=True),
         NodeArm("mux-pass-pure", MESSENGER_MUX_KEY, whole_pass=True, pure_python=True),
+        NodeArm("mux-auto-base", MESSENGER_MUX_KEY, baseline_of="mux-auto"),
+        NodeArm("mux-pass-base", MESSENGER_MUX_KEY, whole_pass=True, baseline_of="mux-pass"),
         # per-stream offers only the per-stream path, so the attach settles on it whatever
         # else the nodes could negotiate; the mux arms offer the default set.
         NodeArm("per-stream", PER_STREAM_KEY, offer=[PER_STREAM_KEY]),
@@ -1173,6 +1196,8 @@ ARMS: dict[str, Arm] = {
 }
 """Every implementation by its ``--impl`` name, in the report's order."""
 IMPLS = tuple(ARMS)
+BASELINE_IMPLS = ("mux-auto-base", "mux-pass-base")
+"""Arms that run another checkout's code (``--baseline-tree``); never in the default set."""
 MUX_IMPLS = tuple(name for name, arm in ARMS.items() if isinstance(arm, NodeArm) and arm.mux)
 
 
@@ -1445,6 +1470,9 @@ def summarise(
         )
     wanted = "pure-python" if ARMS[impl].environment()[PURE_PYTHON_ENV] == "1" else "compiled"
     paths = {sent.get("record_path"), *(part.get("record_path") for part in received)}
+    if impl in BASELINE_IMPLS:
+        wanted = "baseline"
+        paths = {"baseline"} if paths == {None} else paths  # before the record path existed
     if paths != {wanted}:
         raise BenchFailure(
             f"the children ran the record path {sorted(map(str, paths))}, not {wanted}"
@@ -1478,7 +1506,7 @@ def summarise(
         "worst_late_ms": sent["worst_late_ms"],
         "mean_pass_interval_ms": sent["mean_pass_interval_ms"],
         "engine_loop": sent["loop"],
-        "record_path": sent.get("record_path"),
+        "record_path": "baseline" if impl in BASELINE_IMPLS else sent.get("record_path"),
         "engine_gc_pause_max_ms": sent.get("gc_pause_max_ms"),
         "engine_gc_pause_total_ms": sent.get("gc_pause_total_ms"),
         "engine_gc_collections": sent.get("gc_collections"),
@@ -1844,7 +1872,18 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
         description=doc.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--impl", nargs="+", choices=IMPLS, default=list(IMPLS), help="implementations (all)"
+        "--impl",
+        nargs="+",
+        choices=IMPLS,
+        default=[impl for impl in IMPLS if impl not in BASELINE_IMPLS],
+        help="implementations (all but the baseline arms)",
+    )
+    parser.add_argument(
+        "--baseline-tree",
+        type=Path,
+        help="a checkout of the code before a change (its perf/tokens.py and velomux_quic): "
+        "the mux-auto-base and mux-pass-base arms run their children from it, beside the "
+        "other arms of the same invocation",
     )
     parser.add_argument(
         "--streams", nargs="+", type=int, help="streams X, a list sweeps (256 1024; short 256)"
