@@ -10,8 +10,12 @@ PYTEST_ARGS ?=
 
 # editable_mode=compat installs a plain .pth entry for the source tree: setuptools' default
 # editable install is an import hook, which mypy cannot see, so a user program's
-# `import velomux_quic` failed to type-check (import-not-found).
-$(STAMP): pyproject.toml Makefile
+# `import velomux_quic` failed to type-check (import-not-found). The install also builds
+# the compiled record path (setup.py) in place, so it runs again when a .pyx changes; a
+# compile error fails it.
+COMPILED_SOURCES := $(wildcard velomux_quic/*/_compiled.pyx)
+
+$(STAMP): pyproject.toml setup.py Makefile $(COMPILED_SOURCES)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test,lint,perf,docs,etcd,otel]' --config-settings editable_mode=compat

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import cProfile
+import gc
 import importlib.metadata
 import json
+import os
 import pstats
 import resource
 import statistics
@@ -31,6 +33,7 @@ import msgpack
 from velomux_quic.mux.protocol import BATCH_HEADER_SIZE, RECORD_HEADER_SIZE
 from velomux_quic.node import Node
 from velomux_quic.programs.runtime import run
+from velomux_quic.recordpath import IMPLEMENTATION as RECORD_PATH
 from velomux_quic.streaming.frames import encode_item
 
 T = TypeVar("T")
@@ -191,6 +194,43 @@ def read_counters(node: Node) -> dict[str, float]:
     return found
 
 
+class GcPauses:
+    """The cyclic collector's pauses in this process, from ``gc.callbacks``: how many
+    collections of each generation ran and how long the loop stood still for them. A pause
+    delays every record in flight on that process, so it shows in a latency tail."""
+
+    def __init__(self) -> None:
+        self.started = 0.0
+        self.counts = [0, 0, 0]
+        self.total = 0.0
+        self.longest = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self.started = time.perf_counter()
+            return
+        pause = time.perf_counter() - self.started
+        self.counts[info["generation"]] += 1
+        self.total += pause
+        self.longest = max(self.longest, pause)
+
+    def reset(self) -> None:
+        self.counts = [0, 0, 0]
+        self.total = self.longest = 0.0
+
+    def figures(self) -> dict[str, Any]:
+        return {
+            "gc_collections": list(self.counts),
+            "gc_pause_total_ms": 1000 * self.total,
+            "gc_pause_max_ms": 1000 * self.longest,
+        }
+
+
+GC_PAUSES = GcPauses()
+"""This process's collector pauses, counted from each window's ``open``."""
+
+
 @dataclass
 class Window:
     """CPU and counters at the start of a measured window; ``close`` gives the deltas.
@@ -209,13 +249,18 @@ class Window:
     def open(cls, node: Node | None) -> Window:
         counters = read_counters(node) if node is not None else {}
         usage = resource.getrusage(resource.RUSAGE_SELF)
+        GC_PAUSES.reset()
         return cls(counters, usage.ru_utime, usage.ru_stime, time.perf_counter())
 
     def cpu(self) -> dict[str, float]:
         """User and system CPU seconds since ``open``, without the counters (for a child
         that reads counters of its own)."""
         usage = resource.getrusage(resource.RUSAGE_SELF)
-        return {"cpu_user_s": usage.ru_utime - self.user, "cpu_sys_s": usage.ru_stime - self.system}
+        return {
+            "cpu_user_s": usage.ru_utime - self.user,
+            "cpu_sys_s": usage.ru_stime - self.system,
+            **GC_PAUSES.figures(),
+        }
 
     def close(self, node: Node | None) -> dict[str, Any]:
         cpu = self.cpu()
@@ -276,6 +321,7 @@ def loop_environment() -> dict[str, Any]:
     return {
         "loop": f"{type(loop).__module__}.{type(loop).__qualname__}",
         "clock": time.get_clock_info("perf_counter").implementation,
+        "record_path": RECORD_PATH,
     }
 
 
@@ -327,18 +373,28 @@ class Child:
         self.process = process
 
     @classmethod
-    async def spawn(cls, name: str, script: Path, arguments: list[str]) -> Child:
-        """``script`` with ``arguments`` under this interpreter."""
-        return await cls.start(name, [sys.executable, str(script), *arguments])
+    async def spawn(
+        cls, name: str, script: Path, arguments: list[str], env: dict[str, str] | None = None
+    ) -> Child:
+        """``script`` with ``arguments`` under this interpreter (``env``: variables set for
+        the child on top of this process's environment)."""
+        return await cls.start(name, [sys.executable, str(script), *arguments], env=env)
 
     @classmethod
-    async def start(cls, name: str, command: list[str], cwd: Path | None = None) -> Child:
+    async def start(
+        cls,
+        name: str,
+        command: list[str],
+        cwd: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> Child:
         """Any command (``python -m`` a module, from ``cwd``)."""
         process = await asyncio.create_subprocess_exec(
             *command,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             cwd=cwd,
+            env=None if env is None else {**os.environ, **env},
         )
         return cls(name, process)
 

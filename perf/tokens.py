@@ -17,6 +17,12 @@ processes; a failed run is reported as failed and the others go on:
   ``node.flush_batch()`` per pass, which is the write; the frontends keep the default;
 * ``mux-pass``: as ``mux-auto``, but the engine hands each whole pass over in one
   ``node.send_pass(pairs, wait=True)`` call instead of one ``await send`` per token;
+* ``mux-auto-pure``, ``mux-pass-pure``: those two with every node (engine and frontends) on
+  the pure-Python twin of the record path (``VELOMUX_PURE_PYTHON=1``), the other arms on the
+  compiled one: the "before" of the compiled record path, measured in the same invocation;
+* ``mux-auto-base``, ``mux-pass-base``: those two arms of another checkout of the repository
+  (``--baseline-tree PATH``: its ``perf/tokens.py`` and its ``velomux_quic``), so code from
+  before a change runs beside the code after it in one invocation (never in the default set);
 * ``per-stream``: the engine offers only ``quic-stream-v1``, so every stream is its own QUIC
   stream whatever else the nodes could negotiate;
 * ``grpc``: grpc.aio, the engine a gRPC server, each frontend one channel and one
@@ -151,6 +157,7 @@ from velomux_quic.ids import InstanceId, StreamAnchorHandle
 from velomux_quic.mux.config import Manual, MuxConfig
 from velomux_quic.mux.protocol import COALESCE_THRESHOLD
 from velomux_quic.node import Node
+from velomux_quic.recordpath import PURE_PYTHON_ENV
 from velomux_quic.security.certs import NodeCredentials, ensure_dev_cluster
 from velomux_quic.streaming.control import MESSENGER_MUX_KEY, PER_STREAM_KEY
 from velomux_quic.streaming.sender import Retired, StreamSender
@@ -712,25 +719,40 @@ class Launch:
     children: list[Child]
     proxies: list[asyncio.subprocess.Process]
 
+    def _child(self) -> tuple[Path, str, dict[str, str]]:
+        """The script the arm's children run, the ``--impl`` they are given, and the
+        variables set for them: a baseline arm runs another tree's benchmark and library
+        (``--baseline-tree``) under its own arm's name there."""
+        arm = ARMS[self.impl]
+        baseline = getattr(arm, "baseline_of", None)
+        if baseline is None:
+            return SCRIPT, self.impl, arm.environment()
+        tree: Path | None = self.args.baseline_tree
+        if tree is None:
+            raise BenchFailure(f"{self.impl} runs another tree's code: give --baseline-tree")
+        return tree / "perf" / "tokens.py", baseline, {"PYTHONPATH": str(tree)}
+
     async def spawn_frontends(self, extra: Callable[[int], dict[str, Any]]) -> list[Child]:
+        script, impl, env = self._child()
         frontends = []
         for f in range(self.scenario.frontends):
             arguments = _child_arguments(
                 self.args,
                 self.scenario,
-                self.impl,
+                impl,
                 "frontend",
                 **(self.frontend_extra(f) | extra(f)),
             )
-            frontends.append(await Child.spawn(f"frontend {f}", SCRIPT, arguments))
+            frontends.append(await Child.spawn(f"frontend {f}", script, arguments, env))
             self.children.append(frontends[-1])
         return frontends
 
     async def spawn_engine(self, **extra: Any) -> Child:
+        script, impl, env = self._child()
         arguments = _child_arguments(
-            self.args, self.scenario, self.impl, "engine", **(self.engine_extra | extra)
+            self.args, self.scenario, impl, "engine", **(self.engine_extra | extra)
         )
-        engine = await Child.spawn("engine", SCRIPT, arguments)
+        engine = await Child.spawn("engine", script, arguments, env)
         self.children.append(engine)
         return engine
 
@@ -755,6 +777,11 @@ class Arm(ABC):
 
     def __init__(self, name: str) -> None:
         self.name = name
+
+    def environment(self) -> dict[str, str]:
+        """Variables set for this arm's children: the record path they run (compiled,
+        unless the arm names the pure-Python twin), whatever the benchmark itself runs."""
+        return {PURE_PYTHON_ENV: "0"}
 
     @abstractmethod
     async def frontend(
@@ -808,12 +835,21 @@ class NodeArm(Arm):
         manual_flush: bool = False,
         whole_pass: bool = False,
         offer: list[str] | None = None,
+        pure_python: bool = False,
+        baseline_of: str | None = None,
     ) -> None:
         super().__init__(name)
         self.transport_key = transport_key
         self.manual_flush = manual_flush
         self.whole_pass = whole_pass
         self.offer = offer
+        self.pure_python = pure_python
+        self.baseline_of = baseline_of
+        """The arm of that name in the ``--baseline-tree`` checkout, whose children this
+        arm runs (the code before a change, measured in the same invocation)."""
+
+    def environment(self) -> dict[str, str]:
+        return {PURE_PYTHON_ENV: "1" if self.pure_python else "0"}
 
     @property
     def mux(self) -> bool:
@@ -1147,6 +1183,10 @@ ARMS: dict[str, Arm] = {
         NodeArm("mux-auto", MESSENGER_MUX_KEY),
         NodeArm("mux-manual", MESSENGER_MUX_KEY, manual_flush=True),
         NodeArm("mux-pass", MESSENGER_MUX_KEY, whole_pass=True),
+        NodeArm("mux-auto-pure", MESSENGER_MUX_KEY, pure_python=True),
+        NodeArm("mux-pass-pure", MESSENGER_MUX_KEY, whole_pass=True, pure_python=True),
+        NodeArm("mux-auto-base", MESSENGER_MUX_KEY, baseline_of="mux-auto"),
+        NodeArm("mux-pass-base", MESSENGER_MUX_KEY, whole_pass=True, baseline_of="mux-pass"),
         # per-stream offers only the per-stream path, so the attach settles on it whatever
         # else the nodes could negotiate; the mux arms offer the default set.
         NodeArm("per-stream", PER_STREAM_KEY, offer=[PER_STREAM_KEY]),
@@ -1157,6 +1197,8 @@ ARMS: dict[str, Arm] = {
 }
 """Every implementation by its ``--impl`` name, in the report's order."""
 IMPLS = tuple(ARMS)
+BASELINE_IMPLS = ("mux-auto-base", "mux-pass-base")
+"""Arms that run another checkout's code (``--baseline-tree``); never in the default set."""
 MUX_IMPLS = tuple(name for name, arm in ARMS.items() if isinstance(arm, NodeArm) and arm.mux)
 
 
@@ -1184,7 +1226,10 @@ class Spy:
             raise BenchFailure("--profiler py-spy needs py-spy (pip install py-spy)")
         process = await asyncio.create_subprocess_exec(
             executable, "record", "--pid", str(pid), "--output", str(out),
-            "--format", format_, "--rate", "250", "--nonblocking",
+            "--format", format_, "--rate", "250",
+            # Native frames (the compiled record path, C extensions) need the process
+            # paused per sample; without them py-spy samples without pausing it.
+            *(["--native"] if os.environ.get("VELOMUX_PROFILE_NATIVE") else ["--nonblocking"]),
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
@@ -1424,6 +1469,15 @@ def summarise(
             f"{tokens} tokens and {ended} ended streams delivered, expected {expected} and "
             f"{scenario.streams}"
         )
+    wanted = "pure-python" if ARMS[impl].environment()[PURE_PYTHON_ENV] == "1" else "compiled"
+    paths = {sent.get("record_path"), *(part.get("record_path") for part in received)}
+    if impl in BASELINE_IMPLS:
+        wanted = "baseline"
+        paths = {"baseline"} if paths == {None} else paths  # before the record path existed
+    if paths != {wanted}:
+        raise BenchFailure(
+            f"the children ran the record path {sorted(map(str, paths))}, not {wanted}"
+        )
     clocks = [sent["clock"], *(part["clock"] for part in received)]
     shared = all("CLOCK_MONOTONIC" in clock for clock in clocks)
     start = sent["first_send_at"] if shared else min(part["at"] for part in armed)
@@ -1453,6 +1507,15 @@ def summarise(
         "worst_late_ms": sent["worst_late_ms"],
         "mean_pass_interval_ms": sent["mean_pass_interval_ms"],
         "engine_loop": sent["loop"],
+        "record_path": "baseline" if impl in BASELINE_IMPLS else sent.get("record_path"),
+        "engine_gc_pause_max_ms": sent.get("gc_pause_max_ms"),
+        "engine_gc_pause_total_ms": sent.get("gc_pause_total_ms"),
+        "engine_gc_collections": sent.get("gc_collections"),
+        "frontends_gc_pause_max_ms": max(part.get("gc_pause_max_ms", 0.0) for part in received),
+        "frontends_gc_pause_total_ms": sum(part.get("gc_pause_total_ms", 0.0) for part in received),
+        "frontends_gc_collections": [
+            sum(part.get("gc_collections", [0, 0, 0])[g] for part in received) for g in range(3)
+        ],
         "frontend_loop": received[0]["loop"],
     }
     first, later, gaps = _read_latencies(latencies) if shared else ([], [], [])
@@ -1629,6 +1692,11 @@ def _progress_line(tag: str, result: dict[str, Any]) -> str:
     )
     if "engine_records_per_write" in result:
         line += f", {result['engine_records_per_write']:.1f} records/write"
+    if result.get("engine_gc_pause_max_ms") is not None:
+        line += (
+            f", GC pauses max {result['engine_gc_pause_max_ms']:.1f} engine / "
+            f"{result['frontends_gc_pause_max_ms']:.1f} frontends ms"
+        )
     if "later_tokens_p50_ms" in result:
         line += (
             f", later tokens p50/p99 {result['later_tokens_p50_ms']:.2f}/"
@@ -1805,7 +1873,18 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
         description=doc.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--impl", nargs="+", choices=IMPLS, default=list(IMPLS), help="implementations (all)"
+        "--impl",
+        nargs="+",
+        choices=IMPLS,
+        default=[impl for impl in IMPLS if impl not in BASELINE_IMPLS],
+        help="implementations (all but the baseline arms)",
+    )
+    parser.add_argument(
+        "--baseline-tree",
+        type=Path,
+        help="a checkout of the code before a change (its perf/tokens.py and velomux_quic): "
+        "the mux-auto-base and mux-pass-base arms run their children from it, beside the "
+        "other arms of the same invocation",
     )
     parser.add_argument(
         "--streams", nargs="+", type=int, help="streams X, a list sweeps (256 1024; short 256)"

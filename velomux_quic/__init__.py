@@ -106,6 +106,7 @@ from .mux.config import (
 )
 from .node import Node, NodeOptions, NodeSnapshot, open_node
 from .ops import OpsConfig, ReadinessReport
+from .recordpath import IMPLEMENTATION as RECORD_PATH
 from .security.certs import NodeCredentials, ensure_dev_cluster
 from .streaming.anchor import (
     MpscAnchor,
@@ -123,6 +124,7 @@ __version__ = "0.1.0"
 __all__ = [
     "MESSENGER_MUX_KEY",
     "PER_STREAM_KEY",
+    "RECORD_PATH",
     "AdmissionCancelled",
     "AdmissionError",
     "AlreadyAttached",

@@ -37,6 +37,8 @@ from .messenger.registry import Dispatch, Handler
 from .mux.config import MuxConfig
 from .mux.transport import MuxTransport
 from .ops import OpsConfig, OpsServer, PeerReadiness
+from .recordpath import IMPLEMENTATION as RECORD_PATH
+from .recordpath import RecordPath
 from .security.certs import NodeCredentials
 from .security.rotation import CertificateSummary
 from .streaming.anchor import MpscAnchor, StreamAnchor
@@ -133,6 +135,9 @@ class NodeSnapshot:
     """Anchors, senders and their states, pending attaches."""
     mux: MuxSnapshot | None
     """Slots per (peer, lane), binds, byte budgets; None when the node runs without a mux."""
+    record_path: RecordPath
+    """Which implementation of the per-record loops this process runs: ``compiled`` (the
+    Cython extension) or ``pure-python`` (its twin, chosen with VELOMUX_PURE_PYTHON=1)."""
 
 
 class Node:
@@ -761,6 +766,7 @@ class Node:
             messenger=self.messenger.snapshot(),
             streaming=self.anchors.snapshot(),
             mux=self.mux.snapshot() if self.mux is not None else None,
+            record_path=RECORD_PATH,
         )
 
     def metrics_text(self) -> str:

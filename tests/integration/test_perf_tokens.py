@@ -16,7 +16,18 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[2] / "perf" / "tokens.py"
-IMPLS = {"mux-auto", "mux-manual", "mux-pass", "per-stream", "grpc", "bare", "zmq"}
+IMPLS = {
+    "mux-auto",
+    "mux-manual",
+    "mux-pass",
+    "mux-auto-pure",
+    "mux-pass-pure",
+    "per-stream",
+    "grpc",
+    "bare",
+    "zmq",
+}
+PURE_ARMS = {"mux-auto-pure", "mux-pass-pure"}
 STREAMS, FRONTENDS, PASSES = 16, 2, 5
 
 
@@ -58,6 +69,9 @@ def test_tokens_benchmark_delivers_every_token_on_every_implementation(tmp_path:
             assert "failed" not in run, (name, impl, run.get("failed"))
             assert run["tokens"] == STREAMS * PASSES, (name, impl)
             assert run["tokens_per_s"] > 0 and run["engine_cpu_us_per_token"] > 0
+            # The pure arms run the pure-Python twin in every child, the others the compiled.
+            wanted = "pure-python" if impl in PURE_ARMS else "compiled"
+            assert run["record_path"] == wanted, (name, impl)
             assert run["first_token_p50_ms"] > 0 and run["later_tokens_p99_ms"] > 0
             if impl.startswith("mux"):
                 assert run["engine_records_per_write"] > 1, (name, impl)
@@ -68,7 +82,7 @@ def test_tokens_benchmark_delivers_every_token_on_every_implementation(tmp_path:
             assert ("engine_datagrams_out_per_token" in run) == quic, (name, impl)
         assert set(scenario["ratios"]) == {
             f"{mux} / {base}"
-            for mux in ("mux-auto", "mux-manual", "mux-pass")
+            for mux in ("mux-auto", "mux-manual", "mux-pass", *sorted(PURE_ARMS))
             for base in ("grpc", "per-stream", "bare", "zmq")
         }
     for name in scenarios:
@@ -101,3 +115,31 @@ def test_zmq_frontend_refuses_an_engine_whose_curve_key_it_does_not_know() -> No
     assert process.returncode == 2, stdout[-4000:] + stderr[-4000:]
     assert "0/1" in stdout  # the zmq row: no successful run
     assert "refused the engine's CURVE key" in stdout, stdout[-4000:]
+
+
+STREAM_RATE = SCRIPT.with_name("stream_rate.py")
+
+
+@pytest.mark.timeout(120)
+def test_stream_rate_benchmark_opens_every_stream_on_every_path(tmp_path: Path) -> None:
+    """perf/stream_rate.py at a low rate: every path opens every stream and reads it whole."""
+    report = tmp_path / "rate.json"
+    command = [
+        sys.executable, str(STREAM_RATE), "--rates", "40", "--seconds", "0.25",
+        "--timeout", "20", "--json", str(report),
+    ]  # fmt: skip
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=110)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        pytest.fail(f"perf/stream_rate.py hung:\n{stdout[-3000:]}\n{stderr[-3000:]}")
+    assert process.returncode == 0, stdout[-4000:] + stderr[-4000:]
+    found = json.loads(report.read_text())
+    assert set(found) == {"mux-ticket", "mux-attach", "per-stream", "grpc"}
+    for path, (result,) in found.items():
+        assert (result["requests"], result["ok"], result["errors"]) == (10, 10, 0), path
+        assert result["first_token_p99_ms"] >= result["first_token_p50_ms"] > 0, path

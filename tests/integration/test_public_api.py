@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import warnings
 from collections.abc import Callable
 
@@ -210,6 +211,10 @@ async def test_snapshot_reports_the_node_and_each_of_its_layers(
         assert consumer.mux.ingress_slots(a.instance_id) == {0: 1}
         assert "_anchor_attach" in consumer.messenger.handlers
         assert plain.snapshot().mux is None
+        # Which twin of the record path runs: compiled, unless VELOMUX_PURE_PYTHON=1 chose
+        # the pure one (the same answer as `velomux --version`).
+        pure = os.environ.get("VELOMUX_PURE_PYTHON", "") == "1"
+        assert snapshot.record_path == ("pure-python" if pure else "compiled")
         with pytest.raises(AttributeError):
             snapshot.peers = ()  # type: ignore[misc]  # frozen
         await sender.finalize()

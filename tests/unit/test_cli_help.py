@@ -65,5 +65,5 @@ def test_every_option_has_a_help_line_and_its_default(parser: argparse.ArgumentP
     for action in arguments(parser):
         name = action.option_strings[0] if action.option_strings else action.dest
         assert action.help, f"{parser.prog} {name} has no help line"
-        if action.option_strings and action.default not in (None, False, []):
+        if action.option_strings and action.default not in (None, False, [], argparse.SUPPRESS):
             assert "default" in blocks[name], f"{name} does not say its default: {blocks[name]}"

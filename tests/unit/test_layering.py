@@ -24,6 +24,7 @@ LAYERS = {
     "ids": 0,
     "errors": 0,
     "eventlog": 0,
+    "recordpath": 0,
     "security": 1,
     "transport": 2,
     "discovery": 3,

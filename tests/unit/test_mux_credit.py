@@ -26,6 +26,11 @@ from velomux_quic.mux.protocol import (
 )
 from velomux_quic.streaming.frames import DROPPED, FINALIZED, encode_item
 
+from .twins import each_twin
+
+credit_twin = each_twin("velomux_quic.mux.credit", "IngressSlot", "DirtySet", "PeerBudget")
+"""The slot, dirty-set and budget tests run against both twins of the record path."""
+
 ITEM = encode_item("token")
 
 
@@ -38,6 +43,7 @@ def opened(credit: int = 4, budget: int = 1 << 20, peer: PeerBudget | None = Non
 # -- DirtySet -----------------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("credit_twin")
 def test_only_the_mark_that_sets_the_bit_rings_the_doorbell() -> None:
     rings: list[int] = []
     dirty = DirtySet(65_536, lambda: rings.append(1))
@@ -48,6 +54,7 @@ def test_only_the_mark_that_sets_the_bit_rings_the_doorbell() -> None:
     assert dirty.mark(65_535) and len(rings) == 3  # cleared: the next drain rings again
 
 
+@pytest.mark.usefixtures("credit_twin")
 def test_neighbouring_indices_share_a_byte_without_losing_a_mark() -> None:
     dirty = DirtySet(16)
     for index in (8, 9, 15):
@@ -56,6 +63,7 @@ def test_neighbouring_indices_share_a_byte_without_losing_a_mark() -> None:
     assert all(index not in dirty for index in range(16))
 
 
+@pytest.mark.usefixtures("credit_twin")
 def test_a_repeated_mark_allocates_nothing() -> None:
     dirty = DirtySet(65_536)
     dirty.mark(60_000)
@@ -74,6 +82,7 @@ def test_a_repeated_mark_allocates_nothing() -> None:
 # -- the slot buffer ----------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("credit_twin")
 def test_the_buffer_holds_c_data_records_and_one_terminal() -> None:
     slot = opened(credit=2)
     assert slot.capacity == 3
@@ -83,6 +92,7 @@ def test_the_buffer_holds_c_data_records_and_one_terminal() -> None:
     assert len(slot) == 3 and slot.terminal
 
 
+@pytest.mark.usefixtures("credit_twin")
 def test_take_counts_each_data_record_once_and_reconcile_swaps_it_to_zero() -> None:
     rings: list[int] = []
     slot = IngressSlot(4, 1 << 20)
@@ -95,6 +105,7 @@ def test_take_counts_each_data_record_once_and_reconcile_swaps_it_to_zero() -> N
     assert slot.granted == 6 and slot.outstanding_credit == 3
 
 
+@pytest.mark.usefixtures("credit_twin")
 def test_a_low_return_mark_batches_grants_until_the_sender_runs_low() -> None:
     rings: list[int] = []
     dirty = DirtySet(64, lambda: rings.append(1))
@@ -113,6 +124,7 @@ def test_a_low_return_mark_batches_grants_until_the_sender_runs_low() -> None:
     assert slot.reconcile() == 0
 
 
+@pytest.mark.usefixtures("credit_twin")
 def test_the_terminal_returns_no_credit() -> None:
     slot = opened()
     slot.deliver(ITEM)
@@ -121,6 +133,7 @@ def test_the_terminal_returns_no_credit() -> None:
     assert slot.drained == 1 and slot.reconcile() == 0  # the stream ended: nothing to grant
 
 
+@pytest.mark.usefixtures("credit_twin")
 def test_end_injects_dropped_after_the_data_unless_a_terminal_came() -> None:
     slot = opened()
     slot.deliver(ITEM)
@@ -135,6 +148,7 @@ def test_end_injects_dropped_after_the_data_unless_a_terminal_came() -> None:
     assert [ended.take(), ended.take()] == [FINALIZED, None] and ended.exhausted
 
 
+@pytest.mark.usefixtures("credit_twin")
 def test_the_injected_sentinel_fits_even_a_full_buffer() -> None:
     slot = opened(credit=2)
     slot.deliver(ITEM)
@@ -143,6 +157,7 @@ def test_the_injected_sentinel_fits_even_a_full_buffer() -> None:
     assert len(slot) == 3 and not slot.deliver(ITEM)
 
 
+@pytest.mark.usefixtures("credit_twin")
 def test_bytes_are_charged_to_the_slot_and_the_peer_and_freed_on_take_and_withdraw() -> None:
     peer = PeerBudget(1_000)
     a = opened(peer=peer)
@@ -157,6 +172,7 @@ def test_bytes_are_charged_to_the_slot_and_the_peer_and_freed_on_take_and_withdr
     assert peer.used == 0 and b.take() is None and b.exhausted
 
 
+@pytest.mark.usefixtures("credit_twin")
 def test_a_grant_is_withheld_while_the_slot_is_over_its_byte_budget() -> None:
     slot = opened(credit=4, budget=100)
     for _ in range(3):
@@ -168,6 +184,7 @@ def test_a_grant_is_withheld_while_the_slot_is_over_its_byte_budget() -> None:
     assert slot.reconcile() == 0
 
 
+@pytest.mark.usefixtures("credit_twin")
 def test_held_bytes_count_against_the_watermark() -> None:
     slot = opened(credit=4, budget=100)
     slot.deliver(b"b" * 10)
@@ -178,6 +195,7 @@ def test_held_bytes_count_against_the_watermark() -> None:
     assert slot.reconcile() == 1
 
 
+@pytest.mark.usefixtures("credit_twin")
 def test_a_closed_slot_counts_no_drains() -> None:
     slot = opened()
     slot.deliver(ITEM)
@@ -187,6 +205,7 @@ def test_a_closed_slot_counts_no_drains() -> None:
     assert slot.drained == 0 and slot.reconcile() == 0
 
 
+@pytest.mark.usefixtures("credit_twin")
 def test_the_watchdog_view_of_the_senders_credit() -> None:
     slot = opened(credit=2)
     assert slot.sender_has_credit and slot.outstanding_credit == 2
@@ -202,6 +221,7 @@ def test_the_watchdog_view_of_the_senders_credit() -> None:
     assert not slot.sender_has_credit
 
 
+@pytest.mark.usefixtures("credit_twin")
 def test_a_slot_opens_once_and_rejects_a_bad_window() -> None:
     slot = opened()
     with pytest.raises(RuntimeError):
@@ -212,6 +232,7 @@ def test_a_slot_opens_once_and_rejects_a_bad_window() -> None:
         PeerBudget(0)
 
 
+@pytest.mark.usefixtures("credit_twin")
 def test_a_delivery_wakes_the_reader_only_when_the_buffer_becomes_readable() -> None:
     wakes: list[int] = []
     slot = IngressSlot(4, 1 << 20, wake=lambda: wakes.append(1))

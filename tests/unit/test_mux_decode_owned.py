@@ -38,6 +38,12 @@ from velomux_quic.mux.protocol import (
     slot_id,
 )
 
+from .twins import each_twin
+
+pytestmark = pytest.mark.usefixtures("decoder_twin")
+decoder_twin = each_twin("velomux_quic.mux.protocol", "decode_batch_owned")
+"""Every test here runs against both twins of the ingress decoder."""
+
 _BODIES = {
     int(RecordType.OPEN_SLOT): open_slot_body(7, 9),
     int(RecordType.CLOSE_SLOT): close_slot_body(0),

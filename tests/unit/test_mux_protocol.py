@@ -57,6 +57,11 @@ from velomux_quic.mux.protocol import (
     slot_index,
 )
 
+from .twins import each_twin
+
+builder_twin = each_twin("velomux_quic.mux.protocol", "BatchBuilder")
+"""The builder tests run against both twins of the record path."""
+
 U32 = 2**32 - 1
 U64 = 2**64 - 1
 
@@ -366,6 +371,7 @@ def test_golden_encode() -> None:
     assert encode_batch(GOLDEN_HEADER, GOLDEN_RECORDS) == GOLDEN
 
 
+@pytest.mark.usefixtures("builder_twin")
 def test_golden_builder() -> None:
     builder = BatchBuilder(COALESCE_THRESHOLD)
     for record in GOLDEN_RECORDS:
@@ -503,6 +509,7 @@ def test_unknown_record_type_refuses_the_batch(record_type: int) -> None:
         (RecordType.LIFECYCLE_SLOT, bytes(8) + b"\x02"),
     ],
 )
+@pytest.mark.usefixtures("builder_twin")
 def test_bad_control_body_refuses_the_batch(record_type: RecordType, body: bytes) -> None:
     with pytest.raises(BadRecordBody):
         decode_batch(raw_batch([(0, 0x100, 1, b"ok"), (record_type, 0x100, 2, body)]))
@@ -584,6 +591,7 @@ def test_round_trip(header: BatchHeader, records: list[tuple[int, int, int, byte
 
 
 @given(headers_strategy, st.lists(records_strategy, max_size=30))
+@pytest.mark.usefixtures("builder_twin")
 def test_builder_matches_encode_batch(
     header: BatchHeader, records: list[tuple[int, int, int, bytes]]
 ) -> None:
@@ -670,6 +678,7 @@ def test_encode_batch_record_cap() -> None:
         (BatchHeader(0, 0, 1, 0), (0, 0, 2**32, b"")),
     ],
 )
+@pytest.mark.usefixtures("builder_twin")
 def test_encoders_refuse_out_of_range_fields(header: BatchHeader, record: EncodableRecord) -> None:
     with pytest.raises(ValueError):
         encode_batch(header, [record])
@@ -679,6 +688,7 @@ def test_encoders_refuse_out_of_range_fields(header: BatchHeader, record: Encoda
         builder.finish(header.lane, header.peer_epoch, header.batch_seq)
 
 
+@pytest.mark.usefixtures("builder_twin")
 def test_encoders_count_memoryview_bodies_in_bytes() -> None:
     wide = memoryview(b"abcdefgh").cast("I")
     assert len(wide) == 2
@@ -698,12 +708,14 @@ def test_encoders_count_memoryview_bodies_in_bytes() -> None:
 # -- BatchBuilder ----------------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("builder_twin")
 def test_builder_refuses_a_cap_below_the_minimum() -> None:
     with pytest.raises(ValueError):
         BatchBuilder(MIN_BATCH_CAP - 1)
     assert BatchBuilder(MIN_BATCH_CAP).cap == MIN_BATCH_CAP
 
 
+@pytest.mark.usefixtures("builder_twin")
 def test_builder_fits_honours_the_byte_cap() -> None:
     builder = BatchBuilder(MIN_BATCH_CAP)
     assert builder.size == BATCH_HEADER_SIZE and builder.count == 0
@@ -724,6 +736,7 @@ def test_builder_fits_honours_the_byte_cap() -> None:
     assert not builder.fits(0)
 
 
+@pytest.mark.usefixtures("builder_twin")
 def test_builder_fits_honours_the_record_cap() -> None:
     builder = BatchBuilder(1 << 30)
     for _ in range(MAX_RECORDS):
@@ -738,6 +751,7 @@ def test_builder_fits_honours_the_record_cap() -> None:
     assert header.record_count == len(records) == MAX_RECORDS
 
 
+@pytest.mark.usefixtures("builder_twin")
 def test_builder_takes_a_singleton_over_the_cap() -> None:
     # A record above the cap travels alone (by rendezvous); fits() says no, add() still works.
     builder = BatchBuilder(MIN_BATCH_CAP)
@@ -751,6 +765,7 @@ def test_builder_takes_a_singleton_over_the_cap() -> None:
     assert builder.fits(0)
 
 
+@pytest.mark.usefixtures("builder_twin")
 def test_builder_reset_and_reuse() -> None:
     builder = BatchBuilder(COALESCE_THRESHOLD)
     builder.add(0, 1, 1, b"first")
@@ -765,10 +780,12 @@ def test_builder_reset_and_reuse() -> None:
     assert first == encode_batch(BatchHeader(0, 1, 1, 0), [(0, 1, 1, b"first")])
 
 
+@pytest.mark.usefixtures("builder_twin")
 def test_builder_finish_of_an_empty_batch() -> None:
     assert BatchBuilder(MIN_BATCH_CAP).finish(0, 1, 0) == encode_batch(BatchHeader(0, 0, 1, 0), [])
 
 
+@pytest.mark.usefixtures("builder_twin")
 def test_failed_add_leaves_the_batch_unchanged() -> None:
     builder = BatchBuilder(COALESCE_THRESHOLD)
     builder.add(0, 1, 1, b"kept")
@@ -786,6 +803,7 @@ def test_failed_add_leaves_the_batch_unchanged() -> None:
 @pytest.mark.parametrize(
     ("lane", "epoch", "seq"), [(16, 1, 0), (-1, 1, 0), (0, 2**64, 0), (0, 1, -1)]
 )
+@pytest.mark.usefixtures("builder_twin")
 def test_builder_finish_range_checks(lane: int, epoch: int, seq: int) -> None:
     with pytest.raises(ValueError):
         BatchBuilder(MIN_BATCH_CAP).finish(lane, epoch, seq)

@@ -27,6 +27,7 @@ SURFACE = {
     "StreamOpenTicket",
     "MESSENGER_MUX_KEY",
     "PER_STREAM_KEY",
+    "RECORD_PATH",
     "InstanceId",
     "WorkerId",
     "StreamAnchorHandle",

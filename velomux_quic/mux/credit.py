@@ -33,20 +33,25 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from ..errors import UsageError
+from ..recordpath import Twins
 
 if TYPE_CHECKING:
     from ..streaming.inbox import Feed
 
 __all__ = ["DirtySet", "IngressSlot", "PeerBudget", "PendingRefusal"]
 
+_twins: Final = Twins("velomux_quic.mux._compiled")
+"""The compiled twins of the three classes here (or none): see velomux_quic.recordpath."""
+
 PendingRefusal = tuple[int, int, str]
 """A staged refusal waiting on a bind (:attr:`IngressSlot.refusals`): (sender epoch, full
 slot id, the consumer's error message). See :mod:`.singleton`."""
 
 
+@_twins.of
 class PeerBudget:
     """The bytes one peer's ingress holds, across all its lanes (``peer_byte_budget``).
 
@@ -75,6 +80,7 @@ class PeerBudget:
         self.used -= size
 
 
+@_twins.of
 class DirtySet:
     """The slot indices of one (peer, lane) table whose consumers took records since the
     last visit: the drain side of the credit return.
@@ -140,6 +146,7 @@ class DirtySet:
         return len(self._listed)
 
 
+@_twins.of
 class IngressSlot:
     """The C + 1 deep buffer of one bound stream, and the anchor's feed for it.
 

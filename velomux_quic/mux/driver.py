@@ -28,6 +28,7 @@ from typing import Any, Final
 from ..errors import ChannelClosed, TransportError
 from ..ids import InstanceId
 from ..messenger import Messenger
+from ..recordpath import Twins
 from ..transport import SendAdmission
 from .egress import EgressBatcher, EgressSlot, OutgoingBatch, SlotOwner
 from .handlers import BATCH_HANDLER_NAMES
@@ -40,6 +41,9 @@ logger = logging.getLogger(__name__)
 
 _OPEN: Final = SlotState.OPEN
 _OPENING: Final = SlotState.OPENING
+
+_twins: Final = Twins("velomux_quic.mux._compiled")
+"""The compiled twin of :class:`MuxChannel` (or none): see velomux_quic.recordpath."""
 
 
 DeliveryWatch = Callable[[InstanceId, int, Callable[[bool], None]], None]
@@ -65,6 +69,24 @@ class DeliveryGuard:
 
 class BatcherDriver:
     """Drives one (peer, lane) batcher on the event loop."""
+
+    # Slots: a sender's ``try_send`` reads ``_wake`` once per record.
+    __slots__ = (
+        "_delivered",
+        "_loop",
+        "_pending",
+        "_space",
+        "_timer",
+        "_timer_at",
+        "_wake",
+        "batcher",
+        "closed",
+        "handler",
+        "last_activity",
+        "messenger",
+        "peer",
+        "wakes",
+    )
 
     def __init__(
         self,
@@ -279,6 +301,7 @@ def _resolve_all(guards: list[DeliveryGuard]) -> Callable[[bool], None]:
     return told
 
 
+@_twins.of
 class MuxChannel:
     """A sender's channel into its mux slot (the ProducerChannel the mux provides)."""
 

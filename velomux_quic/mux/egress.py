@@ -23,14 +23,12 @@ record a producer sends) stages a data record and updates the ready set without 
 :meth:`EgressBatcher._pack_ready` packs the common record (data with credit that fits the
 open batch) in its own loop, appending it to the builder's buffer itself, with locals bound
 once per poll, instead of going through :meth:`EgressBatcher._pack_slot` or a builder call
-per record. Profile (CPython 3.11, 1,024 slots, one 54-byte record each per poll, the token
-workload of ``perf/tokens.py``): a poll costs about 450 ns per record with the inlined loop
-(540 with one ``add_data_if_fits`` call per record, 805 with every record through
-``_pack_slot``); ``offer`` about 215 ns, also when the slot already holds records (at max
-rate passes merge while a batch waits for admission, and that case used to cost a call to
-``_enqueued`` and two slot properties). Slot states are compared by identity on these
-paths (``state is _OPEN``): an ordering comparison of two IntEnum members cost ``offer``
-10 ns more per record.
+per record: the profiles of ``perf/tokens.py`` put these two among the largest costs of
+the engine's thread, and every call or attribute lookup removed from them showed there
+(the figures are in docs/performance.md). For the same reason slot states are compared
+by identity on these paths (``state is _OPEN``), not by ordering. Both methods have a
+compiled twin (velomux_quic.recordpath) that follows these rules line for line in C;
+the Python here stays the reference, and the differential tests hold the two equal.
 
 The rules, from the Batched streaming chapter:
 
@@ -49,8 +47,7 @@ The rules, from the Batched streaming chapter:
   records count against the bound) slow the others down but never shut them out: memory
   per batcher is ``peer_queue_bytes`` plus one record per live slot. On ``offer`` the
   bound is one attribute load, one compare and one store (the room left, kept wherever a
-  slot's ``queued_bytes`` moves): measured at about 35 ns per record, 225 against 190 ns,
-  on 1,024 slots of one 54-byte record each, on a loaded 2-core machine.
+  slot's ``queued_bytes`` moves), so the bound costs ``offer`` next to nothing.
 * **Sequence.** ``frame_seq`` is per slot: OpenSlot takes 0, data starts at 1, and the
   ``CloseSlot{TerminalSent}`` written right after a terminal takes the next one, in the
   same batch (terminal and close are atomic).
@@ -87,6 +84,7 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from ..errors import UsageError
+from ..recordpath import Twins
 from .config import AutoFlush, Manual, MuxConfig
 from .protocol import (
     COALESCE_THRESHOLD,
@@ -148,6 +146,9 @@ _DATA: Final = int(RecordType.DATA)
 _pack_record: Final = RECORD_HEADER.pack
 _CLOSED: Final = SlotState.CLOSED
 
+_twins: Final = Twins("velomux_quic.mux._compiled")
+"""The compiled twins of ``offer`` and ``_pack_ready`` (or none): see velomux_quic.recordpath."""
+
 
 def wall_clock_epochs() -> EpochSource:
     """The real epoch source: a counter seeded from the wall clock in microseconds.
@@ -167,6 +168,49 @@ def _closed_slot(slot: EgressSlot) -> UsageError:
 
 class EgressBatcher:
     """One per (peer, lane). See the module docstring."""
+
+    # Slots, not a dict: ``offer`` and the poll read and write the batcher's fields once per
+    # record or per slot, and a slot is one descriptor read where a dict is a hash lookup
+    # (from the interpreter and from the compiled twin alike).
+    __slots__ = (
+        "_builder",
+        "_by_session",
+        "_count_close",
+        "_count_credit",
+        "_count_data",
+        "_count_lifecycle",
+        "_count_open",
+        "_epochs",
+        "_free",
+        "_generations",
+        "_kick",
+        "_last_data_write",
+        "_live",
+        "_opens",
+        "_ready",
+        "_reply_close",
+        "_reply_credit",
+        "_reply_lifecycle",
+        "_reply_since",
+        "_room",
+        "_slots",
+        "_staged_since",
+        "_urgent",
+        "batch_seq",
+        "byte_cap",
+        "config",
+        "counters",
+        "eager_budget",
+        "epoch",
+        "lane",
+        "on_guard_dropped",
+        "parked",
+        "policy",
+        "poll_budget",
+        "quantum",
+        "queue_limit",
+        "stats",
+    )
 
     def __init__(
         self,
@@ -310,6 +354,7 @@ class EgressBatcher:
 
     # -- producers -----------------------------------------------------------------------
 
+    @_twins.method
     def offer(self, slot: EgressSlot, body: bytes, now: float) -> bool:
         """Stage one record; False when the slot's byte budget is full (the producer waits).
 
@@ -622,6 +667,7 @@ class EgressBatcher:
 
     # -- packing: what one poll writes, record by record ---------------------------------
 
+    @_twins.method
     def _pack_ready(
         self, out: list[OutgoingBatch], guards: list[Any], carries_data: bool
     ) -> tuple[list[Any], bool]:

@@ -46,11 +46,11 @@ measures. Its body arrives as ``bytes`` already (the transport decodes with
 :func:`~velomux_quic.mux.protocol.decode_batch_owned`), so it goes into the slot's buffer
 as it is; a ``memoryview`` body (``decode_batch``) is copied once. After the batch, only
 the touched slots that may owe the sender a grant are visited (see :meth:`_reconcile`).
-Figures (``perf/ingress_bench.py``: CPython 3.11, 1,024 slots, one 42-byte item each per
-batch, CPU time, a loaded machine): the decode and ``handle_batch`` together about 900 to
-1,300 ns per record, against 1,300 to 1,900 ns before these cuts (a memoryview slice and a
-``bytes`` copy per record, and a credit visit of every touched slot); keep the loop free
-of extra calls and attribute lookups.
+A memoryview slice and a ``bytes`` copy per record, and a credit visit of every touched
+slot, were what this loop cost before (``perf/ingress_bench.py``; the figures are in
+docs/performance.md): keep it free of extra calls and attribute lookups. The loop and the
+two reconcile walks have a compiled twin (velomux_quic.recordpath) that applies these rules
+line for line in C; this Python stays the reference.
 
 A slot's failure never touches another slot or the lane: a sender over its credit, a
 hold past its byte budget, or a reader stall closes that slot alone (CloseSlot
@@ -71,6 +71,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Sequence
 from typing import Final
 
+from ..recordpath import Twins
 from ..streaming.frames import DROPPED, ITEM_PREFIX, encode_transport_error, is_terminal_sentinel
 from .config import MuxConfig
 from .contracts import (
@@ -122,10 +123,14 @@ _TERMINAL_SENT: Final = CloseReason.TERMINAL_SENT
 _PEER_GONE: Final = CloseReason.PEER_GONE
 _OWNER_CLOSE_BYTES: Final = frozenset({int(_TERMINAL_SENT), int(_PEER_GONE)})
 
+_twins: Final = Twins("velomux_quic.mux._compiled")
+"""The compiled twins of ``_Route`` and the arrival loop (or none): see velomux_quic.recordpath."""
+
 
 # -- per-slot ingress state ---------------------------------------------------------------
 
 
+@_twins.of
 class _Route:
     """The sequencing state of one live slot: what ``frame_seq`` comes next, the records
     that arrived ahead of it, and a close that arrived ahead of it.
@@ -281,6 +286,7 @@ class IngressTable:
 
     # -- arrival: one batch, record by record ------------------------------------------------
 
+    @_twins.method
     def handle_batch(
         self, header: BatchHeader, records: Sequence[Record | OwnedRecord], now: float
     ) -> None:
@@ -772,6 +778,7 @@ class IngressTable:
         if grant:
             self._replies.credit(route.slot_id, grant)
 
+    @_twins.method
     def _reconcile(self, touched: list[_Route]) -> None:
         """Visit the slots a batch delivered into that may owe the sender something now.
 
@@ -794,6 +801,7 @@ class IngressTable:
             if index < len(routes) and routes[index] is route:
                 self._visit(route)
 
+    @_twins.method
     def _reconcile_dirty(self) -> int:
         listed = self.dirty.drain()
         routes = self._routes

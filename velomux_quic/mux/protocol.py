@@ -62,6 +62,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Final
 
+from ..recordpath import Twins
 from ..transport.config import MAX_LANES
 from .records import (
     _CONTROL_BODY_SIZES,
@@ -136,6 +137,9 @@ __all__ = [
     "slot_id",
     "slot_index",
 ]
+
+_twins: Final = Twins("velomux_quic.mux._compiled")
+"""The compiled twins of :class:`BatchBuilder` and :func:`decode_batch_owned` (or none)."""
 
 # -- constants ------------------------------------------------------------------
 
@@ -374,6 +378,7 @@ default eager batch (``max_batch_bytes`` 60 KiB) fits; a larger one (a staged si
 a raised ``max_batch_bytes``) holds few records, and is decoded as views instead."""
 
 
+@_twins.of
 def decode_batch_owned(data: BytesLike) -> tuple[BatchHeader, list[OwnedRecord]]:
     """:func:`decode_batch` with every body copied out as ``bytes``: the ingress path.
 
@@ -474,6 +479,7 @@ def encode_batch(header: BatchHeader, records: Sequence[EncodableRecord]) -> byt
     return b"".join(parts)
 
 
+@_twins.of
 class BatchBuilder:
     """Packs records into one reusable ``bytearray``: the egress hot path.
 

@@ -32,7 +32,10 @@ from types import MappingProxyType
 from typing import Any, Final, Protocol
 
 from ..errors import SlotsExhausted, UsageError
+from ..recordpath import Twins
 from .protocol import slot_id
+
+_twins: Final = Twins("velomux_quic.mux._compiled")
 
 __all__ = [
     "RECORDS_PER_BATCH_BUCKETS",
@@ -169,6 +172,7 @@ class SlotOwner(Protocol):
         abort (the producer knows) or its own terminal."""
 
 
+@_twins.of
 class EgressSlot:
     """One stream on this (peer, lane), as the producer's node sees it."""
 

@@ -7,16 +7,21 @@ group is one ``add_*_commands(subparsers)`` call here.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import sys
 import textwrap
 from collections.abc import Callable, Iterator, Sequence
 
+from velomux_quic import RECORD_PATH
 from velomux_quic.programs.certs import add_certs_commands
 from velomux_quic.programs.demo import add_demo_commands
 from velomux_quic.programs.probe import add_probe_commands
 from velomux_quic.programs.service import add_node_commands
 
-__all__ = ["HelpFormatter", "build_parser", "main", "parsers"]
+__all__ = ["HelpFormatter", "build_parser", "main", "parsers", "version_line"]
+
+QUIC_ENGINE = "aioquic"
+"""The QUIC engine every connection runs on (the only one today)."""
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -55,10 +60,28 @@ def parsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser
                 yield from parsers(child)
 
 
+def version_line() -> str:
+    """What ``velomux --version`` prints: the package version, the record path this process
+    runs (``compiled``, or ``pure-python`` under VELOMUX_PURE_PYTHON=1) and the QUIC engine,
+    so a bug report says which implementation produced it."""
+    try:
+        version = importlib.metadata.version("velomux_quic")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown (not installed)"
+    return f"velomux_quic {version} (record path: {RECORD_PATH}; QUIC engine: {QUIC_ENGINE})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="velomux",
         description="Stream records between cluster nodes over mutually authenticated QUIC.",
+    )
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=version_line(),
+        help="print the version, the record path (compiled or pure-python) and the QUIC "
+        "engine, and exit",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     add_certs_commands(commands)

@@ -43,6 +43,7 @@ from ..errors import (
     UsageError,
 )
 from ..ids import InstanceId, StreamAnchorHandle
+from ..recordpath import Twins
 from .frames import FrameDecodeError, FrameKind, decode_frame, shutdown_message
 from .inbox import Inbox
 from .watchdog import WatchdogClock
@@ -68,6 +69,9 @@ _SENDER_ERROR: Final = FrameKind.SENDER_ERROR
 _DETACHED: Final = FrameKind.DETACHED
 _FINALIZED: Final = FrameKind.FINALIZED
 _DROPPED: Final = FrameKind.DROPPED
+
+_twins: Final = Twins("velomux_quic.streaming._compiled")
+"""The compiled twin of the consumer's take (or none): see velomux_quic.recordpath."""
 
 
 @dataclass(slots=True)
@@ -239,6 +243,7 @@ class StreamAnchor(_AnchorBase, Generic[T]):
         self._begin_iteration()
         return self
 
+    @_twins.method
     async def __anext__(self) -> T:
         """The next item; StopAsyncIteration at the end, a StreamError if it broke."""
         # The loop is inline, not a helper coroutine, and reads the inbox itself rather
@@ -350,6 +355,7 @@ class StreamAnchor(_AnchorBase, Generic[T]):
             self._take_items(items, limit)
         return items
 
+    @_twins.method
     def _take_items(self, items: list[T], limit: int) -> None:
         """Append the items ready now, up to ``limit``, skipping heartbeats; stop before
         anything else (given back to be read next), so the items before it come first.

@@ -12,7 +12,7 @@ frame is the same bytes whichever implementation wrote it::
 Three things sit on the per-token path and are shaped for it.
 :func:`encode_item` writes a constant prefix and packs only the payload, with a
 pooled ``msgpack.Packer`` rather than ``msgpack.packb``, which builds a new
-packer per call (on a 48-byte token frame, about 480 ns against 660 ns).
+packer per call (a measurable share of a token's cost: see docs/performance.md).
 :func:`is_terminal_sentinel`, which egress asks of every record to decide
 whether a slot closes, answers from the encoded bytes: an ``Item`` is
 recognised by its six-byte prefix and the unit sentinels by comparison with
@@ -40,6 +40,7 @@ from typing import Any, Final
 import msgpack  # type: ignore[import-untyped]
 
 from ..errors import FrameDecodeError, SerializationError
+from ..recordpath import Twins
 
 __all__ = [
     "DETACHED",
@@ -85,6 +86,9 @@ TERMINAL_KINDS: Final = frozenset(
 )
 """Kinds that end a slot's stream: the slot spends its reserved credit on one and closes."""
 
+
+_twins: Final = Twins("velomux_quic.streaming._compiled")
+"""The compiled twin of :func:`encode_item` (or none): see velomux_quic.recordpath."""
 
 _packb: Final = msgpack.packb
 _unpackb: Final = msgpack.unpackb
@@ -155,7 +159,7 @@ def _serialization_error(item: object, exc: Exception) -> SerializationError:
 class ItemPacker:
     """One pooled packer held for a run of items (a forward pass), for a caller that
     encodes inline: ``ITEM_PREFIX + packer.pack(item)`` is :func:`encode_item` without the
-    pool round trip per item (about 90 ns of 320 on a 48-byte token here).
+    pool round trip per item (a measurable share of a small token's encode).
 
     After a failed ``pack`` call :meth:`failed`: it returns the :class:`SerializationError`
     to report and swaps in a fresh packer (a failed one is never pooled). :meth:`release`
@@ -182,6 +186,7 @@ class ItemPacker:
             _packer_pool.append(self._packer)
 
 
+@_twins.of
 def encode_item(item: object) -> bytes:
     """The ``Item`` frame of ``item``: :data:`ITEM_PREFIX` followed by ``item`` in MessagePack.
 
@@ -208,10 +213,9 @@ def encode_item(item: object) -> bytes:
 def encode_items(items: Iterable[object]) -> list[bytes]:
     """``[encode_item(item) for item in items]``, taking a packer from the pool once per batch.
 
-    One packer for the batch saves the pool round trip per item: measured on a
-    48-byte token frame, about 10% less per item than calling :func:`encode_item`
-    in a loop. Raises :class:`SerializationError` on the first item that cannot
-    be encoded.
+    One packer for the batch saves the pool round trip per item, which is a visible
+    share of a small token's encode. Raises :class:`SerializationError` on the first
+    item that cannot be encoded.
     """
     pool = _packer_pool
     try:

@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import Protocol
+from typing import Final, Protocol
 
 from ..errors import ChannelClosed
+from ..recordpath import Twins
 
 __all__ = ["Feed", "Inbox"]
 
@@ -49,9 +50,16 @@ class Feed(Protocol):
 
 Item = tuple[int, bytes]
 
+_twins: Final = Twins("velomux_quic.streaming._compiled")
+"""The compiled twin of :class:`Inbox` (or none): see velomux_quic.recordpath."""
 
+
+@_twins.of
 class Inbox:
-    """See the module docstring. Not thread-safe: everything runs on the event loop."""
+    """See the module docstring. Not thread-safe: everything runs on the event loop.
+
+    The reader's ``take`` and ``wait`` run once per record, so the class has a compiled
+    twin (velomux_quic.recordpath)."""
 
     __slots__ = (
         "_barrier",

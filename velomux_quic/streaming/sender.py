@@ -27,10 +27,11 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Literal, Protocol
+from typing import Any, Final, Literal, Protocol
 
 from ..errors import ChannelClosed, SendTimeout, SerializationError, UsageError
 from ..ids import InstanceId, StreamAnchorHandle
+from ..recordpath import Twins
 from .channels import ProducerChannel
 from .frames import (
     DETACHED,
@@ -56,6 +57,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+_twins: Final = Twins("velomux_quic.streaming._compiled")
+"""The compiled twin of the pass loop (or none): see velomux_quic.recordpath."""
 
 SenderStateName = Literal["open", "finished", "detached", "dropped", "cancelled"]
 """Where a sender is in its life: sending (``open``) or how its stream ended here."""
@@ -309,6 +313,7 @@ class StreamSender:
         slot, or written to the QUIC stream and not transmitted)."""
         return self._state.channel.queued_bytes
 
+    @_twins.method
     async def send(self, item: Any, *, timeout: float | None = None) -> None:
         """Send one item, waiting while the stream has no room (the backpressure).
 
@@ -326,20 +331,7 @@ class StreamSender:
         body = encode_item(item)  # SerializationError for what MessagePack cannot hold
         channel = state.channel
         if not channel.try_send(body):
-            if channel.closed:
-                raise ChannelClosed("the stream's channel is closed")
-            state.metrics.producer_send_backpressure += 1
-            if timeout is None:
-                await channel.send(body)
-                return
-            try:
-                async with asyncio.timeout(timeout):
-                    await channel.send(body)
-            except TimeoutError:
-                raise SendTimeout(
-                    f"no room on the stream to {state.handle} within {timeout} s; the item "
-                    "was not sent: retry, shed it, or raise the consumer's read rate"
-                ) from None
+            await _send_when_room(state, body, timeout)
 
     def try_send(self, item: Any) -> bool:
         """Send one item only if the stream has room now; never waits.
@@ -414,6 +406,27 @@ class StreamSender:
         return await asyncio.shield(self._state.retired)
 
 
+async def _send_when_room(state: SenderState, body: bytes, timeout: float | None) -> None:
+    """The rest of a ``send()`` whose record found no room: fail if the channel closed,
+    else count the backpressure and wait for room (at most ``timeout``). Apart from
+    ``send()`` because its compiled twin hands this (rare) case over to it."""
+    channel = state.channel
+    if channel.closed:
+        raise ChannelClosed("the stream's channel is closed")
+    state.metrics.producer_send_backpressure += 1
+    if timeout is None:
+        await channel.send(body)
+        return
+    try:
+        async with asyncio.timeout(timeout):
+            await channel.send(body)
+    except TimeoutError:
+        raise SendTimeout(
+            f"no room on the stream to {state.handle} within {timeout} s; the item "
+            "was not sent: retry, shed it, or raise the consumer's read rate"
+        ) from None
+
+
 # -- a forward pass in one call ------------------------------------------------------------
 
 
@@ -483,6 +496,56 @@ def _restage(
     return taken, left
 
 
+@_twins.of
+def _stage_pass(
+    pairs: Iterable[tuple[StreamSender, Any]],
+    failed: dict[int, ChannelClosed | SerializationError],
+    left: list[_PassEntry],
+) -> int:
+    """The pass without waiting: each pair's record encoded and staged as ``send()`` would,
+    what failed into ``failed``, what found no room (and every later pair of its stream)
+    into ``left``, each of those counted once as backpressure. Returns how many were taken.
+    The loop runs once per token, so it has a compiled twin (velomux_quic.recordpath)."""
+    blocked: set[int] = set()
+    taken = 0
+    packer = ItemPacker()  # encode_item inline: one packer for the pass
+    pack = packer.pack
+    prefix = ITEM_PREFIX
+    grew = False
+    try:
+        for index, (sender, item) in enumerate(pairs):
+            state = sender._state
+            if state.terminal_sent:  # ended or cancelled: what send() raises, for this pair
+                failed[index] = _closed_error(state)
+                continue
+            try:
+                packed = pack(item)
+            except (TypeError, ValueError, OverflowError) as exc:
+                failed[index] = packer.failed(item, exc)
+                pack = packer.pack  # a fresh packer: a failed one is not used again
+                continue
+            if len(packed) > PACKER_BUFFER:
+                grew = True
+            body = prefix + packed
+            if blocked and id(state) in blocked:
+                left.append((index, state, body))  # behind its stream's refused record
+                state.metrics.producer_send_backpressure += 1
+                continue
+            channel = state.channel
+            if channel.try_send(body):
+                taken += 1
+                continue
+            if channel.closed:
+                failed[index] = ChannelClosed("the stream's channel is closed")
+                continue
+            blocked.add(id(state))
+            left.append((index, state, body))
+            state.metrics.producer_send_backpressure += 1
+    finally:
+        packer.release(grew)
+    return taken
+
+
 async def send_pass(
     pairs: Iterable[tuple[StreamSender, Any]],
     *,
@@ -524,43 +587,7 @@ async def send_pass(
         raise UsageError("send_pass(timeout=...) bounds a wait: pass wait=True with it")
     failed: dict[int, ChannelClosed | SerializationError] = {}
     left: list[_PassEntry] = []
-    blocked: set[int] = set()
-    taken = 0
-    packer = ItemPacker()  # encode_item inline: one packer for the pass
-    pack = packer.pack
-    prefix = ITEM_PREFIX
-    grew = False
-    try:
-        for index, (sender, item) in enumerate(pairs):
-            state = sender._state
-            if state.terminal_sent:  # ended or cancelled: what send() raises, for this pair
-                failed[index] = _closed_error(state)
-                continue
-            try:
-                packed = pack(item)
-            except (TypeError, ValueError, OverflowError) as exc:
-                failed[index] = packer.failed(item, exc)
-                pack = packer.pack  # a fresh packer: a failed one is not used again
-                continue
-            if len(packed) > PACKER_BUFFER:
-                grew = True
-            body = prefix + packed
-            if blocked and id(state) in blocked:
-                left.append((index, state, body))  # behind its stream's refused record
-                state.metrics.producer_send_backpressure += 1
-                continue
-            channel = state.channel
-            if channel.try_send(body):
-                taken += 1
-                continue
-            if channel.closed:
-                failed[index] = ChannelClosed("the stream's channel is closed")
-                continue
-            blocked.add(id(state))
-            left.append((index, state, body))
-            state.metrics.producer_send_backpressure += 1
-    finally:
-        packer.release(grew)
+    taken = _stage_pass(pairs, failed, left)
     if left and wait:
         try:
             async with asyncio.timeout(timeout):

@@ -1,0 +1,278 @@
+"""The rate of new streams: short streams opened at rising rates, until each path fails.
+
+The design chapter's other headline: a frontend opens a stream per request, and at about
+2,500 new streams a second the per-stream path failed 80-92% of its requests while the mux
+failed none. Here a frontend node opens short streams at each ``--rates`` rate for
+``--seconds``: each request creates an anchor, asks the engine node for ``--tokens``
+tokens, and reads them to the end. The engine answers every request with a stream:
+
+* ``mux-ticket``: the request carries a zero-RTT ticket (``prebind_anchor``); the engine
+  opens the stream with ``open_anchor_stream``, no attach round trip;
+* ``mux-attach``: the request carries the anchor's handle; the engine attaches
+  (``attach_anchor``), which negotiates the mux;
+* ``per-stream``: as ``mux-attach``, offering only ``quic-stream-v1``, so every stream is a
+  QUIC stream of its own;
+* ``grpc``: grpc.aio, one server-streaming RPC per request (the engine the server), with
+  the same certificates, client certificates required.
+
+Per rate and path it reports the sustained open rate (streams opened per second over the
+window, the last stream's end included), how many requests failed (an error, or a stream
+not ended within ``--timeout``) and the first token's latency (from the request's start to
+its first token at the frontend: p50 and p99 of the successful ones). A path whose errors
+pass half its requests at a rate is not run at the higher rates ("up to where each fails").
+
+Both nodes (or the gRPC server and client) run in this one process on one event loop
+(uvloop where installed), over real QUIC (or TLS over TCP) on loopback, so their CPU is
+shared the way a frontend's and an engine's are not: compare the paths with each other
+within one invocation, and the rate each sustains, not absolute figures.
+
+    python perf/stream_rate.py                                 # 250 .. 5,000 streams/s
+    python perf/stream_rate.py --rates 500 2500 --paths mux-ticket per-stream
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from velomux_quic import Context, StreamAnchorHandle, StreamOpenTicket, open_node
+from velomux_quic.programs.runtime import run
+from velomux_quic.security.certs import NodeCredentials, ensure_dev_cluster
+from velomux_quic.streaming.control import PER_STREAM_KEY
+
+PATHS = ("mux-ticket", "mux-attach", "per-stream", "grpc")
+TOKEN = {"t": 0, "text": "tok"}
+
+Opener = Callable[[int], Awaitable[float]]
+"""Open one stream (request ``n``), read it to its end; the first token's latency (s)."""
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[max(1, math.ceil(q * len(ordered))) - 1]
+
+
+async def _drive(open_one: Opener, rate: int, seconds: float, timeout: float) -> dict[str, Any]:
+    """Open ``rate`` streams a second for ``seconds`` (in 10 ms ticks, on an anchored
+    schedule), each bounded by ``timeout``; the figures of the window."""
+    latencies: list[float] = []
+    errors: dict[str, int] = {}
+    total = int(rate * seconds)
+    tick = 0.01
+    per_tick = rate * tick
+    started = time.perf_counter()
+    tasks: list[asyncio.Task[None]] = []
+
+    async def one(n: int) -> None:
+        try:
+            async with asyncio.timeout(timeout):
+                latencies.append(await open_one(n))
+        except Exception as exc:  # every failure counts, by its kind (with its first words)
+            kind = f"{type(exc).__name__}: {str(exc)[:80]}"
+            errors[kind] = errors.get(kind, 0) + 1
+
+    opened = 0
+    step = 0
+    while opened < total:
+        step += 1
+        due = min(total, int(step * per_tick))
+        while opened < due:
+            tasks.append(asyncio.create_task(one(opened)))
+            opened += 1
+        delay = started + step * tick - time.perf_counter()
+        await asyncio.sleep(max(0.0, delay))
+    await asyncio.gather(*tasks)
+    elapsed = time.perf_counter() - started
+    ok = len(latencies)
+    result: dict[str, Any] = {
+        "rate": rate,
+        "requests": total,
+        "ok": ok,
+        "errors": total - ok,
+        "error_kinds": errors,
+        "sustained_per_s": ok / elapsed,
+    }
+    if latencies:
+        result["first_token_p50_ms"] = 1000 * statistics.median(latencies)
+        result["first_token_p99_ms"] = 1000 * _percentile(latencies, 0.99)
+    return result
+
+
+async def _node_path(path: str, args: argparse.Namespace, certs: dict[str, Path]) -> list[Any]:
+    async with (
+        open_node(NodeCredentials.load(certs["engine"])) as engine,
+        open_node(NodeCredentials.load(certs["frontend"]), peers=[engine.record]) as frontend,
+    ):
+        offer = [PER_STREAM_KEY] if path == "per-stream" else None
+
+        async def answer(ctx: Context) -> bytes:
+            request = json.loads(bytes(ctx.payload))
+            handle = StreamAnchorHandle(int(request["handle"]))
+            if "ticket" in request:
+                ticket = StreamOpenTicket.decode(bytes.fromhex(request["ticket"]))
+                sender = await engine.open_anchor_stream(handle, ticket)
+            else:
+                sender = await engine.anchors.attach_anchor(handle, offer=offer)
+            for i in range(args.tokens):
+                await sender.send({**TOKEN, "t": i})
+            sender.finalize()
+            return b"ok"
+
+        engine.register_handler("open", answer, dispatch="spawn")
+
+        async def open_one(n: int) -> float:
+            started = time.perf_counter()
+            anchor = frontend.create_anchor()
+            request: dict[str, Any] = {"handle": str(anchor.handle.value)}
+            if path == "mux-ticket":
+                request["ticket"] = frontend.prebind_anchor(anchor.handle).encode().hex()
+            reply = asyncio.ensure_future(
+                frontend.call(engine.instance_id, "open", json.dumps(request).encode())
+            )
+            try:
+                first = None
+                count = 0
+                async for _ in anchor:
+                    if first is None:
+                        first = time.perf_counter() - started
+                    count += 1
+                if count != args.tokens or first is None:
+                    raise RuntimeError(f"stream {n} ended after {count} tokens")
+                await reply
+                return first
+            finally:
+                if not reply.done():
+                    reply.cancel()
+                anchor.cancel()
+
+        return await _rates(path, open_one, args)
+
+
+async def _grpc_path(args: argparse.Namespace, certs: dict[str, Path]) -> list[Any]:
+    import grpc
+    from grpc import aio
+
+    async def stream(request: bytes, context: Any) -> Any:
+        for i in range(args.tokens):
+            yield json.dumps({**TOKEN, "t": i}).encode()
+
+    handler = grpc.method_handlers_generic_handler(
+        "bench.Streams",
+        {"Open": grpc.unary_stream_rpc_method_handler(stream)},
+    )
+    from grpc_tokens import _HOST, channel_credentials, server_credentials
+
+    server = aio.server(options=[("grpc.so_reuseport", 0)])
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_secure_port(f"{_HOST}:0", server_credentials(certs["engine"]))
+    await server.start()
+    channel = aio.secure_channel(f"{_HOST}:{port}", channel_credentials(certs["frontend"]))
+    await channel.channel_ready()
+    call = channel.unary_stream("/bench.Streams/Open")
+    try:
+
+        async def open_one(n: int) -> float:
+            started = time.perf_counter()
+            first = None
+            count = 0
+            async for _ in call(b""):
+                if first is None:
+                    first = time.perf_counter() - started
+                count += 1
+            if count != args.tokens or first is None:
+                raise RuntimeError(f"stream {n} ended after {count} tokens")
+            return first
+
+        return await _rates("grpc", open_one, args)
+    finally:
+        await channel.close()
+        await server.stop(None)
+
+
+async def _rates(path: str, open_one: Opener, args: argparse.Namespace) -> list[Any]:
+    results = []
+    for rate in args.rates:
+        result = await _drive(open_one, rate, args.seconds, args.timeout)
+        results.append(result)
+        print(
+            f"{path} at {rate:,}/s: {result['ok']:,} of {result['requests']:,} ok, "
+            f"{result['sustained_per_s']:,.0f}/s sustained, first token p50/p99 "
+            f"{result.get('first_token_p50_ms', float('nan')):.1f}/"
+            f"{result.get('first_token_p99_ms', float('nan')):.1f} ms, errors "
+            f"{result['error_kinds'] or 0}",
+            file=sys.stderr,
+            flush=True,
+        )
+        if result["errors"] * 2 > result["requests"]:
+            break  # this path failed at this rate: the higher ones are not run
+        await asyncio.sleep(1.0)  # let the last rate's streams retire before the next
+    return results
+
+
+def table(found: dict[str, list[dict[str, Any]]], rates: list[int]) -> str:
+    lines = [
+        "| path | " + " | ".join(f"{rate:,}/s" for rate in rates) + " |",
+        "|---|" + "---:|" * len(rates),
+    ]
+    for path, results in found.items():
+        by_rate = {result["rate"]: result for result in results}
+        cells = [path]
+        for rate in rates:
+            result = by_rate.get(rate)
+            if result is None:
+                cells.append("not run (failed below)")
+                continue
+            p50 = result.get("first_token_p50_ms")
+            p99 = result.get("first_token_p99_ms")
+            latency = "n/a" if p50 is None else f"{p50:.1f} / {p99:.1f} ms"
+            cells.append(
+                f"{result['sustained_per_s']:,.0f}/s, {result['errors']:,} errors, {latency}"
+            )
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    with tempfile.TemporaryDirectory(prefix="stream-rate-") as tmp:
+        certs = ensure_dev_cluster(Path(tmp) / "certs", ("engine", "frontend"))
+        found: dict[str, list[dict[str, Any]]] = {}
+        for path in args.paths:
+            if path == "grpc":
+                found[path] = await _grpc_path(args, certs)
+            else:
+                found[path] = await _node_path(path, args, certs)
+    print(
+        f"# stream rate: {args.tokens} tokens per stream, {args.seconds:g} s per rate, "
+        f"timeout {args.timeout:g} s (cell: sustained opens, errors, first token p50 / p99)\n"
+    )
+    print(table(found, args.rates))
+    if args.json is not None:
+        args.json.write_text(json.dumps(found, indent=2) + "\n")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS))
+    parser.add_argument(
+        "--rates", nargs="+", type=int, default=[250, 500, 1000, 2500, 5000], help="streams/s"
+    )
+    parser.add_argument("--seconds", type=float, default=2.0, help="window per rate (2)")
+    parser.add_argument("--tokens", type=int, default=4, help="tokens per stream (4)")
+    parser.add_argument("--timeout", type=float, default=10.0, help="per request (10 s)")
+    parser.add_argument("--json", type=Path, help="also write every figure here")
+    args = parser.parse_args(argv)
+    return run(main_async(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,34 @@
+"""Build the compiled record path: the Cython extensions beside their pure-Python twins.
+
+Everything else about the package is in pyproject.toml; this file exists only because the
+extensions need code to describe. Cython is a build requirement (``[build-system]``), so
+``pip install .``, ``python -m build`` and the sdist on a fresh machine cythonize and compile
+with the system C compiler. A compile error fails the build: there is no optional
+extension and no silent fallback to the pure-Python twin (see velomux_quic/recordpath).
+"""
+
+from __future__ import annotations
+
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+EXTENSIONS = [
+    Extension("velomux_quic.mux._compiled", ["velomux_quic/mux/_compiled.pyx"]),
+    Extension("velomux_quic.streaming._compiled", ["velomux_quic/streaming/_compiled.pyx"]),
+]
+
+setup(
+    ext_modules=cythonize(
+        EXTENSIONS,
+        language_level=3,
+        compiler_directives={
+            # The twins must raise what the pure code raises: keep Python's semantics for
+            # bounds and division, and let profilers see the functions.
+            "boundscheck": True,
+            "wraparound": True,
+            "cdivision": False,
+            "embedsignature": True,
+            "binding": True,
+        },
+    ),
+)

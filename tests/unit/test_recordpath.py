@@ -1,0 +1,138 @@
+"""The record path's switch: which twin runs, that it is the one asked for, that a missing
+extension fails loudly, and that both twins show the same API.
+
+The default run (``make test``) is compiled, so the first test there fails when the
+extension did not build or was not loaded; ``.ci/run`` runs the unit and integration tests
+again under ``VELOMUX_PURE_PYTHON=1``, where it checks the pure twin runs instead."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import velomux_quic.node  # noqa: F401  (imports every twinned module)
+from velomux_quic.programs.cli import version_line
+from velomux_quic.recordpath import IMPLEMENTATION, PURE_PYTHON_ENV, TWINNED
+
+ROOT = Path(__file__).resolve().parents[2]
+
+PURE_ASKED = os.environ.get(PURE_PYTHON_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
+
+TWINNED_NAMES = {
+    "velomux_quic.mux.protocol.decode_batch_owned",
+    "velomux_quic.mux.protocol.BatchBuilder",
+    "velomux_quic.mux.slots.EgressSlot",
+    "velomux_quic.mux.credit.PeerBudget",
+    "velomux_quic.mux.credit.DirtySet",
+    "velomux_quic.mux.credit.IngressSlot",
+    "velomux_quic.mux.egress.EgressBatcher.offer",
+    "velomux_quic.mux.egress.EgressBatcher._pack_ready",
+    "velomux_quic.mux.driver.MuxChannel",
+    "velomux_quic.mux.ingress._Route",
+    "velomux_quic.mux.ingress.IngressTable.handle_batch",
+    "velomux_quic.mux.ingress.IngressTable._reconcile",
+    "velomux_quic.mux.ingress.IngressTable._reconcile_dirty",
+    "velomux_quic.streaming.anchor.StreamAnchor._take_items",
+    "velomux_quic.streaming.sender._stage_pass",
+    "velomux_quic.streaming.sender.StreamSender.send",
+    "velomux_quic.streaming.anchor.StreamAnchor.__anext__",
+    "velomux_quic.streaming.frames.encode_item",
+    "velomux_quic.streaming.inbox.Inbox",
+}
+"""The definitions the compiled record path twins: the brief's loops (stage, pack, a whole
+pass, walk a batch, deliver with credit, take) and the state they work on."""
+
+
+def test_the_record_path_asked_for_is_the_one_loaded() -> None:
+    assert ("pure-python" if PURE_ASKED else "compiled") == IMPLEMENTATION
+    assert {twin.name for twin in TWINNED} == TWINNED_NAMES
+    for twin in TWINNED:
+        module = getattr(twin.selected, "__module__", "")
+        if PURE_ASKED:
+            assert twin.selected is twin.pure, twin.name
+            assert not module.endswith("._compiled"), twin.name
+        else:
+            # A compiled twin is a Cython class or function of an extension module.
+            assert twin.selected is not twin.pure, twin.name
+            assert module.endswith("._compiled"), (twin.name, module)
+            extension = sys.modules[module].__file__ or ""
+            assert extension.endswith((".so", ".pyd")), extension
+
+
+def test_compiled_classes_expose_the_pure_api() -> None:
+    """Same public attributes, properties and methods as the pure class (a compiled twin
+    that lacked one would fail only where that name is used)."""
+    for twin in TWINNED:
+        if not inspect.isclass(twin.pure) or twin.selected is twin.pure:
+            continue
+        pure = {name for name in dir(twin.pure) if not name.startswith("_") or name == "__len__"}
+        pure |= {name for name in getattr(twin.pure, "__slots__", ()) if not name.startswith("_")}
+        compiled = {name for name in dir(twin.selected) if not name.startswith("_")}
+        compiled |= {"__len__"} if hasattr(twin.selected, "__len__") else set()
+        assert pure - compiled == set(), twin.name
+
+
+def test_version_names_the_record_path_and_the_engine() -> None:
+    line = version_line()
+    assert f"record path: {IMPLEMENTATION}" in line
+    assert "QUIC engine: aioquic" in line
+    shown = subprocess.run(
+        [sys.executable, "-m", "velomux_quic.programs.cli", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert shown.stdout.strip() == line
+
+
+BLOCK_EXTENSION = (
+    "import sys; sys.modules['velomux_quic.mux._compiled'] = None\n"
+    "import velomux_quic\n"
+    "from velomux_quic.recordpath import IMPLEMENTATION; print(IMPLEMENTATION)\n"
+)
+"""A process whose mux extension cannot be imported (as after a build that lost it)."""
+
+
+def _run_without_extension(pure: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", BLOCK_EXTENSION],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, PURE_PYTHON_ENV: pure},
+        cwd=ROOT,
+    )
+
+
+def test_a_missing_extension_fails_the_import_loudly() -> None:
+    result = _run_without_extension("0")
+    assert result.returncode != 0
+    assert "CompiledRecordPathMissing" in result.stderr
+    assert "velomux_quic.mux._compiled" in result.stderr
+    assert "make install" in result.stderr
+    assert f"{PURE_PYTHON_ENV}=1" in result.stderr
+
+
+def test_the_switch_runs_the_pure_twin_without_the_extension() -> None:
+    result = _run_without_extension("1")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "pure-python"
+
+
+@pytest.mark.parametrize("value", ["0", "", "no"])
+def test_only_an_affirmative_switch_selects_the_pure_twin(value: str) -> None:
+    shown = subprocess.run(
+        [sys.executable, "-c", "from velomux_quic.recordpath import IMPLEMENTATION as I; print(I)"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, PURE_PYTHON_ENV: value},
+        check=True,
+    )
+    assert shown.stdout.strip() == "compiled"

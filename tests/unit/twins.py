@@ -1,0 +1,45 @@
+"""Both twins of a twinned definition, for tests that run against each in one process.
+
+A sans-IO unit test of a twinned class or function (``IngressSlot``, ``DirtySet``,
+``decode_batch_owned``, ...) takes the fixture made by :func:`each_twin`: it swaps the test
+module's own names for the pure-Python definitions in one run of every test and for the
+compiled ones in the other, whatever ``VELOMUX_PURE_PYTHON`` selected for the library. A
+test that drives a whole table or batcher uses what the library selected (the pure pass of
+``.ci/run`` runs it the other way).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from velomux_quic.recordpath import TWINNED
+
+IMPLEMENTATIONS = ("pure-python", "compiled")
+
+
+def twin(module: str, name: str, implementation: str) -> Any:
+    """``module.name`` as the pure twin defines it, or its compiled twin."""
+    if implementation == "compiled":
+        extension = importlib.import_module(module.rsplit(".", 1)[0] + "._compiled")
+        return getattr(extension, name)
+    (found,) = [t for t in TWINNED if t.name == f"{module}.{name}"]
+    return found.pure
+
+
+def each_twin(module: str, *names: str) -> Callable[..., Iterator[str]]:
+    """A fixture, parametrized over both twins, that swaps ``names`` (imported from
+    ``module`` by the test module) for the twin of each run."""
+
+    @pytest.fixture(params=IMPLEMENTATIONS)
+    def swap(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+        test_module = sys.modules[request.module.__name__]
+        for name in names:
+            monkeypatch.setattr(test_module, name, twin(module, name, request.param))
+        yield request.param
+
+    return swap

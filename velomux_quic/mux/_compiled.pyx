@@ -1,0 +1,1115 @@
+# cython: language_level=3
+"""The compiled twin of the mux's per-record paths (selected by velomux_quic.recordpath).
+
+Each name here twins a definition of the pure-Python modules, which stay the reference:
+:class:`BatchBuilder` and :func:`decode_batch_owned` (``protocol.py``), :class:`EgressSlot`
+(``slots.py``), :class:`PeerBudget`, :class:`DirtySet` and :class:`IngressSlot`
+(``credit.py``), ``EgressBatcher.offer`` and ``EgressBatcher._pack_ready`` (``egress.py``),
+:class:`Route` and ``IngressTable.handle_batch`` / ``_reconcile`` / ``_reconcile_dirty``
+(``ingress.py``), and :class:`MuxChannel` (``driver.py``). A method twin is a module-level
+function named ``<Class>_<method>`` that takes the instance first.
+
+The rules are the pure code's, line for line, with the same errors, bounds and counters; only
+the representation differs: the per-record state (slots, routes, budgets, the dirty bitmap)
+lives in C fields, and the per-record loops read and write them without the interpreter.
+Everything a twin does not do per record it does by calling the pure code (the general
+rules of a record that is not the common one, every refusal, every snapshot), so a rare path
+exists once. The package's own modules are imported when first needed, not at import: this
+module is loaded while the pure modules that select it are still being defined.
+"""
+
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from libc.stdint cimport uint32_t, uint64_t
+from libc.string cimport memcmp, memcpy
+
+
+cdef extern from "Python.h":
+    void PyObject_GC_UnTrack(object)
+
+
+cdef inline object _untracked(tuple atoms):
+    """``atoms`` (a tuple of bytes, ints and bools: it can never be part of a cycle) taken
+    out of the cyclic collector's lists, as the collector itself would do at its next pass.
+    Records staged or decoded by the thousand would otherwise be traversed, and survive
+    into older generations, in every collection that runs while they wait."""
+    PyObject_GC_UnTrack(atoms)
+    return atoms
+
+import struct
+from collections import deque
+
+from velomux_quic.errors import UsageError
+
+cdef Py_ssize_t BATCH_HEADER_SIZE = 16
+cdef Py_ssize_t RECORD_HEADER_SIZE = 13
+cdef Py_ssize_t MAX_RECORDS = 0xFFFF
+cdef Py_ssize_t MIN_BATCH_CAP = 29
+cdef Py_ssize_t WHOLE_COPY_MAX = 64 * 1024
+cdef int DATA = 0
+cdef int OPEN_SLOT = 1
+cdef int CLOSE_SLOT = 2
+cdef int SLOT_HEARTBEAT = 4
+cdef uint64_t U32_MAX = 0xFFFFFFFF
+cdef bytes ITEM_PREFIX = b"\x81\xa4Item"
+
+_record_header = struct.Struct(">BIII")
+
+# Bound on first use (see the module docstring).
+cdef object _OPENING = None
+cdef object _OPEN = None
+cdef object _ENDING = None
+cdef object _ENDING_UNOPENED = None
+cdef object _CLOSED = None
+cdef object _next_slot_state = None
+cdef object _protocol = None
+cdef object _frames = None
+cdef object _records = None
+cdef object _ingress = None
+cdef object _driver = None
+
+
+cdef int _bind_slots() except -1:
+    global _OPENING, _OPEN, _ENDING, _ENDING_UNOPENED, _CLOSED, _next_slot_state
+    from velomux_quic.mux import slots
+
+    state = slots.SlotState
+    _OPENING = state.OPENING
+    _OPEN = state.OPEN
+    _ENDING = state.ENDING
+    _ENDING_UNOPENED = state.ENDING_UNOPENED
+    _CLOSED = state.CLOSED
+    _next_slot_state = slots.next_slot_state
+    return 0
+
+
+cdef object protocol():
+    global _protocol
+    if _protocol is None:
+        from velomux_quic.mux import protocol as module
+        _protocol = module
+    return _protocol
+
+
+cdef object records_module():
+    global _records
+    if _records is None:
+        from velomux_quic.mux import records as module
+        _records = module
+    return _records
+
+
+cdef object frames():
+    global _frames
+    if _frames is None:
+        from velomux_quic.streaming import frames as module
+        _frames = module
+    return _frames
+
+
+cdef object ingress_module():
+    global _ingress
+    if _ingress is None:
+        from velomux_quic.mux import ingress as module
+        _ingress = module
+    return _ingress
+
+
+cdef object driver_module():
+    global _driver
+    if _driver is None:
+        from velomux_quic.mux import driver as module
+        _driver = module
+    return _driver
+
+
+cdef inline void _put_u32(char* at, uint32_t value) noexcept:
+    at[0] = <char>(value >> 24)
+    at[1] = <char>(value >> 16)
+    at[2] = <char>(value >> 8)
+    at[3] = <char>value
+
+
+cdef inline uint32_t _get_u32(const unsigned char* at) noexcept:
+    return (<uint32_t>at[0] << 24) | (<uint32_t>at[1] << 16) | (<uint32_t>at[2] << 8) | at[3]
+
+
+cdef int _append_data(bytearray buf, uint64_t slot, uint64_t seq, object body) except -1:
+    """Append a Data record's header and body: what ``buf += RECORD_HEADER.pack(DATA, slot,
+    seq, len(body)); buf += body`` does, with struct's own error for a field past a u32."""
+    if type(body) is not bytes:  # any other bytes-like body, as the pure code takes it
+        buf += _record_header.pack(DATA, slot, seq, len(body))
+        buf += body
+        return 0
+    cdef Py_ssize_t length = PyBytes_GET_SIZE(body)
+    if slot > U32_MAX or seq > U32_MAX or <uint64_t>length > U32_MAX:
+        _record_header.pack(DATA, slot, seq, length)  # raises struct.error, as the pure code
+    cdef Py_ssize_t start = PyByteArray_GET_SIZE(buf)
+    PyByteArray_Resize(buf, start + RECORD_HEADER_SIZE + length)
+    cdef char* at = PyByteArray_AS_STRING(buf) + start
+    at[0] = DATA
+    _put_u32(at + 1, <uint32_t>slot)
+    _put_u32(at + 5, <uint32_t>seq)
+    _put_u32(at + 9, <uint32_t>length)
+    memcpy(at + RECORD_HEADER_SIZE, PyBytes_AS_STRING(body), length)
+    return 0
+
+
+# -- protocol.py ------------------------------------------------------------------------
+
+
+cdef class BatchBuilder:
+    """Twin of :class:`velomux_quic.mux.protocol.BatchBuilder`."""
+
+    cdef bytearray _buf
+    cdef Py_ssize_t _cap
+    cdef Py_ssize_t _count
+
+    def __init__(self, cap):
+        if cap < MIN_BATCH_CAP:
+            raise ValueError(f"batch cap {cap} is below the minimum of {MIN_BATCH_CAP} bytes")
+        self._cap = cap
+        self._buf = bytearray(BATCH_HEADER_SIZE)
+        self._count = 0
+
+    @property
+    def cap(self):
+        return self._cap
+
+    @property
+    def size(self):
+        return PyByteArray_GET_SIZE(self._buf)
+
+    @property
+    def count(self):
+        return self._count
+
+    def fits(self, body_len):
+        return PyByteArray_GET_SIZE(self._buf) + RECORD_HEADER_SIZE + body_len <= self._cap and (
+            self._count < MAX_RECORDS
+        )
+
+    def add(self, record_type, slot, frame_seq, body):
+        if self._count >= MAX_RECORDS:
+            raise ValueError(f"a batch holds at most {MAX_RECORDS} records")
+        if record_type != DATA or type(body) is memoryview:
+            length = protocol()._check_record(record_type, body)
+        else:
+            length = len(body)
+        try:
+            record_header = _record_header.pack(record_type, slot, frame_seq, length)
+        except struct.error as exc:
+            raise ValueError(f"field out of range: {exc}") from None
+        buf = self._buf
+        start = len(buf)
+        try:
+            buf += record_header
+            buf += body
+        except BaseException:
+            del buf[start:]
+            raise
+        self._count += 1
+
+    def add_data(self, slot, frame_seq, body):
+        _append_data(self._buf, slot, frame_seq, body)
+        self._count += 1
+
+    def add_data_if_fits(self, slot, frame_seq, body):
+        cdef Py_ssize_t length = len(body)
+        if (
+            PyByteArray_GET_SIZE(self._buf) + RECORD_HEADER_SIZE + length > self._cap
+            or self._count >= MAX_RECORDS
+        ):
+            return False
+        _append_data(self._buf, slot, frame_seq, body)
+        self._count += 1
+        return True
+
+    @property
+    def buffer(self):
+        return self._buf
+
+    def added(self, Py_ssize_t records):
+        self._count += records
+
+    def finish(self, lane, peer_epoch, batch_seq):
+        module = protocol()
+        module._check_lane(lane)
+        buf = self._buf
+        try:
+            module.BATCH_HEADER.pack_into(
+                buf, 0, module.MUX_VERSION, lane, self._count, peer_epoch, batch_seq
+            )
+        except struct.error as exc:
+            raise ValueError(f"field out of range: {exc}") from None
+        return bytes(buf)
+
+    def reset(self):
+        del self._buf[BATCH_HEADER_SIZE:]
+        self._count = 0
+
+
+def decode_batch_owned(data):
+    """Twin of :func:`velomux_quic.mux.protocol.decode_batch_owned`: the same records, the
+    same refusals (any defect goes to the pure ``decode_batch``, which raises it)."""
+    module = protocol()
+    cdef bytes raw
+    if type(data) is bytes:
+        raw = data
+    else:
+        view = module._as_bytes_view(data)
+        if len(view) > WHOLE_COPY_MAX:
+            header, viewed = module.decode_batch(view)
+            return header, [(kind, slot, seq, bytes(body)) for kind, slot, seq, body in viewed]
+        raw = bytes(view)
+    header = module._parse_header(memoryview(raw))
+    cdef const unsigned char* base = <const unsigned char*>PyBytes_AS_STRING(raw)
+    cdef Py_ssize_t end = PyBytes_GET_SIZE(raw)
+    cdef Py_ssize_t pos = BATCH_HEADER_SIZE
+    cdef Py_ssize_t count = header.record_count
+    cdef Py_ssize_t i
+    cdef int record_type
+    cdef uint32_t length
+    cdef bint whole = True
+    records = []
+    control_error = None
+    for i in range(count):
+        if pos + RECORD_HEADER_SIZE > end:
+            whole = False
+            break
+        record_type = base[pos]
+        length = _get_u32(base + pos + 9)
+        if <uint64_t>pos + RECORD_HEADER_SIZE + length > <uint64_t>end:
+            whole = False
+            break
+        body = PyBytes_FromStringAndSize(<const char*>base + pos + RECORD_HEADER_SIZE, length)
+        if record_type:
+            if control_error is None:
+                control_error = records_module()._control_body_error
+            if control_error(record_type, body) is not None:
+                whole = False
+                break
+        records.append(
+            _untracked((record_type, _get_u32(base + pos + 1), _get_u32(base + pos + 5), body))
+        )
+        pos += RECORD_HEADER_SIZE + length
+    if whole and pos == end:
+        return header, records
+    module.decode_batch(raw)  # raises the refusal this batch earns
+    raise AssertionError("decode_batch accepted a batch decode_batch_owned refused")
+
+
+# -- slots.py ---------------------------------------------------------------------------
+
+
+cdef class EgressSlot:
+    """Twin of :class:`velomux_quic.mux.slots.EgressSlot`."""
+
+    cdef public object anchor_id
+    cdef public Py_ssize_t budget
+    cdef public long long credit
+    cdef public bint exhausted_once
+    cdef public bint fenced
+    cdef public int generation
+    cdef public object guard
+    cdef public Py_ssize_t index
+    cdef public unsigned long long next_seq
+    cdef public object owner
+    cdef public object queue
+    cdef public Py_ssize_t queued_bytes
+    cdef public int reserve
+    cdef public object session_id
+    cdef public Py_ssize_t slot_id
+    cdef public object state
+
+    def __init__(self, index, generation, anchor_id, session_id, credit, budget):
+        if _OPENING is None:
+            _bind_slots()
+        self.index = index
+        self.generation = generation
+        self.slot_id = protocol().slot_id(index, generation)
+        self.anchor_id = anchor_id
+        self.session_id = session_id
+        self.credit = credit
+        self.reserve = 1
+        self.budget = budget
+        self.next_seq = 1
+        self.queue = deque()
+        self.queued_bytes = 0
+        self.state = _OPENING
+        self.exhausted_once = False
+        self.guard = None
+        self.owner = None
+        self.fenced = False
+
+    def advance(self, event):
+        state = self.state = _next_slot_state(self.state, event)
+        return state
+
+    @property
+    def live(self):
+        return self.state is not _CLOSED
+
+    @property
+    def open_pending(self):
+        state = self.state
+        return state is _OPENING or state is _ENDING_UNOPENED
+
+    @property
+    def terminal_queued(self):
+        return self.state > _OPEN
+
+    @property
+    def sendable(self):
+        if not self.queue or self.fenced:
+            return False
+        state = self.state
+        if state is not _OPEN and state is not _ENDING:
+            return False
+        return self.queue[0][1] or self.credit > 0
+
+    def has_room(self):
+        return self.queued_bytes < self.budget
+
+
+# -- credit.py --------------------------------------------------------------------------
+
+
+cdef class PeerBudget:
+    """Twin of :class:`velomux_quic.mux.credit.PeerBudget`."""
+
+    cdef public long long limit
+    cdef public long long used
+
+    def __init__(self, limit):
+        if limit <= 0:
+            raise ValueError("a peer byte budget must be positive")
+        self.limit = limit
+        self.used = 0
+
+    def room(self, size):
+        return self.used + size <= self.limit
+
+    def charge(self, size):
+        self.used += size
+
+    def release(self, size):
+        self.used -= size
+
+
+cdef class DirtySet:
+    """Twin of :class:`velomux_quic.mux.credit.DirtySet`."""
+
+    cdef bytearray _bits
+    cdef list _listed
+    cdef object _doorbell
+
+    def __init__(self, capacity, doorbell=None):
+        if capacity <= 0:
+            raise ValueError("a dirty set needs room for at least one index")
+        self._bits = bytearray((capacity + 7) >> 3)
+        self._listed = []
+        self._doorbell = doorbell
+
+    @property
+    def capacity(self):
+        return len(self._bits) << 3
+
+    cdef bint _mark(self, Py_ssize_t index) except -1:
+        if index < 0 or (index >> 3) >= PyByteArray_GET_SIZE(self._bits):
+            self._bits[index >> 3]  # IndexError, as the pure code raises
+        cdef unsigned char* bits = <unsigned char*>PyByteArray_AS_STRING(self._bits)
+        cdef unsigned char mask = 1 << (index & 7)
+        cdef unsigned char current = bits[index >> 3]
+        if current & mask:
+            return False
+        bits[index >> 3] = current | mask
+        self._listed.append(index)
+        doorbell = self._doorbell
+        if doorbell is not None:
+            doorbell()
+        return True
+
+    def mark(self, Py_ssize_t index):
+        return self._mark(index)
+
+    cdef list _drain(self):
+        cdef list listed = self._listed
+        if not listed:
+            return listed
+        self._listed = []
+        cdef unsigned char* bits = <unsigned char*>PyByteArray_AS_STRING(self._bits)
+        cdef Py_ssize_t index
+        for index in listed:
+            bits[index >> 3] = 0
+        return listed
+
+    def drain(self):
+        return self._drain()
+
+    def __contains__(self, Py_ssize_t index):
+        return bool(self._bits[index >> 3] & (1 << (index & 7)))
+
+    def __len__(self):
+        return len(self._listed)
+
+
+cdef class IngressSlot:
+    """Twin of :class:`velomux_quic.mux.credit.IngressSlot`."""
+
+    cdef object _buffer
+    cdef object _dirty
+    cdef object _peer
+    cdef object _wake
+    cdef public long long _withheld
+    cdef public long long bytes_buffered
+    cdef public Py_ssize_t capacity
+    cdef public bint closed
+    cdef public long long credit
+    cdef public long long data_delivered
+    cdef public long long drained
+    cdef public bint gap_waiting
+    cdef public long long granted
+    cdef public long long held_bytes
+    cdef public long long held_data
+    cdef public long long held_records
+    cdef public Py_ssize_t index
+    cdef public double last_arrival
+    cdef public object on_end
+    cdef public object on_terminal
+    cdef public bint opened
+    cdef public object refusals
+    cdef public long long return_below
+    cdef public long long slot_byte_budget
+    cdef public Py_ssize_t slot_id
+    cdef public bint terminal
+    cdef public bint withdrawn
+
+    def __init__(self, credit, slot_byte_budget, *, wake=None, return_below=None):
+        if credit <= 0:
+            raise ValueError("a mux slot needs a positive credit window")
+        if slot_byte_budget <= 0:
+            raise ValueError("a mux slot needs a positive byte budget")
+        self.credit = credit
+        self.return_below = credit if return_below is None else max(1, min(return_below, credit))
+        self.capacity = credit + 1
+        self.slot_byte_budget = slot_byte_budget
+        self._buffer = deque()
+        self._wake = wake
+        self._dirty = None
+        self._peer = None
+        self._withheld = 0
+        self.index = -1
+        self.slot_id = -1
+        self.opened = False
+        self.drained = 0
+        self.granted = credit
+        self.data_delivered = 0
+        self.held_data = 0
+        self.held_records = 0
+        self.held_bytes = 0
+        self.bytes_buffered = 0
+        self.gap_waiting = False
+        self.terminal = False
+        self.closed = False
+        self.withdrawn = False
+        self.last_arrival = 0.0
+        self.on_terminal = None
+        self.on_end = None
+        self.refusals = None
+
+    def open(self, slot_id, dirty, peer_budget, now):
+        if self.opened:
+            raise UsageError("an ingress slot is opened once; a second OpenSlot needs a new bind")
+        self.opened = True
+        self.slot_id = slot_id
+        self.index = slot_id >> 8
+        self._dirty = dirty
+        self._peer = peer_budget
+        self.last_arrival = now
+
+    cdef inline void _charge(self, long long size) except *:
+        peer = self._peer
+        if peer is None:
+            return
+        if type(peer) is PeerBudget:
+            (<PeerBudget>peer).used += size
+        else:
+            peer.used += size
+
+    cdef bint _deliver(self, bytes body) except -1:
+        buffer = self._buffer
+        if self.withdrawn:
+            self.data_delivered += 1
+            return True
+        if len(buffer) >= self.credit or self.closed or self.terminal:
+            return False
+        buffer.append(body)
+        self.data_delivered += 1
+        cdef Py_ssize_t size = PyBytes_GET_SIZE(body)
+        self.bytes_buffered += size
+        self._charge(size)
+        if len(buffer) == 1:
+            wake = self._wake
+            if wake is not None:
+                wake()
+        return True
+
+    def deliver(self, body):
+        if type(body) is not bytes:
+            # The pure code takes any sized body here; keep its behaviour.
+            return self._deliver_object(body)
+        return self._deliver(body)
+
+    def _deliver_object(self, body):
+        buffer = self._buffer
+        if self.withdrawn:
+            self.data_delivered += 1
+            return True
+        if len(buffer) >= self.credit or self.closed or self.terminal:
+            return False
+        buffer.append(body)
+        self.data_delivered += 1
+        size = len(body)
+        self.bytes_buffered += size
+        self._charge(size)
+        if len(buffer) == 1:
+            wake = self._wake
+            if wake is not None:
+                wake()
+        return True
+
+    def deliver_terminal(self, body):
+        if self.terminal or self.closed:
+            return False
+        self.terminal = True
+        if self.on_terminal is not None:
+            self.on_terminal(body)
+        if self.withdrawn:
+            return True
+        self._buffer.append(body)
+        size = len(body)
+        self.bytes_buffered += size
+        self._charge(size)
+        wake = self._wake
+        if wake is not None:
+            wake()
+        return True
+
+    def end(self, inject=None):
+        if self.closed:
+            return
+        if inject is not None and not self.terminal:
+            self.deliver_terminal(inject)
+        self.closed = True
+        on_end, self.on_end = self.on_end, None
+        if on_end is not None:
+            on_end()
+        self.gap_waiting = False
+        wake = self._wake
+        if wake is not None:
+            wake()
+
+    cdef long long _reconcile(self):
+        cdef long long owed = self._withheld + self.drained
+        self.drained = 0
+        if not owed:
+            return 0
+        if self.closed or self.terminal or self.withdrawn:
+            self._withheld = 0
+            return 0
+        if (
+            self.bytes_buffered + self.held_bytes > self.slot_byte_budget
+            or self.granted - self.data_delivered - self.held_data >= self.return_below
+        ):
+            self._withheld = owed
+            return 0
+        self._withheld = 0
+        self.granted += owed
+        return owed
+
+    def reconcile(self):
+        return self._reconcile()
+
+    @property
+    def withheld_credit(self):
+        return self._withheld + self.drained
+
+    @property
+    def outstanding_credit(self):
+        if self.terminal or self.closed:
+            return 0
+        return max(0, self.granted - self.data_delivered - self.held_data)
+
+    @property
+    def sender_has_credit(self):
+        return self.outstanding_credit > 0
+
+    def __len__(self):
+        return len(self._buffer)
+
+    cdef object _take(self):
+        buffer = self._buffer
+        if not buffer:
+            return None
+        body = buffer.popleft()
+        cdef Py_ssize_t size = len(body)
+        self.bytes_buffered -= size
+        self._charge(-size)
+        if (buffer or not self.terminal) and not self.closed:
+            self.drained += 1
+            dirty = self._dirty
+            if dirty is not None and self.granted - self.data_delivered - self.held_data < self.return_below:
+                if type(dirty) is DirtySet:
+                    (<DirtySet>dirty)._mark(self.index)
+                else:
+                    dirty.mark(self.index)
+        return body
+
+    def take(self):
+        return self._take()
+
+    @property
+    def exhausted(self):
+        return self.withdrawn or (self.closed and not self._buffer)
+
+    def withdraw(self):
+        if self.withdrawn:
+            return
+        self.withdrawn = True
+        freed = self.bytes_buffered
+        self._buffer.clear()
+        self.bytes_buffered = 0
+        self._charge(-freed)
+        dirty = self._dirty
+        if dirty is not None and not self.closed:
+            dirty.mark(self.index)
+
+
+# -- egress.py --------------------------------------------------------------------------
+
+
+def EgressBatcher_offer(self, slot, body, now):
+    """Twin of ``EgressBatcher.offer``."""
+    return _offer(self, <EgressSlot?>slot, body, now)
+
+
+cdef bint _offer(object self, EgressSlot slot, object body, object now) except -1:
+    state = slot.state
+    if state is not _OPEN and state is not _OPENING:
+        raise egress_closed_slot(slot)
+    cdef Py_ssize_t queued = slot.queued_bytes
+    if queued >= slot.budget:
+        return False
+    room = self._room
+    if room <= 0 and queued:
+        self.stats.queue_full += 1
+        return False
+    cdef Py_ssize_t size = PyBytes_GET_SIZE(body) if type(body) is bytes else len(body)
+    slot.queue.append(_untracked((body, False)))
+    slot.queued_bytes = queued + size
+    self._room = room - size
+    if slot.credit > 0:
+        if state is _OPEN:
+            if not slot.fenced:
+                ready = self._ready
+                if slot.index not in ready:
+                    ready[slot.index] = slot
+                if self._staged_since is None:
+                    self._staged_since = now
+        elif self._staged_since is None:
+            self._staged_since = now
+    elif state is _OPEN and not slot.exhausted_once:
+        slot.exhausted_once = True
+        self.stats.credit_exhausted += 1
+    return True
+
+
+cdef object egress_closed_slot(EgressSlot slot):
+    return UsageError(
+        f"slot {slot.slot_id:#010x} is {slot.state.name}: it takes no more records; "
+        "a sender checks its channel's closed flag before it offers"
+    )
+
+
+def EgressBatcher__pack_ready(self, out, guards, carries_data):
+    """Twin of ``EgressBatcher._pack_ready``: the common record (data with credit that fits
+    the open batch) packed in C; every other case through the pure ``_pack_slot``."""
+    cdef BatchBuilder builder = self._builder
+    ready = self._ready
+    cdef list slots = list(ready.values())
+    ready.clear()
+    stats = self.stats
+    cdef Py_ssize_t quantum = self.quantum
+    cdef Py_ssize_t budget = self.poll_budget
+    cdef bytearray buf = builder._buf
+    cdef Py_ssize_t cap = builder._cap - RECORD_HEADER_SIZE
+    cdef Py_ssize_t room = MAX_RECORDS - builder._count
+    cdef Py_ssize_t pending = 0
+    cdef Py_ssize_t packed = 0
+    cdef Py_ssize_t freed = 0  # bytes taken out of queues, given back to self._room at once
+    cdef Py_ssize_t position, taken, length, more
+    cdef long long credit
+    cdef unsigned long long first, seq
+    cdef EgressSlot slot
+    cdef list carried
+    cdef object body
+    cdef object queue
+    while slots:
+        carried = []
+        for position in range(len(slots)):
+            slot = <EgressSlot?>slots[position]
+            if budget <= 0:
+                carried = slots[position:] + carried
+                break
+            if slot.state is _CLOSED:
+                continue
+            queue = slot.queue
+            credit = slot.credit
+            first = seq = slot.next_seq
+            taken = 0
+            if queue and credit > 0:
+                while True:
+                    head = queue[0]
+                    body = head[0]
+                    length = PyBytes_GET_SIZE(body) if type(body) is bytes else len(body)
+                    if head[1] or PyByteArray_GET_SIZE(buf) + length > cap or pending >= room:
+                        break
+                    _append_data(buf, slot.slot_id, seq, body)
+                    pending += 1
+                    queue.popleft()
+                    taken += length
+                    seq += 1
+                    credit -= 1
+                    if not queue or credit <= 0 or taken >= quantum:
+                        break
+            if seq != first:
+                packed += seq - first
+                slot.next_seq = seq
+                slot.credit = credit
+                slot.queued_bytes -= taken
+                freed += taken
+                carries_data = True
+            if queue and (queue[0][1] or (credit > 0 and taken < quantum)):
+                builder._count += pending
+                self._count_data += packed
+                pending = packed = 0
+                if freed:
+                    self._room += freed
+                    freed = 0
+                guards, carries_data, more = self._pack_slot(
+                    slot, out, guards, carries_data, quantum - taken
+                )
+                buf = builder._buf
+                room = MAX_RECORDS - builder._count
+                taken += more
+            budget -= taken
+            if not queue or slot.state is _CLOSED or slot.fenced:
+                continue
+            if slot.credit <= 0 and not queue[0][1]:
+                if not slot.exhausted_once:
+                    slot.exhausted_once = True
+                    stats.credit_exhausted += 1
+                continue
+            carried.append(slot)
+        slots = carried
+        if budget <= 0:
+            break
+    builder._count += pending
+    if packed:
+        self._count_data += packed
+    if freed:
+        self._room += freed
+    if slots:
+        for slot in slots:
+            if slot.state is not _CLOSED:
+                ready[slot.index] = slot
+        self._kick = True
+    return guards, carries_data
+
+
+# -- ingress.py -------------------------------------------------------------------------
+
+
+cdef class _Route:
+    """Twin of ``velomux_quic.mux.ingress._Route``."""
+
+    cdef public object close_reason
+    cdef public long long close_seq
+    cdef public long long expected
+    cdef public bint held_terminal
+    cdef public object hold
+    cdef public long long hold_bytes
+    cdef public Py_ssize_t index
+    cdef public object session_id
+    cdef public object slot
+    cdef public Py_ssize_t slot_id
+    cdef public long long touched
+
+    def __init__(self, slot_id, slot, expected, session_id):
+        self.slot_id = slot_id
+        self.index = slot_id >> 8
+        self.slot = slot
+        self.expected = expected
+        self.session_id = session_id
+        self.hold = None
+        self.hold_bytes = 0
+        self.held_terminal = False
+        self.close_seq = -1
+        self.close_reason = ingress_module()._TERMINAL_SENT
+        self.touched = -1
+
+
+def IngressTable_handle_batch(self, header, records, now):
+    """Twin of ``IngressTable.handle_batch``: the common record (the next item of an open
+    slot, in order, within its credit) delivered in C; everything else by the pure rules."""
+    module = ingress_module()
+    stats = self.stats
+    cdef Py_ssize_t count = len(records)
+    stats.batches_received += 1
+    stats.records_received += count
+    if header.lane != self.lane:
+        stats.drops["lane_mismatch"] += count
+        return
+    epoch = header.peer_epoch
+    if self._epoch is None or epoch > self._epoch:
+        if self._epoch is not None:
+            self.retire_all()
+        self._epoch = epoch
+        self._high_water = None
+    elif epoch < self._epoch:
+        stats.drops["stale_epoch"] += count
+        return
+    if not self._staged:
+        self._meter(header.batch_seq)
+    self._batches += 1
+    cdef long long stamp = self._batches
+    cdef list touched = []
+    cdef list routes = self._routes
+    cdef Py_ssize_t nroutes
+    cdef Py_ssize_t index
+    cdef long long seq
+    cdef int record_type
+    cdef _Route route
+    cdef IngressSlot slot
+    cdef bytes data
+    cdef double at = now
+    cdef long long stalls = 0
+    owner_close = module._OWNER_CLOSE_BYTES
+    routes = self._routes
+    for record in records:
+        record_type, sid, seq_object, body = record
+        if record_type != DATA:
+            if record_type == CLOSE_SLOT:
+                if len(body) != 1 or body[0] not in owner_close:
+                    self._peer_close(sid, body)
+                    continue
+            elif record_type == OPEN_SLOT:
+                self._open(sid, seq_object, body, now)
+                continue
+            elif record_type != SLOT_HEARTBEAT:
+                self._egress_control(record_type, sid, body)
+                continue
+        index = sid >> 8
+        nroutes = len(routes)
+        found = routes[index] if 0 <= index < nroutes else None
+        if found is None or (<_Route?>found).slot_id != sid:
+            found = self._miss(sid, found)
+            if found is None:
+                continue
+        route = <_Route?>found
+        seq = seq_object
+        if seq == route.expected:
+            if route.touched != stamp:
+                route.touched = stamp
+                touched.append(route)
+            if (
+                record_type == DATA
+                and route.close_seq < 0
+                and not route.hold
+                and type(route.slot) is IngressSlot
+            ):
+                slot = <IngressSlot>route.slot
+                data = body if type(body) is bytes else bytes(body)
+                if (
+                    slot.data_delivered < slot.granted
+                    and not slot.withdrawn
+                    and not slot.terminal
+                    and PyBytes_GET_SIZE(data) >= 6
+                    and memcmp(PyBytes_AS_STRING(data), PyBytes_AS_STRING(ITEM_PREFIX), 6) == 0
+                ):
+                    route.expected = seq + 1
+                    slot.last_arrival = at
+                    if not slot._deliver(data):
+                        stats.reader_stall += 1
+                        self._fail(route, "mux reader stall: the slot buffer had no room")
+                    continue
+            if self._apply(route, record_type, body, now) and (
+                route.hold or route.close_seq >= 0
+            ):
+                self._release_hold(route, now)
+        elif seq < route.expected:
+            stats.drops["duplicate"] += 1
+        else:
+            self._hold(route, record_type, seq_object, body)
+    IngressTable__reconcile(self, touched)
+    IngressTable__reconcile_dirty(self)
+
+
+cdef void _visit(object table, _Route route) except *:
+    cdef IngressSlot slot
+    if type(route.slot) is not IngressSlot:
+        table._visit(route)
+        return
+    slot = <IngressSlot>route.slot
+    if slot.withdrawn:
+        if not slot.terminal:
+            table._consumer_gone(route)
+        return
+    cdef long long grant = slot._reconcile()
+    if grant:
+        table._replies.credit(route.slot_id, grant)
+
+
+def IngressTable__reconcile(self, touched):
+    """Twin of ``IngressTable._reconcile``."""
+    cdef list routes = self._routes
+    cdef Py_ssize_t size = len(routes)
+    cdef _Route route
+    cdef IngressSlot slot
+    for found in touched:
+        route = <_Route?>found
+        if type(route.slot) is IngressSlot:
+            slot = <IngressSlot>route.slot
+            if slot.granted - slot.data_delivered - slot.held_data >= slot.return_below and not (
+                slot.withdrawn or slot.terminal or slot.closed
+            ):
+                continue
+            if not (slot.drained or slot.withdrawn or (slot._withheld + slot.drained)):
+                continue
+        else:
+            other = route.slot
+            if other.granted - other.data_delivered - other.held_data >= other.return_below and not (
+                other.withdrawn or other.terminal or other.closed
+            ):
+                continue
+            if not (other.drained or other.withdrawn or other.withheld_credit):
+                continue
+        if route.index < size and routes[route.index] is route:
+            _visit(self, route)
+
+
+def IngressTable__reconcile_dirty(self):
+    """Twin of ``IngressTable._reconcile_dirty``."""
+    dirty = self.dirty
+    cdef list listed = (<DirtySet>dirty)._drain() if type(dirty) is DirtySet else dirty.drain()
+    cdef list routes = self._routes
+    cdef Py_ssize_t size = len(routes)
+    cdef Py_ssize_t index
+    for index in listed:
+        found = routes[index] if index < size else None
+        if found is not None:
+            _visit(self, <_Route?>found)
+    return len(listed)
+
+
+# -- driver.py --------------------------------------------------------------------------
+
+
+cdef class MuxChannel:
+    """Twin of :class:`velomux_quic.mux.driver.MuxChannel`: ``try_send`` stages a record
+    without leaving C (the batcher's offer twin is called directly)."""
+
+    cdef object _driver
+    cdef EgressSlot _slot
+    cdef object _batcher
+    cdef object _clock
+    cdef bint _fast
+
+    def __init__(self, driver, slot):
+        self._driver = driver
+        self._slot = slot
+        self._batcher = driver.batcher
+        self._clock = driver._loop.time
+        # The offer twin is called in C only when it is the batcher's offer.
+        self._fast = getattr(type(self._batcher), "offer", None) is EgressBatcher_offer and (
+            "offer" not in getattr(self._batcher, "__dict__", {})
+        )
+
+    @property
+    def slot(self):
+        return self._slot
+
+    @property
+    def session_id(self):
+        return self._slot.session_id
+
+    @property
+    def credit(self):
+        slot = self._slot
+        return slot.credit if slot.state is not _CLOSED else 0
+
+    @property
+    def queued_bytes(self):
+        return self._slot.queued_bytes
+
+    @property
+    def lane(self):
+        return self._driver.batcher.lane
+
+    def watch(self, owner):
+        self._slot.owner = owner
+
+    @property
+    def closed(self):
+        return self._slot.state > _OPEN
+
+    cpdef bint try_send(self, object body) except -1:
+        slot = self._slot
+        state = slot.state
+        if state is not _OPEN and state is not _OPENING:
+            return False
+        if self._fast:
+            if not _offer(self._batcher, slot, body, self._clock()):
+                return False
+        elif not self._batcher.offer(slot, body, self._clock()):
+            return False
+        driver = self._driver
+        if driver._wake is None:
+            driver.wake()
+        return True
+
+    async def send(self, body):
+        driver = self._driver
+        while True:
+            if self.closed:
+                raise driver_module().ChannelClosed("the mux slot is closed")
+            if driver.batcher.offer(self._slot, body, driver.now()):
+                driver.wake()
+                return
+            await driver.wait_space(self._slot)
+
+    def send_terminal(self, body, done):
+        if self.closed:
+            done.set_result(False)
+            return
+        driver = self._driver
+        driver.batcher.offer_terminal(
+            self._slot, body, driver.now(), guard=driver_module().DeliveryGuard(done)
+        )
+        driver.wake()
+
+    def end_now(self, body, done):
+        if self.closed:
+            done.set_result(False)
+            return
+        driver = self._driver
+        driver.batcher.end_now(
+            self._slot, body, driver.now(), guard=driver_module().DeliveryGuard(done)
+        )
+        driver.wake()
+
+    def abort(self):
+        if self._slot.state <= _OPEN:
+            self._driver.batcher.cancel_slot(self._slot)
+            self._driver.wake()
