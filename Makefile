@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,lint,perf,docs,etcd]' --config-settings editable_mode=compat
+	$(PY) -m pip install --quiet -e '.[test,lint,perf,docs,etcd,qh3]' --config-settings editable_mode=compat
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -40,6 +40,7 @@ from .verify import PeerVerificationError, PeerVerifier
 
 __all__ = [
     "ALPN_PROTOCOL",
+    "alert_code_of",
     "VerifyingContext",
     "install_peer_verification",
     "make_quic_configuration",
@@ -76,6 +77,11 @@ class PeerRefusedAlert(tls.Alert):
         super().__init__(error.reason)
         self.description = _ALERTS.get(error.reason, tls.AlertDescription.bad_certificate)
         self.reason = error.reason
+
+
+def alert_code_of(reason: str) -> int:
+    """The TLS alert (its code) a refusal for ``reason`` is sent as, on either engine."""
+    return int(_ALERTS.get(reason, tls.AlertDescription.bad_certificate))
 
 
 def parse_refusal_reason(reason_phrase: str) -> str | None:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import cast
 
 from aioquic._buffer import Buffer  # typed there; aioquic.buffer re-exports it untyped
-from aioquic.quic.configuration import SMALLEST_MAX_DATAGRAM_SIZE, QuicConfiguration
+from aioquic.quic.configuration import SMALLEST_MAX_DATAGRAM_SIZE
 from aioquic.quic.packet import (
     QuicPacketType,
     encode_quic_retry,
@@ -27,6 +27,7 @@ from aioquic.quic.packet import (
     pull_quic_header,
 )
 from aioquic.quic.retry import QuicRetryTokenHandler
+from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from prometheus_client.registry import CollectorRegistry
 
@@ -39,12 +40,12 @@ from ..security.rotation import (
     load_replacement,
     summarize_certificate,
 )
-from ..security.tls import make_quic_configuration, presented_certificates
 from ..security.verify import PeerVerifier
 from .admission import SendOutcome
 from .config import MAX_LANES, TransportConfig
 from .connection import CloseCode, ConnectionState, PeerConnection
-from .engine import EngineConnection
+from .engine_choice import EngineFactory, make_engine_factory
+from .seam import EngineFeatures
 from .errors import (
     ChannelClosed,
     LaneError,
@@ -69,13 +70,15 @@ Address = tuple[str, int]
 _CID_LENGTH = 8
 
 
+def _serial(der: bytes | None) -> str | None:
+    return None if der is None else f"{x509.load_der_x509_certificate(der).serial_number:x}"
+
+
 def _with_certificates(connection: PeerConnection) -> ConnectionSnapshot:
     """A connection's snapshot with the certificates its own handshake exchanged."""
-    own, peer = presented_certificates(getattr(connection.quic, "tls", None))
+    own, peer = connection.quic.presented_certificates()
     return dataclasses.replace(
-        connection.snapshot(),
-        own_certificate_serial=None if own is None else f"{own.serial_number:x}",
-        peer_certificate_serial=None if peer is None else f"{peer.serial_number:x}",
+        connection.snapshot(), own_certificate_serial=_serial(own), peer_certificate_serial=_serial(peer)
     )
 
 
@@ -101,7 +104,19 @@ class QuicTransport(asyncio.DatagramProtocol):
         self.stats = TransportStats()
         self.buffer_sizes = BufferSizes((0, 0))
         self._verifier = PeerVerifier(credentials.trust_roots, credentials.trust_domain)
-        self._client_config, self._server_config = self._quic_configurations(credentials)
+        self._resets = StatelessResets(
+            reset_key_from(
+                credentials.private_key.private_bytes(
+                    serialization.Encoding.DER,
+                    serialization.PrivateFormat.PKCS8,
+                    serialization.NoEncryption(),
+                )
+            ),
+            now=self.loop.time(),
+        )
+        self._engines: EngineFactory = make_engine_factory(
+            credentials, config, self._verifier, self._resets
+        )
         self.stats.certificate_not_after = credentials.certificate.not_valid_after_utc.timestamp()
         self._udp: asyncio.DatagramTransport | None = None
         self._udp_closed: asyncio.Future[None] = self.loop.create_future()
@@ -119,16 +134,6 @@ class QuicTransport(asyncio.DatagramProtocol):
         """Inbound connections still handshaking, with their source IP address."""
         self._half_open_per_source: dict[str, int] = {}
         self._retry = QuicRetryTokenHandler()
-        self._resets = StatelessResets(
-            reset_key_from(
-                credentials.private_key.private_bytes(
-                    serialization.Encoding.DER,
-                    serialization.PrivateFormat.PKCS8,
-                    serialization.NoEncryption(),
-                )
-            ),
-            now=self.loop.time(),
-        )
         self._paused: set[tuple[InstanceId, int]] = set()
         self._closing = False
         self._collector = TransportCollector.register(registry, self.stats, self.connection_count)
@@ -161,23 +166,6 @@ class QuicTransport(asyncio.DatagramProtocol):
             raise
         return transport
 
-    def _quic_configurations(
-        self, credentials: NodeCredentials
-    ) -> tuple[QuicConfiguration, QuicConfiguration]:
-        """The (client, server) aioquic configurations every new connection is made from."""
-        client, server = (
-            make_quic_configuration(
-                credentials,
-                is_client=is_client,
-                max_datagram_size=self.config.base_datagram_size,
-                idle_timeout=self.config.idle_timeout,
-                max_stream_data=self.config.stream_window,
-                max_data=self.config.connection_window,
-            )
-            for is_client in (True, False)
-        )
-        return client, server
-
     def reload_credentials(self, credentials: NodeCredentials | str | Path) -> CertificateSummary:
         """Use ``credentials`` (certificate, key, trust roots) for every new connection.
 
@@ -198,7 +186,7 @@ class QuicTransport(asyncio.DatagramProtocol):
             credentials = load_replacement(credentials)
             check_replacement(self.credentials, credentials)
             verifier = PeerVerifier(credentials.trust_roots, credentials.trust_domain)
-            client, server = self._quic_configurations(credentials)
+            engines = make_engine_factory(credentials, self.config, verifier, self._resets)
         except CredentialsError as exc:
             self.stats.credential_reloads["refused"] += 1
             logger.warning("credentials reload refused: %s", exc)
@@ -206,7 +194,7 @@ class QuicTransport(asyncio.DatagramProtocol):
         # One synchronous swap: the event loop runs no connection code between these.
         self.credentials = credentials
         self._verifier = verifier
-        self._client_config, self._server_config = client, server
+        self._engines = engines
         self.stats.credential_reloads["ok"] += 1
         self.stats.certificate_not_after = credentials.certificate.not_valid_after_utc.timestamp()
         summary = summarize_certificate(credentials.certificate)
@@ -245,6 +233,11 @@ class QuicTransport(asyncio.DatagramProtocol):
         Asked per peer so a layer above sizes its batches before it builds them.
         """
         return self.config.max_message_size
+
+    @property
+    def engine(self) -> EngineFeatures:
+        """The QUIC engine this transport's connections run, and what it does."""
+        return self._engines.features
 
     def connection_count(self) -> int:
         """Connections in any state, either direction (the active-connections gauge)."""
@@ -418,14 +411,7 @@ class QuicTransport(asyncio.DatagramProtocol):
         address = self._addresses.get(peer)
         if address is None:
             raise PeerNotRegistered(f"no address is registered for peer {peer}")
-        quic = EngineConnection(
-            configuration=self._client_config,
-            verifier=self._verifier,
-            peer_role="server",
-            expected_peer=peer,
-            max_concurrent_streams=self.config.max_concurrent_streams,
-            resets=self._resets,
-        )
+        quic = self._engines.client(peer, self._address[0], address[0])
         connection = PeerConnection(self, quic, is_client=True, peer=peer)
         quic.cid_minted = lambda cid: self.register_cid(cid, connection)
         self._outbound[peer] = connection
@@ -498,13 +484,13 @@ class QuicTransport(asyncio.DatagramProtocol):
         if (
             header.packet_type != QuicPacketType.VERSION_NEGOTIATION
             and header.version is not None
-            and header.version not in self._server_config.supported_versions
+            and header.version not in self._engines.supported_versions
         ):
             self.sendto(
                 encode_quic_version_negotiation(
                     source_cid=header.destination_cid,
                     destination_cid=header.source_cid,
-                    supported_versions=self._server_config.supported_versions,
+                    supported_versions=self._engines.supported_versions,
                 ),
                 addr,
             )
@@ -614,16 +600,7 @@ class QuicTransport(asyncio.DatagramProtocol):
         data: bytes,
         addr: Address,
     ) -> None:
-        quic = EngineConnection(
-            configuration=self._server_config,
-            original_destination_connection_id=original_cid,
-            retry_source_connection_id=retry_source_cid,
-            verifier=self._verifier,
-            peer_role="client",
-            expected_peer=None,
-            max_concurrent_streams=self.config.max_concurrent_streams,
-            resets=self._resets,
-        )
+        quic = self._engines.server(original_cid, retry_source_cid, self._address[0], addr[0])
         connection = PeerConnection(self, quic, is_client=False, peer=None)
         quic.cid_minted = lambda cid: self.register_cid(cid, connection)
         self._handshaking_inbound += 1
