@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import StartNode
+from tests.conftest import StartNode, needs_stream_backpressure
 from velomux_quic.mux.config import MuxConfig
 from velomux_quic.node import Node
 from velomux_quic.security.certs import NodeCredentials
@@ -117,6 +117,7 @@ async def stuck_stream(a: Node, b: Node, total: int) -> tuple[StreamAnchor[Any],
     return stalled, pump
 
 
+@needs_stream_backpressure
 async def test_a_sender_whose_consumer_stopped_waits_while_its_neighbours_flow(
     start_nodes: StartNode,
 ) -> None:
@@ -172,6 +173,7 @@ async def test_a_burst_over_hundreds_of_streams_arrives_exactly_once_in_order(
     assert connection.extra_streams == 0  # every stream finished and forgotten
 
 
+@needs_stream_backpressure
 async def test_closing_the_producer_node_releases_a_waiting_sender_with_channel_closed(
     start_nodes: StartNode,
 ) -> None:
@@ -184,6 +186,7 @@ async def test_closing_the_producer_node_releases_a_waiting_sender_with_channel_
     assert pump.sender.is_cancelled
 
 
+@needs_stream_backpressure
 async def test_a_consumer_cancel_releases_a_waiting_sender_with_channel_closed(
     start_nodes: StartNode,
 ) -> None:

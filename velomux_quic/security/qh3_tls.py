@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import ssl
 import struct
-from typing import Any
+from typing import Any, cast
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
@@ -160,7 +160,7 @@ class Qh3VerifyingContext(qtls.Context):
     velomux_anticipation_skipped: bool
     velomux_peer_chain: list[x509.Certificate]
 
-    @property  # type: ignore[override]
+    @property
     def key_schedule(self) -> Any:
         return self.__dict__.get("_velomux_key_schedule")
 
@@ -168,7 +168,7 @@ class Qh3VerifyingContext(qtls.Context):
     def key_schedule(self, schedule: Any) -> None:
         if type(schedule) is qtls.KeySchedule and self.velomux_role == "client":
             schedule.__class__ = _TranscriptTap
-            schedule.velomux_context = self
+            cast(_TranscriptTap, schedule).velomux_context = self
         self.__dict__["_velomux_key_schedule"] = schedule
 
     def _velomux_refuse(self, reason: str, message: str) -> PeerRefusedAlert:
@@ -251,7 +251,9 @@ class Qh3VerifyingContext(qtls.Context):
         except ValueError as exc:
             raise qtls.AlertBadCertificate("the client's certificate does not parse") from exc
         self._peer_certificate = QCertificate(certificate.certificates[0][0])
-        self._peer_certificate_chain = [QCertificate(der) for der, _ in certificate.certificates[1:]]
+        self._peer_certificate_chain = [
+            QCertificate(der) for der, _ in certificate.certificates[1:]
+        ]
         self.velomux_peer_chain = parsed
         self.key_schedule.update_hash(message)
         self.velomux_stage = "certificate_verify"
@@ -299,7 +301,9 @@ class Qh3VerifyingContext(qtls.Context):
         peer = self._peer_certificate
         assert peer is not None
         leaf = x509.load_der_x509_certificate(peer.public_bytes())
-        chain = [x509.load_der_x509_certificate(c.public_bytes()) for c in self._peer_certificate_chain]
+        chain = [
+            x509.load_der_x509_certificate(c.public_bytes()) for c in self._peer_certificate_chain
+        ]
         self._velomux_check(leaf, chain)
 
 
@@ -338,7 +342,10 @@ def install_qh3_peer_verification(
 ) -> Qh3VerifyingContext:
     """Turn a fresh qh3 TLS context into one that verifies its peer (and, as a server,
     asks for the client's certificate). ``role`` is the role of the *peer*."""
-    if context.state not in (qtls.State.CLIENT_HANDSHAKE_START, qtls.State.SERVER_EXPECT_CLIENT_HELLO):
+    if context.state not in (
+        qtls.State.CLIENT_HANDSHAKE_START,
+        qtls.State.SERVER_EXPECT_CLIENT_HELLO,
+    ):
         raise RuntimeError("peer verification must be installed before the handshake starts")
     if context.get_session_ticket_cb is not None or context.new_session_ticket_cb is not None:
         raise RuntimeError("session tickets would skip the certificates: none may be set")

@@ -40,8 +40,8 @@ from .verify import PeerVerificationError, PeerVerifier
 
 __all__ = [
     "ALPN_PROTOCOL",
-    "alert_code_of",
     "VerifyingContext",
+    "alert_code_of",
     "install_peer_verification",
     "make_quic_configuration",
     "parse_refusal_reason",

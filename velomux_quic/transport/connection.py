@@ -59,6 +59,8 @@ from .seam import (
     QuicEngine,
     StopSendingReceived,
     StreamDataReceived,
+)
+from .seam import (
     StreamReset as EngineStreamReset,
 )
 from .snapshot import ConnectionSnapshot
@@ -1060,7 +1062,7 @@ class PeerConnection:
             # A reader caught up: stream data the engine held for it (and whatever queued
             # behind it) is deliverable now, and taking it is what grants the peer credit.
             self._process_events()
-            if self.state is ConnectionState.CLOSED:
+            if self.closed.is_set():
                 return
         sendto = self.transport.sendto
         sent = 0

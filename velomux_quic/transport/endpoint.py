@@ -45,7 +45,6 @@ from .admission import SendOutcome
 from .config import MAX_LANES, TransportConfig
 from .connection import CloseCode, ConnectionState, PeerConnection
 from .engine_choice import EngineFactory, make_engine_factory
-from .seam import EngineFeatures
 from .errors import (
     ChannelClosed,
     LaneError,
@@ -58,6 +57,7 @@ from .lanes import CONTROL_LANE
 from .metrics import TransportCollector, TransportStats
 from .perstream_send import PerStreamOutbound
 from .resets import StatelessResets, reset_key_from
+from .seam import EngineFeatures
 from .snapshot import ConnectionSnapshot, TransportSnapshot
 from .udp import BufferSizes, open_udp_socket
 
@@ -78,7 +78,9 @@ def _with_certificates(connection: PeerConnection) -> ConnectionSnapshot:
     """A connection's snapshot with the certificates its own handshake exchanged."""
     own, peer = connection.quic.presented_certificates()
     return dataclasses.replace(
-        connection.snapshot(), own_certificate_serial=_serial(own), peer_certificate_serial=_serial(peer)
+        connection.snapshot(),
+        own_certificate_serial=_serial(own),
+        peer_certificate_serial=_serial(peer),
     )
 
 

@@ -48,8 +48,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import aioquic
 from aioquic import tls
 from aioquic._buffer import Buffer  # typed there; aioquic.buffer re-exports it untyped
+from aioquic.quic import events as aioquic_events
 from aioquic.quic.congestion.base import K_INITIAL_WINDOW, K_MINIMUM_WINDOW
 from aioquic.quic.connection import (
     END_STATES,
@@ -69,9 +71,6 @@ from aioquic.quic.packet import (
 from aioquic.quic.packet_builder import QuicDeliveryState, QuicPacketBuilder, QuicSentPacket
 from aioquic.quic.recovery import QuicPacketRecovery, QuicPacketSpace
 from aioquic.quic.stream import QuicStream
-
-import aioquic
-from aioquic.quic import events as aioquic_events
 from cryptography.hazmat.primitives.serialization import Encoding
 
 from ..ids import InstanceId
@@ -305,23 +304,22 @@ class EngineConnection(QuicConnection):
             event = self.next_event()
             if event is None:
                 return None
-            kind = type(event)
             # Most frequent first: a STREAM event per frame, the rest now and then.
-            if kind is aioquic_events.StreamDataReceived:
+            if isinstance(event, aioquic_events.StreamDataReceived):
                 return seam.StreamDataReceived(event.stream_id, event.data, event.end_stream)
-            if kind is aioquic_events.ConnectionIdIssued:
+            if isinstance(event, aioquic_events.ConnectionIdIssued):
                 return seam.ConnectionIdIssued(event.connection_id)
-            if kind is aioquic_events.ConnectionIdRetired:
+            if isinstance(event, aioquic_events.ConnectionIdRetired):
                 return seam.ConnectionIdRetired(event.connection_id)
-            if kind is aioquic_events.PingAcknowledged:
+            if isinstance(event, aioquic_events.PingAcknowledged):
                 return seam.PingAcknowledged(event.uid)
-            if kind is aioquic_events.StreamReset:
+            if isinstance(event, aioquic_events.StreamReset):
                 return seam.StreamReset(event.stream_id, event.error_code)
-            if kind is aioquic_events.StopSendingReceived:
+            if isinstance(event, aioquic_events.StopSendingReceived):
                 return seam.StopSendingReceived(event.stream_id, event.error_code)
-            if kind is aioquic_events.HandshakeCompleted:
+            if isinstance(event, aioquic_events.HandshakeCompleted):
                 return seam.HandshakeCompleted()
-            if kind is aioquic_events.ConnectionTerminated:
+            if isinstance(event, aioquic_events.ConnectionTerminated):
                 return seam.ConnectionTerminated(
                     event.error_code, event.frame_type, event.reason_phrase
                 )

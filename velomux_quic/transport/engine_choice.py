@@ -29,6 +29,7 @@ __all__ = [
     "ENGINE_ENVIRONMENT",
     "QH3_RANGE",
     "EngineFactory",
+    "engine_features",
     "make_engine_factory",
     "resolve_engine",
 ]
@@ -54,6 +55,18 @@ def resolve_engine(config: TransportConfig) -> EngineName:
         f"{ENGINE_ENVIRONMENT}={named!r} names no QUIC engine; use one of "
         f"{', '.join(ENGINE_NAMES)} (or unset it for aioquic)"
     )
+
+
+def engine_features(name: EngineName) -> EngineFeatures:
+    """What the engine ``name`` does (ConfigurationError when it is not installed)."""
+    if name == "qh3":
+        _require_qh3()
+        from .qh3_engine import QH3_FEATURES
+
+        return QH3_FEATURES
+    from .engine import AIOQUIC_FEATURES
+
+    return AIOQUIC_FEATURES
 
 
 def _require_qh3() -> None:

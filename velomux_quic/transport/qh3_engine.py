@@ -42,8 +42,9 @@ never early). ``EngineFeatures`` says so, and the node snapshot reports it.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import qh3
 from qh3._hazmat import QuicConnectionCore
@@ -54,6 +55,9 @@ from qh3.quic.connection import QuicConnection as Qh3QuicConnection
 from qh3.quic.connection import QuicConnectionError, QuicConnectionState
 from qh3.quic.packet import pull_quic_transport_parameters, push_quic_transport_parameters
 from qh3.quic.tls_bridge import QuicTlsBridge, QuicTlsBridgeError
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer as BufferProtocol
 
 from ..ids import InstanceId
 from ..security.qh3_tls import Qh3VerifyingContext, install_qh3_peer_verification
@@ -142,6 +146,13 @@ class Qh3Connection(Qh3QuicConnection):
         """The peer's credit per stream, from the core's ``stream_credit`` events."""
         self._acked_floor: dict[int, int] = {}
         self._backlog: set[int] = set()
+        """Streams counted in :attr:`send_backlog` (the per-stream path's)."""
+        self._beyond_tracked = 0
+        """Of the tracked streams' unsent bytes, those past the peer's credit (kept as
+        writes and credit change, so reading the backlog costs a few core calls, not one
+        per stream: a thousand streams polled after every transmit blocked the loop)."""
+        self._untracked: set[int] = set()
+        """Streams written and not tracked (lanes, request streams), still open."""
         self._managed: dict[int, tuple[Consumed, int]] = {}
         self._delivered: dict[int, int] = {}
         self._held: int | None = None
@@ -153,6 +164,7 @@ class Qh3Connection(Qh3QuicConnection):
     def _create_core(self, remote_addr: Any, initial_dcid: bytes, now: float) -> None:
         configuration = self._configuration
         streams = self._velomux_streams
+        assert self._version is not None  # set by connect() or the first datagram
         self._core = QuicConnectionCore(
             self._is_client,
             self._version,
@@ -285,7 +297,7 @@ class Qh3Connection(Qh3QuicConnection):
         if self._state is QuicConnectionState.TERMINATED:
             return
         self._state = QuicConnectionState.TERMINATED
-        self._events.append(
+        self._queue.append(
             seam.ConnectionTerminated(
                 int(exc.error_code), exc.frame_type, f"qh3 engine error: {exc.reason_phrase}"
             )
@@ -301,7 +313,7 @@ class Qh3Connection(Qh3QuicConnection):
             if core.state not in _END_STATES:
                 return
             self._held = None  # ending: let the termination through
-        append = self._events.append
+        append = self._queue.append
         managed = self._managed
         while True:
             native = core.next_event()
@@ -320,7 +332,9 @@ class Qh3Connection(Qh3QuicConnection):
                         self._held = stream_id
                         return
             elif kind == "stream_credit":
-                self._credit[native[1]] = native[2]
+                self._credit_changed(native[1], native[2])
+            elif kind == "stream_finished":
+                self._stream_finished(native[1])
             elif kind == "crypto_data":
                 self._crypto(native)
             elif kind == "connection_id_issued":
@@ -333,9 +347,9 @@ class Qh3Connection(Qh3QuicConnection):
             elif kind == "ping_acknowledged":
                 append(seam.PingAcknowledged(native[1]))
             elif kind == "stream_reset":
-                append(seam.StreamReset(native[2], native[1]))
+                append(seam.StreamReset(native[1], native[2]))
             elif kind == "stop_sending":
-                append(seam.StopSendingReceived(native[2], native[1]))
+                append(seam.StopSendingReceived(native[1], native[2]))
             elif kind == "handshake_done":
                 self._handshake_confirmed = True
                 core.handshake_confirmed()
@@ -379,8 +393,15 @@ class Qh3Connection(Qh3QuicConnection):
                 exc.error_code, exc.frame_type, exc.reason_phrase
             )
 
+    @property
+    def _queue(self) -> deque[Any]:
+        """The facade's event queue, which carries the seam's events as well as the few
+        the facade's TLS code still puts there (one queue keeps their order: a client's
+        Finished and its first stream data may share a datagram)."""
+        return cast("deque[Any]", self._events)
+
     def poll_event(self) -> seam.EngineEvent | None:
-        events = self._events
+        events = self._queue
         while events:
             event = events.popleft()
             if isinstance(event, qh3_events.QuicEvent):
@@ -391,14 +412,29 @@ class Qh3Connection(Qh3QuicConnection):
                         event.error_code, event.frame_type, event.reason_phrase
                     )
                 continue  # ProtocolNegotiated and the like: nothing for the transport
-            return event  # type: ignore[no-any-return]
+            return cast(seam.EngineEvent, event)
         return None
 
-    def close(self, error_code: int = 0, reason_phrase: str = "") -> None:  # type: ignore[override]
+    def close(
+        self, error_code: int = 0, frame_type: int | None = None, reason_phrase: str = ""
+    ) -> None:
         try:
-            super().close(error_code=error_code, frame_type=None, reason_phrase=reason_phrase)
+            super().close(error_code=error_code, frame_type=frame_type, reason_phrase=reason_phrase)
         except QuicConnectionError as exc:
             self._engine_failed(exc)
+
+    def send_ping(self, uid: int) -> None:
+        if self._ended():
+            return  # ending: its termination reports what waited (aioquic ignores it too)
+        super().send_ping(uid)
+
+    def stop_stream(self, stream_id: int, error_code: int) -> None:
+        if not self._ended():
+            super().stop_stream(stream_id, error_code)
+
+    def _ended(self) -> bool:
+        core = self._core
+        return core is None or core.state in _END_STATES
 
     def ack_due(self, now: float) -> bool:
         """Whether the core's next timer is an acknowledgement already due."""
@@ -463,9 +499,38 @@ class Qh3Connection(Qh3QuicConnection):
         but count from zero."""
         self._written.setdefault(stream_id, 0)
 
-    def send_stream_data(self, stream_id: int, data: bytes, end_stream: bool = False) -> None:
+    def send_stream_data(
+        self, stream_id: int, data: BufferProtocol, end_stream: bool = False
+    ) -> None:
         super().send_stream_data(stream_id, data, end_stream)
-        self._written[stream_id] = self._written.get(stream_id, 0) + len(data)
+        size = len(data) if type(data) is bytes else memoryview(data).nbytes
+        written = self._written.get(stream_id, 0)
+        if stream_id in self._backlog:
+            credit = self._peer_credit(stream_id)
+            before = max(0, written - credit)
+            self._beyond_tracked += max(0, written + size - credit) - before
+        else:
+            self._untracked.add(stream_id)
+        self._written[stream_id] = written + size
+
+    def _credit_changed(self, stream_id: int, credit: int) -> None:
+        if stream_id in self._backlog:
+            written = self._written.get(stream_id, 0)
+            before = max(0, written - self._peer_credit(stream_id))
+            self._beyond_tracked += max(0, written - credit) - before
+        self._credit[stream_id] = credit
+
+    def _stream_finished(self, stream_id: int) -> None:
+        """qh3's core is done with a stream we wrote: stop counting it."""
+        self._created_local_stream_ids.discard(stream_id)  # what qh3's facade does
+        self._untrack(stream_id)
+
+    def _untrack(self, stream_id: int) -> None:
+        self._untracked.discard(stream_id)
+        if stream_id in self._backlog:
+            self._backlog.discard(stream_id)
+            written = self._written.get(stream_id, 0)
+            self._beyond_tracked -= max(0, written - self._peer_credit(stream_id))
 
     def _peer_credit(self, stream_id: int) -> int:
         credit = self._credit.get(stream_id)
@@ -504,30 +569,47 @@ class Qh3Connection(Qh3QuicConnection):
         if written is None:
             return 0
         floor = self._acked_floor.get(stream_id, 0)
-        if floor < written and self._core is not None:
-            if self._core.bytes_in_flight == 0 and self.stream_unsent(stream_id) == 0:
+        core = self._core
+        if floor < written and core is not None and core.state == "connected":
+            timer = core.get_timer()
+            if (
+                core.bytes_in_flight == 0
+                and (timer is None or timer[0] != "pacing")  # no retransmission held back
+                and self.stream_unsent(stream_id) == 0
+            ):
                 floor = self._acked_floor[stream_id] = written
         return written - floor
 
     def track_send_backlog(self, stream_id: int) -> None:
+        if stream_id in self._backlog:
+            return
+        self._untracked.discard(stream_id)
         self._backlog.add(stream_id)
+        written = self._written.get(stream_id, 0)
+        self._beyond_tracked += max(0, written - self._peer_credit(stream_id))
 
     @property
     def send_backlog(self) -> int:
-        """Bytes the tracked streams may transmit (inside the peer's credit) but have not."""
-        total = 0
-        for stream_id in list(self._backlog):
-            written = self._written.get(stream_id, 0)
-            unsent = self.stream_unsent(stream_id)
-            sent = written - unsent
-            total += max(0, min(written, self._peer_credit(stream_id)) - sent)
-            if not unsent and self._core is not None and not self._core.can_send_stream(stream_id):
-                self._backlog.discard(stream_id)  # finished or reset: sent through
-        return total
+        """Bytes the tracked streams may transmit (inside the peer's credit) but have not:
+        every stream's unsent bytes, less the untracked streams', less what the tracked
+        streams hold past their credit."""
+        if self._core is None or not self._backlog:
+            return 0
+        unsent = self.stream_unsent_total()
+        for stream_id in self._untracked:
+            unsent -= self.stream_unsent(stream_id)
+        return max(0, unsent - self._beyond_tracked)
+
+    def stream_unsent_total(self) -> int:
+        try:
+            return int(self.get_send_buffer_size())
+        except QuicConnectionError:
+            return 0
 
     def reset_stream(self, stream_id: int, error_code: int) -> None:
-        super().reset_stream(stream_id, error_code)
-        self._backlog.discard(stream_id)
+        if not self._ended():
+            super().reset_stream(stream_id, error_code)
+        self._untrack(stream_id)
 
     def manage_receive_window(self, stream_id: int, consumed: Consumed, window: int) -> None:
         self._managed[stream_id] = (consumed, window)
@@ -554,7 +636,12 @@ class Qh3Connection(Qh3QuicConnection):
 
     @property
     def datagram_size(self) -> int:
-        return int(self._configuration.max_datagram_size)
+        """The size the core builds now: the one it was made with, or less once the peer's
+        ``max_udp_payload_size`` is known."""
+        core = self._core
+        if core is None:
+            return int(self._configuration.max_datagram_size)
+        return int(core.active_path[5])
 
     @property
     def peer_max_udp_payload_size(self) -> int:
@@ -596,4 +683,3 @@ def _start_of_last_packet(data: bytes, end: int, cid_length: int) -> int:
         if following >= end:
             return offset
         offset = following
-

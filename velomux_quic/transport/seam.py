@@ -182,9 +182,6 @@ class QuicEngine(Protocol):
     host_cid: bytes
     cid_minted: Callable[[bytes], None] | None
     """Called with each host connection ID as it is made (before it is ever sent)."""
-    send_backlog: int
-    """Bytes the streams of :meth:`track_send_backlog` hold inside their peer windows,
-    never transmitted (the per-stream path's shared bound)."""
     accepted_datagram_size: int
     """The largest datagram we ask the peer to send (set before the handshake)."""
     mtu_probe_observer: Callable[[int, bool], None] | None
@@ -205,7 +202,9 @@ class QuicEngine(Protocol):
 
     def poll_event(self) -> EngineEvent | None: ...
 
-    def close(self, error_code: int, reason_phrase: str) -> None: ...
+    def close(
+        self, error_code: int = 0, frame_type: int | None = None, reason_phrase: str = ""
+    ) -> None: ...
 
     def send_ping(self, uid: int) -> None: ...
 
@@ -258,6 +257,11 @@ class QuicEngine(Protocol):
     def stream_unacked(self, stream_id: int) -> int: ...
 
     def track_send_backlog(self, stream_id: int) -> None: ...
+
+    @property
+    def send_backlog(self) -> int:
+        """Bytes the streams of :meth:`track_send_backlog` hold inside their peer windows,
+        never transmitted (the per-stream path's shared bound)."""
 
     def manage_receive_window(self, stream_id: int, consumed: Consumed, window: int) -> None: ...
 
