@@ -239,9 +239,9 @@ def test_native_events_carry_what_the_adapter_reads(
 
     client._core, server._core = Spy(client._core), Spy(server._core)  # type: ignore[assignment]
     _exchange(client, server)
-    kind, stream_id, data, fin = seen["stream_data"]
+    _, stream_id, data, fin = seen["stream_data"]
     assert (stream_id, type(data), fin) == (2, bytes, False)
-    kind, stream_id, maximum = seen["stream_credit"]
+    _, stream_id, maximum = seen["stream_credit"]
     assert stream_id == 2 and maximum > 64 * 1024
 
 
