@@ -255,6 +255,7 @@ class QuicTransport(asyncio.DatagramProtocol):
             tuple(_with_certificates(c) for c in self._cids),
             certificate=summarize_certificate(self.credentials.certificate),
             trust_roots=tuple(summarize_certificate(r) for r in self.credentials.trust_roots),
+            engine=self._engines.features,
         )
 
     # -- peers ---------------------------------------------------------------------------
