@@ -145,6 +145,8 @@ class Qh3Connection(Qh3QuicConnection):
         self._credit: dict[int, int] = {}
         """The peer's credit per stream, from the core's ``stream_credit`` events."""
         self._acked_floor: dict[int, int] = {}
+        self._losses_at_write: dict[int, int] = {}
+        """The core's loss count at each stream's last write (see :meth:`stream_unacked`)."""
         self._backlog: set[int] = set()
         """Streams counted in :attr:`send_backlog` (the per-stream path's)."""
         self._beyond_tracked = 0
@@ -512,6 +514,9 @@ class Qh3Connection(Qh3QuicConnection):
         else:
             self._untracked.add(stream_id)
         self._written[stream_id] = written + size
+        core = self._core
+        if core is not None:
+            self._losses_at_write[stream_id] = core.loss_total
 
     def _credit_changed(self, stream_id: int, credit: int) -> None:
         if stream_id in self._backlog:
@@ -564,19 +569,25 @@ class Qh3Connection(Qh3QuicConnection):
     def stream_unacked(self, stream_id: int) -> int:
         """Written and not known acknowledged: qh3 keeps no per-stream acknowledged offset,
         so a stream is known acknowledged up to what it had written once nothing of it is
-        unsent and nothing of the connection is in flight (late under load, never early)."""
+        unsent and nothing of the connection is in flight (late under load, never early).
+        After a loss since the stream's last write, a retransmission may be queued where
+        neither count shows it (qh3's unsent bytes are first transmissions only): then a
+        pending pacing timer, which may be holding it, also defers the answer."""
         written = self._written.get(stream_id)
         if written is None:
             return 0
         floor = self._acked_floor.get(stream_id, 0)
         core = self._core
-        if floor < written and core is not None and core.state == "connected":
-            timer = core.get_timer()
-            if (
-                core.bytes_in_flight == 0
-                and (timer is None or timer[0] != "pacing")  # no retransmission held back
-                and self.stream_unsent(stream_id) == 0
-            ):
+        if (
+            floor < written
+            and core is not None
+            and core.state == "connected"
+            and core.bytes_in_flight == 0
+            and self.stream_unsent(stream_id) == 0
+        ):
+            lost_since = core.loss_total != self._losses_at_write.get(stream_id, 0)
+            timer = core.get_timer() if lost_since else None
+            if timer is None or timer[0] != "pacing":
                 floor = self._acked_floor[stream_id] = written
         return written - floor
 
