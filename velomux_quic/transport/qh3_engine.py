@@ -504,6 +504,12 @@ class Qh3Connection(Qh3QuicConnection):
     def send_stream_data(
         self, stream_id: int, data: BufferProtocol, end_stream: bool = False
     ) -> None:
+        if self._core is not None and self._core.state in _END_STATES:
+            # The peer closed it (its termination is still to be taken): written bytes are
+            # counted, and reported unacknowledged when it is, as aioquic's would be.
+            size = len(data) if type(data) is bytes else memoryview(data).nbytes
+            self._written[stream_id] = self._written.get(stream_id, 0) + size
+            return
         super().send_stream_data(stream_id, data, end_stream)
         size = len(data) if type(data) is bytes else memoryview(data).nbytes
         written = self._written.get(stream_id, 0)
