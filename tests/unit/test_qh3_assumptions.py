@@ -429,3 +429,21 @@ def test_a_qh3_server_starts_one_key_update_of_its_own_and_no_second(
         _Clock.now += 1.0
     with pytest.raises(ValueError, match="invalid key phase"):
         server.request_key_update()
+
+
+def test_the_fast_paths_take_what_the_facade_would_give_the_core(
+    make_credentials: Callable[..., NodeCredentials],
+) -> None:
+    """Qh3Connection hands a short-header datagram to the core whole and polls transmits
+    itself: ``poll_transmit`` yields (datagram, address, ...) tuples, and the facade adds
+    nothing for a short header once the handshake is complete but its qlog calls."""
+    client, _, _, _ = _engine_pair(make_credentials)
+    core = client._core
+    assert core is not None
+    transmit = core.poll_transmit(_Clock.now)
+    assert transmit is not None and isinstance(transmit[0], bytes) and transmit[1] == SERVER
+    source = inspect.getsource(QuicConnection.receive_datagram)
+    assert "_receive_version_negotiation" in source and "_receive_retry" in source
+    learn = inspect.getsource(QuicConnection._learn_remote_source_cid)
+    assert "if self._handshake_complete" in learn
+    assert QuicConfiguration().quic_logger is None

@@ -231,10 +231,18 @@ class Qh3Connection(Qh3QuicConnection):
     # -- datagrams in and out ------------------------------------------------------------
 
     def receive_datagram(self, data: bytes, addr: Any, now: float) -> None:
-        """As qh3's, but on the accepting side bytes after the datagram's last QUIC packet
-        are given to the core with that packet, so they count toward the amplification
-        allowance (see the module docstring)."""
+        """As qh3's, with two differences. Once the handshake is complete, a short-header
+        datagram (all of them, from then on) goes to the core in one call: qh3's facade
+        would parse its header in Python twice (for a Retry and for its packet loop) and
+        normalise the address on every datagram. And on the accepting side, bytes after
+        a datagram's last QUIC packet are given to the core with that packet, so they
+        count toward the amplification allowance (see the module docstring)."""
         try:
+            core = self._core
+            if data and not data[0] & 0x80 and core is not None and self._handshake_complete:
+                self._call_core(core.receive_datagram, data, addr, now, None)
+                self._drain_core()
+                return
             end = len(data) if self._is_client else _end_of_packets(data, self._cid_length)
             if end == len(data) or end == 0:
                 super().receive_datagram(data, addr, now)
@@ -278,12 +286,19 @@ class Qh3Connection(Qh3QuicConnection):
         self._drain_core()
 
     def datagrams_to_send(self, now: float) -> list[tuple[bytes, Any]]:
-        try:
-            datagrams = super().datagrams_to_send(now)
-        except QuicConnectionError as exc:
-            self._engine_failed(exc)
+        """The core's datagrams, taken in one loop (qh3's facade parses every datagram's
+        headers in Python for its logger, which this transport never sets)."""
+        core = self._core
+        if core is None:
             return []
-        if self._core is not None and self._core.has_events:
+        datagrams: list[tuple[bytes, Any]] = []
+        poll = core.poll_transmit
+        try:
+            while (transmit := poll(now)) is not None:
+                datagrams.append((transmit[0], transmit[1]))
+        except RuntimeError as exc:
+            self._engine_failed(QuicConnectionError(1, None, str(exc)))
+        if core.has_events:
             self._drain_core()  # connection IDs issued while building: route them now
         return datagrams
 
