@@ -46,6 +46,7 @@ from velomux_quic.security.testing import (
 from velomux_quic.security.tls import ALPN_PROTOCOL
 from velomux_quic.streaming.control import MESSENGER_MUX_KEY, StreamOpenTicket
 from velomux_quic.transport import ChannelClosed, DialError, TransportConfig
+from velomux_quic.transport.admission import SendAdmission
 from velomux_quic.transport.endpoint import QuicTransport
 
 ENGINES = ("aioquic", "qh3")
@@ -370,3 +371,44 @@ async def test_a_restarted_peer_of_either_engine_resets_the_connection_at_once(
             async with asyncio.timeout(20):  # the idle timeout is 60 s away
                 await watcher.down.wait()
         assert survivor.stats.stateless_resets_received == 1
+
+
+# -- receive-side backpressure where the engine holds per connection -------------------------
+
+
+@pytest.mark.parametrize("client_engine", ENGINES)
+async def test_a_paused_lane_on_qh3_holds_its_writer_within_a_bound_then_releases_it(
+    start_node: NodeFactory, client_engine: str
+) -> None:
+    """qh3 grants credit as stream events are taken, so a paused lane holds its writer by
+    holding the connection (EngineFeatures.receive_backpressure "connection"): the writer's
+    sends go pending after at most the lane window plus one stream window plus its send
+    buffer, and stay pending; resuming delivers everything, in order."""
+    window = 64 * 1024
+    config = {"lanes": 2, "lane_window": window, "stream_window": window, "send_buffer": window}
+    b, b_seen = await start_node("b", config=engine("qh3", **config))
+    a, _ = await start_node("a", config=engine(client_engine, **config))
+    assert b.engine.receive_backpressure == "connection"
+    a.register_peer(b.instance_id, b.address)
+    await a.connect(b.instance_id)
+    b.pause_reading(a.instance_id, 1)
+
+    frame = bytes(1024)
+    admitted = 0
+    held: SendAdmission | None = None
+    for _ in range(10_000):  # bounded: the bound below is a few hundred frames
+        outcome = a.send(b.instance_id, 1, frame)
+        if isinstance(outcome, SendAdmission):
+            try:  # idle otherwise: a wait this long that admits nothing is the hold
+                await asyncio.wait_for(asyncio.shield(outcome), 2.0)
+            except TimeoutError:
+                held = outcome
+                break
+        admitted += 1
+    assert held is not None, "the paused lane never held its writer"
+    bound = (window + window + window + 64 * 1024) // len(frame) + 2
+    assert admitted <= bound, (admitted, bound)
+
+    b.resume_reading(a.instance_id, 1)
+    await asyncio.wait_for(asyncio.shield(held), 20)
+    await b_seen.wait_until(lambda: len(b_seen.frames[(a.instance_id, 1)]) == admitted + 1)

@@ -47,7 +47,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 import qh3
-from qh3._hazmat import QuicConnectionCore
+from qh3 import tls as qtls
+from qh3._hazmat import Buffer, QuicConnectionCore
 from qh3._hazmat import pull_quic_header as qh3_pull_quic_header
 from qh3.quic import events as qh3_events
 from qh3.quic.configuration import QuicConfiguration as Qh3Configuration
@@ -92,8 +93,6 @@ class _VelomuxBridge(QuicTlsBridge):
     velomux_datagram_size = UNLIMITED_UDP_PAYLOAD
 
     def serialize_transport_parameters(self) -> bytes:
-        from qh3._hazmat import Buffer
-
         data = super().serialize_transport_parameters()
         parameters = pull_quic_transport_parameters(Buffer(data=data))
         if self.velomux_streams:
@@ -394,8 +393,6 @@ class Qh3Connection(Qh3QuicConnection):
                 self._peer_token = native[1]
 
     def _crypto(self, native: tuple[Any, ...]) -> None:
-        from qh3 import tls as qtls
-
         assert self._core is not None and self._tls is not None
         try:
             self._tls.receive_crypto(
