@@ -1304,6 +1304,7 @@ def _environment_of(by_arm: dict[Arm, list[dict[str, Any]]]) -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "loop": ", ".join(loops) or "unknown",
         "aioquic": package_version("aioquic"),
+        "qh3": package_version("qh3"),
         "uvloop": package_version("uvloop"),
         "velomux_quic": package_version("velomux_quic"),
     }

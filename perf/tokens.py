@@ -1713,6 +1713,7 @@ def _environment(results: Runs) -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "loop": ", ".join(loops) or "unknown",
         "aioquic": package_version("aioquic"),
+        "qh3": package_version("qh3"),
         "grpcio": package_version("grpcio"),
         "uvloop": package_version("uvloop"),
         "msgpack": package_version("msgpack"),
@@ -1818,8 +1819,8 @@ async def orchestrate(args: argparse.Namespace) -> int:
         )
         + f"; gRPC {'plaintext' if args.grpc_insecure else 'TLS with client certificates'}, "
         f"the QUIC arms mutual TLS. {environment['loop']}, {environment['cpus']} CPUs, Python "
-        f"{environment['python']}, aioquic {environment['aioquic']}, grpcio "
-        f"{environment['grpcio']}"
+        f"{environment['python']}, aioquic {environment['aioquic']}, qh3 {environment['qh3']}, "
+        f"grpcio {environment['grpcio']}"
         + (f"; {args.profile} under {args.profiler} (figures disturbed)" if args.profile else "")
     )
     failures: list[str] = []
