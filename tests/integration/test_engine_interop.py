@@ -256,6 +256,8 @@ async def test_lanes_and_requests_cross_engines_both_ways(
         await wait_admitted([b.send(a.instance_id, 1, b"back")])
         await a_seen.wait_until(lambda: a_seen.frames[(b.instance_id, 1)] == [b"back"])
         assert b.engine.name == server_engine and a.engine.name == client_engine
+        snapshot = a.snapshot()
+        assert snapshot.engine is not None and snapshot.engine.name == client_engine
         outbound = a.snapshot().to(b.instance_id)
         assert outbound is not None and outbound.peer_certificate_serial is not None
     finally:
