@@ -49,6 +49,11 @@ run failed.
     python perf/quic_lanes.py --short                # about 1.5-3 minutes on 2 cores
     python perf/quic_lanes.py --lanes 1,4 --datagram-sizes 1452 --conditions clean --runs 5
     python perf/quic_lanes.py --json lanes.json --png lanes.png
+    python perf/quic_lanes.py --engine aioquic qh3   # both QUIC engines, interleaved
+
+``--engine`` runs every configuration (the mux and the raw ceiling) on each QUIC engine
+named: the nodes with ``TransportConfig(engine=...)``, the raw arm with that library's own
+connection and asyncio protocol (qh3's ``QuicConnectionProtocol`` has aioquic's shape).
 
 What a run reports:
 
@@ -120,7 +125,7 @@ from aioquic.quic import events
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
 from aioquic.quic.packet import pull_quic_header
-from cryptography.hazmat.primitives.serialization import Encoding
+from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 
 from velomux_quic.ids import InstanceId, StreamAnchorHandle
 from velomux_quic.mux.config import MuxConfig
@@ -179,11 +184,13 @@ class Arm:
     lanes: int
     datagram: int
     condition: str
+    engine: str = "aioquic"
+    """The QUIC engine both sides run (``--engine``)."""
 
     @property
     def key(self) -> str:
         what = f"mux lanes={self.lanes}" if self.system == "mux" else f"raw streams={self.lanes}"
-        return f"{what} dgram={self.datagram} {self.condition}"
+        return f"{what} dgram={self.datagram} {self.condition} {self.engine}"
 
 
 def plan(args: argparse.Namespace) -> list[Arm]:
@@ -192,8 +199,9 @@ def plan(args: argparse.Namespace) -> list[Arm]:
     for condition in args.conditions:
         sizes = args.datagram_sizes if condition == "clean" else args.impaired_sizes
         for datagram in sizes:
-            arms.append(Arm("raw", args.raw_streams, datagram, condition))
-            arms += [Arm("mux", lanes, datagram, condition) for lanes in args.lanes]
+            for engine in args.engine:
+                arms.append(Arm("raw", args.raw_streams, datagram, condition, engine))
+                arms += [Arm("mux", n, datagram, condition, engine) for n in args.lanes]
     return arms
 
 
@@ -252,7 +260,9 @@ class Tally:
 
 
 def _transport_config(args: argparse.Namespace) -> TransportConfig:
-    return TransportConfig(lanes=args.arm_lanes, max_datagram_size=args.datagram)
+    return TransportConfig(
+        lanes=args.arm_lanes, max_datagram_size=args.datagram, engine=args.quic_engine
+    )
 
 
 def _mux_config(args: argparse.Namespace) -> MuxConfig:
@@ -530,7 +540,7 @@ class RawPeer(QuicConnectionProtocol):
             return
         if isinstance(event, events.StreamDataReceived):
             try:
-                self._stream_data(event)
+                self.stream_data(event)
             except BenchFailure as exc:
                 self.failure = exc
                 self.done.set()
@@ -538,7 +548,7 @@ class RawPeer(QuicConnectionProtocol):
             self.failure = BenchFailure(f"the connection ended early: {event.reason_phrase!r}")
             self.done.set()
 
-    def _stream_data(self, event: events.StreamDataReceived) -> None:
+    def stream_data(self, event: events.StreamDataReceived) -> None:
         assert self.tally is not None
         parser = self.parsers.get(event.stream_id)
         if parser is None:
@@ -580,7 +590,10 @@ class ItemParser:
 class RawServer(asyncio.DatagramProtocol):
     """The receiver's socket: creates the one server connection on the first datagram."""
 
-    def __init__(self, configuration: QuicConfiguration, tally: Tally) -> None:
+    def __init__(
+        self, configuration: QuicConfiguration, tally: Tally, engine: str = "aioquic"
+    ) -> None:
+        self.engine = engine
         self.configuration = configuration
         self.tally = tally
         self.count = DatagramCount()
@@ -593,22 +606,88 @@ class RawServer(asyncio.DatagramProtocol):
 
     def datagram_received(self, data: bytes, addr: Any) -> None:
         if self.peer is None:
-            header = pull_quic_header(
-                Buffer(data=data), host_cid_length=self.configuration.connection_id_length
-            )
-            quic = QuicConnection(
+            connection_class, _, _, destination_of = _raw_stack(self.engine)
+            quic = connection_class(
                 configuration=self.configuration,
-                original_destination_connection_id=header.destination_cid,
+                original_destination_connection_id=destination_of(
+                    data, self.configuration.connection_id_length
+                ),
             )
-            self.peer = RawPeer(quic, self.count, self.tally)
+            self.peer = _raw_peer_class(self.engine)(quic, self.count, self.tally)
             assert self.transport is not None
             self.peer.connection_made(self.transport)
             self.connected.set()
         self.peer.datagram_received(data, addr)
 
 
+def _raw_stack(engine: str) -> tuple[Any, Any, Any, Callable[[bytes, int], bytes]]:
+    """(connection class, configuration class, events module, header -> destination CID)
+    of the raw arm's QUIC library: aioquic's, or qh3's, whose asyncio protocol has the
+    same shape."""
+    if engine == "qh3":
+        from qh3._hazmat import pull_quic_header as qh3_header
+        from qh3.quic import events as qh3_events
+        from qh3.quic.configuration import QuicConfiguration as Qh3Configuration
+        from qh3.quic.connection import QuicConnection as Qh3Connection
+
+        return Qh3Connection, Qh3Configuration, qh3_events, lambda d, n: qh3_header(d, 0, n)[3]
+    return (
+        QuicConnection,
+        QuicConfiguration,
+        events,
+        lambda d, n: pull_quic_header(Buffer(data=d), host_cid_length=n).destination_cid,
+    )
+
+
+def _raw_peer_class(engine: str) -> type[RawPeer]:
+    """RawPeer on the engine's own asyncio protocol (qh3's twin of aioquic's)."""
+    if engine != "qh3":
+        return RawPeer
+    from qh3.asyncio.protocol import QuicConnectionProtocol as Qh3Protocol
+    from qh3.quic import events as qh3_events
+
+    class Qh3RawPeer(Qh3Protocol):  # type: ignore[misc]
+        """RawPeer's body on qh3's protocol (zero-argument super() cannot be shared)."""
+
+        def __init__(self, quic: Any, count: DatagramCount, tally: Tally | None = None) -> None:
+            super().__init__(quic)
+            self.count = count
+            self.tally = tally
+            self.parsers: dict[int, ItemParser] = {}
+            self.ended: set[int] = set()
+            self.done = asyncio.Event()
+            self.failure: BaseException | None = None
+
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            counting = CountingTransport(transport, self.count)  # type: ignore[arg-type]
+            super().connection_made(counting)
+
+        def datagram_received(self, data: bytes | str, addr: Any) -> None:
+            self.count.into += 1
+            super().datagram_received(data, addr)
+
+        stream_data = RawPeer.stream_data
+
+        def quic_event_received(self, event: Any) -> None:
+            if self.tally is None or self.failure is not None:
+                return
+            if isinstance(event, qh3_events.StreamDataReceived):
+                try:
+                    self.stream_data(event)
+                except BenchFailure as exc:
+                    self.failure = exc
+                    self.done.set()
+            elif isinstance(event, qh3_events.ConnectionTerminated) and not self.done.is_set():
+                self.failure = BenchFailure(f"the connection ended early: {event.reason_phrase!r}")
+                self.done.set()
+
+    return Qh3RawPeer  # type: ignore[return-value]
+
+
 def _raw_configuration(args: argparse.Namespace, *, is_client: bool) -> QuicConfiguration:
-    return QuicConfiguration(
+    configuration_class = _raw_stack(args.quic_engine)[1]
+    return configuration_class(  # type: ignore[no-any-return]
+        initial_rtt=0.1,  # aioquic's default, for both libraries alike
         alpn_protocols=[RAW_ALPN],
         is_client=is_client,
         max_datagram_size=args.datagram,
@@ -623,13 +702,20 @@ async def raw_receiver_main(args: argparse.Namespace) -> int:
     stdin = await stdin_reader()
     credentials = NodeCredentials.load(args.credentials)
     configuration = _raw_configuration(args, is_client=False)
-    configuration.certificate = credentials.certificate
-    configuration.certificate_chain = list(credentials.chain)
-    configuration.private_key = credentials.private_key
+    if args.quic_engine == "qh3":
+        pem = credentials.certificate.public_bytes(Encoding.PEM)
+        key = credentials.private_key.private_bytes(
+            Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()
+        )
+        configuration.load_cert_chain(pem, key)
+    else:
+        configuration.certificate = credentials.certificate
+        configuration.certificate_chain = list(credentials.chain)
+        configuration.private_key = credentials.private_key
     tally = Tally(args.streams, args.items)
     loop = asyncio.get_running_loop()
     transport, server = await loop.create_datagram_endpoint(
-        lambda: RawServer(configuration, tally), sock=_raw_socket()
+        lambda: RawServer(configuration, tally, args.quic_engine), sock=_raw_socket()
     )
     try:
         host, port = transport.get_extra_info("sockname")[:2]
@@ -675,9 +761,10 @@ async def raw_sender_main(args: argparse.Namespace) -> int:
     peer = await expect_line(stdin, "peer")
     loop = asyncio.get_running_loop()
     count = DatagramCount()
-    quic = QuicConnection(configuration=configuration)
+    quic = _raw_stack(args.quic_engine)[0](configuration=configuration)
+    peer_class = _raw_peer_class(args.quic_engine)
     transport, protocol = await loop.create_datagram_endpoint(
-        lambda: RawPeer(quic, count), sock=_raw_socket()
+        lambda: peer_class(quic, count), sock=_raw_socket()
     )
     try:
         started = time.perf_counter()
@@ -732,6 +819,7 @@ def _child_command(args: argparse.Namespace, arm: Arm, role: str, credentials: P
         "--role", f"{arm.system}-{role}",
         "--credentials", str(credentials),
         "--arm-lanes", str(arm.lanes),
+        "--quic-engine", arm.engine,
         "--datagram", str(arm.datagram),
         "--streams", str(args.streams),
         "--items", str(args.items),
@@ -945,9 +1033,10 @@ def summarise_arm(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _raw_of(arm: Arm, arms: Sequence[Arm]) -> Arm | None:
     for other in arms:
-        if other.system == "raw" and (other.datagram, other.condition) == (
+        if other.system == "raw" and (other.datagram, other.condition, other.engine) == (
             arm.datagram,
             arm.condition,
+            arm.engine,
         ):
             return other
     return None
@@ -977,20 +1066,23 @@ def add_ratios(
 
 def markdown_table(arms: Sequence[Arm], summaries: dict[Arm, dict[str, Any]]) -> str:
     header = [
-        "network", "datagram", "system", "lanes", "MiB/s (median)", "min-max",
-        "producer CPU s/GiB", "consumer CPU s/GiB", "x raw aioquic", "lanes with data",
+        "network", "datagram", "engine", "system", "lanes", "MiB/s (median)", "min-max",
+        "producer CPU s/GiB", "consumer CPU s/GiB", "x raw (same engine)", "lanes with data",
         "datagrams out/MiB", "runs ok",
     ]  # fmt: skip
-    lines = ["| " + " | ".join(header) + " |", "|---|---:|---|---:|" + "---:|" * (len(header) - 4)]
+    lines = [
+        "| " + " | ".join(header) + " |",
+        "|---|---:|---|---|---:|" + "---:|" * (len(header) - 5),
+    ]
     for arm in arms:
         s = summaries[arm]
-        system = "mux" if arm.system == "mux" else "raw aioquic"
+        system = "mux" if arm.system == "mux" else f"raw {arm.engine}"
         lanes = (
             str(arm.lanes)
             if arm.system == "mux"
             else f"({arm.lanes} stream{'s' * (arm.lanes > 1)})"
         )
-        cells = [arm.condition, f"{arm.datagram:,}", system, lanes]
+        cells = [arm.condition, f"{arm.datagram:,}", arm.engine, system, lanes]
         if "mib_per_s" in s:
             cells += [
                 f"{s['mib_per_s']:.1f}",
@@ -1097,7 +1189,13 @@ def replot(source: Path, target: Path) -> int:
     arms: list[Arm] = []
     summaries: dict[Arm, dict[str, Any]] = {}
     for entry in document["summary"]:
-        arm = Arm(entry["system"], entry["lanes"], entry["datagram"], entry["condition"])
+        arm = Arm(
+            entry["system"],
+            entry["lanes"],
+            entry["datagram"],
+            entry["condition"],
+            entry.get("engine", "aioquic"),
+        )
         arms.append(arm)
         summaries[arm] = entry
     config = document["config"]
@@ -1207,6 +1305,7 @@ def _environment_of(by_arm: dict[Arm, list[dict[str, Any]]]) -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "loop": ", ".join(loops) or "unknown",
         "aioquic": package_version("aioquic"),
+        "qh3": package_version("qh3"),
         "uvloop": package_version("uvloop"),
         "velomux_quic": package_version("velomux_quic"),
     }
@@ -1330,7 +1429,17 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
         choices=("mux-consumer", "mux-producer", "raw-receiver", "raw-sender"),
         help=argparse.SUPPRESS,
     )
+    parser.add_argument(
+        "--engine",
+        nargs="+",
+        choices=("aioquic", "qh3"),
+        default=["aioquic"],
+        help="QUIC engines: every configuration runs on each, interleaved (aioquic)",
+    )
     parser.add_argument("--credentials", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--quic-engine", choices=("aioquic", "qh3"), default="aioquic", help=argparse.SUPPRESS
+    )
     parser.add_argument("--arm-lanes", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--datagram", type=int, default=1452, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -98,6 +98,7 @@ What a run reports:
     python perf/tokens.py --streams 1024 --frontends 1 --mode max-rate --runs 3
     python perf/tokens.py --single-stream --runs 5
     python perf/tokens.py --short --impl mux-auto grpc --profile engine   # py-spy flame graphs
+    python perf/tokens.py --impl mux-auto bare zmq --engine aioquic qh3   # both QUIC engines
     python perf/tokens.py --short --json perf/results/tokens.json
 
 Exit status 0 when every run succeeded, 2 when any failed (the report is printed either
@@ -867,7 +868,9 @@ class NodeArm(Arm):
         tally: Tally,
     ) -> None:
         credentials = NodeCredentials.load(args.credentials)
-        transport = TransportConfig(lanes=args.lanes, max_datagram_size=args.datagram_size)
+        transport = TransportConfig(
+            lanes=args.lanes, max_datagram_size=args.datagram_size, engine=args.quic_engine
+        )
         node = await Node.start(credentials, transport=transport)
         async with node:
             anchors = [node.create_anchor() for _ in tally.indices]
@@ -886,7 +889,9 @@ class NodeArm(Arm):
         self, args: argparse.Namespace, scenario: Scenario, stdin: asyncio.StreamReader
     ) -> None:
         mux = self.engine_mux_config()
-        transport = TransportConfig(lanes=args.lanes, max_datagram_size=args.datagram_size)
+        transport = TransportConfig(
+            lanes=args.lanes, max_datagram_size=args.datagram_size, engine=args.quic_engine
+        )
         credentials = NodeCredentials.load(args.credentials)
         node = await Node.start(credentials, transport=transport, mux=mux)
         async with node:
@@ -1039,7 +1044,10 @@ class BareArm(Arm):
         stdin: asyncio.StreamReader,
         tally: Tally,
     ) -> None:
-        from bare_tokens import BareFrontend
+        if args.quic_engine == "qh3":
+            from bare_qh3_tokens import Qh3BareFrontend as BareFrontend
+        else:
+            from bare_tokens import BareFrontend
 
         credentials = NodeCredentials.load(args.credentials)
         bare = await BareFrontend.listen(
@@ -1061,7 +1069,11 @@ class BareArm(Arm):
     async def engine(
         self, args: argparse.Namespace, scenario: Scenario, stdin: asyncio.StreamReader
     ) -> None:
-        from bare_tokens import TRANSPORT, BareEngine
+        if args.quic_engine == "qh3":
+            from bare_qh3_tokens import TRANSPORT
+            from bare_qh3_tokens import Qh3BareEngine as BareEngine
+        else:
+            from bare_tokens import TRANSPORT, BareEngine
 
         handoffs = [json.loads(path.read_text()) for path in args.handoff]
         started = time.perf_counter()
@@ -1200,6 +1212,28 @@ IMPLS = tuple(ARMS)
 BASELINE_IMPLS = ("mux-auto-base", "mux-pass-base")
 """Arms that run another checkout's code (``--baseline-tree``); never in the default set."""
 MUX_IMPLS = tuple(name for name, arm in ARMS.items() if isinstance(arm, NodeArm) and arm.mux)
+QUIC_IMPLS = tuple(name for name, arm in ARMS.items() if isinstance(arm, NodeArm | BareArm))
+"""The arms that run on a QUIC engine: each runs once per ``--engine``."""
+ENGINES = ("aioquic", "qh3")
+
+
+def split_label(label: str) -> tuple[str, str | None]:
+    """``mux-auto@qh3`` -> (``mux-auto``, ``qh3``); an arm run on one engine only, or on
+    none (grpc, zmq), is labelled by its name alone."""
+    name, _, engine = label.partition("@")
+    return name, engine or None
+
+
+def labels_of(impls: Sequence[str], engines: Sequence[str]) -> list[str]:
+    """Every (arm, engine) the run covers, in the report's order: a QUIC arm once per
+    engine (labelled ``arm@engine`` when there are several, or the one is not aioquic)."""
+    labels: list[str] = []
+    for impl in impls:
+        if impl in QUIC_IMPLS and list(engines) != ["aioquic"]:
+            labels += [f"{impl}@{engine}" for engine in engines]
+        else:
+            labels.append(impl)
+    return labels
 
 
 # -- the orchestrator --------------------------------------------------------------------
@@ -1265,9 +1299,11 @@ class Spy:
 def _child_arguments(
     args: argparse.Namespace, scenario: Scenario, impl: str, role: str, **extra: Any
 ) -> list[str]:
+    name, engine = split_label(impl)
     arguments = [
         "--role", role,
-        "--impl", impl,
+        "--impl", name,
+        "--quic-engine", engine or "aioquic",
         "--streams", str(scenario.streams),
         "--frontends", str(scenario.frontends),
         "--mode", scenario.mode,
@@ -1347,7 +1383,7 @@ async def one_run(
             args, scenario, impl, number, tag, workdir, handoffs, frontend_extra,
             engine_extra, children, proxies,
         )  # fmt: skip
-        engine, frontends, attached = await ARMS[impl].start(launch)
+        engine, frontends, attached = await ARMS[split_label(impl)[0]].start(launch)
         if args.profile is not None and args.profiler == "py-spy":
             target = engine if args.profile == "engine" else frontends[0]
             out = profile_out.with_suffix(Spy.SUFFIXES[args.profile_format])
@@ -1524,7 +1560,7 @@ def summarise(
     result |= _latency_figures("receive_gap", gaps)
     engine = sent.get("counters", {})
     parts = [part.get("counters", {}) for part in received]
-    return result | ARMS[impl].figures(scenario, tokens, attached, engine, parts)
+    return result | ARMS[split_label(impl)[0]].figures(scenario, tokens, attached, engine, parts)
 
 
 # -- the report --------------------------------------------------------------------------
@@ -1637,13 +1673,30 @@ def ratios(impls: Sequence[str], runs: Runs) -> dict[str, dict[str, float | None
     """``{"mux-auto / grpc": {"tokens_per_s": 2.1, ...}, ...}`` for the impls present."""
     medians = {impl: median_of(runs[impl]) for impl in impls}
     found: dict[str, dict[str, float | None]] = {}
+
+    def add(mux: str, other: str) -> None:
+        found[f"{mux} / {other}"] = {
+            metric: ratio(metric, higher, medians[mux], medians[other])
+            for metric, _, higher in RATIO_METRICS
+        }
+
     for base in BASELINES:
         for mux in MUX_IMPLS:
-            if base in impls and mux in impls:
-                found[f"{mux} / {base}"] = {
-                    metric: ratio(metric, higher, medians[mux], medians[base])
-                    for metric, _, higher in RATIO_METRICS
-                }
+            for mux_label in impls:
+                for base_label in impls:
+                    (mux_name, mux_engine), (base_name, base_engine) = (
+                        split_label(mux_label),
+                        split_label(base_label),
+                    )
+                    if (mux_name, base_name) != (mux, base):
+                        continue
+                    if base_engine is None or base_engine == mux_engine:
+                        add(mux_label, base_label)
+    # The same arm on qh3 against aioquic (above 1 favours qh3).
+    for label in impls:
+        name, engine = split_label(label)
+        if engine == "qh3" and f"{name}@aioquic" in impls and name in (*MUX_IMPLS, "bare"):
+            add(label, f"{name}@aioquic")
     return found
 
 
@@ -1729,6 +1782,7 @@ def _environment(results: Runs) -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "loop": ", ".join(loops) or "unknown",
         "aioquic": package_version("aioquic"),
+        "qh3": package_version("qh3"),
         "grpcio": package_version("grpcio"),
         "uvloop": package_version("uvloop"),
         "msgpack": package_version("msgpack"),
@@ -1781,7 +1835,7 @@ async def orchestrate(args: argparse.Namespace) -> int:
     main_task = asyncio.current_task()
     assert main_task is not None
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
-    impls: list[str] = args.impl
+    impls: list[str] = labels_of(args.impl, args.engine)
     scenarios = scenarios_of(args)
     if args.profile is not None:
         try:
@@ -1834,8 +1888,8 @@ async def orchestrate(args: argparse.Namespace) -> int:
         )
         + f"; gRPC {'plaintext' if args.grpc_insecure else 'TLS with client certificates'}, "
         f"the QUIC arms mutual TLS. {environment['loop']}, {environment['cpus']} CPUs, Python "
-        f"{environment['python']}, aioquic {environment['aioquic']}, grpcio "
-        f"{environment['grpcio']}"
+        f"{environment['python']}, aioquic {environment['aioquic']}, qh3 {environment['qh3']}, "
+        f"grpcio {environment['grpcio']}"
         + (f"; {args.profile} under {args.profiler} (figures disturbed)" if args.profile else "")
     )
     failures: list[str] = []
@@ -1885,6 +1939,14 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
         help="a checkout of the code before a change (its perf/tokens.py and velomux_quic): "
         "the mux-auto-base and mux-pass-base arms run their children from it, beside the "
         "other arms of the same invocation",
+    )
+    parser.add_argument(
+        "--engine",
+        nargs="+",
+        choices=ENGINES,
+        default=["aioquic"],
+        help="QUIC engines: each QUIC arm (mux, per-stream, bare) runs on each, interleaved"
+        " (aioquic)",
     )
     parser.add_argument(
         "--streams", nargs="+", type=int, help="streams X, a list sweeps (256 1024; short 256)"
@@ -1973,6 +2035,7 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--zmq-unknown-engine-key", action="store_true", help=argparse.SUPPRESS)
     # The children's own arguments (the benchmark starts them with these).
     parser.add_argument("--role", choices=("engine", "frontend"), help=argparse.SUPPRESS)
+    parser.add_argument("--quic-engine", choices=ENGINES, default="aioquic", help=argparse.SUPPRESS)
     parser.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--credentials", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--handoff", type=Path, action="append", help=argparse.SUPPRESS)
@@ -1991,6 +2054,7 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
         if getattr(args, key) is None:
             setattr(args, key, preset[key])
     args.impl = list(dict.fromkeys(args.impl))
+    args.engine = list(dict.fromkeys(args.engine))
     if min(args.streams) < 1 or min(args.frontends) < 1:
         parser.error("--streams and --frontends must be at least 1")
     if args.passes < 1 or args.runs < 1 or args.single_stream_passes < 1:

@@ -22,6 +22,7 @@ from velomux_quic.security.certs import (
 )
 from velomux_quic.transport.config import TransportConfig
 from velomux_quic.transport.endpoint import QuicTransport, TransportHandler
+from velomux_quic.transport.engine_choice import engine_features, resolve_engine
 
 if TYPE_CHECKING:
     from velomux_quic.node import Node
@@ -67,6 +68,22 @@ def pytest_asyncio_loop_factories(
     elif item.get_closest_marker("one_loop") is not None and "uvloop" in factories:
         factories = {"uvloop": factories["uvloop"]}
     return factories
+
+
+ENGINE = engine_features(resolve_engine(TransportConfig()))
+"""The QUIC engine this run's nodes use (VELOMUX_QUIC_ENGINE, else aioquic), and what it does."""
+
+needs_stream_backpressure = pytest.mark.skipif(
+    ENGINE.receive_backpressure != "stream",
+    reason=f"{ENGINE.name} holds a slow reader back per connection, not per stream",
+)
+needs_mtu_probes = pytest.mark.skipif(
+    not ENGINE.mtu_probes, reason=f"{ENGINE.name} cannot probe a path for a larger datagram"
+)
+needs_derived_reset_tokens = pytest.mark.skipif(
+    ENGINE.derived_reset_tokens != "all",
+    reason=f"{ENGINE.name} derives the reset token of a server's first connection ID only",
+)
 
 
 @pytest.fixture(scope="session")

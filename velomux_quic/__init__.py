@@ -104,9 +104,8 @@ from .mux.config import (
     Manual,
     MuxConfig,
 )
-from .node import Node, NodeOptions, NodeSnapshot, open_node
+from .node import Node, NodeOptions, NodeSnapshot, RuntimeInfo, open_node, runtime_info
 from .ops import OpsConfig, ReadinessReport
-from .recordpath import IMPLEMENTATION as RECORD_PATH
 from .security.certs import NodeCredentials, ensure_dev_cluster
 from .streaming.anchor import (
     MpscAnchor,
@@ -124,7 +123,6 @@ __version__ = "0.1.0"
 __all__ = [
     "MESSENGER_MUX_KEY",
     "PER_STREAM_KEY",
-    "RECORD_PATH",
     "AdmissionCancelled",
     "AdmissionError",
     "AlreadyAttached",
@@ -189,6 +187,7 @@ __all__ = [
     "RequestRefused",
     "ResponseTooLarge",
     "Retired",
+    "RuntimeInfo",
     "SendError",
     "SendTimeout",
     "SenderDropped",
@@ -219,6 +218,7 @@ __all__ = [
     "__version__",
     "ensure_dev_cluster",
     "open_node",
+    "runtime_info",
 ]
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.metadata
 import logging
 import threading
 import time
@@ -47,6 +48,7 @@ from .streaming.manager import AnchorManager, StreamingConfig
 from .streaming.sender import PassOutcome, StreamSender, send_pass
 from .tracing import node_tracing
 from .transport import TransportConfig
+from .transport.engine_choice import engine_features, resolve_engine
 from .transport.liveness import StaticPeerLiveness
 
 if TYPE_CHECKING:
@@ -56,9 +58,81 @@ if TYPE_CHECKING:
     from .streaming.snapshot import StreamingSnapshot
     from .transport import TransportSnapshot
 
-__all__ = ["Node", "NodeOptions", "NodeSnapshot", "open_node"]
+__all__ = ["Node", "NodeOptions", "NodeSnapshot", "RuntimeInfo", "open_node", "runtime_info"]
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeInfo:
+    """What a node started in this process would run, so that a bug report, a log line or
+    ``velomux --version`` can say which implementation produced it: the record path
+    (compiled, or the pure-Python twin under ``VELOMUX_PURE_PYTHON=1``) and the QUIC engine
+    that a configuration naming none gets (``VELOMUX_QUIC_ENGINE``, else aioquic).
+
+    A node's own ``[transport] engine`` may name another engine; its snapshot
+    (``node.snapshot().transport.engine``) says what that node runs."""
+
+    version: str
+    """This package's version, or ``unknown`` when it is not installed as a distribution."""
+    record_path: RecordPath
+    """``compiled`` or ``pure-python``: chosen once, at import."""
+    quic_engine: str | None
+    """The default engine here (``aioquic`` or ``qh3``), or None when it cannot be used."""
+    quic_engine_version: str | None
+    quic_engine_problem: str | None
+    """Why the default engine cannot be used (an unknown name, qh3 not installed)."""
+    engines_installed: tuple[tuple[str, str], ...]
+    """Each QUIC engine package installed, with its version."""
+
+    def describe(self) -> str:
+        """A few lines for a person: what ``velomux --version`` prints."""
+        if self.quic_engine is None:
+            engine = f"unusable ({self.quic_engine_problem})"
+        else:
+            engine = f"{self.quic_engine} {self.quic_engine_version} (default here)"
+        installed = ", ".join(f"{name} {version}" for name, version in self.engines_installed)
+        return "\n".join(
+            (
+                f"velomux_quic {self.version}",
+                f"record path: {self.record_path}",
+                f"QUIC engine: {engine}",
+                f"engines installed: {installed or 'none'}",
+            )
+        )
+
+
+def _distribution_version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def runtime_info() -> RuntimeInfo:
+    """What a node started here would run (see :class:`RuntimeInfo`); it imports the
+    default engine to learn its version, so call it when asked, not on a hot path."""
+    engine: str | None = None
+    engine_version: str | None = None
+    problem: str | None = None
+    try:
+        features = engine_features(resolve_engine(TransportConfig()))
+        engine, engine_version = features.name, features.version
+    except ConfigurationError as exc:
+        problem = str(exc)
+    installed = tuple(
+        (name, version)
+        for name in ("aioquic", "qh3")
+        if (version := _distribution_version(name)) is not None
+    )
+    return RuntimeInfo(
+        version=_distribution_version("velomux_quic") or "unknown",
+        record_path=RECORD_PATH,
+        quic_engine=engine,
+        quic_engine_version=engine_version,
+        quic_engine_problem=problem,
+        engines_installed=installed,
+    )
 
 
 class NodeOptions(TypedDict, total=False):

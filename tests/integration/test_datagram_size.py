@@ -16,7 +16,7 @@ import hashlib
 import pytest
 from prometheus_client import generate_latest
 
-from tests.conftest import NodeFactory, Recorder, wait_admitted
+from tests.conftest import NodeFactory, Recorder, needs_mtu_probes, wait_admitted
 from velomux_quic.ids import InstanceId
 from velomux_quic.programs.demo.proxy import Impairment, ImpairmentProxy
 from velomux_quic.transport import QuicTransport
@@ -108,6 +108,7 @@ async def wait_for_search(transport: QuicTransport, peer: InstanceId) -> Connect
             await asyncio.sleep(0.05)
 
 
+@needs_mtu_probes
 @pytest.mark.parametrize(("limit", "settled"), [(1500, 1452), (9000, 8972), (5000, 4096)])
 async def test_discovery_through_a_narrow_path_settles_below_its_limit(
     start_node: NodeFactory, limit: int, settled: int
@@ -160,6 +161,7 @@ def metric(text: str, sample: str) -> float:
     raise AssertionError(f"{sample} not exported")
 
 
+@needs_mtu_probes
 async def test_a_path_that_narrows_after_the_raise_falls_back_and_streams_on(
     start_node: NodeFactory,
 ) -> None:

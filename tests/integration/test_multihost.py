@@ -32,6 +32,7 @@ from typing import IO, Any
 
 import pytest
 
+from tests.conftest import needs_mtu_probes
 from velomux_quic.ids import new_instance_id
 from velomux_quic.mux.config import DISABLE_ENVS
 from velomux_quic.security.certs import CertificateAuthority, issue_node_certificate
@@ -414,6 +415,7 @@ def test_soak_many_streams_across_the_veth_link(
 
 
 @pytest.mark.timeout(120)
+@needs_mtu_probes
 @pytest.mark.parametrize(
     ("producer_mtu", "consumer_mtu", "settled", "refused_here"),
     [

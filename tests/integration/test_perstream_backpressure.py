@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import StartNode
+from tests.conftest import StartNode, needs_stream_backpressure
 from tests.polling import poll_until
 from velomux_quic.errors import ChannelClosed
 from velomux_quic.errors import ChannelClosed as TransportChannelClosed
@@ -111,6 +111,7 @@ async def stuck_stream(a: Node, b: Node, total: int) -> tuple[StreamAnchor[Any],
     return stalled, pump
 
 
+@needs_stream_backpressure
 async def test_a_sender_whose_consumer_stopped_waits_while_its_neighbours_flow(
     start_nodes: StartNode,
 ) -> None:
@@ -166,6 +167,7 @@ async def test_a_burst_over_hundreds_of_streams_arrives_exactly_once_in_order(
     assert connection.extra_streams == 0  # every stream finished and forgotten
 
 
+@needs_stream_backpressure
 async def test_closing_the_producer_node_releases_a_waiting_sender_with_channel_closed(
     start_nodes: StartNode,
 ) -> None:
@@ -178,6 +180,7 @@ async def test_closing_the_producer_node_releases_a_waiting_sender_with_channel_
     assert pump.sender.is_cancelled
 
 
+@needs_stream_backpressure
 async def test_a_consumer_cancel_releases_a_waiting_sender_with_channel_closed(
     start_nodes: StartNode,
 ) -> None:

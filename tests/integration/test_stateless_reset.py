@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import needs_derived_reset_tokens
 from tests.procs.resettable import Watcher
 from velomux_quic.ids import InstanceId
 from velomux_quic.security.certs import NodeCredentials
@@ -58,7 +59,10 @@ async def peer_process(credentials: Path, *options: str) -> AsyncIterator[Peer]:
 
 @pytest.mark.timeout(60)
 @pytest.mark.one_loop
-@pytest.mark.parametrize("our_role", ["client", "server"])
+@pytest.mark.parametrize(
+    "our_role",
+    ["client", pytest.param("server", marks=needs_derived_reset_tokens)],
+)
 async def test_a_peer_restarted_without_state_resets_the_connection_at_once(
     tmp_path: Path, make_credentials: Callable[..., NodeCredentials], our_role: str
 ) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import StartNode
+from tests.conftest import StartNode, needs_stream_backpressure
 from velomux_quic.errors import (
     AlreadyAttached,
     AnchorNotFound,
@@ -314,6 +314,7 @@ async def test_one_thousand_and_twenty_four_concurrent_per_stream_streams(
     assert all(r == [[i, 0], [i, 1], [i, 2]] for i, r in enumerate(results))
 
 
+@needs_stream_backpressure
 async def test_a_consumer_that_stops_reading_holds_only_its_own_producer(
     start_node: StartNode, path: str
 ) -> None:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 from prometheus_client import generate_latest
 
-from tests.conftest import NodeFactory, Recorder, wait_admitted
+from tests.conftest import NodeFactory, Recorder, needs_stream_backpressure, wait_admitted
 from velomux_quic.errors import (
     ChannelClosed,
     ConfigurationError,
@@ -53,6 +53,7 @@ async def test_frames_on_several_lanes_arrive_in_order_per_lane(start_node: Node
     assert b_seen.connected == [(a.instance_id, False)]  # identity from the certificate
 
 
+@needs_stream_backpressure
 async def test_stopped_reader_drives_its_lane_to_pending_while_another_lane_flows(
     start_node: NodeFactory,
 ) -> None:

@@ -7,21 +7,17 @@ group is one ``add_*_commands(subparsers)`` call here.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import sys
 import textwrap
 from collections.abc import Callable, Iterator, Sequence
 
-from velomux_quic import RECORD_PATH
+from velomux_quic import runtime_info
 from velomux_quic.programs.certs import add_certs_commands
 from velomux_quic.programs.demo import add_demo_commands
 from velomux_quic.programs.probe import add_probe_commands
 from velomux_quic.programs.service import add_node_commands
 
-__all__ = ["HelpFormatter", "build_parser", "main", "parsers", "version_line"]
-
-QUIC_ENGINE = "aioquic"
-"""The QUIC engine every connection runs on (the only one today)."""
+__all__ = ["HelpFormatter", "build_parser", "main", "parsers", "version_text"]
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -60,15 +56,22 @@ def parsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser
                 yield from parsers(child)
 
 
-def version_line() -> str:
+def version_text() -> str:
     """What ``velomux --version`` prints: the package version, the record path this process
-    runs (``compiled``, or ``pure-python`` under VELOMUX_PURE_PYTHON=1) and the QUIC engine,
-    so a bug report says which implementation produced it."""
-    try:
-        version = importlib.metadata.version("velomux_quic")
-    except importlib.metadata.PackageNotFoundError:
-        version = "unknown (not installed)"
-    return f"velomux_quic {version} (record path: {RECORD_PATH}; QUIC engine: {QUIC_ENGINE})"
+    runs and the QUIC engine a node started here gets, so a bug report says which
+    implementation produced it."""
+    return runtime_info().describe()
+
+
+class _Version(argparse.Action):
+    """``--version``, computed when asked (it imports the default engine), then exit."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
+        print(version_text())
+        parser.exit()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -78,8 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--version",
-        action="version",
-        version=version_line(),
+        action=_Version,
         help="print the version, the record path (compiled or pure-python) and the QUIC "
         "engine, and exit",
     )

@@ -41,6 +41,7 @@ from .verify import PeerVerificationError, PeerVerifier
 __all__ = [
     "ALPN_PROTOCOL",
     "VerifyingContext",
+    "alert_code_of",
     "install_peer_verification",
     "make_quic_configuration",
     "parse_refusal_reason",
@@ -76,6 +77,11 @@ class PeerRefusedAlert(tls.Alert):
         super().__init__(error.reason)
         self.description = _ALERTS.get(error.reason, tls.AlertDescription.bad_certificate)
         self.reason = error.reason
+
+
+def alert_code_of(reason: str) -> int:
+    """The TLS alert (its code) a refusal for ``reason`` is sent as, on either engine."""
+    return int(_ALERTS.get(reason, tls.AlertDescription.bad_certificate))
 
 
 def parse_refusal_reason(reason_phrase: str) -> str | None:

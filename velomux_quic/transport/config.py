@@ -49,6 +49,13 @@ class TransportConfig:
     lanes: int = 1
     """Ordered lanes to each peer (1 to 16); lane k is the k-th unidirectional stream."""
 
+    engine: str | None = None
+    """The QUIC engine: ``aioquic`` (the default) or ``qh3`` (the ``velomux_quic[qh3]``
+    extra, a Rust transport core: several times less CPU per datagram). None takes
+    ``VELOMUX_QUIC_ENGINE`` from the environment, else aioquic. Both speak QUIC v1 with
+    mutual TLS, so nodes of either engine talk to each other; what qh3 does not do is in
+    docs/transport.md and the snapshot's ``engine`` (``EngineFeatures``)."""
+
     max_message_size: int = 16 * MiB
     """Largest frame body accepted or sent; larger inbound lengths close the connection."""
 
@@ -204,6 +211,10 @@ class TransportConfig:
         return 2 * self.max_message_size
 
     def __post_init__(self) -> None:
+        if self.engine is not None and self.engine not in ("aioquic", "qh3"):
+            raise ConfigurationError(
+                f"engine must be 'aioquic' or 'qh3' (or unset), got {self.engine!r}"
+            )
         if not 1 <= self.lanes <= MAX_LANES:
             raise ConfigurationError(f"lanes must be 1 to {MAX_LANES}, got {self.lanes}")
         if self.max_message_size < 1 or self.max_message_size > (1 << 32) - 1:

@@ -30,15 +30,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
-from aioquic.quic import events as quic_events
-from aioquic.quic.packet import QuicErrorCode
-
 from ..errors import ChannelClosed, ConnectionReplaced, DialError
 from ..ids import InstanceId
 from ..security.tls import parse_refusal_reason
 from .admission import SendOutcome, SharedRoom
 from .config import MAX_LANES, TransportConfig
-from .engine import EngineConnection
 from .events import PeerLink, StreamData, StreamReset, StreamStopped
 from .framing import FrameTooLarge
 from .handler import TransportHandler
@@ -54,6 +50,19 @@ from .openings import DROP, REFUSED_TIMEOUT, StreamOpenings
 from .perstream_send import PerStreamOutbound
 from .pmtu import DatagramMode, PathMtuSearch, plan_path
 from .requests import IncomingRequests, OutgoingRequests
+from .seam import (
+    ConnectionIdIssued,
+    ConnectionIdRetired,
+    ConnectionTerminated,
+    HandshakeCompleted,
+    PingAcknowledged,
+    QuicEngine,
+    StopSendingReceived,
+    StreamDataReceived,
+)
+from .seam import (
+    StreamReset as EngineStreamReset,
+)
 from .snapshot import ConnectionSnapshot
 from .states import CloseCode, ConnectionState
 
@@ -64,7 +73,8 @@ logger = logging.getLogger(__name__)
 DeliveryCallback = Callable[[bool], None]
 """Told True once the peer acknowledged the bytes it waits for, False if it never will."""
 
-_CRYPTO_ERROR_FIRST = int(QuicErrorCode.CRYPTO_ERROR)
+_CRYPTO_ERROR_FIRST = 0x100
+"""QUIC's CRYPTO_ERROR range (RFC 9000 section 20.1): 0x100 plus the TLS alert."""
 _CRYPTO_ERROR_LAST = _CRYPTO_ERROR_FIRST + 0xFF
 
 _MIN_PROBE_TIMEOUT = 0.1
@@ -103,12 +113,12 @@ class ConnectionOwner(Protocol):
 
 
 class PeerConnection:
-    """Glue between one :class:`EngineConnection` and the node's UDP endpoint."""
+    """Glue between one :class:`~.seam.QuicEngine` and the node's UDP endpoint."""
 
     def __init__(
         self,
         transport: ConnectionOwner,
-        quic: EngineConnection,
+        quic: QuicEngine,
         *,
         is_client: bool,
         peer: InstanceId | None,
@@ -218,7 +228,7 @@ class PeerConnection:
             return
         self.transport.stats.rejections["handshake_abandoned"] += 1
         self._terminated(
-            quic_events.ConnectionTerminated(
+            ConnectionTerminated(
                 error_code=int(CloseCode.HANDSHAKE_TIMEOUT),
                 frame_type=None,
                 reason_phrase="handshake abandoned",
@@ -272,7 +282,7 @@ class PeerConnection:
         if self.state is ConnectionState.CLOSED:
             return
         self._terminated(
-            quic_events.ConnectionTerminated(
+            ConnectionTerminated(
                 error_code=int(CloseCode.SHUTDOWN),
                 frame_type=None,
                 reason_phrase="stateless reset: the peer no longer has this connection",
@@ -298,7 +308,7 @@ class PeerConnection:
             await asyncio.wait_for(self.closed.wait(), timeout + 1.0)
         except TimeoutError:
             self._terminated(
-                quic_events.ConnectionTerminated(
+                ConnectionTerminated(
                     error_code=int(CloseCode.SHUTDOWN), frame_type=None, reason_phrase="shutdown"
                 )
             )
@@ -445,6 +455,13 @@ class PeerConnection:
         plan = plan_path(config, self.transport.address[0], remote)
         limit = self.quic.peer_max_udp_payload_size
         self._datagram_mode = plan.mode
+        if not self.quic.features.live_datagram_size:
+            # The engine was made at the plan's size and keeps it; a search stays at its
+            # base (EngineFeatures.mtu_probes), which the mode says.
+            if plan.search_max is not None:
+                self._datagram_mode = DatagramMode.BASE
+            self._use_datagram_size(self.quic.datagram_size)
+            return
         if plan.search_max is not None:
             search = PathMtuSearch(min(plan.size, limit), min(plan.search_max, limit))
             self._pmtu = search
@@ -696,7 +713,7 @@ class PeerConnection:
 
     # -- stream data, resets and stops ---------------------------------------------------
 
-    def _stream_data(self, event: quic_events.StreamDataReceived) -> None:
+    def _stream_data(self, event: StreamDataReceived) -> None:
         link = self.link
         if self.state is not ConnectionState.ESTABLISHED or link is None:
             # Defence in depth: the handshake cannot complete unverified, but never let
@@ -854,29 +871,30 @@ class PeerConnection:
 
     def _process_events(self) -> None:
         quic = self.quic
-        event = quic.next_event()
+        event = quic.poll_event()
         while event is not None:
             # Most frequent first: a STREAM event per frame, the rest now and then.
-            if isinstance(event, quic_events.StreamDataReceived):
-                self._stream_data(event)
-            elif isinstance(event, quic_events.ConnectionIdIssued):
+            kind = type(event)
+            if kind is StreamDataReceived:
+                self._stream_data(event)  # type: ignore[arg-type]
+            elif isinstance(event, ConnectionIdIssued):
                 self.transport.register_cid(event.connection_id, self)
-            elif isinstance(event, quic_events.ConnectionIdRetired):
+            elif isinstance(event, ConnectionIdRetired):
                 self.transport.unregister_cid(event.connection_id)
-            elif isinstance(event, quic_events.HandshakeCompleted):
+            elif isinstance(event, HandshakeCompleted):
                 self._handshake_completed()
-            elif isinstance(event, quic_events.PingAcknowledged):
+            elif isinstance(event, PingAcknowledged):
                 waiter = self._ping_waiters.pop(event.uid, None)
                 if waiter is not None and not waiter.done():
                     waiter.set_result(None)
-            elif isinstance(event, quic_events.StreamReset):
+            elif isinstance(event, EngineStreamReset):
                 self._stream_reset(event.stream_id, event.error_code)
-            elif isinstance(event, quic_events.StopSendingReceived):
+            elif isinstance(event, StopSendingReceived):
                 self._stop_sending(event.stream_id)
-            elif isinstance(event, quic_events.ConnectionTerminated):
+            elif isinstance(event, ConnectionTerminated):
                 self._terminated(event)
                 return
-            event = quic.next_event()
+            event = quic.poll_event()
         if self._unacked_pending_drain():
             self._drained.set()
 
@@ -943,7 +961,7 @@ class PeerConnection:
         self.transport.connection_established(self)
         self._poll_gates()
 
-    def _terminated(self, event: quic_events.ConnectionTerminated) -> None:
+    def _terminated(self, event: ConnectionTerminated) -> None:
         if self.state is ConnectionState.CLOSED:
             return
         was_established = self.state is not ConnectionState.HANDSHAKING
@@ -1005,7 +1023,7 @@ class PeerConnection:
                     ),
                 )
 
-    def _dial_error(self, event: quic_events.ConnectionTerminated) -> DialError:
+    def _dial_error(self, event: ConnectionTerminated) -> DialError:
         ours = self.quic.verification_error
         if ours is not None:
             self._note_refusal()
@@ -1040,6 +1058,12 @@ class PeerConnection:
             self._transmit_handle = None
         if self.state is ConnectionState.CLOSED:
             return
+        if self.quic.poll_receive_gate():
+            # A reader caught up: stream data the engine held for it (and whatever queued
+            # behind it) is deliverable now, and taking it is what grants the peer credit.
+            self._process_events()
+            if self.closed.is_set():
+                return
         sendto = self.transport.sendto
         sent = 0
         for data, addr in self.quic.datagrams_to_send(now=self._loop.time()):

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import cast
 
 from aioquic._buffer import Buffer  # typed there; aioquic.buffer re-exports it untyped
-from aioquic.quic.configuration import SMALLEST_MAX_DATAGRAM_SIZE, QuicConfiguration
+from aioquic.quic.configuration import SMALLEST_MAX_DATAGRAM_SIZE
 from aioquic.quic.packet import (
     QuicPacketType,
     encode_quic_retry,
@@ -28,6 +28,7 @@ from aioquic.quic.packet import (
     pull_quic_header,
 )
 from aioquic.quic.retry import QuicRetryTokenHandler
+from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from prometheus_client.registry import CollectorRegistry
 
@@ -50,18 +51,18 @@ from ..security.rotation import (
     load_replacement,
     summarize_certificate,
 )
-from ..security.tls import make_quic_configuration, presented_certificates
 from ..security.verify import PeerVerifier
 from .admission import SendOutcome
 from .config import MAX_LANES, TransportConfig
 from .connection import CloseCode, ConnectionState, PeerConnection
-from .engine import EngineConnection
+from .engine_choice import EngineFactory, make_engine_factory
 from .handler import TransportHandler
 from .handshakes import HandshakeBudget, Verdict
 from .lanes import CONTROL_LANE
 from .metrics import TransportCollector, TransportStats
 from .perstream_send import PerStreamOutbound
 from .resets import StatelessResets, reset_key_from
+from .seam import EngineFeatures
 from .snapshot import ConnectionSnapshot, TransportSnapshot
 from .udp import BufferSizes, open_udp_socket
 
@@ -74,13 +75,17 @@ Address = tuple[str, int]
 _CID_LENGTH = 8
 
 
+def _serial(der: bytes | None) -> str | None:
+    return None if der is None else f"{x509.load_der_x509_certificate(der).serial_number:x}"
+
+
 def _with_certificates(connection: PeerConnection) -> ConnectionSnapshot:
     """A connection's snapshot with the certificates its own handshake exchanged."""
-    own, peer = presented_certificates(getattr(connection.quic, "tls", None))
+    own, peer = connection.quic.presented_certificates()
     return dataclasses.replace(
         connection.snapshot(),
-        own_certificate_serial=None if own is None else f"{own.serial_number:x}",
-        peer_certificate_serial=None if peer is None else f"{peer.serial_number:x}",
+        own_certificate_serial=_serial(own),
+        peer_certificate_serial=_serial(peer),
     )
 
 
@@ -135,7 +140,19 @@ class QuicTransport(asyncio.DatagramProtocol):
         self.stats = TransportStats()
         self.buffer_sizes = BufferSizes((0, 0))
         self._verifier = PeerVerifier(credentials.trust_roots, credentials.trust_domain)
-        self._client_config, self._server_config = self._quic_configurations(credentials)
+        self._resets = StatelessResets(
+            reset_key_from(
+                credentials.private_key.private_bytes(
+                    serialization.Encoding.DER,
+                    serialization.PrivateFormat.PKCS8,
+                    serialization.NoEncryption(),
+                )
+            ),
+            now=self.loop.time(),
+        )
+        self._engines: EngineFactory = make_engine_factory(
+            credentials, config, self._verifier, self._resets
+        )
         self.stats.certificate_not_after = credentials.certificate.not_valid_after_utc.timestamp()
         self._udp: asyncio.DatagramTransport | None = None
         self._udp_closed: asyncio.Future[None] = self.loop.create_future()
@@ -155,16 +172,6 @@ class QuicTransport(asyncio.DatagramProtocol):
         )
         """Inbound connections still handshaking, per source and address validation."""
         self._retry = QuicRetryTokenHandler()
-        self._resets = StatelessResets(
-            reset_key_from(
-                credentials.private_key.private_bytes(
-                    serialization.Encoding.DER,
-                    serialization.PrivateFormat.PKCS8,
-                    serialization.NoEncryption(),
-                )
-            ),
-            now=self.loop.time(),
-        )
         self._paused: set[tuple[InstanceId, int]] = set()
         self._closing = False
         self._live_with: dict[InstanceId, int] = {}
@@ -209,23 +216,6 @@ class QuicTransport(asyncio.DatagramProtocol):
             raise
         return transport
 
-    def _quic_configurations(
-        self, credentials: NodeCredentials
-    ) -> tuple[QuicConfiguration, QuicConfiguration]:
-        """The (client, server) aioquic configurations every new connection is made from."""
-        client, server = (
-            make_quic_configuration(
-                credentials,
-                is_client=is_client,
-                max_datagram_size=self.config.base_datagram_size,
-                idle_timeout=self.config.idle_timeout,
-                max_stream_data=self.config.stream_window,
-                max_data=self.config.connection_window,
-            )
-            for is_client in (True, False)
-        )
-        return client, server
-
     def reload_credentials(self, credentials: NodeCredentials | str | Path) -> CertificateSummary:
         """Use ``credentials`` (certificate, key, trust roots) for every new connection.
 
@@ -246,7 +236,7 @@ class QuicTransport(asyncio.DatagramProtocol):
             credentials = load_replacement(credentials)
             check_replacement(self.credentials, credentials)
             verifier = PeerVerifier(credentials.trust_roots, credentials.trust_domain)
-            client, server = self._quic_configurations(credentials)
+            engines = make_engine_factory(credentials, self.config, verifier, self._resets)
         except CredentialsError as exc:
             self.stats.credential_reloads["refused"] += 1
             logger.warning("credentials reload refused: %s", exc)
@@ -254,7 +244,7 @@ class QuicTransport(asyncio.DatagramProtocol):
         # One synchronous swap: the event loop runs no connection code between these.
         self.credentials = credentials
         self._verifier = verifier
-        self._client_config, self._server_config = client, server
+        self._engines = engines
         self.stats.credential_reloads["ok"] += 1
         self.stats.certificate_not_after = credentials.certificate.not_valid_after_utc.timestamp()
         summary = summarize_certificate(credentials.certificate)
@@ -294,6 +284,11 @@ class QuicTransport(asyncio.DatagramProtocol):
         """
         return self.config.max_message_size
 
+    @property
+    def engine(self) -> EngineFeatures:
+        """The QUIC engine this transport's connections run, and what it does."""
+        return self._engines.features
+
     def connection_count(self) -> int:
         """Connections in any state, either direction (the active-connections gauge)."""
         return len(self._cids)
@@ -308,6 +303,7 @@ class QuicTransport(asyncio.DatagramProtocol):
             tuple(_with_certificates(c) for c in self._cids),
             certificate=summarize_certificate(self.credentials.certificate),
             trust_roots=tuple(summarize_certificate(r) for r in self.credentials.trust_roots),
+            engine=self._engines.features,
         )
 
     # -- peers ---------------------------------------------------------------------------
@@ -478,14 +474,7 @@ class QuicTransport(asyncio.DatagramProtocol):
         address = self._addresses.get(peer)
         if address is None:
             raise PeerNotRegistered(f"no address is registered for peer {peer}")
-        quic = EngineConnection(
-            configuration=self._client_config,
-            verifier=self._verifier,
-            peer_role="server",
-            expected_peer=peer,
-            max_concurrent_streams=self.config.max_concurrent_streams,
-            resets=self._resets,
-        )
+        quic = self._engines.client(peer, self._address[0], address[0])
         connection = PeerConnection(self, quic, is_client=True, peer=peer)
         quic.cid_minted = lambda cid: self.register_cid(cid, connection)
         self._outbound[peer] = connection
@@ -558,13 +547,13 @@ class QuicTransport(asyncio.DatagramProtocol):
         if (
             header.packet_type != QuicPacketType.VERSION_NEGOTIATION
             and header.version is not None
-            and header.version not in self._server_config.supported_versions
+            and header.version not in self._engines.supported_versions
         ):
             self.sendto(
                 encode_quic_version_negotiation(
                     source_cid=header.destination_cid,
                     destination_cid=header.source_cid,
-                    supported_versions=self._server_config.supported_versions,
+                    supported_versions=self._engines.supported_versions,
                 ),
                 addr,
             )
@@ -670,16 +659,7 @@ class QuicTransport(asyncio.DatagramProtocol):
         addr: Address,
         validated: bool,
     ) -> None:
-        quic = EngineConnection(
-            configuration=self._server_config,
-            original_destination_connection_id=original_cid,
-            retry_source_connection_id=retry_source_cid,
-            verifier=self._verifier,
-            peer_role="client",
-            expected_peer=None,
-            max_concurrent_streams=self.config.max_concurrent_streams,
-            resets=self._resets,
-        )
+        quic = self._engines.server(original_cid, retry_source_cid, self._address[0], addr[0])
         connection = PeerConnection(self, quic, is_client=False, peer=None)
         quic.cid_minted = lambda cid: self.register_cid(cid, connection)
         self._handshakes.opened(connection, addr[0], validated=validated)

@@ -1,4 +1,7 @@
-"""Our aioquic ``QuicConnection``: the only place that reaches into aioquic's internals.
+"""The aioquic engine: our ``QuicConnection``, the only place that reaches into aioquic's internals.
+
+It is one of the two engines behind the seam of :mod:`.seam` (the default one); it turns
+aioquic's events into the seam's own in :meth:`EngineConnection.poll_event`.
 
 What aioquic does not offer through its public API, and we need:
 
@@ -45,8 +48,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import aioquic
 from aioquic import tls
 from aioquic._buffer import Buffer  # typed there; aioquic.buffer re-exports it untyped
+from aioquic.quic import events as aioquic_events
 from aioquic.quic.congestion.base import K_INITIAL_WINDOW, K_MINIMUM_WINDOW
 from aioquic.quic.connection import (
     END_STATES,
@@ -66,13 +71,25 @@ from aioquic.quic.packet import (
 from aioquic.quic.packet_builder import QuicDeliveryState, QuicPacketBuilder, QuicSentPacket
 from aioquic.quic.recovery import QuicPacketRecovery, QuicPacketSpace
 from aioquic.quic.stream import QuicStream
+from cryptography.hazmat.primitives.serialization import Encoding
 
 from ..ids import InstanceId
 from ..security.tls import Role, VerifyingContext, install_peer_verification
 from ..security.verify import PeerVerificationError, PeerVerifier
+from . import seam
 from .resets import StatelessResets
 
-__all__ = ["UNLIMITED_UDP_PAYLOAD", "EngineConnection"]
+__all__ = ["AIOQUIC_FEATURES", "UNLIMITED_UDP_PAYLOAD", "EngineConnection"]
+
+AIOQUIC_FEATURES = seam.EngineFeatures(
+    name="aioquic",
+    version=aioquic.__version__,
+    live_datagram_size=True,
+    mtu_probes=True,
+    receive_backpressure="stream",
+    derived_reset_tokens="all",
+    gso=False,
+)
 
 Consumed = Callable[[], int]
 
@@ -118,7 +135,12 @@ less room than that left in the packet, aioquic's own code builds no frame eithe
 
 
 class EngineConnection(QuicConnection):
-    """A ``QuicConnection`` with verified peers, managed receive windows and more streams."""
+    """A ``QuicConnection`` with verified peers, managed receive windows and more streams.
+
+    It implements :class:`~.seam.QuicEngine` (checked by mypy where the endpoint makes one).
+    """
+
+    features = AIOQUIC_FEATURES
 
     def __init__(
         self,
@@ -259,6 +281,52 @@ class EngineConnection(QuicConnection):
         """Why *we* refused the peer, when we did."""
         context = getattr(self, "tls", None)
         return context.velomux_error if isinstance(context, VerifyingContext) else None
+
+    def presented_certificates(self) -> tuple[bytes | None, bytes | None]:
+        """(our certificate, the peer's once verified), DER, from this connection's own
+        TLS context (a credentials reload does not change what it presented)."""
+        context = getattr(self, "tls", None)
+        if not isinstance(context, VerifyingContext):
+            return None, None
+        own = context.certificate
+        peer = context._peer_certificate if context.velomux_peer is not None else None
+        return (
+            None if own is None else own.public_bytes(Encoding.DER),
+            None if peer is None else peer.public_bytes(Encoding.DER),
+        )
+
+    # -- events --------------------------------------------------------------------------
+
+    def poll_event(self) -> seam.EngineEvent | None:
+        """aioquic's next event as the seam's own (those the transport does not use are
+        skipped: ProtocolNegotiated, DatagramFrameReceived, ...)."""
+        while True:
+            event = self.next_event()
+            if event is None:
+                return None
+            # Most frequent first: a STREAM event per frame, the rest now and then.
+            if isinstance(event, aioquic_events.StreamDataReceived):
+                return seam.StreamDataReceived(event.stream_id, event.data, event.end_stream)
+            if isinstance(event, aioquic_events.ConnectionIdIssued):
+                return seam.ConnectionIdIssued(event.connection_id)
+            if isinstance(event, aioquic_events.ConnectionIdRetired):
+                return seam.ConnectionIdRetired(event.connection_id)
+            if isinstance(event, aioquic_events.PingAcknowledged):
+                return seam.PingAcknowledged(event.uid)
+            if isinstance(event, aioquic_events.StreamReset):
+                return seam.StreamReset(event.stream_id, event.error_code)
+            if isinstance(event, aioquic_events.StopSendingReceived):
+                return seam.StopSendingReceived(event.stream_id, event.error_code)
+            if isinstance(event, aioquic_events.HandshakeCompleted):
+                return seam.HandshakeCompleted()
+            if isinstance(event, aioquic_events.ConnectionTerminated):
+                return seam.ConnectionTerminated(
+                    event.error_code, event.frame_type, event.reason_phrase
+                )
+
+    def poll_receive_gate(self) -> bool:
+        """Never holds: a managed window stops growing on its own (see the module doc)."""
+        return False
 
     # -- datagram size -------------------------------------------------------------------
 

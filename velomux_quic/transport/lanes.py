@@ -14,9 +14,9 @@ from typing import Protocol
 from ..errors import ChannelClosed
 from .admission import ADMITTED, LaneGate, SendOutcome
 from .config import MAX_LANES
-from .engine import EngineConnection
 from .framing import FRAME_HEADER_SIZE, FrameDecoder, frame_header
 from .metrics import TransportStats
+from .seam import QuicEngine
 
 __all__ = [
     "CONTROL_LANE",
@@ -33,7 +33,7 @@ class StreamHost(Protocol):
     """What an outbound stream needs from its connection, and no more."""
 
     @property
-    def quic(self) -> EngineConnection: ...
+    def quic(self) -> QuicEngine: ...
 
     @property
     def established(self) -> bool: ...

@@ -32,7 +32,7 @@ from ..errors import ChannelClosed, RequestRefused, ResponseTooLarge
 
 if TYPE_CHECKING:
     from ..ids import InstanceId
-    from .engine import EngineConnection
+    from .seam import QuicEngine
 
 __all__ = [
     "MAX_PARTIAL_REQUEST_BYTES",
@@ -93,7 +93,7 @@ class _Partial:
 class OutgoingRequests:
     """Requests this side (the accepting side of a connection) sent to its peer."""
 
-    def __init__(self, quic: EngineConnection, transmit: Callable[[], None]) -> None:
+    def __init__(self, quic: QuicEngine, transmit: Callable[[], None]) -> None:
         self._quic = quic
         self._transmit = transmit
         self._pending: dict[int, _Pending] = {}
@@ -165,7 +165,7 @@ class IncomingRequests:
 
     def __init__(
         self,
-        quic: EngineConnection,
+        quic: QuicEngine,
         transmit: Callable[[], None],
         serve: Server | None,
         peer: Callable[[], InstanceId | None],

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from ..ids import InstanceId
 from ..security.rotation import CertificateSummary
+from .seam import EngineFeatures
 
 __all__ = ["ConnectionSnapshot", "TransportSnapshot"]
 
@@ -67,6 +68,9 @@ class TransportSnapshot:
     ``reload_credentials``, the new one)."""
     trust_roots: tuple[CertificateSummary, ...] = ()
     """The CAs new connections' peers must chain to (several during a CA roll)."""
+    engine: EngineFeatures | None = None
+    """The QUIC engine every connection runs (``aioquic`` or ``qh3``), its version, and
+    what it does where the two differ (see docs/transport.md)."""
 
     def to(self, peer: InstanceId) -> ConnectionSnapshot | None:
         """The live outbound connection to ``peer``, if there is one."""

@@ -1,0 +1,714 @@
+"""The qh3 engine: qh3's QUIC connection (a Python facade over a Rust core) behind the seam.
+
+The optional ``velomux_quic[qh3]`` extra. qh3 2.x builds and parses packets, runs loss
+recovery, congestion control and pacing in Rust (``qh3._hazmat.QuicConnectionCore``), which
+costs several times less per datagram than aioquic's Python. Everything of qh3's that is
+not its public API is read here only, and pinned by ``tests/unit/test_qh3_assumptions.py``
+against the range in ``pyproject.toml``:
+
+* **Mutual TLS.** The TLS context the facade's bridge builds is turned into a
+  :class:`~velomux_quic.security.qh3_tls.Qh3VerifyingContext` before the handshake
+  (``_create_tls``): the server asks for and verifies the client's certificate in the
+  handshake, the client verifies the server's.
+* **Anti-amplification credit (a qh3 defect, worked around).** qh3's facade hands the core
+  each QUIC packet of a datagram separately, so bytes that follow the last packet (aioquic
+  pads a client's Initial datagram with such bytes, RFC 9000 section 14.1 allows it) are
+  never counted toward the 3x amplification allowance (RFC 9000 section 8.1 says to count
+  the whole datagram). A qh3 server then sees 499 bytes of a 1,452-byte Initial, sends one
+  1,280-byte datagram, and its packet builder fails the next one with "packet builder
+  capacity exhausted", killing the handshake. :meth:`Qh3Connection.receive_datagram` gives
+  the core those trailing bytes with the last packet.
+* **Stream limits, reset token, datagram size advertised.** qh3 fixes the concurrent stream
+  limits at 100/103 and advertises a random reset token (server) and 1,472 as
+  ``max_udp_payload_size`` (client); ``_create_core`` and the bridge's transport parameters
+  carry ours instead (``max_concurrent_streams``, the token derived from the node's key for
+  the first connection ID, ``accepted_datagram_size``).
+* **Events and receive credit.** The Rust core grants a stream's receive credit when its
+  stream-data event is *taken* from the core's one FIFO event queue: there is no per-stream
+  "consumed" call. So this adapter takes the core's events itself (``_drain_core``), turning
+  them into the seam's, and stops taking them while a managed stream is a whole window
+  ahead of its reader; that holds every stream of the connection back (the engine's
+  ``receive_backpressure`` is ``connection``) until :meth:`Qh3Connection.poll_receive_gate`
+  finds the reader caught up. It also reads the peer's per-stream credit
+  (``stream_credit`` events), which the facade drops, for the admission gate.
+
+What qh3 does not offer and this adapter does not build: changing the datagram size of a
+live connection and probing for a larger one (the size is fixed from the same path plan when
+the connection is made), derived reset tokens beyond the first connection ID, and a
+per-stream acknowledged offset (a stream's bytes count as acknowledged once nothing of it
+is unsent and nothing of the connection is in flight, which is late under constant load,
+never early). ``EngineFeatures`` says so, and the node snapshot reports it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, cast
+
+import qh3
+from qh3 import tls as qtls
+from qh3._hazmat import Buffer, QuicConnectionCore
+from qh3._hazmat import pull_quic_header as qh3_pull_quic_header
+from qh3.quic import events as qh3_events
+from qh3.quic.configuration import QuicConfiguration as Qh3Configuration
+from qh3.quic.connection import QuicConnection as Qh3QuicConnection
+from qh3.quic.connection import QuicConnectionError, QuicConnectionState
+from qh3.quic.packet import pull_quic_transport_parameters, push_quic_transport_parameters
+from qh3.quic.tls_bridge import QuicTlsBridge, QuicTlsBridgeError
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer as BufferProtocol
+
+from ..ids import InstanceId
+from ..security.qh3_tls import Qh3VerifyingContext, install_qh3_peer_verification
+from ..security.tls import Role
+from ..security.verify import PeerVerificationError, PeerVerifier
+from . import seam
+from .resets import StatelessResets
+
+__all__ = ["QH3_FEATURES", "Qh3Connection"]
+
+Consumed = Callable[[], int]
+
+UNLIMITED_UDP_PAYLOAD = 65527
+
+QH3_FEATURES = seam.EngineFeatures(
+    name="qh3",
+    version=qh3.__version__,
+    live_datagram_size=False,
+    mtu_probes=False,
+    receive_backpressure="connection",
+    derived_reset_tokens="first",
+    gso=False,
+)
+
+_END_STATES = frozenset({"closing", "draining", "terminated"})
+
+
+class _VelomuxBridge(QuicTlsBridge):
+    """qh3's TLS bridge, advertising our stream limits and datagram size."""
+
+    velomux_streams = 0
+    velomux_datagram_size = UNLIMITED_UDP_PAYLOAD
+
+    def serialize_transport_parameters(self) -> bytes:
+        data = super().serialize_transport_parameters()
+        parameters = pull_quic_transport_parameters(Buffer(data=data))
+        if self.velomux_streams:
+            parameters.initial_max_streams_bidi = self.velomux_streams
+            parameters.initial_max_streams_uni = self.velomux_streams
+        parameters.max_udp_payload_size = self.velomux_datagram_size
+        buf = Buffer(capacity=len(data) + 64)
+        push_quic_transport_parameters(buf, parameters)
+        return bytes(buf.data)
+
+
+class Qh3Connection(Qh3QuicConnection):
+    """qh3's ``QuicConnection`` behind the seam: verified peers, our limits, our events.
+
+    Implements :class:`~.seam.QuicEngine` (checked by mypy where the endpoint makes one).
+    """
+
+    features = QH3_FEATURES
+
+    def __init__(
+        self,
+        *,
+        configuration: Qh3Configuration,
+        original_destination_connection_id: bytes | None = None,
+        retry_source_connection_id: bytes | None = None,
+        verifier: PeerVerifier,
+        peer_role: Role,
+        expected_peer: InstanceId | None,
+        max_concurrent_streams: int,
+        resets: StatelessResets | None = None,
+    ) -> None:
+        super().__init__(
+            configuration=configuration,
+            original_destination_connection_id=original_destination_connection_id,
+            retry_source_connection_id=retry_source_connection_id,
+        )
+        self._velomux_verifier = verifier
+        self._velomux_peer_role: Role = peer_role
+        self._velomux_expected = expected_peer
+        self._velomux_streams = max_concurrent_streams
+        self._velomux_resets = resets
+        self.cid_minted: Callable[[bytes], None] | None = None
+        self.accepted_datagram_size = UNLIMITED_UDP_PAYLOAD
+        self.mtu_probe_observer: Callable[[int, bool], None] | None = None
+        self.large_loss_observer: Callable[[int], None] | None = None
+        self.large_packet_threshold = 1 << 30
+        self._written: dict[int, int] = {}
+        """Bytes written per locally opened stream (the facade keeps no count)."""
+        self._credit: dict[int, int] = {}
+        """The peer's credit per stream, from the core's ``stream_credit`` events."""
+        self._acked_floor: dict[int, int] = {}
+        self._losses_at_write: dict[int, int] = {}
+        """The core's loss count at each stream's last write (see :meth:`stream_unacked`)."""
+        self._backlog: set[int] = set()
+        """Streams counted in :attr:`send_backlog` (the per-stream path's)."""
+        self._beyond_tracked = 0
+        """Of the tracked streams' unsent bytes, those past the peer's credit (kept as
+        writes and credit change, so reading the backlog costs a few core calls, not one
+        per stream: a thousand streams polled after every transmit blocked the loop)."""
+        self._untracked: set[int] = set()
+        """Streams written and not tracked (lanes, request streams), still open."""
+        self._managed: dict[int, tuple[Consumed, int]] = {}
+        self._delivered: dict[int, int] = {}
+        self._held: int | None = None
+        """The managed stream a whole window ahead of its reader: no core event is taken
+        while it is set (see the module docstring)."""
+
+    # -- construction hooks (qh3 private, pinned) ------------------------------------------
+
+    def _create_core(self, remote_addr: Any, initial_dcid: bytes, now: float) -> None:
+        configuration = self._configuration
+        streams = self._velomux_streams
+        assert self._version is not None  # set by connect() or the first datagram
+        self._core = QuicConnectionCore(
+            self._is_client,
+            self._version,
+            ("0.0.0.0", 0),
+            remote_addr,
+            self.host_cid,
+            initial_dcid,
+            self._is_client or self._retry_source_connection_id is not None,
+            configuration.active_connection_id_limit or (2 if self._is_client else 8),
+            configuration.max_datagram_size,
+            False,  # qh3's own path MTU probing (clients, up to 1,472) stays off
+            configuration.idle_timeout,
+            3,
+            None if not self._is_client else 65536,
+            None,
+            configuration.max_data,
+            0,
+            configuration.max_stream_data,
+            0,
+            0,
+            0,
+            configuration.max_stream_data,
+            streams,
+            streams,
+            0,
+            0,
+            configuration.initial_rtt,
+            0.025,
+            now,
+        )
+        self._applied_transport_parameters = None
+        self._pre_handshake_state_replayed = False
+
+    def _create_tls(self, remote_source_cid: bytes | None) -> QuicTlsBridge:
+        token = None
+        if not self._is_client and self._velomux_resets is not None:
+            token = self._velomux_resets.token(self.host_cid)
+        bridge = _VelomuxBridge.__new__(_VelomuxBridge)
+        bridge.velomux_streams = self._velomux_streams
+        bridge.velomux_datagram_size = self.accepted_datagram_size
+        QuicTlsBridge.__init__(
+            bridge,
+            self._configuration,
+            version=self._version or 1,
+            local_initial_source_connection_id=self.host_cid,
+            remote_initial_source_connection_id=remote_source_cid,
+            original_destination_connection_id=self._original_destination_connection_id,
+            retry_source_connection_id=self._retry_source_connection_id,
+            stateless_reset_token=token,
+            quic_logger=self._quic_logger,
+            version_change_handler=self._set_version,
+        )
+        install_qh3_peer_verification(
+            bridge.tls,
+            self._velomux_verifier,
+            role=self._velomux_peer_role,
+            expected=self._velomux_expected,
+        )
+        self._tls = bridge
+        return bridge
+
+    # -- datagrams in and out ------------------------------------------------------------
+
+    def receive_datagram(self, data: bytes, addr: Any, now: float) -> None:
+        """As qh3's, with two differences. Once the handshake is complete, a short-header
+        datagram (all of them, from then on) goes to the core in one call: qh3's facade
+        would parse its header in Python twice (for a Retry and for its packet loop) and
+        normalise the address on every datagram. And on the accepting side, bytes after
+        a datagram's last QUIC packet are given to the core with that packet, so they
+        count toward the amplification allowance (see the module docstring)."""
+        try:
+            core = self._core
+            if data and not data[0] & 0x80 and core is not None and self._handshake_complete:
+                self._call_core(core.receive_datagram, data, addr, now, None)
+                self._drain_core()
+                return
+            end = len(data) if self._is_client else _end_of_packets(data, self._cid_length)
+            if end == len(data) or end == 0:
+                super().receive_datagram(data, addr, now)
+            elif self._core is not None or self._start_from(data, addr, now):
+                self._receive_with_trailing(data, end, addr, now)
+        except QuicConnectionError as exc:
+            self._engine_failed(exc)
+
+    @property
+    def _cid_length(self) -> int:
+        return int(self._configuration.connection_id_length)
+
+    def _start_from(self, data: bytes, addr: Any, now: float) -> bool:
+        """The first datagram of an accepted connection: make the core and TLS from it, as
+        qh3's ``receive_datagram`` does (same checks); False when it is not one."""
+        if len(data) < 1200:
+            return False
+        try:
+            header = qh3_pull_quic_header(data, 0, self._cid_length)
+        except ValueError:
+            return False
+        version = header[0]
+        if header[1] != 0 or version not in self._configuration.supported_versions:
+            return False  # 0: an Initial packet
+        self._remote_addr = self._normalize_address(addr)
+        self._version = version
+        self._create_core(self._remote_addr, header[3], now)
+        self._create_tls(remote_source_cid=None)
+        return True
+
+    def _receive_with_trailing(self, data: bytes, end: int, addr: Any, now: float) -> None:
+        start = _start_of_last_packet(data, end, self._cid_length)
+        if start:
+            super().receive_datagram(data[:start], addr, now)
+        core = self._core
+        assert core is not None
+        self._call_core(
+            core.receive_datagram, data[start:], self._normalize_address(addr), now, len(data)
+        )
+        self._learn_remote_source_cid(data[start:end])
+        self._drain_core()
+
+    def datagrams_to_send(self, now: float) -> list[tuple[bytes, Any]]:
+        """The core's datagrams, taken in one loop (qh3's facade parses every datagram's
+        headers in Python for its logger, which this transport never sets)."""
+        core = self._core
+        if core is None:
+            return []
+        datagrams: list[tuple[bytes, Any]] = []
+        poll = core.poll_transmit
+        try:
+            while (transmit := poll(now)) is not None:
+                datagrams.append((transmit[0], transmit[1]))
+        except RuntimeError as exc:
+            self._engine_failed(QuicConnectionError(1, None, str(exc)))
+        if core.has_events:
+            self._drain_core()  # connection IDs issued while building: route them now
+        return datagrams
+
+    def handle_timer(self, now: float) -> None:
+        try:
+            super().handle_timer(now)
+        except QuicConnectionError as exc:
+            self._engine_failed(exc)
+
+    def _engine_failed(self, exc: QuicConnectionError) -> None:
+        """qh3's core refused an operation: end the connection with its reason, at once,
+        rather than leave it to hang until a timeout."""
+        if self._state is QuicConnectionState.TERMINATED:
+            return
+        self._state = QuicConnectionState.TERMINATED
+        self._queue.append(
+            seam.ConnectionTerminated(
+                int(exc.error_code), exc.frame_type, f"qh3 engine error: {exc.reason_phrase}"
+            )
+        )
+
+    # -- events --------------------------------------------------------------------------
+
+    def _drain_core(self) -> None:
+        core = self._core
+        if core is None:
+            return
+        if self._held is not None:
+            if core.state not in _END_STATES:
+                return
+            self._held = None  # ending: let the termination through
+        append = self._queue.append
+        managed = self._managed
+        while True:
+            native = core.next_event()
+            if native is None:
+                return
+            kind = native[0]
+            if kind == "stream_data":
+                stream_id = native[1]
+                data = native[2]
+                append(seam.StreamDataReceived(stream_id, data, native[3]))
+                window = managed.get(stream_id)
+                if window is not None:
+                    delivered = self._delivered.get(stream_id, 0) + len(data)
+                    self._delivered[stream_id] = delivered
+                    if delivered - window[0]() >= window[1]:
+                        self._held = stream_id
+                        return
+            elif kind == "stream_credit":
+                self._credit_changed(native[1], native[2])
+            elif kind == "stream_finished":
+                self._stream_finished(native[1])
+            elif kind == "crypto_data":
+                self._crypto(native)
+            elif kind == "connection_id_issued":
+                minted = self.cid_minted
+                if minted is not None:
+                    minted(native[1])
+                append(seam.ConnectionIdIssued(native[1]))
+            elif kind == "connection_id_retired":
+                append(seam.ConnectionIdRetired(native[1]))
+            elif kind == "ping_acknowledged":
+                append(seam.PingAcknowledged(native[1]))
+            elif kind == "stream_reset":
+                append(seam.StreamReset(native[1], native[2]))
+            elif kind == "stop_sending":
+                append(seam.StopSendingReceived(native[1], native[2]))
+            elif kind == "handshake_done":
+                self._handshake_confirmed = True
+                core.handshake_confirmed()
+            elif kind in ("peer_closed", "protocol_error"):
+                if kind == "peer_closed":
+                    code, frame, reason = native[2], native[3], native[4].decode("utf8", "replace")
+                else:
+                    code, frame, reason = native[1], native[2], str(native[3])
+                self._close_event = qh3_events.ConnectionTerminated(code, frame, reason)
+            elif kind == "connection_terminated":
+                self._state = QuicConnectionState.TERMINATED
+                closing = self._close_event
+                if closing is not None and native[1] == 0 and closing.error_code:
+                    code, frame, reason = (
+                        closing.error_code,
+                        closing.frame_type,
+                        closing.reason_phrase,
+                    )
+                else:
+                    code, frame = native[1], native[2]
+                    reason = native[3].decode("utf8", "replace")
+                self._close_event = qh3_events.ConnectionTerminated(code, frame, reason)
+                append(seam.ConnectionTerminated(code, frame, reason))
+            elif kind == "new_token":
+                self._peer_token = native[1]
+
+    def _crypto(self, native: tuple[Any, ...]) -> None:
+        assert self._core is not None and self._tls is not None
+        try:
+            self._tls.receive_crypto(
+                qtls.Epoch(native[1]), native[3], native[2], version=self._core.version
+            )
+            self._drain_tls()
+        except QuicTlsBridgeError as exc:
+            self._call_core(
+                self._core.close, exc.error_code, int(exc.frame_type), exc.reason_phrase.encode()
+            )
+            self._close_event = qh3_events.ConnectionTerminated(
+                exc.error_code, exc.frame_type, exc.reason_phrase
+            )
+
+    @property
+    def _queue(self) -> deque[Any]:
+        """The facade's event queue, which carries the seam's events as well as the few
+        the facade's TLS code still puts there (one queue keeps their order: a client's
+        Finished and its first stream data may share a datagram)."""
+        return cast("deque[Any]", self._events)
+
+    def poll_event(self) -> seam.EngineEvent | None:
+        events = self._queue
+        while events:
+            event = events.popleft()
+            if isinstance(event, qh3_events.QuicEvent):
+                if isinstance(event, qh3_events.HandshakeCompleted):
+                    return seam.HandshakeCompleted()
+                if isinstance(event, qh3_events.ConnectionTerminated):
+                    return seam.ConnectionTerminated(
+                        event.error_code, event.frame_type, event.reason_phrase
+                    )
+                continue  # ProtocolNegotiated and the like: nothing for the transport
+            return cast(seam.EngineEvent, event)
+        return None
+
+    def close(
+        self, error_code: int = 0, frame_type: int | None = None, reason_phrase: str = ""
+    ) -> None:
+        try:
+            super().close(error_code=error_code, frame_type=frame_type, reason_phrase=reason_phrase)
+        except QuicConnectionError as exc:
+            self._engine_failed(exc)
+
+    def send_ping(self, uid: int) -> None:
+        if self._ended():
+            return  # ending: its termination reports what waited (aioquic ignores it too)
+        super().send_ping(uid)
+
+    def stop_stream(self, stream_id: int, error_code: int) -> None:
+        if not self._ended():
+            super().stop_stream(stream_id, error_code)
+
+    def _ended(self) -> bool:
+        core = self._core
+        return core is None or core.state in _END_STATES
+
+    def ack_due(self, now: float) -> bool:
+        """Whether the core's next timer is an acknowledgement already due."""
+        if not self._handshake_complete or self._core is None:
+            return True
+        timer = self._core.get_timer()
+        return timer is not None and timer[0].startswith("ack") and timer[1] <= now
+
+    def acknowledge_now(self) -> None:
+        """qh3 offers no way to hurry an owed acknowledgement; its ACK timer sends it."""
+
+    # -- identity ------------------------------------------------------------------------
+
+    def _context(self) -> Qh3VerifyingContext | None:
+        bridge = self._tls
+        context = None if bridge is None else bridge.tls
+        return context if isinstance(context, Qh3VerifyingContext) else None
+
+    @property
+    def verified_peer(self) -> InstanceId | None:
+        context = self._context()
+        return None if context is None else context.velomux_peer
+
+    @property
+    def verification_error(self) -> PeerVerificationError | None:
+        context = self._context()
+        return None if context is None else context.velomux_error
+
+    @property
+    def handshake_confirmed(self) -> bool:
+        return bool(self._handshake_confirmed)
+
+    def presented_certificates(self) -> tuple[bytes | None, bytes | None]:
+        context = self._context()
+        if context is None:
+            return None, None
+        own = context.certificate
+        peer = context._peer_certificate if context.velomux_peer is not None else None
+        return (
+            None if own is None else bytes(own.public_bytes()),
+            None if peer is None else bytes(peer.public_bytes()),
+        )
+
+    # -- connection IDs and stateless resets ---------------------------------------------
+
+    def peer_reset_tokens(self) -> list[bytes]:
+        """The token of the peer's transport parameters (a server's first connection ID);
+        those of NEW_CONNECTION_ID frames stay inside qh3's core."""
+        bridge = self._tls
+        parameters = None if bridge is None else bridge.remote_transport_parameters
+        token = None if parameters is None else parameters.stateless_reset_token
+        return [token] if token else []
+
+    def adopt_resettable_peer_cid(self) -> bool:
+        """Nothing to adopt: qh3 does not tell which peer connection IDs carry tokens."""
+        return True
+
+    # -- streams -------------------------------------------------------------------------
+
+    def open_send_stream(self, stream_id: int) -> None:
+        """Streams are numbered by the facade on first write, in any order; nothing to do
+        but count from zero."""
+        self._written.setdefault(stream_id, 0)
+
+    def send_stream_data(
+        self, stream_id: int, data: BufferProtocol, end_stream: bool = False
+    ) -> None:
+        if self._core is not None and self._core.state in _END_STATES:
+            # The peer closed it (its termination is still to be taken): written bytes are
+            # counted, and reported unacknowledged when it is, as aioquic's would be.
+            size = len(data) if type(data) is bytes else memoryview(data).nbytes
+            self._written[stream_id] = self._written.get(stream_id, 0) + size
+            return
+        super().send_stream_data(stream_id, data, end_stream)
+        size = len(data) if type(data) is bytes else memoryview(data).nbytes
+        written = self._written.get(stream_id, 0)
+        if stream_id in self._backlog:
+            credit = self._peer_credit(stream_id)
+            before = max(0, written - credit)
+            self._beyond_tracked += max(0, written + size - credit) - before
+        else:
+            self._untracked.add(stream_id)
+        self._written[stream_id] = written + size
+        core = self._core
+        if core is not None:
+            self._losses_at_write[stream_id] = core.loss_total
+
+    def _credit_changed(self, stream_id: int, credit: int) -> None:
+        if stream_id in self._backlog:
+            written = self._written.get(stream_id, 0)
+            before = max(0, written - self._peer_credit(stream_id))
+            self._beyond_tracked += max(0, written - credit) - before
+        self._credit[stream_id] = credit
+
+    def _stream_finished(self, stream_id: int) -> None:
+        """qh3's core is done with a stream we wrote: stop counting it."""
+        self._created_local_stream_ids.discard(stream_id)  # what qh3's facade does
+        self._untrack(stream_id)
+
+    def _untrack(self, stream_id: int) -> None:
+        self._untracked.discard(stream_id)
+        if stream_id in self._backlog:
+            self._backlog.discard(stream_id)
+            written = self._written.get(stream_id, 0)
+            self._beyond_tracked -= max(0, written - self._peer_credit(stream_id))
+
+    def _peer_credit(self, stream_id: int) -> int:
+        credit = self._credit.get(stream_id)
+        if credit is not None:
+            return credit
+        bridge = self._tls
+        parameters = None if bridge is None else bridge.remote_transport_parameters
+        if parameters is None:
+            return 0
+        if stream_id & 0x2:
+            return int(parameters.initial_max_stream_data_uni or 0)
+        return int(parameters.initial_max_stream_data_bidi_remote or 0)
+
+    def stream_room(self, stream_id: int, send_buffer: int) -> int:
+        return self._peer_credit(stream_id) + send_buffer - self._written.get(stream_id, 0)
+
+    def stream_idle(self, stream_id: int) -> bool:
+        return self._written.get(stream_id, 0) <= self._peer_credit(stream_id)
+
+    def stream_unsent(self, stream_id: int) -> int:
+        if self._core is None or stream_id not in self._written:
+            return 0
+        try:
+            return int(self.get_send_buffer_size(stream_id))
+        except QuicConnectionError:
+            return 0
+
+    def stream_beyond_window(self, stream_id: int) -> int:
+        return max(0, self._written.get(stream_id, 0) - self._peer_credit(stream_id))
+
+    def stream_unacked(self, stream_id: int) -> int:
+        """Written and not known acknowledged: qh3 keeps no per-stream acknowledged offset,
+        so a stream is known acknowledged up to what it had written once nothing of it is
+        unsent and nothing of the connection is in flight (late under load, never early).
+        After a loss since the stream's last write, a retransmission may be queued where
+        neither count shows it (qh3's unsent bytes are first transmissions only): then a
+        pending pacing timer, which may be holding it, also defers the answer."""
+        written = self._written.get(stream_id)
+        if written is None:
+            return 0
+        floor = self._acked_floor.get(stream_id, 0)
+        core = self._core
+        if (
+            floor < written
+            and core is not None
+            and core.state == "connected"
+            and core.bytes_in_flight == 0
+            and self.stream_unsent(stream_id) == 0
+        ):
+            lost_since = core.loss_total != self._losses_at_write.get(stream_id, 0)
+            timer = core.get_timer() if lost_since else None
+            if timer is None or timer[0] != "pacing":
+                floor = self._acked_floor[stream_id] = written
+        return written - floor
+
+    def track_send_backlog(self, stream_id: int) -> None:
+        if stream_id in self._backlog:
+            return
+        self._untracked.discard(stream_id)
+        self._backlog.add(stream_id)
+        written = self._written.get(stream_id, 0)
+        self._beyond_tracked += max(0, written - self._peer_credit(stream_id))
+
+    @property
+    def send_backlog(self) -> int:
+        """Bytes the tracked streams may transmit (inside the peer's credit) but have not:
+        every stream's unsent bytes, less the untracked streams', less what the tracked
+        streams hold past their credit."""
+        if self._core is None or not self._backlog:
+            return 0
+        unsent = self.stream_unsent_total()
+        for stream_id in self._untracked:
+            unsent -= self.stream_unsent(stream_id)
+        return max(0, unsent - self._beyond_tracked)
+
+    def stream_unsent_total(self) -> int:
+        try:
+            return int(self.get_send_buffer_size())
+        except QuicConnectionError:
+            return 0
+
+    def reset_stream(self, stream_id: int, error_code: int) -> None:
+        if not self._ended():
+            super().reset_stream(stream_id, error_code)
+        self._untrack(stream_id)
+
+    def manage_receive_window(self, stream_id: int, consumed: Consumed, window: int) -> None:
+        self._managed[stream_id] = (consumed, window)
+
+    def forget_stream(self, stream_id: int) -> None:
+        self._managed.pop(stream_id, None)
+        self._delivered.pop(stream_id, None)
+        if self._held == stream_id:
+            self._held = None
+
+    def poll_receive_gate(self) -> bool:
+        held = self._held
+        if held is None:
+            return False
+        window = self._managed.get(held)
+        if window is not None and self._delivered.get(held, 0) - window[0]() >= window[1]:
+            return False
+        self._held = None
+        before = len(self._events)
+        self._drain_core()
+        return len(self._events) > before or self._held is None
+
+    # -- datagram size -------------------------------------------------------------------
+
+    @property
+    def datagram_size(self) -> int:
+        """The size the core builds now: the one it was made with, or less once the peer's
+        ``max_udp_payload_size`` is known."""
+        core = self._core
+        if core is None:
+            return int(self._configuration.max_datagram_size)
+        return int(core.active_path[5])
+
+    @property
+    def peer_max_udp_payload_size(self) -> int:
+        bridge = self._tls
+        parameters = None if bridge is None else bridge.remote_transport_parameters
+        size = None if parameters is None else parameters.max_udp_payload_size
+        return UNLIMITED_UDP_PAYLOAD if size is None else int(size)
+
+    @property
+    def probe_timeout(self) -> float:
+        rtt = None if self._core is None else self._core.smoothed_rtt
+        return 3 * (rtt if rtt else float(self._configuration.initial_rtt))
+
+    def set_datagram_size(self, size: int) -> None:
+        """qh3 fixes the size when the connection is made (``live_datagram_size`` False)."""
+
+    def send_mtu_probe(self, size: int, now: float) -> list[tuple[bytes, Any]]:
+        return []  # no probes on qh3 (``mtu_probes`` False)
+
+
+def _end_of_packets(data: bytes, cid_length: int) -> int:
+    """Where the datagram's last parseable QUIC packet ends (its length if all parse)."""
+    offset = 0
+    while offset < len(data):
+        try:
+            end = qh3_pull_quic_header(data, offset, cid_length)[9]
+        except ValueError:
+            return offset
+        if end <= offset:
+            return len(data)
+        offset = end
+    return offset
+
+
+def _start_of_last_packet(data: bytes, end: int, cid_length: int) -> int:
+    offset = 0
+    while True:
+        following = qh3_pull_quic_header(data, offset, cid_length)[9]
+        if following >= end:
+            return offset
+        offset = following

@@ -1,0 +1,287 @@
+"""The QUIC engine seam: what a connection asks of the QUIC implementation under it.
+
+Two engines sit behind it (ARCHITECTURE.md, "Two QUIC engines behind one seam"): aioquic
+(the default, :mod:`.engine`) and qh3, whose transport core is Rust (:mod:`.qh3_engine`,
+the optional ``velomux_quic[qh3]`` extra). The seam is aioquic's own shape: a sans-IO
+connection fed datagrams and ``now``, which returns datagrams to send, its next timer and
+the small events below. :class:`~.connection.PeerConnection` (lanes, requests, admission,
+keep-alive, the snapshot) talks to a :class:`QuicEngine` only, never to aioquic's or
+qh3's classes; whatever reads an engine's private state lives in that engine's adapter,
+pinned by its assumptions test (``tests/unit/test_aioquic_assumptions.py``,
+``tests/unit/test_qh3_assumptions.py``).
+
+The events are the project's own, so no engine's event classes cross the seam. They are
+built once per STREAM frame on the receive path: keep them small (``__slots__``).
+
+What one engine cannot do the other can is said by its :class:`EngineFeatures`, which the
+connection reads (it never asks "which engine?") and the node snapshot reports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from ..ids import InstanceId
+from ..security.verify import PeerVerificationError
+
+__all__ = [
+    "ENGINE_NAMES",
+    "ConnectionIdIssued",
+    "ConnectionIdRetired",
+    "ConnectionTerminated",
+    "EngineEvent",
+    "EngineFeatures",
+    "EngineName",
+    "HandshakeCompleted",
+    "NetworkAddress",
+    "PingAcknowledged",
+    "QuicEngine",
+    "StopSendingReceived",
+    "StreamDataReceived",
+    "StreamReset",
+]
+
+EngineName = Literal["aioquic", "qh3"]
+ENGINE_NAMES: tuple[EngineName, ...] = ("aioquic", "qh3")
+
+NetworkAddress = tuple[str, int]
+Consumed = Callable[[], int]
+
+
+class StreamDataReceived:
+    """Bytes that arrived, in order, on a stream (with FIN when ``end_stream``)."""
+
+    __slots__ = ("data", "end_stream", "stream_id")
+
+    def __init__(self, stream_id: int, data: bytes, end_stream: bool) -> None:
+        self.stream_id = stream_id
+        self.data = data
+        self.end_stream = end_stream
+
+
+class StreamReset:
+    """The peer aborted a stream it was writing (RESET_STREAM)."""
+
+    __slots__ = ("error_code", "stream_id")
+
+    def __init__(self, stream_id: int, error_code: int) -> None:
+        self.stream_id = stream_id
+        self.error_code = error_code
+
+
+class StopSendingReceived:
+    """The peer asked us to stop writing a stream (STOP_SENDING)."""
+
+    __slots__ = ("error_code", "stream_id")
+
+    def __init__(self, stream_id: int, error_code: int) -> None:
+        self.stream_id = stream_id
+        self.error_code = error_code
+
+
+class ConnectionIdIssued:
+    """The engine made a new host connection ID: the endpoint must route it."""
+
+    __slots__ = ("connection_id",)
+
+    def __init__(self, connection_id: bytes) -> None:
+        self.connection_id = connection_id
+
+
+class ConnectionIdRetired:
+    """A host connection ID is retired: the endpoint stops routing it."""
+
+    __slots__ = ("connection_id",)
+
+    def __init__(self, connection_id: bytes) -> None:
+        self.connection_id = connection_id
+
+
+class HandshakeCompleted:
+    """The TLS handshake finished on this side (for a client: not yet confirmed)."""
+
+    __slots__ = ()
+
+
+class PingAcknowledged:
+    """The peer acknowledged the PING sent with ``uid``."""
+
+    __slots__ = ("uid",)
+
+    def __init__(self, uid: int) -> None:
+        self.uid = uid
+
+
+class ConnectionTerminated:
+    """The connection ended: closed by either side, timed out, or refused."""
+
+    __slots__ = ("error_code", "frame_type", "reason_phrase")
+
+    def __init__(self, error_code: int, frame_type: int | None, reason_phrase: str) -> None:
+        self.error_code = error_code
+        self.frame_type = frame_type
+        self.reason_phrase = reason_phrase
+
+
+EngineEvent = (
+    StreamDataReceived
+    | StreamReset
+    | StopSendingReceived
+    | ConnectionIdIssued
+    | ConnectionIdRetired
+    | HandshakeCompleted
+    | PingAcknowledged
+    | ConnectionTerminated
+)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineFeatures:
+    """What an engine does, where the two differ. Reported in the node snapshot.
+
+    The connection adapts to these instead of asking which engine it runs on.
+    """
+
+    name: EngineName
+    """``aioquic`` or ``qh3``."""
+    version: str
+    """The engine package's version."""
+    live_datagram_size: bool
+    """The datagram size can change on a live connection (loopback size chosen after the
+    handshake, path MTU search, black-hole fallback). Without it the size is fixed when
+    the connection is made, from the same plan."""
+    mtu_probes: bool
+    """Padded PING probes above the current size, kept out of congestion control, and
+    losses reported by size: what DPLPMTUD (``pmtu_discovery``) needs."""
+    receive_backpressure: Literal["stream", "connection"]
+    """How a reader that stops reading holds its writer back. ``stream``: the stream's
+    receive window stops growing, nothing else waits. ``connection``: once that stream is
+    a whole window ahead of its reader, the connection stops taking stream data from the
+    engine until the reader catches up, so the other streams of that connection wait too
+    (memory stays bounded either way)."""
+    derived_reset_tokens: Literal["all", "first"]
+    """Which connection IDs carry a stateless reset token derived from the node's key (so
+    this node can reset them after losing the connection): every one, or only the first
+    one a server advertises in its transport parameters."""
+    gso: bool
+    """Can hand the socket several datagrams in one segmentation-offload send."""
+
+
+class QuicEngine(Protocol):
+    """One QUIC connection, sans-IO, as :class:`~.connection.PeerConnection` drives it.
+
+    Time is passed in (``now``, the event loop's clock); nothing here does I/O. Datagrams
+    go in with :meth:`receive_datagram`, out with :meth:`datagrams_to_send`; the engine
+    wants :meth:`handle_timer` at :meth:`get_timer`; :meth:`poll_event` yields what
+    happened. Stream offsets and byte counts are per stream, in bytes written by us.
+    """
+
+    features: EngineFeatures
+    host_cid: bytes
+    cid_minted: Callable[[bytes], None] | None
+    """Called with each host connection ID as it is made (before it is ever sent)."""
+    accepted_datagram_size: int
+    """The largest datagram we ask the peer to send (set before the handshake)."""
+    mtu_probe_observer: Callable[[int, bool], None] | None
+    large_loss_observer: Callable[[int], None] | None
+    large_packet_threshold: int
+
+    # -- lifecycle and I/O ---------------------------------------------------------------
+
+    def connect(self, addr: NetworkAddress, now: float) -> None: ...
+
+    def receive_datagram(self, data: bytes, addr: NetworkAddress, now: float) -> None: ...
+
+    def datagrams_to_send(self, now: float) -> list[tuple[bytes, NetworkAddress]]: ...
+
+    def get_timer(self) -> float | None: ...
+
+    def handle_timer(self, now: float) -> None: ...
+
+    def poll_event(self) -> EngineEvent | None: ...
+
+    def close(
+        self, error_code: int = 0, frame_type: int | None = None, reason_phrase: str = ""
+    ) -> None: ...
+
+    def send_ping(self, uid: int) -> None: ...
+
+    def ack_due(self, now: float) -> bool:
+        """Whether a transmit now would carry an acknowledgement the peer is owed."""
+
+    def acknowledge_now(self) -> None:
+        """Make the owed acknowledgement leave with the next transmit."""
+
+    # -- identity ------------------------------------------------------------------------
+
+    @property
+    def verified_peer(self) -> InstanceId | None: ...
+
+    @property
+    def verification_error(self) -> PeerVerificationError | None: ...
+
+    @property
+    def handshake_confirmed(self) -> bool: ...
+
+    def presented_certificates(self) -> tuple[bytes | None, bytes | None]:
+        """(our certificate, the peer's once verified), DER."""
+
+    # -- connection IDs and stateless resets ---------------------------------------------
+
+    def peer_reset_tokens(self) -> list[bytes]: ...
+
+    def adopt_resettable_peer_cid(self) -> bool: ...
+
+    # -- streams -------------------------------------------------------------------------
+
+    def get_next_available_stream_id(self, is_unidirectional: bool = False) -> int: ...
+
+    def open_send_stream(self, stream_id: int) -> None: ...
+
+    def send_stream_data(self, stream_id: int, data: bytes, end_stream: bool = False) -> None: ...
+
+    def reset_stream(self, stream_id: int, error_code: int) -> None: ...
+
+    def stop_stream(self, stream_id: int, error_code: int) -> None: ...
+
+    def stream_room(self, stream_id: int, send_buffer: int) -> int: ...
+
+    def stream_idle(self, stream_id: int) -> bool: ...
+
+    def stream_unsent(self, stream_id: int) -> int: ...
+
+    def stream_beyond_window(self, stream_id: int) -> int: ...
+
+    def stream_unacked(self, stream_id: int) -> int: ...
+
+    def track_send_backlog(self, stream_id: int) -> None: ...
+
+    @property
+    def send_backlog(self) -> int:
+        """Bytes the streams of :meth:`track_send_backlog` hold inside their peer windows,
+        never transmitted (the per-stream path's shared bound)."""
+
+    def manage_receive_window(self, stream_id: int, consumed: Consumed, window: int) -> None: ...
+
+    def forget_stream(self, stream_id: int) -> None: ...
+
+    def poll_receive_gate(self) -> bool:
+        """Re-check streams held for their readers; True when held stream data became
+        available to :meth:`poll_event` (only a ``connection``-backpressure engine holds)."""
+
+    # -- datagram size -------------------------------------------------------------------
+
+    @property
+    def datagram_size(self) -> int: ...
+
+    @property
+    def peer_max_udp_payload_size(self) -> int: ...
+
+    @property
+    def probe_timeout(self) -> float: ...
+
+    def set_datagram_size(self, size: int) -> None: ...
+
+    def send_mtu_probe(self, size: int, now: float) -> list[tuple[bytes, NetworkAddress]]: ...
