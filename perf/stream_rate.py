@@ -169,7 +169,11 @@ async def _grpc_path(args: argparse.Namespace, certs: dict[str, Path]) -> list[A
         "bench.Streams",
         {"Open": grpc.unary_stream_rpc_method_handler(stream)},
     )
-    from grpc_tokens import _HOST, channel_credentials, server_credentials
+    from velomux_quic.programs.demo.grpc_tokens import (
+        _HOST,
+        channel_credentials,
+        server_credentials,
+    )
 
     server = aio.server(options=[("grpc.so_reuseport", 0)])
     server.add_generic_rpc_handlers((handler,))
