@@ -6,7 +6,10 @@ the sdist ``make dist`` wrote with its ``test`` extra (so pip builds it under th
 with whatever the build system compiles), then the unit suite and a short integration
 subset, run by that environment's pytest against the installed package (``--import-mode=
 append`` and ``VELOMUX_TEST_INSTALLED=1``: a test session that would import the checkout
-fails). A missing interpreter fails, saying how to get it.
+fails). The tests run from a copy of the checkout without the package's source, so the
+processes they start (``python -m ...`` from the tree's root) import the installed package
+too, never a copy built in place for another Python. A missing interpreter fails, saying
+how to get it.
 
     python tools/test_pythons.py [--dist dist] [VERSION ...]
 """
@@ -25,6 +28,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+LEFT_OUT = shutil.ignore_patterns(
+    ".git", ".venv", "build", "dist", "site", "*.egg-info", "__pycache__", ".mypy_cache",
+    ".ruff_cache", ".hypothesis",
+)  # fmt: skip
+"""What the copy of the checkout the tests run from leaves out, besides the package."""
 VERSIONS = ("3.11", "3.12", "3.13")
 INTEGRATION = (
     "tests/integration/test_public_api.py",
@@ -94,12 +102,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             pip: list[str | Path] = [env_dir / "bin" / "python", "-m", "pip"]
             run([*pip, "install", "--quiet", "--upgrade", "pip"], workdir)
             run([*pip, "install", "--quiet", f"{sdist.resolve()}[test]"], workdir)
+            tree = workdir / "tree"
+            shutil.copytree(
+                ROOT, tree,
+                ignore=lambda folder, names: {
+                    *LEFT_OUT(folder, names), *(["velomux_quic"] if Path(folder) == ROOT else [])
+                },
+            )  # fmt: skip
             env = {**os.environ, "VELOMUX_TEST_INSTALLED": "1"}
             run(
                 [env_dir / "bin" / "pytest", "-q", "-p", "no:cacheprovider",
-                 "--import-mode=append", f"--rootdir={ROOT}", "-c", ROOT / "pyproject.toml",
-                 ROOT / "tests" / "unit", *(ROOT / path for path in INTEGRATION)],
-                workdir, env,
+                 "--import-mode=append", f"--rootdir={tree}", "-c", tree / "pyproject.toml",
+                 tree / "tests" / "unit", *(tree / path for path in INTEGRATION)],
+                tree, env,
             )  # fmt: skip
         finally:
             shutil.rmtree(workdir, ignore_errors=True)

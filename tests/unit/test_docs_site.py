@@ -105,10 +105,11 @@ def test_the_readme_links_are_absolute_and_those_into_the_repository_resolve() -
 
 def test_every_page_the_package_source_names_exists() -> None:
     named: dict[str, str] = {}
-    for path in (ROOT / "velomux_quic").rglob("*.py"):
+    package = Path(velomux_quic.__file__).parent  # the installed copy under test-pythons
+    for path in package.rglob("*.py"):
         # A path of this tree (not the docs/ of another repository's address).
         for page in re.findall(r"(?<![\w/])docs/[\w/-]+\.(?:md|json)\b", path.read_text()):
-            named.setdefault(page, str(path.relative_to(ROOT)))
+            named.setdefault(page, str(path.relative_to(package.parent)))
     # The dashboard is a file of its own, written beside the pages.
     missing = {
         page: source
