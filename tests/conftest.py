@@ -27,6 +27,8 @@ from velomux_quic.transport.engine_choice import engine_features, resolve_engine
 if TYPE_CHECKING:
     from velomux_quic.node import Node
 
+pytest_plugins = ["tests.hang_backstop"]  # ends a run stuck in a test pytest-timeout cannot end
+
 uvloop: ModuleType | None
 try:
     import uvloop

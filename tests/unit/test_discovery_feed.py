@@ -77,6 +77,7 @@ def test_etcd_peers_is_a_peer_watch_and_refuses_bad_settings(tmp_path: Path) -> 
         "at least one": lambda: EtcdPeers([]),
         "absolute key path": lambda: EtcdPeers(prefix="velomux"),
         "whole number": lambda: EtcdPeers(lease_ttl=0),
+        "close_timeout must be a positive number": lambda: EtcdPeers(close_timeout=0),
         "both cert_file and key_file": lambda: EtcdPeers(cert_file=tmp_path / "c.pem"),
         "CA file .*missing.pem: cannot read it": lambda: EtcdPeers(
             ca_file=tmp_path / "missing.pem"

@@ -35,9 +35,10 @@ import importlib
 import json
 import logging
 import random
-from collections.abc import Callable, Iterable, Iterator, Sequence
+import traceback
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
     from prometheus_client.registry import CollectorRegistry
 
 __all__ = [
+    "DEFAULT_CLOSE_TIMEOUT",
     "DEFAULT_ETCD_PREFIX",
     "DEFAULT_LEASE_TTL",
     "REJECT_REASONS",
@@ -73,8 +75,15 @@ DEFAULT_MAX_RECORDS = 10_000
 REJECT_REASONS = ("bad_key", "too_large", "malformed", "instance_mismatch", "too_many")
 """The ``reason`` label of ``velo_discovery_records_rejected_total``."""
 
+DEFAULT_CLOSE_TIMEOUT = 10.0
+"""Seconds :meth:`EtcdPeers.close` waits for the session to stop after cancelling it."""
+
 _INSTALL_HINT = "pip install 'velomux-quic[etcd]'"
 _MIN_BACKOFF = 0.1
+_CHILD_STOP_TIMEOUT = 2.0
+"""Seconds a session waits for its watch and renewal tasks to end once it cancelled them."""
+_RECANCEL_INTERVAL = 0.1
+_T = TypeVar("_T")
 
 
 def parse_endpoint(text: str) -> tuple[str, int]:
@@ -148,27 +157,92 @@ async def _close_client(client: Any) -> None:
     a dead stream; the channel must still close, or gRPC keeps its threads and sockets.
     """
     with contextlib.suppress(Exception):
-        await asyncio.wait_for(asyncio.shield(client.close()), 2.0)
+        async with asyncio.timeout(2.0):
+            await asyncio.shield(client.close())
     channel = getattr(client, "channel", None)
     if channel is not None:  # aetcd's close did not get that far
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(channel.close(), 2.0)
+            async with asyncio.timeout(2.0):
+                await channel.close()
 
 
 class _SessionLost(Exception):
     """The watch stream ended or a renewal found the lease gone: start a new session."""
 
 
-async def _rpc(call: Any, timeout: float) -> Any:
-    """Await one etcd call, bounded; a call cancelled under us (the session closed its
-    channel meanwhile) is a ``ConnectionError``, so only a cancel of our own task is one."""
+async def _rpc(call: Awaitable[_T], timeout: float) -> _T:
+    """Await one etcd call, bounded (``TimeoutError`` past ``timeout``).
+
+    ``asyncio.timeout``, never ``asyncio.wait_for``: on Python 3.11, when the call
+    completes in the same turn of the loop as a cancel of the awaiting task, ``wait_for``
+    returns the call's result and the cancel is lost. The renewal task lost ``close()``'s
+    cancel that way, went on renewing the lease, and ``close()`` waited on it for ever.
+    A call cancelled under us (the session closed its channel meanwhile) is a
+    ``ConnectionError``, so only a cancel of our own task is one.
+    """
     try:
-        return await asyncio.wait_for(call, timeout)
+        async with asyncio.timeout(timeout):
+            return await call
     except asyncio.CancelledError:
         task = asyncio.current_task()
         if task is not None and task.cancelling():
             raise
         raise ConnectionError("the etcd channel closed during the call") from None
+
+
+async def _cancel_and_wait(
+    tasks: Iterable[asyncio.Task[Any]], within: float
+) -> set[asyncio.Task[Any]]:
+    """Cancel ``tasks`` and wait until they end, at most ``within`` seconds; return the
+    ones still running then.
+
+    The cancel is repeated while a task runs on, because a library under it may have
+    swallowed one: aetcd awaits through ``asyncio.wait_for``, which on Python 3.11 loses a
+    cancel that arrives in the turn its call completes (see :func:`_rpc`). Only for tasks
+    with nothing to clean up: a repeated cancel cuts a ``finally`` short.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    running = {task for task in tasks if not task.done()}
+    while running:
+        for task in running:
+            task.cancel()
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            break
+        _, running = await asyncio.wait(running, timeout=min(remaining, _RECANCEL_INTERVAL))
+    return running
+
+
+def _release_frames(exc: BaseException) -> None:
+    """Clear the locals of the finished frames an exception's tracebacks hold, through its
+    causes and contexts.
+
+    An error that ends a session comes back through frames that hold it: aetcd re-raises
+    a failed watch stream's error from its watch iterator's ``event``, a task keeps the
+    exception it ended with and the frames that raised it hold the task. Each is a cycle
+    through the session's client, which keeps its gRPC channel, and so gRPC's asyncio
+    machinery, until the cycle collector runs (see :meth:`EtcdPeers._run`). The session
+    has logged the error; its frames are of no use to anyone after that.
+    """
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [exc]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        traceback.clear_frames(current.__traceback__)
+        pending += [current.__cause__, current.__context__]
+
+
+def _where(task: asyncio.Task[Any]) -> str:
+    """Where a task waits, as ``function (file:line)``, for a log line about a stuck task."""
+    frames = task.get_stack(limit=1)
+    if not frames:
+        return "an unknown place"
+    code = frames[-1].f_code
+    return f"{code.co_name} ({Path(code.co_filename).name}:{frames[-1].f_lineno})"
 
 
 class EtcdPeers:
@@ -185,7 +259,8 @@ class EtcdPeers:
     :meth:`publish` waits for the first registration before it returns with
     ``connected`` False (the backend keeps trying; the node starts without etcd rather
     than not at all); ``rpc_timeout`` bounds each etcd call; the pause between sessions
-    grows from 0.1 s to ``max_backoff``. A value larger than ``max_record_bytes`` is
+    grows from 0.1 s to ``max_backoff``; ``close_timeout`` bounds how long :meth:`close`
+    waits for the session to stop. A value larger than ``max_record_bytes`` is
     ignored, and the view holds at most ``max_records`` records (new ones past it are
     ignored as ``too_many``), so what the store holds cannot exhaust this process.
 
@@ -207,6 +282,7 @@ class EtcdPeers:
         connect_timeout: float = 5.0,
         rpc_timeout: float = 5.0,
         max_backoff: float = 5.0,
+        close_timeout: float = DEFAULT_CLOSE_TIMEOUT,
         max_record_bytes: int = PEER_RECORD_MAX_BYTES,
         max_records: int = DEFAULT_MAX_RECORDS,
         registry: CollectorRegistry | None = None,
@@ -229,6 +305,7 @@ class EtcdPeers:
             ("connect_timeout", connect_timeout),
             ("rpc_timeout", rpc_timeout),
             ("max_backoff", max_backoff),
+            ("close_timeout", close_timeout),
         ):
             if not isinstance(value, (int, float)) or not value > 0:
                 raise ConfigurationError(f"{what} must be a positive number, got {value!r}")
@@ -244,6 +321,7 @@ class EtcdPeers:
         self._connect_timeout = float(connect_timeout)
         self._rpc_timeout = float(rpc_timeout)
         self._max_backoff = float(max_backoff)
+        self._close_timeout = float(close_timeout)
         self._max_record_bytes = max_record_bytes
         self._max_records = max_records
         self._aetcd = _import_aetcd()
@@ -269,7 +347,12 @@ class EtcdPeers:
         self._task: asyncio.Task[None] | None = None
         self._live = asyncio.Event()
         self._gave_up_waiting = False
-        self._closed = False
+        self._closing = asyncio.Event()
+        """Set when :meth:`close` begins: no new session starts, the backend takes no
+        record."""
+        self._stopping = asyncio.Event()
+        """Set by :meth:`close` once the lease is revoked: the session stops at its next
+        step even if the cancel that follows is lost (see :func:`_rpc`)."""
         self._sessions = 0
         self.reconnects = 0
         """Sessions established after the first (each a reconnection to etcd)."""
@@ -277,6 +360,8 @@ class EtcdPeers:
         """Records ignored, by reason (see :data:`REJECT_REASONS`)."""
         self.events: dict[str, int] = {"join": 0, "change": 0, "leave": 0}
         """Changes of the view pushed to listeners, by kind."""
+        self.stuck_tasks = 0
+        """Tasks still running when a bounded wait for their end gave up (each logged)."""
         self._collector = _EtcdCollector(self)
         if registry is not None:
             self.bind_metrics(registry)
@@ -316,7 +401,7 @@ class EtcdPeers:
         record to be in etcd; if etcd cannot be reached by then it returns anyway, with
         ``connected`` False, and the record is put as soon as a session is live.
         """
-        if self._closed:
+        if self._closing.is_set():
             raise UsageError("EtcdPeers is closed: make a new one")
         self._record = record
         self._start()
@@ -364,25 +449,42 @@ class EtcdPeers:
         return unsubscribe
 
     async def close(self) -> None:
-        """Revoke the lease (our key goes at once), stop the session, close the client."""
-        if self._closed:
+        """Revoke the lease (our key goes at once), stop the session, close the client.
+
+        Waits at most ``close_timeout`` for the session to stop; a session still running
+        then is left behind with a warning saying where it waits, and counted in
+        ``velo_discovery_stuck_tasks_total``, so a node's shutdown never hangs on etcd.
+        """
+        if self._closing.is_set():
             return
-        self._closed = True
+        self._closing.set()
         self._listeners.clear()
         with contextlib.suppress(Exception):
             # Bounded tighter than other calls: a close should not hang on a silent etcd.
             await self._revoke(timeout=min(self._rpc_timeout, 2.0))
+        self._stopping.set()  # not sooner: the session's channel carries the revoke
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
         self._live.clear()
+        if task is None:
+            return
+        task.cancel()
+        await asyncio.wait({task}, timeout=self._close_timeout)
+        if not task.done():
+            self.stuck_tasks += 1
+            _log.warning(
+                "etcd discovery at %s: the session did not stop within %.1f s of close(), "
+                "waiting in %s; leaving it behind (its gRPC channel closes when it ends)",
+                ", ".join(self.endpoints),
+                self._close_timeout,
+                _where(task),
+            )
+        elif not task.cancelled():
+            task.result()  # raises what ended the session task, if anything did
 
     # -- the session ---------------------------------------------------------------------
 
     def _start(self) -> None:
-        if self._closed:
+        if self._closing.is_set():
             raise UsageError("EtcdPeers is closed: make a new one")
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(
@@ -395,7 +497,8 @@ class EtcdPeers:
         if self.connected or self._sessions > 0 or self._gave_up_waiting:
             return
         try:
-            await asyncio.wait_for(self._live.wait(), self._connect_timeout)
+            async with asyncio.timeout(self._connect_timeout):
+                await self._live.wait()
         except TimeoutError:
             self._gave_up_waiting = True  # the next callers get the (empty) view at once
             _log.warning(
@@ -409,6 +512,13 @@ class EtcdPeers:
         # poller thread as its count of live channels goes 0 -> 1 -> 0, and that stop has
         # raced with the loop in some gRPC versions; without the hold, every reconnection
         # would stop and start it again.
+        #
+        # A channel counts until its object is freed, not until it is closed, so no
+        # reference cycle may hold a client: one would keep the stack, its threads and its
+        # binding to this loop after close() until the cycle collector ran, in whatever
+        # loop or thread runs then. Errors make such cycles (an exception whose traceback
+        # holds a frame that holds it, as asyncio.wait_for's inner task did for every
+        # failed call); the session clears the frames of the error that ends it.
         aio = importlib.import_module("grpc.aio")
         aio.init_grpc_aio()
         try:
@@ -418,7 +528,7 @@ class EtcdPeers:
 
     async def _sessions_until_closed(self) -> None:
         failures = 0
-        while not self._closed:
+        while not self._closing.is_set():
             host, port = self._endpoints[(self._sessions + failures) % len(self._endpoints)]
             client = self._client_type(
                 host=host,
@@ -438,10 +548,13 @@ class EtcdPeers:
                 established = self._client is client
                 level = logging.WARNING if established or failures == 0 else logging.DEBUG
                 _log.log(level, "etcd session at %s:%d ended: %r", host, port, exc)
+                _release_frames(exc)
             finally:
                 self._live.clear()
                 self._client = None
                 await _close_client(client)
+            if self._closing.is_set():
+                return
             failures = 0 if established else failures + 1
             delay = min(self._max_backoff, _MIN_BACKOFF * 2 ** min(failures, 16))
             await asyncio.sleep(delay * random.uniform(0.5, 1.0))
@@ -450,18 +563,20 @@ class EtcdPeers:
         timeout = self._rpc_timeout
         previous_lease = self._lease_id
         self._lease_id = None
-        await asyncio.wait_for(client.connect(), timeout)
+        await _rpc(client.connect(), timeout)
         await self._register(client)
         if previous_lease is not None:
             # The record now hangs on the new lease; the old one holds nothing of ours.
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(client.revoke_lease(previous_lease), timeout)
-        listing = await asyncio.wait_for(client.get_prefix(self._key_prefix), timeout)
-        watch = await asyncio.wait_for(
+                await _rpc(client.revoke_lease(previous_lease), timeout)
+        listing = await _rpc(client.get_prefix(self._key_prefix), timeout)
+        watch = await _rpc(
             client.watch_prefix(self._key_prefix, start_revision=listing.header.revision + 1),
             timeout,
         )
         try:
+            if self._closing.is_set():
+                return  # close() began while we set up: no session goes live after it
             self._resync((kv.key, kv.value) for kv in listing)
             self._client = client
             if self._sessions > 0:
@@ -469,25 +584,42 @@ class EtcdPeers:
             self._sessions += 1
             self._live.set()
             _log.info("etcd session at %s live (%d records)", endpoint, len(self._view))
-            loop = asyncio.get_running_loop()
-            tasks = {
-                loop.create_task(self._consume(watch)),
-                loop.create_task(self._keep_alive(client)),
-            }
-            try:
-                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for task in tasks:
-                    task.cancel()
-                for task in tasks:
-                    with contextlib.suppress(asyncio.CancelledError, Exception):
-                        await task
-            for task in done:
-                task.result()  # raises what ended the session, if anything did
-            raise _SessionLost("the watch stream ended")
+            await self._serve(client, watch, endpoint)
+            if not self._stopping.is_set():
+                raise _SessionLost("the watch stream ended")
         finally:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(asyncio.shield(watch.cancel()), 1.0)
+                async with asyncio.timeout(1.0):
+                    await asyncio.shield(watch.cancel())
+
+    async def _serve(self, client: Any, watch: Any, endpoint: str) -> None:
+        """Apply the watch and renew the lease until either ends (raising what ended it,
+        if anything did) or :meth:`close` asks.
+
+        Both tasks stop before this returns, however it returns: a cancel of the session
+        cancels them, and one that a library under them swallowed is repeated.
+        """
+        loop = asyncio.get_running_loop()
+        workers = {
+            loop.create_task(self._consume(watch)),
+            loop.create_task(self._keep_alive(client)),
+        }
+        stopping = loop.create_task(self._stopping.wait())
+        try:
+            done, _ = await asyncio.wait({*workers, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+            for task in await _cancel_and_wait(workers, _CHILD_STOP_TIMEOUT):
+                self.stuck_tasks += 1
+                _log.warning(
+                    "etcd session at %s: a task did not stop within %.1f s of its cancel, "
+                    "waiting in %s; leaving it behind",
+                    endpoint,
+                    _CHILD_STOP_TIMEOUT,
+                    _where(task),
+                )
+        for task in done & workers:
+            task.result()  # raises what ended the session, if anything did
 
     async def _consume(self, watch: Any) -> None:
         async for event in watch:
@@ -667,6 +799,15 @@ class _EtcdCollector(Collector):
         for event, count in peers.events.items():
             events.add_metric(["etcd", event], count)
         yield events
+        stuck = CounterMetricFamily(
+            "velo_discovery_stuck_tasks",
+            "Tasks of the discovery backend still running when a bounded wait for their end "
+            "gave up: a close() that returned before its session stopped, or a session's "
+            "watch or renewal task left behind",
+            labels=["backend"],
+        )
+        stuck.add_metric(["etcd"], peers.stuck_tasks)
+        yield stuck
         peers_gauge = GaugeMetricFamily(
             "velo_discovery_peers",
             "Records in the discovery backend's current view",
