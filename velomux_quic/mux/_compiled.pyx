@@ -20,8 +20,11 @@ module is loaded while the pure modules that select it are still being defined.
 
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.dict cimport PyDict_SetDefault
 from libc.stdint cimport uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy
+
+from velomux_quic.streaming._compiled cimport StagingChannel
 
 
 cdef extern from "Python.h":
@@ -312,20 +315,27 @@ cdef class EgressSlot:
     cdef public bint fenced
     cdef public int generation
     cdef public object guard
-    cdef public Py_ssize_t index
+    cdef readonly Py_ssize_t index
     cdef public unsigned long long next_seq
     cdef public object owner
-    cdef public object queue
+    cdef readonly object queue
     cdef public Py_ssize_t queued_bytes
     cdef public int reserve
     cdef public object session_id
     cdef public Py_ssize_t slot_id
     cdef public object state
+    # Bound once, used per record: the index as the ready set's key (an int object, so a
+    # lookup allocates none), and the queue's two methods the record path calls. ``index``
+    # and ``queue`` never change after construction (read-only here).
+    cdef object _key
+    cdef object _append
+    cdef object _popleft
 
     def __init__(self, index, generation, anchor_id, session_id, credit, budget):
         if _OPENING is None:
             _bind_slots()
         self.index = index
+        self._key = self.index
         self.generation = generation
         self.slot_id = protocol().slot_id(index, generation)
         self.anchor_id = anchor_id
@@ -335,6 +345,8 @@ cdef class EgressSlot:
         self.budget = budget
         self.next_seq = 1
         self.queue = deque()
+        self._append = self.queue.append
+        self._popleft = self.queue.popleft
         self.queued_bytes = 0
         self.state = _OPENING
         self.exhausted_once = False
@@ -689,39 +701,50 @@ cdef class IngressSlot:
 # -- egress.py --------------------------------------------------------------------------
 
 
+cdef class BatcherFields:
+    """Twin of :class:`velomux_quic.mux.egress.BatcherFields`: the fields ``offer`` writes
+    per record, in C."""
+
+    cdef public Py_ssize_t _room
+    cdef public dict _ready
+    cdef public object _staged_since
+
+
 def EgressBatcher_offer(self, slot, body, now):
     """Twin of ``EgressBatcher.offer``."""
-    return _offer(self, <EgressSlot?>slot, body, now)
+    return _offer(<BatcherFields?>self, <EgressSlot?>slot, body, now, None)
 
 
-cdef bint _offer(object self, EgressSlot slot, object body, object now) except -1:
+cdef bint _offer(
+    BatcherFields self, EgressSlot slot, object body, object now, object clock
+) except -1:
+    """``offer``; with ``now`` None, the time is ``clock()``, read only when it is used
+    (a record that starts the linger window), not once per record."""
     state = slot.state
     if state is not _OPEN and state is not _OPENING:
         raise egress_closed_slot(slot)
     cdef Py_ssize_t queued = slot.queued_bytes
     if queued >= slot.budget:
         return False
-    room = self._room
+    cdef Py_ssize_t room = self._room
     if room <= 0 and queued:
-        self.stats.queue_full += 1
+        (<object>self).stats.queue_full += 1
         return False
     cdef Py_ssize_t size = PyBytes_GET_SIZE(body) if type(body) is bytes else len(body)
-    slot.queue.append(_untracked((body, False)))
+    slot._append(_untracked((body, False)))
     slot.queued_bytes = queued + size
     self._room = room - size
     if slot.credit > 0:
         if state is _OPEN:
             if not slot.fenced:
-                ready = self._ready
-                if slot.index not in ready:
-                    ready[slot.index] = slot
+                PyDict_SetDefault(self._ready, slot._key, slot)
                 if self._staged_since is None:
-                    self._staged_since = now
+                    self._staged_since = clock() if now is None else now
         elif self._staged_since is None:
-            self._staged_since = now
+            self._staged_since = clock() if now is None else now
     elif state is _OPEN and not slot.exhausted_once:
         slot.exhausted_once = True
-        self.stats.credit_exhausted += 1
+        (<object>self).stats.credit_exhausted += 1
     return True
 
 
@@ -777,7 +800,7 @@ def EgressBatcher__pack_ready(self, out, guards, carries_data):
                         break
                     _append_data(buf, slot.slot_id, seq, body)
                     pending += 1
-                    queue.popleft()
+                    slot._popleft()
                     taken += length
                     seq += 1
                     credit -= 1
@@ -1016,13 +1039,15 @@ def IngressTable__reconcile_dirty(self):
 # -- driver.py --------------------------------------------------------------------------
 
 
-cdef class MuxChannel:
+cdef class MuxChannel(StagingChannel):
     """Twin of :class:`velomux_quic.mux.driver.MuxChannel`: ``try_send`` stages a record
-    without leaving C (the batcher's offer twin is called directly)."""
+    without leaving C (the batcher's offer twin is called directly), and the streaming
+    layer's loops call it as a :class:`StagingChannel`, without a method lookup."""
 
     cdef object _driver
     cdef EgressSlot _slot
     cdef object _batcher
+    cdef BatcherFields _fields
     cdef object _clock
     cdef bint _fast
 
@@ -1035,6 +1060,8 @@ cdef class MuxChannel:
         self._fast = getattr(type(self._batcher), "offer", None) is EgressBatcher_offer and (
             "offer" not in getattr(self._batcher, "__dict__", {})
         )
+        if self._fast:
+            self._fields = <BatcherFields?>self._batcher
 
     @property
     def slot(self):
@@ -1065,19 +1092,22 @@ cdef class MuxChannel:
         return self._slot.state > _OPEN
 
     cpdef bint try_send(self, object body) except -1:
+        return self.stage(body) == 1
+
+    cdef int stage(self, object body) except -1:
         slot = self._slot
         state = slot.state
         if state is not _OPEN and state is not _OPENING:
-            return False
+            return 0
         if self._fast:
-            if not _offer(self._batcher, slot, body, self._clock()):
-                return False
+            if not _offer(self._fields, slot, body, None, self._clock):
+                return 0
         elif not self._batcher.offer(slot, body, self._clock()):
-            return False
+            return 0
         driver = self._driver
         if driver._wake is None:
             driver.wake()
-        return True
+        return 1
 
     async def send(self, body):
         driver = self._driver

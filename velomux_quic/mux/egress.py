@@ -166,7 +166,26 @@ def _closed_slot(slot: EgressSlot) -> UsageError:
     )
 
 
-class EgressBatcher:
+@_twins.of
+class BatcherFields:
+    """The fields of an :class:`EgressBatcher` that staging a record writes: the lane queue
+    bound's room, the ready set and the linger clock. They are the batcher's base so that
+    the compiled twin keeps them in C, where ``offer`` (once per record) reads and writes
+    them without an attribute lookup; the batcher's own code uses them as its other fields."""
+
+    __slots__ = ("_ready", "_room", "_staged_since")
+
+    _room: int
+    """``queue_limit`` less the bytes of every record queued in this batcher's slots
+    (the sum of the slots' ``queued_bytes``, kept as they move): one field, so ``offer``
+    pays one load, one compare and one store for the bound."""
+    _ready: dict[int, EgressSlot]
+    """The sendable slots by index: an insertion-ordered set."""
+    _staged_since: float | None
+    """When the first record not yet written was staged (the linger window's start)."""
+
+
+class EgressBatcher(BatcherFields):
     """One per (peer, lane). See the module docstring."""
 
     # Slots, not a dict: ``offer`` and the poll read and write the batcher's fields once per
@@ -187,14 +206,11 @@ class EgressBatcher:
         "_last_data_write",
         "_live",
         "_opens",
-        "_ready",
         "_reply_close",
         "_reply_credit",
         "_reply_lifecycle",
         "_reply_since",
-        "_room",
         "_slots",
-        "_staged_since",
         "_urgent",
         "batch_seq",
         "byte_cap",
@@ -248,21 +264,18 @@ class EgressBatcher:
         self.queue_limit = config.peer_queue_bytes
         """Bytes all slots may hold together before ``offer`` refuses a non-empty slot."""
         self._room = self.queue_limit
-        """``queue_limit`` less the bytes of every record queued in this batcher's slots
-        (the sum of the slots' ``queued_bytes``, kept as they move): one attribute, so
-        ``offer`` pays one load, one compare and one store for the bound."""
         self._slots: list[EgressSlot | None] = []
         self._generations: list[int] = []
         self._free: list[int] = []
         self._by_session: dict[int, EgressSlot] = {}
         self._opens: deque[EgressSlot] = deque()
-        self._ready: dict[int, EgressSlot] = {}  # insertion-ordered set of sendable slots
+        self._ready = {}
         self._live = 0
         self._reply_credit: dict[int, int] = {}
         self._reply_close: dict[int, int] = {}
         self._reply_lifecycle: dict[int, int] = {}  # session -> action (cancel beats stop)
         self._reply_since: float | None = None
-        self._staged_since: float | None = None
+        self._staged_since = None
         self._last_data_write = float("-inf")
         self._kick = False
         self._urgent = False
