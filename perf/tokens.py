@@ -1511,8 +1511,10 @@ def summarise(
     wanted = "pure-python" if ARMS[name].environment()[PURE_PYTHON_ENV] == "1" else "compiled"
     paths = {sent.get("record_path"), *(part.get("record_path") for part in received)}
     if name in BASELINE_IMPLS:
-        wanted = "baseline"
-        paths = {"baseline"} if paths == {None} else paths  # before the record path existed
+        # The other tree's default, whichever it is: none before the record path existed
+        # (reported as "baseline"), compiled since; never a mix.
+        wanted = "compiled" if paths == {"compiled"} else "baseline"
+        paths = {"baseline"} if paths == {None} else paths
     if paths != {wanted}:
         raise BenchFailure(
             f"the children ran the record path {sorted(map(str, paths))}, not {wanted}"
@@ -1546,7 +1548,7 @@ def summarise(
         "worst_late_ms": sent["worst_late_ms"],
         "mean_pass_interval_ms": sent["mean_pass_interval_ms"],
         "engine_loop": sent["loop"],
-        "record_path": "baseline" if impl in BASELINE_IMPLS else sent.get("record_path"),
+        "record_path": "baseline" if name in BASELINE_IMPLS else sent.get("record_path"),
         "engine_gc_pause_max_ms": sent.get("gc_pause_max_ms"),
         "engine_gc_pause_total_ms": sent.get("gc_pause_total_ms"),
         "engine_gc_collections": sent.get("gc_collections"),
