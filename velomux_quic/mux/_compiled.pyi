@@ -10,7 +10,7 @@ from typing import Any
 
 from .credit import PendingRefusal
 from .protocol import BatchHeader, BytesLike, OwnedRecord, Record
-from .slots import OutgoingBatch, SlotEvent, SlotOwner, SlotState
+from .slots import OutgoingBatch, QueuedRecord, SlotEvent, SlotOwner, SlotState
 
 class BatchBuilder:
     def __init__(self, cap: int) -> None: ...
@@ -45,7 +45,7 @@ class EgressSlot:
     next_seq: int
     owner: SlotOwner | None
     @property
-    def queue(self) -> deque[tuple[bytes, bool]]: ...
+    def queue(self) -> deque[QueuedRecord]: ...
     queued_bytes: int
     reserve: int
     session_id: int

@@ -34,8 +34,8 @@ cdef extern from "Python.h":
 cdef inline object _untracked(tuple atoms):
     """``atoms`` (a tuple of bytes, ints and bools: it can never be part of a cycle) taken
     out of the cyclic collector's lists, as the collector itself would do at its next pass.
-    Records staged or decoded by the thousand would otherwise be traversed, and survive
-    into older generations, in every collection that runs while they wait."""
+    Records decoded by the thousand would otherwise be traversed, and survive into older
+    generations, in every collection that runs while they wait."""
     PyObject_GC_UnTrack(atoms)
     return atoms
 
@@ -64,6 +64,7 @@ cdef object _OPEN = None
 cdef object _ENDING = None
 cdef object _ENDING_UNOPENED = None
 cdef object _CLOSED = None
+cdef object _TERMINAL = None  # slots.QueuedTerminal: the type of a queued terminal
 cdef object _next_slot_state = None
 cdef object _protocol = None
 cdef object _frames = None
@@ -73,7 +74,7 @@ cdef object _driver = None
 
 
 cdef int _bind_slots() except -1:
-    global _OPENING, _OPEN, _ENDING, _ENDING_UNOPENED, _CLOSED, _next_slot_state
+    global _OPENING, _OPEN, _ENDING, _ENDING_UNOPENED, _CLOSED, _TERMINAL, _next_slot_state
     from velomux_quic.mux import slots
 
     state = slots.SlotState
@@ -82,6 +83,7 @@ cdef int _bind_slots() except -1:
     _ENDING = state.ENDING
     _ENDING_UNOPENED = state.ENDING_UNOPENED
     _CLOSED = state.CLOSED
+    _TERMINAL = slots.QueuedTerminal
     _next_slot_state = slots.next_slot_state
     return 0
 
@@ -378,7 +380,7 @@ cdef class EgressSlot:
         state = self.state
         if state is not _OPEN and state is not _ENDING:
             return False
-        return self.queue[0][1] or self.credit > 0
+        return type(self.queue[0]) is _TERMINAL or self.credit > 0
 
     def has_room(self):
         return self.queued_bytes < self.budget
@@ -731,7 +733,7 @@ cdef bint _offer(
         (<object>self).stats.queue_full += 1
         return False
     cdef Py_ssize_t size = PyBytes_GET_SIZE(body) if type(body) is bytes else len(body)
-    slot._append(_untracked((body, False)))
+    slot._append(body)
     slot.queued_bytes = queued + size
     self._room = room - size
     if slot.credit > 0:
@@ -793,10 +795,14 @@ def EgressBatcher__pack_ready(self, out, guards, carries_data):
             taken = 0
             if queue and credit > 0:
                 while True:
-                    head = queue[0]
-                    body = head[0]
-                    length = PyBytes_GET_SIZE(body) if type(body) is bytes else len(body)
-                    if head[1] or PyByteArray_GET_SIZE(buf) + length > cap or pending >= room:
+                    body = queue[0]
+                    if type(body) is bytes:
+                        length = PyBytes_GET_SIZE(body)
+                    elif type(body) is _TERMINAL:
+                        break
+                    else:
+                        length = len(body)
+                    if PyByteArray_GET_SIZE(buf) + length > cap or pending >= room:
                         break
                     _append_data(buf, slot.slot_id, seq, body)
                     pending += 1
@@ -813,7 +819,7 @@ def EgressBatcher__pack_ready(self, out, guards, carries_data):
                 slot.queued_bytes -= taken
                 freed += taken
                 carries_data = True
-            if queue and (queue[0][1] or (credit > 0 and taken < quantum)):
+            if queue and (type(queue[0]) is _TERMINAL or (credit > 0 and taken < quantum)):
                 builder._count += pending
                 self._count_data += packed
                 pending = packed = 0
@@ -829,7 +835,7 @@ def EgressBatcher__pack_ready(self, out, guards, carries_data):
             budget -= taken
             if not queue or slot.state is _CLOSED or slot.fenced:
                 continue
-            if slot.credit <= 0 and not queue[0][1]:
+            if slot.credit <= 0 and type(queue[0]) is not _TERMINAL:
                 if not slot.exhausted_once:
                     slot.exhausted_once = True
                     stats.credit_exhausted += 1

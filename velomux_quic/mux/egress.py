@@ -109,6 +109,7 @@ from .slots import (
     EgressSlot,
     EgressStats,
     OutgoingBatch,
+    QueuedTerminal,
     SlotEvent,
     SlotOwner,
     SlotsExhausted,
@@ -388,7 +389,7 @@ class EgressBatcher(BatcherFields):
             self.stats.queue_full += 1
             return False
         size = len(body)
-        slot.queue.append((body, False))
+        slot.queue.append(body)
         slot.queued_bytes = queued + size
         self._room = room - size
         # What _enqueued does for a data record, inlined (this runs once per record). The
@@ -416,7 +417,7 @@ class EgressBatcher(BatcherFields):
         slot.advance(SlotEvent.TERMINAL_QUEUED)
         slot.guard = guard
         self._urgent = True
-        slot.queue.append((body, True))
+        slot.queue.append(QueuedTerminal(body))
         slot.queued_bytes += len(body)
         self._room -= len(body)
         self._enqueued(slot, True, now)
@@ -541,7 +542,7 @@ class EgressBatcher(BatcherFields):
         for slot in self._slots:
             if slot is None or not slot.queue:
                 continue
-            if not slot.fenced and (slot.credit > 0 or slot.queue[0][1]):
+            if not slot.fenced and (slot.credit > 0 or type(slot.queue[0]) is QueuedTerminal):
                 staged += min(len(slot.queue), max(slot.credit, 1))
                 withheld += max(0, len(slot.queue) - max(slot.credit, 1))
             else:
@@ -733,9 +734,11 @@ class EgressBatcher(BatcherFields):
                 if queue and credit > 0:
                     sid = slot.slot_id
                     while True:
-                        body, terminal = queue[0]
+                        body = queue[0]
+                        if isinstance(body, QueuedTerminal):
+                            break
                         length = len(body)
-                        if terminal or len(buf) + length > cap or pending >= room:
+                        if len(buf) + length > cap or pending >= room:
                             break
                         buf += pack_header(_DATA, sid, seq, length)
                         buf += body
@@ -753,7 +756,7 @@ class EgressBatcher(BatcherFields):
                     slot.queued_bytes -= taken
                     self._room += taken
                     carries_data = True
-                if queue and (queue[0][1] or (credit > 0 and taken < quantum)):
+                if queue and (type(queue[0]) is QueuedTerminal or (credit > 0 and taken < quantum)):
                     # A terminal, a full batch or a record no batch can hold.
                     builder.added(pending)
                     self._count_data += packed
@@ -767,7 +770,7 @@ class EgressBatcher(BatcherFields):
                 budget -= taken
                 if not queue or not slot.live or slot.fenced:
                     continue
-                if slot.credit <= 0 and not queue[0][1]:
+                if slot.credit <= 0 and type(queue[0]) is not QueuedTerminal:
                     if not slot.exhausted_once:
                         slot.exhausted_once = True
                         stats.credit_exhausted += 1
@@ -802,7 +805,9 @@ class EgressBatcher(BatcherFields):
         queue = slot.queue
         taken = 0
         while queue:
-            body, terminal = queue[0]
+            head = queue[0]
+            terminal = type(head) is QueuedTerminal
+            body = head.body if isinstance(head, QueuedTerminal) else head
             if not terminal and (slot.credit <= 0 or taken >= limit):
                 break
             # A terminal needs room for its CloseSlot too (13 B header + 1 B reason).
