@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 # `import velomux_quic` failed to type-check (import-not-found). The install also builds
 # the compiled record path (setup.py) in place, so it runs again when a .pyx changes; a
 # compile error fails it.
-COMPILED_SOURCES := $(wildcard velomux_quic/*/_compiled.pyx)
+COMPILED_SOURCES := $(wildcard velomux_quic/*/_compiled.pyx velomux_quic/*/_compiled.pxd)
 
 $(STAMP): pyproject.toml setup.py Makefile $(COMPILED_SOURCES)
 	$(PYTHON) -m venv $(VENV)

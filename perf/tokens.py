@@ -724,14 +724,16 @@ class Launch:
         """The script the arm's children run, the ``--impl`` they are given, and the
         variables set for them: a baseline arm runs another tree's benchmark and library
         (``--baseline-tree``) under its own arm's name there."""
-        arm = ARMS[self.impl]
+        name, engine = split_label(self.impl)  # the label may name a QUIC engine
+        arm = ARMS[name]
         baseline = getattr(arm, "baseline_of", None)
         if baseline is None:
             return SCRIPT, self.impl, arm.environment()
         tree: Path | None = self.args.baseline_tree
         if tree is None:
             raise BenchFailure(f"{self.impl} runs another tree's code: give --baseline-tree")
-        return tree / "perf" / "tokens.py", baseline, {"PYTHONPATH": str(tree)}
+        label = baseline if engine is None else f"{baseline}@{engine}"
+        return tree / "perf" / "tokens.py", label, {"PYTHONPATH": str(tree)}
 
     async def spawn_frontends(self, extra: Callable[[int], dict[str, Any]]) -> list[Child]:
         script, impl, env = self._child()
@@ -1505,11 +1507,14 @@ def summarise(
             f"{tokens} tokens and {ended} ended streams delivered, expected {expected} and "
             f"{scenario.streams}"
         )
-    wanted = "pure-python" if ARMS[impl].environment()[PURE_PYTHON_ENV] == "1" else "compiled"
+    name = split_label(impl)[0]
+    wanted = "pure-python" if ARMS[name].environment()[PURE_PYTHON_ENV] == "1" else "compiled"
     paths = {sent.get("record_path"), *(part.get("record_path") for part in received)}
-    if impl in BASELINE_IMPLS:
-        wanted = "baseline"
-        paths = {"baseline"} if paths == {None} else paths  # before the record path existed
+    if name in BASELINE_IMPLS:
+        # The other tree's default, whichever it is: none before the record path existed
+        # (reported as "baseline"), compiled since; never a mix.
+        wanted = "compiled" if paths == {"compiled"} else "baseline"
+        paths = {"baseline"} if paths == {None} else paths
     if paths != {wanted}:
         raise BenchFailure(
             f"the children ran the record path {sorted(map(str, paths))}, not {wanted}"
@@ -1543,7 +1548,7 @@ def summarise(
         "worst_late_ms": sent["worst_late_ms"],
         "mean_pass_interval_ms": sent["mean_pass_interval_ms"],
         "engine_loop": sent["loop"],
-        "record_path": "baseline" if impl in BASELINE_IMPLS else sent.get("record_path"),
+        "record_path": "baseline" if name in BASELINE_IMPLS else sent.get("record_path"),
         "engine_gc_pause_max_ms": sent.get("gc_pause_max_ms"),
         "engine_gc_pause_total_ms": sent.get("gc_pause_total_ms"),
         "engine_gc_collections": sent.get("gc_collections"),

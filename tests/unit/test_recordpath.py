@@ -31,6 +31,7 @@ TWINNED_NAMES = {
     "velomux_quic.mux.credit.PeerBudget",
     "velomux_quic.mux.credit.DirtySet",
     "velomux_quic.mux.credit.IngressSlot",
+    "velomux_quic.mux.egress.BatcherFields",
     "velomux_quic.mux.egress.EgressBatcher.offer",
     "velomux_quic.mux.egress.EgressBatcher._pack_ready",
     "velomux_quic.mux.driver.MuxChannel",
@@ -39,6 +40,8 @@ TWINNED_NAMES = {
     "velomux_quic.mux.ingress.IngressTable._reconcile",
     "velomux_quic.mux.ingress.IngressTable._reconcile_dirty",
     "velomux_quic.streaming.anchor.StreamAnchor._take_items",
+    "velomux_quic.streaming.sender.SenderStateFields",
+    "velomux_quic.streaming.sender.StreamSenderFields",
     "velomux_quic.streaming.sender._stage_pass",
     "velomux_quic.streaming.sender.StreamSender.send",
     "velomux_quic.streaming.anchor.StreamAnchor.__anext__",
@@ -46,7 +49,8 @@ TWINNED_NAMES = {
     "velomux_quic.streaming.inbox.Inbox",
 }
 """The definitions the compiled record path twins: the brief's loops (stage, pack, a whole
-pass, walk a batch, deliver with credit, take) and the state they work on."""
+pass, walk a batch, deliver with credit, take), the state they work on, and the fields of
+the batcher and the sender those loops read per record (kept in C by the compiled twin)."""
 
 
 def test_the_record_path_asked_for_is_the_one_loaded() -> None:

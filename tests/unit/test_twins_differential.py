@@ -236,6 +236,48 @@ def test_an_egress_batcher_agrees(
     both(oracle, "egress", config, opened + ops)
 
 
+# -- a pass through senders ---------------------------------------------------------------
+
+items = st.one_of(
+    st.integers(-(2**70), 2**70),  # past MessagePack's 64 bits: SerializationError
+    st.text(max_size=30),
+    st.lists(st.integers(0, 9), max_size=4),
+    st.dictionaries(st.sampled_from(["t", "s", "x"]), st.integers(0, 2**40), max_size=3),
+)
+pass_steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("pass"), st.lists(st.tuples(st.integers(0, 9), items), max_size=12)),
+        st.tuples(st.just("pass"), st.lists(st.tuples(st.integers(0, 9), items), max_size=12)),
+        st.tuples(st.just("send"), st.integers(0, 9), items),
+        st.tuples(st.just("try_send"), st.integers(0, 9), items),
+        st.tuples(st.just("credit"), st.integers(0, 9), st.integers(1, 6)),
+        st.tuples(st.just("finalize"), st.integers(0, 9)),
+        st.tuples(st.just("cancel"), st.integers(0, 9)),
+        st.tuples(st.just("settle")),
+        st.tuples(st.just("settle")),
+    ).map(list),
+    max_size=25,
+)
+pass_configs = st.fixed_dictionaries(
+    {
+        "max_batch_bytes": st.sampled_from([90, 400, 60 * 1024]),
+        "initial_credit": st.integers(1, 5),
+        "slot_byte_budget": st.sampled_from([40, 150, 1 << 20]),
+        "peer_queue_bytes": st.sampled_from([60, 300, 1 << 21]),
+    }
+)
+
+
+@PROPERTY
+@given(config=pass_configs, streams=st.integers(1, 6), steps=pass_steps)
+def test_a_pass_through_senders_agrees(
+    oracle: Oracle, config: dict[str, Any], streams: int, steps: list[list[Any]]
+) -> None:
+    """``send_pass``'s loop, ``send`` and ``try_send`` staging into mux channels (the
+    compiled ones call each other in C): the same outcomes, errors, batches and counters."""
+    both(oracle, "passes", config, streams, steps)
+
+
 # -- ingress ------------------------------------------------------------------------------
 
 BINDS = 4

@@ -10,12 +10,18 @@ every counter. The test runs a scenario here and in a process of the other twin
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
+from prometheus_client.registry import CollectorRegistry
+
+from velomux_quic.ids import InstanceId, StreamAnchorHandle
+from velomux_quic.messenger import Messenger
 from velomux_quic.mux.config import AutoFlush, MuxConfig
 from velomux_quic.mux.credit import IngressSlot, PeerBudget
+from velomux_quic.mux.driver import BatcherDriver, MuxChannel
 from velomux_quic.mux.egress import EgressBatcher
 from velomux_quic.mux.ingress import IngressTable, InMemoryBindRegistry, RejectLane
 from velomux_quic.mux.protocol import (
@@ -26,6 +32,8 @@ from velomux_quic.mux.protocol import (
 )
 from velomux_quic.recordpath import IMPLEMENTATION
 from velomux_quic.streaming.frames import DROPPED, FINALIZED
+from velomux_quic.streaming.metrics import StreamingMetrics
+from velomux_quic.streaming.sender import PassOutcome, SenderState, StreamSender, send_pass
 
 Json = Any
 
@@ -312,11 +320,115 @@ def ingress(config: dict[str, Any], binds: int, steps: list[list[Any]]) -> Json:
 
 DROPPED_HEX = DROPPED.hex()
 
+
+# -- a pass, through senders and their mux channels -----------------------------------------
+
+_PEER = InstanceId.parse("00000000-0000-4000-8000-000000000001")
+
+
+class _Written:
+    """The messenger's place: admits every batch at once and keeps its payload."""
+
+    def __init__(self) -> None:
+        self.payloads: list[str] = []
+
+    def send_message_on_lane(
+        self, peer: Any, lane: int, handler: str, payload: Any, **_: Any
+    ) -> None:
+        self.payloads.append(bytes(payload).hex())
+
+
+class _Owner:
+    def sender_finished(self, state: SenderState) -> None:
+        pass
+
+
+def _outcome(outcome: PassOutcome) -> Json:
+    failed = [[index, type(exc).__name__, str(exc)] for index, exc in outcome.failed.items()]
+    return ["outcome", outcome.taken, list(outcome.left), failed]
+
+
+def passes(config: dict[str, Any], streams: int, steps: list[list[Any]]) -> Json:
+    """Senders on mux channels of one batcher and its driver (a messenger that admits every
+    batch at once), driven by passes of ``send_pass`` (items MessagePack cannot hold among
+    them), single ``send``/``try_send`` calls, credit grants, finalized and cancelled
+    streams, and the driver's wakes; every outcome, error, batch written and slot state."""
+    return asyncio.run(_passes(config, streams, steps))
+
+
+async def _passes(config: dict[str, Any], streams: int, steps: list[list[Any]]) -> Json:
+    written = _Written()
+    batcher = EgressBatcher(0, MuxConfig(**config), epochs=itertools.count(9_000).__next__)
+    driver = BatcherDriver(cast(Messenger, written), _PEER, batcher)
+    metrics = StreamingMetrics(CollectorRegistry(), lambda: 0)
+    senders: list[StreamSender] = []
+    states: list[SenderState] = []
+    for index in range(streams):
+        slot = batcher.open_slot(anchor_id=100 + index, session_id=200 + index)
+        channel = MuxChannel(driver, slot)
+        state = SenderState(
+            _Owner(),
+            metrics,
+            StreamAnchorHandle.pack(1, index + 1),
+            channel,
+            sender_stream_id=index,
+            transport_key="messenger-mux-v2",
+            target=_PEER,
+            heartbeat_interval=None,
+        )
+        channel.watch(state)
+        states.append(state)
+        senders.append(StreamSender(state))
+    out: list[Json] = []
+
+    async def settle() -> None:
+        for _ in range(3):
+            await asyncio.sleep(0)
+
+    await settle()  # the OpenSlots
+    for step in steps:
+        kind = step[0]
+        try:
+            if kind == "pass":
+                pairs = [(senders[i % streams], item) for i, item in step[1]]
+                out.append(_outcome(await send_pass(pairs)))
+            elif kind == "send":
+                # A send that finds no room waits: what it did after the driver's next wakes.
+                sending = asyncio.ensure_future(senders[step[1] % streams].send(step[2]))
+                await settle()
+                if not sending.done():
+                    sending.cancel()
+                    out.append(["send waits"])
+                else:
+                    sending.result()
+                    out.append(["sent"])
+            elif kind == "try_send":
+                out.append(["try_send", senders[step[1] % streams].try_send(step[2])])
+            elif kind == "credit":
+                slot = cast(MuxChannel, states[step[1] % streams].channel).slot
+                out.append(["credit", batcher.on_credit(slot.slot_id, step[2], driver.now())])
+            elif kind == "finalize":
+                senders[step[1] % streams].finalize()
+            elif kind == "cancel":
+                states[step[1] % streams].cancel()
+            else:
+                await settle()
+        except Exception as exc:
+            out.append(_error(exc))
+    await settle()
+    out.append(written.payloads)
+    out.append([[s.state, s.credit, s.queued_bytes] for s in senders])
+    out.append(metrics.producer_send_backpressure)
+    driver.close()
+    return out
+
+
 SCENARIOS: dict[str, Callable[..., Json]] = {
     "decode": decode,
     "build": build,
     "egress": egress,
     "ingress": ingress,
+    "passes": passes,
 }
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from .credit import PendingRefusal
 from .protocol import BatchHeader, BytesLike, OwnedRecord, Record
-from .slots import OutgoingBatch, SlotEvent, SlotOwner, SlotState
+from .slots import OutgoingBatch, QueuedRecord, SlotEvent, SlotOwner, SlotState
 
 class BatchBuilder:
     def __init__(self, cap: int) -> None: ...
@@ -40,10 +40,12 @@ class EgressSlot:
     fenced: bool
     generation: int
     guard: Any
-    index: int
+    @property
+    def index(self) -> int: ...
     next_seq: int
     owner: SlotOwner | None
-    queue: deque[tuple[bytes, bool]]
+    @property
+    def queue(self) -> deque[QueuedRecord]: ...
     queued_bytes: int
     reserve: int
     session_id: int
@@ -129,6 +131,11 @@ class IngressSlot:
     @property
     def exhausted(self) -> bool: ...
     def withdraw(self) -> None: ...
+
+class BatcherFields:
+    _room: int
+    _ready: dict[int, EgressSlot]
+    _staged_since: float | None
 
 def EgressBatcher_offer(self: Any, slot: EgressSlot, body: bytes, now: float) -> bool: ...
 def EgressBatcher__pack_ready(

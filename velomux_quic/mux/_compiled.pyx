@@ -20,8 +20,11 @@ module is loaded while the pure modules that select it are still being defined.
 
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.dict cimport PyDict_SetDefault
 from libc.stdint cimport uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy
+
+from velomux_quic.streaming._compiled cimport StagingChannel
 
 
 cdef extern from "Python.h":
@@ -31,8 +34,8 @@ cdef extern from "Python.h":
 cdef inline object _untracked(tuple atoms):
     """``atoms`` (a tuple of bytes, ints and bools: it can never be part of a cycle) taken
     out of the cyclic collector's lists, as the collector itself would do at its next pass.
-    Records staged or decoded by the thousand would otherwise be traversed, and survive
-    into older generations, in every collection that runs while they wait."""
+    Records decoded by the thousand would otherwise be traversed, and survive into older
+    generations, in every collection that runs while they wait."""
     PyObject_GC_UnTrack(atoms)
     return atoms
 
@@ -61,6 +64,7 @@ cdef object _OPEN = None
 cdef object _ENDING = None
 cdef object _ENDING_UNOPENED = None
 cdef object _CLOSED = None
+cdef object _TERMINAL = None  # slots.QueuedTerminal: the type of a queued terminal
 cdef object _next_slot_state = None
 cdef object _protocol = None
 cdef object _frames = None
@@ -70,7 +74,7 @@ cdef object _driver = None
 
 
 cdef int _bind_slots() except -1:
-    global _OPENING, _OPEN, _ENDING, _ENDING_UNOPENED, _CLOSED, _next_slot_state
+    global _OPENING, _OPEN, _ENDING, _ENDING_UNOPENED, _CLOSED, _TERMINAL, _next_slot_state
     from velomux_quic.mux import slots
 
     state = slots.SlotState
@@ -79,6 +83,7 @@ cdef int _bind_slots() except -1:
     _ENDING = state.ENDING
     _ENDING_UNOPENED = state.ENDING_UNOPENED
     _CLOSED = state.CLOSED
+    _TERMINAL = slots.QueuedTerminal
     _next_slot_state = slots.next_slot_state
     return 0
 
@@ -312,20 +317,27 @@ cdef class EgressSlot:
     cdef public bint fenced
     cdef public int generation
     cdef public object guard
-    cdef public Py_ssize_t index
+    cdef readonly Py_ssize_t index
     cdef public unsigned long long next_seq
     cdef public object owner
-    cdef public object queue
+    cdef readonly object queue
     cdef public Py_ssize_t queued_bytes
     cdef public int reserve
     cdef public object session_id
     cdef public Py_ssize_t slot_id
     cdef public object state
+    # Bound once, used per record: the index as the ready set's key (an int object, so a
+    # lookup allocates none), and the queue's two methods the record path calls. ``index``
+    # and ``queue`` never change after construction (read-only here).
+    cdef object _key
+    cdef object _append
+    cdef object _popleft
 
     def __init__(self, index, generation, anchor_id, session_id, credit, budget):
         if _OPENING is None:
             _bind_slots()
         self.index = index
+        self._key = self.index
         self.generation = generation
         self.slot_id = protocol().slot_id(index, generation)
         self.anchor_id = anchor_id
@@ -335,6 +347,8 @@ cdef class EgressSlot:
         self.budget = budget
         self.next_seq = 1
         self.queue = deque()
+        self._append = self.queue.append
+        self._popleft = self.queue.popleft
         self.queued_bytes = 0
         self.state = _OPENING
         self.exhausted_once = False
@@ -366,7 +380,7 @@ cdef class EgressSlot:
         state = self.state
         if state is not _OPEN and state is not _ENDING:
             return False
-        return self.queue[0][1] or self.credit > 0
+        return type(self.queue[0]) is _TERMINAL or self.credit > 0
 
     def has_room(self):
         return self.queued_bytes < self.budget
@@ -689,39 +703,50 @@ cdef class IngressSlot:
 # -- egress.py --------------------------------------------------------------------------
 
 
+cdef class BatcherFields:
+    """Twin of :class:`velomux_quic.mux.egress.BatcherFields`: the fields ``offer`` writes
+    per record, in C."""
+
+    cdef public Py_ssize_t _room
+    cdef public dict _ready
+    cdef public object _staged_since
+
+
 def EgressBatcher_offer(self, slot, body, now):
     """Twin of ``EgressBatcher.offer``."""
-    return _offer(self, <EgressSlot?>slot, body, now)
+    return _offer(<BatcherFields?>self, <EgressSlot?>slot, body, now, None)
 
 
-cdef bint _offer(object self, EgressSlot slot, object body, object now) except -1:
+cdef bint _offer(
+    BatcherFields self, EgressSlot slot, object body, object now, object clock
+) except -1:
+    """``offer``; with ``now`` None, the time is ``clock()``, read only when it is used
+    (a record that starts the linger window), not once per record."""
     state = slot.state
     if state is not _OPEN and state is not _OPENING:
         raise egress_closed_slot(slot)
     cdef Py_ssize_t queued = slot.queued_bytes
     if queued >= slot.budget:
         return False
-    room = self._room
+    cdef Py_ssize_t room = self._room
     if room <= 0 and queued:
-        self.stats.queue_full += 1
+        (<object>self).stats.queue_full += 1
         return False
     cdef Py_ssize_t size = PyBytes_GET_SIZE(body) if type(body) is bytes else len(body)
-    slot.queue.append(_untracked((body, False)))
+    slot._append(body)
     slot.queued_bytes = queued + size
     self._room = room - size
     if slot.credit > 0:
         if state is _OPEN:
             if not slot.fenced:
-                ready = self._ready
-                if slot.index not in ready:
-                    ready[slot.index] = slot
+                PyDict_SetDefault(self._ready, slot._key, slot)
                 if self._staged_since is None:
-                    self._staged_since = now
+                    self._staged_since = clock() if now is None else now
         elif self._staged_since is None:
-            self._staged_since = now
+            self._staged_since = clock() if now is None else now
     elif state is _OPEN and not slot.exhausted_once:
         slot.exhausted_once = True
-        self.stats.credit_exhausted += 1
+        (<object>self).stats.credit_exhausted += 1
     return True
 
 
@@ -770,14 +795,18 @@ def EgressBatcher__pack_ready(self, out, guards, carries_data):
             taken = 0
             if queue and credit > 0:
                 while True:
-                    head = queue[0]
-                    body = head[0]
-                    length = PyBytes_GET_SIZE(body) if type(body) is bytes else len(body)
-                    if head[1] or PyByteArray_GET_SIZE(buf) + length > cap or pending >= room:
+                    body = queue[0]
+                    if type(body) is bytes:
+                        length = PyBytes_GET_SIZE(body)
+                    elif type(body) is _TERMINAL:
+                        break
+                    else:
+                        length = len(body)
+                    if PyByteArray_GET_SIZE(buf) + length > cap or pending >= room:
                         break
                     _append_data(buf, slot.slot_id, seq, body)
                     pending += 1
-                    queue.popleft()
+                    slot._popleft()
                     taken += length
                     seq += 1
                     credit -= 1
@@ -790,7 +819,7 @@ def EgressBatcher__pack_ready(self, out, guards, carries_data):
                 slot.queued_bytes -= taken
                 freed += taken
                 carries_data = True
-            if queue and (queue[0][1] or (credit > 0 and taken < quantum)):
+            if queue and (type(queue[0]) is _TERMINAL or (credit > 0 and taken < quantum)):
                 builder._count += pending
                 self._count_data += packed
                 pending = packed = 0
@@ -806,7 +835,7 @@ def EgressBatcher__pack_ready(self, out, guards, carries_data):
             budget -= taken
             if not queue or slot.state is _CLOSED or slot.fenced:
                 continue
-            if slot.credit <= 0 and not queue[0][1]:
+            if slot.credit <= 0 and type(queue[0]) is not _TERMINAL:
                 if not slot.exhausted_once:
                     slot.exhausted_once = True
                     stats.credit_exhausted += 1
@@ -1016,13 +1045,15 @@ def IngressTable__reconcile_dirty(self):
 # -- driver.py --------------------------------------------------------------------------
 
 
-cdef class MuxChannel:
+cdef class MuxChannel(StagingChannel):
     """Twin of :class:`velomux_quic.mux.driver.MuxChannel`: ``try_send`` stages a record
-    without leaving C (the batcher's offer twin is called directly)."""
+    without leaving C (the batcher's offer twin is called directly), and the streaming
+    layer's loops call it as a :class:`StagingChannel`, without a method lookup."""
 
     cdef object _driver
     cdef EgressSlot _slot
     cdef object _batcher
+    cdef BatcherFields _fields
     cdef object _clock
     cdef bint _fast
 
@@ -1035,6 +1066,8 @@ cdef class MuxChannel:
         self._fast = getattr(type(self._batcher), "offer", None) is EgressBatcher_offer and (
             "offer" not in getattr(self._batcher, "__dict__", {})
         )
+        if self._fast:
+            self._fields = <BatcherFields?>self._batcher
 
     @property
     def slot(self):
@@ -1065,19 +1098,22 @@ cdef class MuxChannel:
         return self._slot.state > _OPEN
 
     cpdef bint try_send(self, object body) except -1:
+        return self.stage(body) == 1
+
+    cdef int stage(self, object body) except -1:
         slot = self._slot
         state = slot.state
         if state is not _OPEN and state is not _OPENING:
-            return False
+            return 0
         if self._fast:
-            if not _offer(self._batcher, slot, body, self._clock()):
-                return False
+            if not _offer(self._fields, slot, body, None, self._clock):
+                return 0
         elif not self._batcher.offer(slot, body, self._clock()):
-            return False
+            return 0
         driver = self._driver
         if driver._wake is None:
             driver.wake()
-        return True
+        return 1
 
     async def send(self, body):
         driver = self._driver

@@ -109,6 +109,7 @@ from .slots import (
     EgressSlot,
     EgressStats,
     OutgoingBatch,
+    QueuedTerminal,
     SlotEvent,
     SlotOwner,
     SlotsExhausted,
@@ -166,7 +167,26 @@ def _closed_slot(slot: EgressSlot) -> UsageError:
     )
 
 
-class EgressBatcher:
+@_twins.of
+class BatcherFields:
+    """The fields of an :class:`EgressBatcher` that staging a record writes: the lane queue
+    bound's room, the ready set and the linger clock. They are the batcher's base so that
+    the compiled twin keeps them in C, where ``offer`` (once per record) reads and writes
+    them without an attribute lookup; the batcher's own code uses them as its other fields."""
+
+    __slots__ = ("_ready", "_room", "_staged_since")
+
+    _room: int
+    """``queue_limit`` less the bytes of every record queued in this batcher's slots
+    (the sum of the slots' ``queued_bytes``, kept as they move): one field, so ``offer``
+    pays one load, one compare and one store for the bound."""
+    _ready: dict[int, EgressSlot]
+    """The sendable slots by index: an insertion-ordered set."""
+    _staged_since: float | None
+    """When the first record not yet written was staged (the linger window's start)."""
+
+
+class EgressBatcher(BatcherFields):
     """One per (peer, lane). See the module docstring."""
 
     # Slots, not a dict: ``offer`` and the poll read and write the batcher's fields once per
@@ -187,14 +207,11 @@ class EgressBatcher:
         "_last_data_write",
         "_live",
         "_opens",
-        "_ready",
         "_reply_close",
         "_reply_credit",
         "_reply_lifecycle",
         "_reply_since",
-        "_room",
         "_slots",
-        "_staged_since",
         "_urgent",
         "batch_seq",
         "byte_cap",
@@ -248,21 +265,18 @@ class EgressBatcher:
         self.queue_limit = config.peer_queue_bytes
         """Bytes all slots may hold together before ``offer`` refuses a non-empty slot."""
         self._room = self.queue_limit
-        """``queue_limit`` less the bytes of every record queued in this batcher's slots
-        (the sum of the slots' ``queued_bytes``, kept as they move): one attribute, so
-        ``offer`` pays one load, one compare and one store for the bound."""
         self._slots: list[EgressSlot | None] = []
         self._generations: list[int] = []
         self._free: list[int] = []
         self._by_session: dict[int, EgressSlot] = {}
         self._opens: deque[EgressSlot] = deque()
-        self._ready: dict[int, EgressSlot] = {}  # insertion-ordered set of sendable slots
+        self._ready = {}
         self._live = 0
         self._reply_credit: dict[int, int] = {}
         self._reply_close: dict[int, int] = {}
         self._reply_lifecycle: dict[int, int] = {}  # session -> action (cancel beats stop)
         self._reply_since: float | None = None
-        self._staged_since: float | None = None
+        self._staged_since = None
         self._last_data_write = float("-inf")
         self._kick = False
         self._urgent = False
@@ -375,7 +389,7 @@ class EgressBatcher:
             self.stats.queue_full += 1
             return False
         size = len(body)
-        slot.queue.append((body, False))
+        slot.queue.append(body)
         slot.queued_bytes = queued + size
         self._room = room - size
         # What _enqueued does for a data record, inlined (this runs once per record). The
@@ -403,7 +417,7 @@ class EgressBatcher:
         slot.advance(SlotEvent.TERMINAL_QUEUED)
         slot.guard = guard
         self._urgent = True
-        slot.queue.append((body, True))
+        slot.queue.append(QueuedTerminal(body))
         slot.queued_bytes += len(body)
         self._room -= len(body)
         self._enqueued(slot, True, now)
@@ -528,7 +542,7 @@ class EgressBatcher:
         for slot in self._slots:
             if slot is None or not slot.queue:
                 continue
-            if not slot.fenced and (slot.credit > 0 or slot.queue[0][1]):
+            if not slot.fenced and (slot.credit > 0 or type(slot.queue[0]) is QueuedTerminal):
                 staged += min(len(slot.queue), max(slot.credit, 1))
                 withheld += max(0, len(slot.queue) - max(slot.credit, 1))
             else:
@@ -720,9 +734,11 @@ class EgressBatcher:
                 if queue and credit > 0:
                     sid = slot.slot_id
                     while True:
-                        body, terminal = queue[0]
+                        body = queue[0]
+                        if isinstance(body, QueuedTerminal):
+                            break
                         length = len(body)
-                        if terminal or len(buf) + length > cap or pending >= room:
+                        if len(buf) + length > cap or pending >= room:
                             break
                         buf += pack_header(_DATA, sid, seq, length)
                         buf += body
@@ -740,7 +756,7 @@ class EgressBatcher:
                     slot.queued_bytes -= taken
                     self._room += taken
                     carries_data = True
-                if queue and (queue[0][1] or (credit > 0 and taken < quantum)):
+                if queue and (type(queue[0]) is QueuedTerminal or (credit > 0 and taken < quantum)):
                     # A terminal, a full batch or a record no batch can hold.
                     builder.added(pending)
                     self._count_data += packed
@@ -754,7 +770,7 @@ class EgressBatcher:
                 budget -= taken
                 if not queue or not slot.live or slot.fenced:
                     continue
-                if slot.credit <= 0 and not queue[0][1]:
+                if slot.credit <= 0 and type(queue[0]) is not QueuedTerminal:
                     if not slot.exhausted_once:
                         slot.exhausted_once = True
                         stats.credit_exhausted += 1
@@ -789,7 +805,9 @@ class EgressBatcher:
         queue = slot.queue
         taken = 0
         while queue:
-            body, terminal = queue[0]
+            head = queue[0]
+            terminal = type(head) is QueuedTerminal
+            body = head.body if isinstance(head, QueuedTerminal) else head
             if not terminal and (slot.credit <= 0 or taken >= limit):
                 break
             # A terminal needs room for its CloseSlot too (13 B header + 1 B reason).

@@ -43,6 +43,8 @@ __all__ = [
     "EgressSlot",
     "EgressStats",
     "OutgoingBatch",
+    "QueuedRecord",
+    "QueuedTerminal",
     "SlotEvent",
     "SlotOwner",
     "SlotState",
@@ -172,6 +174,24 @@ class SlotOwner(Protocol):
         abort (the producer knows) or its own terminal."""
 
 
+class QueuedTerminal:
+    """A stream's terminal in its slot's queue, where it is always the last entry.
+
+    A data record waits in the queue as its body alone, so staging one allocates nothing
+    beyond its bytes: no object the cyclic collector counts, which by the thousand (a
+    pass, or records withheld for credit) would set off collections every pass. Only the
+    terminal, once per stream, is wrapped, to tell it apart."""
+
+    __slots__ = ("body",)
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+
+
+QueuedRecord = bytes | QueuedTerminal
+"""An entry of an :class:`EgressSlot`'s queue: a data record's body, or the terminal."""
+
+
 @_twins.of
 class EgressSlot:
     """One stream on this (peer, lane), as the producer's node sees it."""
@@ -207,7 +227,7 @@ class EgressSlot:
         self.reserve = 1
         self.budget = budget
         self.next_seq = 1
-        self.queue: deque[tuple[bytes, bool]] = deque()
+        self.queue: deque[QueuedRecord] = deque()
         self.queued_bytes = 0
         self.state = SlotState.OPENING
         """Where the slot is in its life; moved only by :meth:`advance`."""
@@ -249,7 +269,7 @@ class EgressSlot:
         state = self.state
         if state is not SlotState.OPEN and state is not SlotState.ENDING:
             return False  # not announced yet, or closed
-        return self.queue[0][1] or self.credit > 0
+        return type(self.queue[0]) is QueuedTerminal or self.credit > 0
 
     def has_room(self) -> bool:
         return self.queued_bytes < self.budget

@@ -8,8 +8,18 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..errors import ChannelClosed, SerializationError
+from .channels import ProducerChannel
 from .inbox import Feed
 from .sender import SenderState, StreamSender
+
+class SenderStateFields:
+    channel: ProducerChannel
+    terminal_sent: bool
+
+class StreamSenderFields:
+    _state: SenderState
+
+class StagingChannel: ...
 
 def _stage_pass(
     pairs: Iterable[tuple[StreamSender, Any]],

@@ -47,6 +47,42 @@ cdef inline bytes _item_frame(bytes packed):
     return frame
 
 
+# -- sender.py: the fields every record's send reads, in C ---------------------------------
+
+
+cdef class SenderStateFields:
+    """Twin of :class:`velomux_quic.streaming.sender.SenderStateFields` (fields declared in
+    ``_compiled.pxd``)."""
+
+
+cdef class StreamSenderFields:
+    """Twin of :class:`velomux_quic.streaming.sender.StreamSenderFields` (its field is
+    declared in ``_compiled.pxd``)."""
+
+
+cdef class StagingChannel:
+    """A producer channel whose ``stage`` (``try_send`` without the method call) the loops
+    here call in C. Not a twin of a pure class: the compiled channels derive from it (the
+    mux's ``MuxChannel``); any other channel is called through ``try_send``."""
+
+    cdef int stage(self, object body) except -1:
+        raise NotImplementedError
+
+
+cdef inline object _state_of(object sender):
+    """``sender._state``: a C field read for a StreamSender, a lookup for anything else."""
+    if isinstance(sender, StreamSenderFields):
+        return (<StreamSenderFields>sender)._state
+    return sender._state
+
+
+cdef inline int _try_send(object channel, object body) except -1:
+    """``channel.try_send(body)``, in C for a compiled channel."""
+    if isinstance(channel, StagingChannel):
+        return (<StagingChannel>channel).stage(body)
+    return 1 if channel.try_send(body) else 0
+
+
 def _stage_pass(pairs, dict failed, list left):
     """Twin of ``velomux_quic.streaming.sender._stage_pass``."""
     module = sender_module()
@@ -56,6 +92,7 @@ def _stage_pass(pairs, dict failed, list left):
     cdef Py_ssize_t taken = 0
     cdef Py_ssize_t index = -1
     cdef bint grew = False
+    cdef SenderStateFields fields
     packer = frames.ItemPacker()
     pack = packer.pack
     try:
@@ -63,8 +100,9 @@ def _stage_pass(pairs, dict failed, list left):
         # pair tuple: a pass then allocates no tracked object per pair.
         for sender, item in pairs:
             index += 1
-            state = sender._state
-            if state.terminal_sent:
+            state = _state_of(sender)
+            fields = <SenderStateFields?>state
+            if fields.terminal_sent:
                 failed[index] = module._closed_error(state)
                 continue
             try:
@@ -85,8 +123,8 @@ def _stage_pass(pairs, dict failed, list left):
                 left.append((index, state, body))
                 state.metrics.producer_send_backpressure += 1
                 continue
-            channel = state.channel
-            if channel.try_send(body):
+            channel = fields.channel
+            if _try_send(channel, body):
                 taken += 1
                 continue
             if channel.closed:
@@ -196,14 +234,14 @@ def encode_item(item):
 async def StreamSender_send(self, item, *, timeout=None):
     """Twin of ``StreamSender.send``: the common send (room now) without the interpreter;
     a send that has to wait goes to the pure ``_send_when_room``."""
-    state = self._state
-    if state.terminal_sent:
+    state = _state_of(self)
+    cdef SenderStateFields fields = <SenderStateFields?>state
+    if fields.terminal_sent:
         raise sender_module().ChannelClosed(
             "the stream was cancelled" if state.cancelled.is_set() else "the stream has ended"
         )
     body = encode_item(item)
-    channel = state.channel
-    if not channel.try_send(body):
+    if not _try_send(fields.channel, body):
         await sender_module()._send_when_room(state, body, timeout)
 
 

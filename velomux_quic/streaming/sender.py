@@ -101,14 +101,26 @@ class SenderOwner(Protocol):
         """The sender handed over its terminal or was cancelled: forget it, no heartbeats."""
 
 
-class SenderState:
+@_twins.of
+class SenderStateFields:
+    """The two fields of a :class:`SenderState` that every record's send reads: whether the
+    stream took its terminal, and the channel the record goes into. They are the base of
+    SenderState so that the compiled twin keeps them in C: its pass loop and ``send()``
+    then read them without an attribute lookup per record."""
+
+    __slots__ = ("channel", "terminal_sent")
+
+    channel: ProducerChannel
+    terminal_sent: bool
+
+
+class SenderState(SenderStateFields):
     """Everything a sender's lifetime needs, apart from the sender object itself, so that
     ``weakref.finalize`` can end a dropped sender's stream without keeping it alive."""
 
     __slots__ = (
         "__weakref__",
         "cancelled",
-        "channel",
         "handle",
         "heartbeat_interval",
         "loop",
@@ -121,7 +133,6 @@ class SenderState:
         "state",
         "stop_requested",
         "target",
-        "terminal_sent",
         "transport_key",
     )
 
@@ -243,7 +254,17 @@ class SenderState:
             self.loop.call_soon_threadsafe(self.terminal, DROPPED)
 
 
-class StreamSender:
+@_twins.of
+class StreamSenderFields:
+    """The field of a :class:`StreamSender` its sends read first, its state: the base of
+    StreamSender so that the compiled twin keeps it in C (see :class:`SenderStateFields`)."""
+
+    __slots__ = ("_state",)
+
+    _state: SenderState
+
+
+class StreamSender(StreamSenderFields):
     """A producer attached to one anchor. Create with ``AnchorManager.attach_anchor``
     (or ``attach_mpsc_anchor``, or ``open_anchor_stream`` with a ticket)."""
 
