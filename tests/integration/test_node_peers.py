@@ -8,11 +8,14 @@ added again at a new address. Everything is imported from the package root.
 
 from __future__ import annotations
 
+import asyncio
+import socket
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from tests.polling import poll_until
 from velomux_quic import (
     DialError,
     DirectoryPeers,
@@ -144,6 +147,47 @@ async def test_a_peer_added_at_a_new_address_is_dialed_there(
             assert record is not None and record.address == moved.address
             # The peer at the new address took the handshake: it is the one connected.
             assert any(c.peer == a.instance_id for c in moved.snapshot().transport.connections)
+
+
+@pytest.mark.timeout(60)
+async def test_a_call_queued_on_the_dial_to_a_moved_peer_outlives_the_old_connection(
+    make_credentials: MakeCredentials,
+) -> None:
+    """A peer moved: the connection to its old address closes, and its closing period may
+    end while the dial to the new address is still in its handshake (under load, a
+    handshake takes longer than that period). A call queued on that dial is the new
+    address's to answer: the old connection ending must not fail it with PeerGone."""
+    credentials_b = make_credentials("b")
+    async with (
+        open_node(credentials_b) as b,
+        open_node(make_credentials("a"), peers=[b.record]) as a,
+    ):
+        b.register_handler("who", lambda ctx: b"old")
+        assert await a.call(b.instance_id, "who", b"", timeout=10) == b"old"
+        # The new address: a socket that answers nothing yet, so the dial stays in its
+        # handshake (no ICMP error either) until a node with b's credentials opens there.
+        holding = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            holding.bind(("127.0.0.1", 0))
+            port = holding.getsockname()[1]
+            a.add_peer(b.instance_id, ("127.0.0.1", port))
+            call = asyncio.create_task(a.call(b.instance_id, "who", b"", timeout=30))
+
+            def only_the_dial_is_left() -> bool:
+                to_b = [
+                    c.state
+                    for c in a.snapshot().transport.connections
+                    if c.peer == b.instance_id and c.outbound
+                ]
+                return call.done() or to_b == ["handshaking"]
+
+            await poll_until(only_the_dial_is_left, "the old connection ends", timeout=20)
+            assert not call.done(), call.exception()
+        finally:
+            holding.close()
+        async with open_node(credentials_b, host="127.0.0.1", port=port) as moved:
+            moved.register_handler("who", lambda ctx: b"moved")
+            assert await call == b"moved"
 
 
 async def test_adding_a_known_peer_at_the_same_address_keeps_its_connection(

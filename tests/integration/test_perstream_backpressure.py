@@ -167,6 +167,33 @@ async def test_a_burst_over_hundreds_of_streams_arrives_exactly_once_in_order(
     assert connection.extra_streams == 0  # every stream finished and forgotten
 
 
+@pytest.mark.timeout(60)
+async def test_streams_finalized_just_before_the_producer_closes_arrive_whole(
+    start_nodes: StartNode,
+) -> None:
+    """A producer that finalizes its streams and closes at once: the close waits (up to
+    ``close_timeout``) until the consumer acknowledged what they hold, as it does for the
+    mux's lanes, instead of cutting off what the engine had not sent yet. Together they
+    hold more than the connection's send bound, so some of it is always still waiting to
+    leave when the close comes; every stream fits its consumer window, which nobody reads
+    until the producer is closed."""
+    a, b = await per_stream_pair(start_nodes, transport=TransportConfig(close_timeout=30.0))
+    anchors = [b.create_anchor() for _ in range(8)]
+    senders = [await a.attach_anchor(anchor.handle) for anchor in anchors]
+    assert {sender.negotiated_transport() for sender in senders} == {PER_STREAM_KEY}
+    items = [bytes([number]) * 4000 for number in range(12)]
+    retired = []
+    for sender in senders:
+        for item in items:
+            await sender.send(item)
+        retired.append(sender.finalize())
+    await a.close()
+    assert [await outcome for outcome in retired] == [Retired.SENT] * len(senders)
+    async with asyncio.timeout(30):
+        for anchor in anchors:
+            assert [item async for item in anchor] == items
+
+
 @needs_stream_backpressure
 async def test_closing_the_producer_node_releases_a_waiting_sender_with_channel_closed(
     start_nodes: StartNode,

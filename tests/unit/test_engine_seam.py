@@ -208,3 +208,36 @@ def test_the_admission_room_follows_the_peer_credit(
         assert client.stream_beyond_window(2) == 500 and not client.stream_idle(2)
         exchange(client, server)  # the server took the data: it grants more
         assert client.stream_room(2, 1000) > 1000 and client.stream_idle(2)
+
+
+@pytest.mark.parametrize(("client_engine", "server_engine"), PAIRS)
+def test_a_closing_peer_acknowledges_what_arrived_and_the_writer_counts_it(
+    make_credentials: Callable[..., NodeCredentials], client_engine: str, server_engine: str
+) -> None:
+    """A node that closes right after the last data of a stream arrived (a consumer whose
+    reader ended, say) still acknowledges it, and the writer counts it acknowledged when
+    the close follows at once: the mux retires the stream SENT on exactly that.
+
+    Two qh3 defects lost it (a retried attach whose consumer then exited retired DISCARDED
+    under load): qh3 gives no call to hurry an owed ACK, so a closing qh3 node sent only
+    CONNECTION_CLOSE; and a qh3 writer counted a stream acknowledged only when asked while
+    the connection was up, so an ACK followed by the peer's close was never counted."""
+    client, server, _, _ = pair(make_credentials, client_engine, server_engine)
+    exchange(client, server)
+    client.send_stream_data(2, b"the first batch")
+    exchange(client, server)
+    client.send_stream_data(2, b"the last batch")
+    for data, _ in client.datagrams_to_send(Clock.now):
+        server.receive_datagram(data, CLIENT, Clock.now)
+    assert b"the last batch" in b"".join(
+        e.data for e in drain(server) if isinstance(e, seam.StreamDataReceived)
+    )
+    assert client.stream_unacked(2) == len(b"the last batch")  # the ACK is still owed
+    # What a closing PeerConnection does: acknowledge, transmit, close, transmit.
+    server.acknowledge_now()
+    closing = server.datagrams_to_send(Clock.now)
+    server.close(error_code=0, reason_phrase="shutdown")
+    closing += server.datagrams_to_send(Clock.now)
+    for data, _ in closing:
+        client.receive_datagram(data, SERVER, Clock.now)
+    assert client.stream_unacked(2) == 0  # asked only now, after the peer's close

@@ -285,6 +285,28 @@ def test_the_core_reports_timers_state_and_path(
     assert client._handshake_complete and client._handshake_confirmed
 
 
+def test_firing_the_delayed_ack_timer_at_its_deadline_sends_the_ack_now(
+    make_credentials: Callable[..., NodeCredentials],
+) -> None:
+    """acknowledge_now: qh3 has no call to hurry an owed acknowledgement. Its delayed ACK
+    is the core's next timer, named ``ack_...``; handled at that deadline, the next
+    transmit (at the real, earlier time) carries it, and the writer's flight empties."""
+    client, server = _plain_pair(make_credentials)
+    client.send_stream_data(0, b"owed an acknowledgement")
+    for data, _ in client.datagrams_to_send(_Clock.now):
+        server.receive_datagram(data, CLIENT, _Clock.now)
+    core, writer = server._core, client._core
+    assert core is not None and writer is not None
+    kind, deadline = core.get_timer()  # type: ignore[misc]
+    assert kind.startswith("ack") and deadline > _Clock.now
+    assert writer.bytes_in_flight > 0
+    assert server.datagrams_to_send(_Clock.now) == []  # not yet due: nothing leaves
+    core.handle_timer(deadline)
+    for data, _ in server.datagrams_to_send(_Clock.now):
+        client.receive_datagram(data, SERVER, _Clock.now)
+    assert writer.bytes_in_flight == 0
+
+
 # -- the TLS server's first flight and where client authentication goes ------------------------
 
 

@@ -988,14 +988,19 @@ class Messenger(TransportHandler):
         (PeerGone), unless what they wait for can still come.
 
         Requests leave on the connection this node dialed, so losing that one fails them
-        unless another dialed connection took its place. Answers come on one the peer
-        dialed (or dials again), so losing one of those fails them only when no
-        connection with the peer is left at all: an old process of the peer's identity
-        closing (it restarted elsewhere) must not fail the calls its successor answers.
+        unless another dialed connection took its place, established or still in its
+        handshake: a connection closed because the peer moved ends (its closing period
+        over) while the re-dial to the new address may still be handshaking under load,
+        and the calls queued on that dial are its successor's to answer (a dial that
+        fails fails them, through their admission). Answers come on one the peer dialed
+        (or dials again), so losing one of those fails them only when no connection with
+        the peer is left at all: an old process of the peer's identity closing (it
+        restarted elsewhere) must not fail the calls its successor answers.
         """
         transport = self._transport
-        if transport is not None and transport.is_connected(
-            peer, outbound=True if outbound else None
+        if transport is not None and (
+            transport.is_connected(peer, outbound=True if outbound else None)
+            or (outbound and transport.is_dialing(peer))
         ):
             return
         self._calls.fail_peer(

@@ -80,6 +80,9 @@ _CRYPTO_ERROR_LAST = _CRYPTO_ERROR_FIRST + 0xFF
 _MIN_PROBE_TIMEOUT = 0.1
 """A path MTU probe unanswered for three probe timeouts, and at least this long, is lost."""
 
+_PRUNE_FINISHED_MIN = 64
+"""Finished per-stream streams remembered before the acknowledged ones are forgotten."""
+
 
 class ConnectionOwner(Protocol):
     """What a connection needs from the endpoint that owns it (the node's UDP endpoint)."""
@@ -146,6 +149,10 @@ class PeerConnection:
         self._handshake_waiter: asyncio.Future[None] = self._loop.create_future()
         self._outbound: list[OutboundStream | None] = [None] * MAX_LANES
         self._extra: dict[int, OutboundStream] = {}
+        self._finished_unacked: set[int] = set()
+        """Per-stream streams finished (their FIN written) that may still hold bytes the
+        peer has not acknowledged: a graceful close waits for them as for the lanes."""
+        self._prune_finished_at = _PRUNE_FINISHED_MIN
         self._next_extra = FIRST_EXTRA_STREAM
         self._blocked: set[OutboundStream] = set()
         self._deliveries: dict[int, deque[tuple[int, DeliveryCallback]]] = {}
@@ -324,9 +331,27 @@ class PeerConnection:
         self._stream_room.clear()
 
     def _unacked_total(self) -> int:
-        return sum(
+        """Admitted bytes the peer has not acknowledged: the lanes', and those of the
+        per-stream streams already finished (a producer that finalizes its streams and
+        closes at once must not cut their last bytes off: the engine may still be pacing
+        them out when the close comes)."""
+        total = sum(
             self.quic.stream_unacked(lane.stream_id) for lane in self._outbound if lane is not None
         )
+        if self._finished_unacked:
+            total += self._prune_finished()
+        return total
+
+    def _prune_finished(self) -> int:
+        """Forget the finished streams the peer acknowledged; the others' unacknowledged bytes."""
+        unacked = 0
+        for stream_id in list(self._finished_unacked):
+            left = self.quic.stream_unacked(stream_id)
+            if left:
+                unacked += left
+            else:
+                self._finished_unacked.discard(stream_id)
+        return unacked
 
     def _peer_name(self) -> str:
         return str(self.peer) if self.peer is not None else "an unverified peer"
@@ -410,7 +435,12 @@ class PeerConnection:
 
     def stream_done(self, stream: OutboundStream) -> None:
         self._blocked.discard(stream)
-        self._extra.pop(stream.stream_id, None)
+        if self._extra.pop(stream.stream_id, None) is not None and not stream.aborted:
+            finished = self._finished_unacked
+            finished.add(stream.stream_id)
+            if len(finished) >= self._prune_finished_at:  # amortised: bounded by what is unacked
+                self._prune_finished()
+                self._prune_finished_at = max(_PRUNE_FINISHED_MIN, 2 * len(finished))
 
     def _poll_gates(self) -> None:
         if not self._blocked or self.state is not ConnectionState.ESTABLISHED:
@@ -794,6 +824,7 @@ class PeerConnection:
 
     def _stop_sending(self, stream_id: int) -> None:
         """The receiver no longer wants a stream we write (a cancelled per-stream stream)."""
+        self._finished_unacked.discard(stream_id)  # the peer wants none of it any more
         stream = self._extra.pop(stream_id, None)
         if stream is None:
             self.requests_in.stopped(stream_id)

@@ -428,6 +428,12 @@ class QuicTransport(asyncio.DatagramProtocol):
                     return True
         return False
 
+    def is_dialing(self, peer: InstanceId) -> bool:
+        """Whether the connection this node dialed to ``peer`` is still in its handshake
+        (what a send to ``peer`` waits for now)."""
+        dialed = self._outbound.get(peer)
+        return dialed is not None and dialed.state is ConnectionState.HANDSHAKING
+
     def outbound_connection(self, peer: InstanceId) -> PeerConnection | None:
         """The live connection this node dialed to ``peer``, if any (no dial is started).
 

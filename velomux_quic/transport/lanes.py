@@ -92,6 +92,7 @@ class OutboundStream:
         "_conn",
         "_opened",
         "_quic",
+        "aborted",
         "finished",
         "gate",
         "lane",
@@ -108,6 +109,8 @@ class OutboundStream:
         self.stream_id = stream_id
         self.send_buffer = send_buffer
         self.finished = False
+        self.aborted = False
+        """Reset rather than finished: what it wrote is abandoned, never acknowledged."""
         self.written = 0
         """Bytes written on the stream so far (frame headers included): the stream offset
         the next frame starts at, which is what an acknowledgement is compared against."""
@@ -158,7 +161,7 @@ class OutboundStream:
         """Reset the stream (RESET_STREAM): queued and unacknowledged data are dropped."""
         if self.finished:
             return
-        self.finished = True
+        self.finished = self.aborted = True
         self.gate.close(ChannelClosed("the stream was aborted"))
         if self._opened:
             with contextlib.suppress(Exception):  # already reset or finished by the peer

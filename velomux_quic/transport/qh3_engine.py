@@ -146,6 +146,8 @@ class Qh3Connection(Qh3QuicConnection):
         self._acked_floor: dict[int, int] = {}
         self._losses_at_write: dict[int, int] = {}
         """The core's loss count at each stream's last write (see :meth:`stream_unacked`)."""
+        self._unsettled: set[int] = set()
+        """Streams with written bytes above their acknowledged floor (see :meth:`_settle_all`)."""
         self._backlog: set[int] = set()
         """Streams counted in :attr:`send_backlog` (the per-stream path's)."""
         self._beyond_tracked = 0
@@ -241,6 +243,7 @@ class Qh3Connection(Qh3QuicConnection):
             if data and not data[0] & 0x80 and core is not None and self._handshake_complete:
                 self._call_core(core.receive_datagram, data, addr, now, None)
                 self._drain_core()
+                self._settle_all()
                 return
             end = len(data) if self._is_client else _end_of_packets(data, self._cid_length)
             if end == len(data) or end == 0:
@@ -458,7 +461,22 @@ class Qh3Connection(Qh3QuicConnection):
         return timer is not None and timer[0].startswith("ack") and timer[1] <= now
 
     def acknowledge_now(self) -> None:
-        """qh3 offers no way to hurry an owed acknowledgement; its ACK timer sends it."""
+        """Make the acknowledgement the core owes the peer leave with the next transmit.
+
+        A node closing a connection calls it first: once closing, qh3 sends nothing but
+        CONNECTION_CLOSE, and without it the peer never learns that the last data it sent
+        arrived (its streams retire DISCARDED instead of SENT). qh3 offers no call to hurry
+        an acknowledgement, so its delayed-ACK timer is fired at its own deadline (at most
+        the ACK delay ahead; nothing else is due before it, being the core's next timer)."""
+        core = self._core
+        if core is None or not self._handshake_complete or self._ended():
+            return
+        timer = core.get_timer()
+        if timer is not None and timer[0].startswith("ack"):
+            try:
+                core.handle_timer(timer[1])
+            except RuntimeError as exc:
+                self._engine_failed(QuicConnectionError(1, None, str(exc)))
 
     # -- identity ------------------------------------------------------------------------
 
@@ -532,6 +550,7 @@ class Qh3Connection(Qh3QuicConnection):
         else:
             self._untracked.add(stream_id)
         self._written[stream_id] = written + size
+        self._unsettled.add(stream_id)
         core = self._core
         if core is not None:
             self._losses_at_write[stream_id] = core.loss_total
@@ -601,13 +620,43 @@ class Qh3Connection(Qh3QuicConnection):
             and core is not None
             and core.state == "connected"
             and core.bytes_in_flight == 0
-            and self.stream_unsent(stream_id) == 0
         ):
+            floor = self._settle(core, stream_id, written, floor)
+        return written - floor
+
+    def _settle(self, core: QuicConnectionCore, stream_id: int, written: int, floor: int) -> int:
+        """The stream's acknowledged floor, raised to ``written`` when nothing of the
+        connection is in flight and nothing of the stream is waiting to be sent (see
+        :meth:`stream_unacked`)."""
+        if self.stream_unsent(stream_id) == 0:
             lost_since = core.loss_total != self._losses_at_write.get(stream_id, 0)
             timer = core.get_timer() if lost_since else None
             if timer is None or timer[0] != "pacing":
                 floor = self._acked_floor[stream_id] = written
-        return written - floor
+                self._unsettled.discard(stream_id)
+        return floor
+
+    def _settle_all(self) -> None:
+        """Raise the floors as soon as an acknowledgement empties the flight, not only
+        when a floor is next asked for: the acknowledgement that arrives just before the
+        peer's CONNECTION_CLOSE is the last moment it can be read (once the connection is
+        closing, nothing is counted acknowledged any more), and the close's report of
+        unacknowledged bytes, like the lanes' SENT retirement, must see it."""
+        core = self._core
+        if (
+            not self._unsettled
+            or core is None
+            or core.bytes_in_flight != 0
+            or core.state != "connected"
+        ):
+            return
+        for stream_id in list(self._unsettled):
+            written = self._written.get(stream_id, 0)
+            floor = self._acked_floor.get(stream_id, 0)
+            if floor >= written:
+                self._unsettled.discard(stream_id)
+            else:
+                self._settle(core, stream_id, written, floor)
 
     def track_send_backlog(self, stream_id: int) -> None:
         if stream_id in self._backlog:
@@ -639,6 +688,7 @@ class Qh3Connection(Qh3QuicConnection):
         if not self._ended():
             super().reset_stream(stream_id, error_code)
         self._untrack(stream_id)
+        self._unsettled.discard(stream_id)  # what it wrote is abandoned, never settled
 
     def manage_receive_window(self, stream_id: int, consumed: Consumed, window: int) -> None:
         self._managed[stream_id] = (consumed, window)
