@@ -341,6 +341,7 @@ cdef class Inbox:
     cdef Py_ssize_t _next_feed
     cdef Py_ssize_t _barrier
     cdef object _waiter
+    cdef object _loop
     cdef object _space
     cdef bint _closed
 
@@ -357,6 +358,7 @@ cdef class Inbox:
         self._next_feed = 0
         self._barrier = 0
         self._waiter = None
+        self._loop = None
         self._space = deque()
         self._closed = False
 
@@ -486,7 +488,10 @@ cdef class Inbox:
     cpdef object wait(self):
         waiter = self._waiter
         if waiter is None or waiter.done():
-            waiter = self._waiter = _get_running_loop().create_future()
+            loop = self._loop
+            if loop is None:
+                loop = self._loop = _get_running_loop()
+            waiter = self._waiter = loop.create_future()
         return waiter
 
     def close(self):
