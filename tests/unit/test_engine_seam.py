@@ -208,3 +208,28 @@ def test_the_admission_room_follows_the_peer_credit(
         assert client.stream_beyond_window(2) == 500 and not client.stream_idle(2)
         exchange(client, server)  # the server took the data: it grants more
         assert client.stream_room(2, 1000) > 1000 and client.stream_idle(2)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_burst_is_acknowledged_at_its_end_and_an_ack_waits_at_most_a_millisecond(
+    make_credentials: Callable[..., NodeCredentials], engine: str
+) -> None:
+    """Datagrams that arrive together get one acknowledgement after the last of them: the
+    receive path transmits at once only for an ACK that is due (``ack_due``), and neither
+    engine's is due before the first unanswered datagram has waited 1 ms, however many
+    follow it (qh3's core asks for one at every second packet). Then it is due."""
+    client, server, _, _ = pair(make_credentials, engine, engine)
+    exchange(client, server)
+    client.send_stream_data(2, b"x" * 6_000)
+    burst = [data for data, _ in client.datagrams_to_send(Clock.now)]
+    assert len(burst) >= 3
+    for data in burst:
+        server.receive_datagram(data, CLIENT, Clock.now)
+        assert not server.ack_due(Clock.now)
+    drain(server)
+    assert server.ack_due(Clock.now + 0.001)
+    answer = server.datagrams_to_send(Clock.now + 0.001)
+    assert answer
+    assert not server.ack_due(Clock.now + 0.001)
+    for data, _ in answer:
+        client.receive_datagram(data, SERVER, Clock.now + 0.001)
