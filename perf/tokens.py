@@ -724,7 +724,7 @@ class Launch:
         """The script the arm's children run, the ``--impl`` they are given, and the
         variables set for them: a baseline arm runs another tree's benchmark and library
         (``--baseline-tree``) under its own arm's name there."""
-        arm = ARMS[self.impl]
+        arm = ARMS[split_label(self.impl)[0]]
         baseline = getattr(arm, "baseline_of", None)
         if baseline is None:
             return SCRIPT, self.impl, arm.environment()
@@ -1505,11 +1505,13 @@ def summarise(
             f"{tokens} tokens and {ended} ended streams delivered, expected {expected} and "
             f"{scenario.streams}"
         )
-    wanted = "pure-python" if ARMS[impl].environment()[PURE_PYTHON_ENV] == "1" else "compiled"
+    arm_name = split_label(impl)[0]
+    wanted = "pure-python" if ARMS[arm_name].environment()[PURE_PYTHON_ENV] == "1" else "compiled"
     paths = {sent.get("record_path"), *(part.get("record_path") for part in received)}
-    if impl in BASELINE_IMPLS:
+    if arm_name in BASELINE_IMPLS:
+        # A tree from before the record path reports none; a later one, its default build.
         wanted = "baseline"
-        paths = {"baseline"} if paths == {None} else paths  # before the record path existed
+        paths = {"baseline"} if paths in ({None}, {"compiled"}) else paths
     if paths != {wanted}:
         raise BenchFailure(
             f"the children ran the record path {sorted(map(str, paths))}, not {wanted}"
@@ -1543,7 +1545,9 @@ def summarise(
         "worst_late_ms": sent["worst_late_ms"],
         "mean_pass_interval_ms": sent["mean_pass_interval_ms"],
         "engine_loop": sent["loop"],
-        "record_path": "baseline" if impl in BASELINE_IMPLS else sent.get("record_path"),
+        "record_path": (
+            "baseline" if split_label(impl)[0] in BASELINE_IMPLS else sent.get("record_path")
+        ),
         "engine_gc_pause_max_ms": sent.get("gc_pause_max_ms"),
         "engine_gc_pause_total_ms": sent.get("gc_pause_total_ms"),
         "engine_gc_collections": sent.get("gc_collections"),
