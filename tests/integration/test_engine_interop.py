@@ -28,6 +28,7 @@ from qh3.quic.configuration import QuicConfiguration as Qh3Configuration
 
 from tests.conftest import NodeFactory, Recorder, StartNode, wait_admitted
 from tests.procs.resettable import Watcher
+from velomux_quic.errors import ChannelClosed, DialError
 from velomux_quic.ids import InstanceId, new_instance_id
 from velomux_quic.mux.config import MuxConfig
 from velomux_quic.security.certs import (
@@ -45,7 +46,7 @@ from velomux_quic.security.testing import (
 )
 from velomux_quic.security.tls import ALPN_PROTOCOL
 from velomux_quic.streaming.control import MESSENGER_MUX_KEY, StreamOpenTicket
-from velomux_quic.transport import ChannelClosed, DialError, TransportConfig
+from velomux_quic.transport import TransportConfig
 from velomux_quic.transport.admission import SendAdmission
 from velomux_quic.transport.endpoint import QuicTransport
 
