@@ -32,8 +32,9 @@ the same ``StreamCheck`` on every arm. The inboxes end when the QUIC stream ends
 
 Transport settings are a velomux node's defaults: the same mutual TLS (the node's
 certificates, both sides verified by the library's ``PeerVerifier`` inside the handshake,
-as a node does), the datagram size a node uses on loopback (``loopback_datagram_size``,
-16 KiB) or the one pinned with ``--datagram-size``, the node's UDP socket buffers
+as a node does), the datagram size a node uses on loopback (``loopback_datagram_size``)
+or the one pinned with ``--datagram-size``, at most 16 KiB (raw aioquic's own limit, see
+``RAW_AIOQUIC_LARGEST_DATAGRAM``), the node's UDP socket buffers
 (``open_udp_socket``), the node's initial windows (a lane's 1 MiB for the stream, 16 MiB
 for the connection; aioquic grows both as data arrives), on the same event loop (uvloop
 where installed).
@@ -87,6 +88,12 @@ _CLOSE_WAIT_S = 5.0
 
 _NODE = TransportConfig()
 
+RAW_AIOQUIC_LARGEST_DATAGRAM = 16_384
+"""The largest datagram raw aioquic builds correctly: it writes a STREAM frame's length in
+two bytes (at most 16,383), so a longer frame in a larger datagram reaches the peer cut
+short. The library's aioquic engine writes the length whole (``EngineConnection``); this
+arm is aioquic as shipped, so a larger pinned or loopback size is capped here."""
+
 
 def chosen_datagram_size(pinned: int | None) -> int:
     """What a node would use here: the pinned size, else its size for a peer on this host
@@ -111,7 +118,7 @@ def _configuration(
     configuration = make_quic_configuration(
         credentials,
         is_client=is_client,
-        max_datagram_size=chosen_datagram_size(datagram_size),
+        max_datagram_size=min(chosen_datagram_size(datagram_size), RAW_AIOQUIC_LARGEST_DATAGRAM),
         idle_timeout=idle_timeout,
         max_stream_data=_NODE.lane_window,
         max_data=_NODE.connection_window,

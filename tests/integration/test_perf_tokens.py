@@ -91,6 +91,35 @@ def test_tokens_benchmark_delivers_every_token_on_every_implementation(tmp_path:
 
 
 @pytest.mark.timeout(90)
+def test_tokens_benchmark_runs_every_quic_arm_on_each_engine(tmp_path: Path) -> None:
+    """``--engine aioquic qh3``: each QUIC arm once per engine, labelled ``arm@engine``."""
+    pytest.importorskip("qh3")
+    report = tmp_path / "tokens.json"
+    command = [
+        sys.executable, str(SCRIPT), "--impl", "mux-pass", "bare", "zmq",
+        "--engine", "aioquic", "qh3",
+        "--streams", str(STREAMS), "--frontends", "1", "--passes", str(PASSES),
+        "--mode", "max-rate", "--runs", "1", "--timeout", "40", "--json", str(report),
+    ]  # fmt: skip
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=80)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        pytest.fail(f"perf/tokens.py hung:\n{stdout[-3000:]}\n{stderr[-3000:]}")
+    assert process.returncode == 0, stdout[-4000:] + stderr[-4000:]
+    (scenario,) = json.loads(report.read_text())["scenarios"]
+    runs = scenario["runs"]
+    assert set(runs) == {"mux-pass@aioquic", "mux-pass@qh3", "bare@aioquic", "bare@qh3", "zmq"}
+    for impl, (run,) in runs.items():
+        assert "failed" not in run, (impl, run.get("failed"))
+        assert run["tokens"] == STREAMS * PASSES, impl
+
+
+@pytest.mark.timeout(90)
 def test_zmq_frontend_refuses_an_engine_whose_curve_key_it_does_not_know() -> None:
     """The zmq arm's ZAP handler admits only the run's engine key: an engine signing with
     another pair fails its handshake, and the run fails saying so."""

@@ -19,6 +19,7 @@ import pytest
 from aioquic import tls
 from aioquic.buffer import Buffer
 from aioquic.quic import connection as quic_connection
+from aioquic.quic import events
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
 from aioquic.quic.packet import QuicFrameType
@@ -26,7 +27,7 @@ from aioquic.quic.packet_builder import QuicPacketBuilder
 from aioquic.quic.recovery import QuicPacketSpace
 from aioquic.quic.stream import QuicStream, QuicStreamSender
 
-from tests.unit.engine_pair import SERVER, Clock, drain, exchange
+from tests.unit.engine_pair import CLIENT, SERVER, Clock, drain, exchange
 from velomux_quic.security.certs import NodeCredentials
 from velomux_quic.security.tls import make_quic_configuration
 
@@ -241,6 +242,61 @@ def test_the_stream_frame_writer_and_the_room_left_in_a_packet() -> None:
         "max_offset",
     ]
     assert isinstance(QuicPacketBuilder.remaining_flight_space, property)
+
+
+def test_aioquic_writes_a_stream_frames_length_in_two_bytes_and_corrupts_a_longer_one(
+    make_credentials: Callable[..., NodeCredentials],
+) -> None:
+    """The defect ``EngineConnection._write_stream_frame`` works around: aioquic writes a
+    STREAM frame's length as ``len | 0x4000`` (two bytes, at most 16,383), so in datagrams
+    above 16 KiB a longer frame reaches its peer cut short. Our writer reads the sender
+    the way aioquic's does (``get_frame``, ``next_offset``, ``highest_offset``,
+    ``on_data_delivery``) and the builder's ``start_frame`` and ``quic_logger_frames``."""
+    source = inspect.getsource(QuicConnection._write_stream_frame)
+    assert "buf.push_uint16(len(frame.data) | 0x4000)" in source
+    assert _parameters(QuicStreamSender.get_frame) == ["self", "max_size", "max_offset"]
+    assert _parameters(QuicStreamSender.on_data_delivery) == [
+        "self",
+        "delivery",
+        "start",
+        "stop",
+        "fin",
+    ]
+    assert _parameters(QuicPacketBuilder.start_frame) == [
+        "self",
+        "frame_type",
+        "capacity",
+        "handler",
+        "handler_args",
+    ]
+    client_creds, server_creds = make_credentials("client"), make_credentials("server")
+
+    def configuration(credentials: NodeCredentials, *, is_client: bool) -> QuicConfiguration:
+        return make_quic_configuration(
+            credentials,
+            is_client=is_client,
+            max_datagram_size=32_768,
+            idle_timeout=15.0,
+            max_stream_data=1 << 20,
+            max_data=1 << 24,
+        )
+
+    client = QuicConnection(configuration=configuration(client_creds, is_client=True))
+    server = QuicConnection(
+        configuration=configuration(server_creds, is_client=False),
+        original_destination_connection_id=client.original_destination_connection_id,
+    )
+    client.connect(SERVER, now=Clock.now)
+    exchange(client, server)
+    drain(client)
+    drain(server)
+    client.send_stream_data(2, bytes(100_000))
+    sent = client.datagrams_to_send(now=Clock.now)
+    assert max(len(data) for data, _ in sent) > 16_384
+    for data, _ in sent:
+        server.receive_datagram(data, CLIENT, now=Clock.now)
+    received = sum(len(e.data) for e in drain(server) if isinstance(e, events.StreamDataReceived))
+    assert received < 16_384  # the rest of the packet no longer parses
 
 
 @pytest.mark.parametrize("name", ["_handle_max_stream_data_frame", "_handle_stop_sending_frame"])

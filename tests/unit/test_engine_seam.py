@@ -30,10 +30,16 @@ class Clock:
 
 
 def make(
-    name: str, credentials: NodeCredentials, *, is_client: bool, peer: Any, odcid: bytes | None
+    name: str,
+    credentials: NodeCredentials,
+    *,
+    is_client: bool,
+    peer: Any,
+    odcid: bytes | None,
+    datagram_size: int = 1452,
 ) -> Any:
     settings: dict[str, Any] = {
-        "max_datagram_size": 1452,
+        "max_datagram_size": datagram_size,
         "idle_timeout": 15.0,
         "max_stream_data": WINDOW,
         "max_data": 64 * 1024 * 1024,
@@ -47,22 +53,33 @@ def make(
     if not is_client:
         common["original_destination_connection_id"] = odcid
     if name == "aioquic":
-        return EngineConnection(
+        engine: Any = EngineConnection(
             configuration=make_quic_configuration(credentials, is_client=is_client, **settings),
             **common,
         )
-    return Qh3Connection(
-        configuration=make_qh3_configuration(credentials, is_client=is_client, **settings),
-        **common,
-    )
+    else:
+        engine = Qh3Connection(
+            configuration=make_qh3_configuration(credentials, is_client=is_client, **settings),
+            **common,
+        )
+    engine.accepted_datagram_size = datagram_size
+    return engine
 
 
 def pair(
-    make_credentials: Callable[..., NodeCredentials], client_engine: str, server_engine: str
+    make_credentials: Callable[..., NodeCredentials],
+    client_engine: str,
+    server_engine: str,
+    datagram_size: int = 1452,
 ) -> tuple[Any, Any, NodeCredentials, NodeCredentials]:
     client_creds, server_creds = make_credentials("client"), make_credentials("server")
     client = make(
-        client_engine, client_creds, is_client=True, peer=server_creds.instance_id, odcid=None
+        client_engine,
+        client_creds,
+        is_client=True,
+        peer=server_creds.instance_id,
+        odcid=None,
+        datagram_size=datagram_size,
     )
     server = make(
         server_engine,
@@ -70,6 +87,7 @@ def pair(
         is_client=False,
         peer=None,
         odcid=client.original_destination_connection_id,
+        datagram_size=datagram_size,
     )
     client.connect(SERVER, Clock.now)
     return client, server, client_creds, server_creds
@@ -128,6 +146,36 @@ def test_a_mixed_pair_verifies_both_ways_and_carries_a_stream(
         if ended:
             break
     assert bytes(received) == b"x" * 300_000 and ended
+
+
+@pytest.mark.parametrize(("client_engine", "server_engine"), PAIRS)
+def test_a_stream_crosses_64_kib_datagrams_whole_on_every_pair(
+    make_credentials: Callable[..., NodeCredentials], client_engine: str, server_engine: str
+) -> None:
+    """Datagrams of 65,000 bytes (a loopback or jumbo path): STREAM frames longer than a
+    two-byte length holds, written by either engine, are read whole by either engine."""
+    client, server, _, _ = pair(make_credentials, client_engine, server_engine, 65_000)
+    exchange(client, server)
+    payload = bytes(range(256)) * 1_500
+    client.send_stream_data(2, payload, end_stream=True)
+    received = bytearray()
+    largest = 0
+    for _ in range(200):
+        for data, _ in client.datagrams_to_send(Clock.now):
+            largest = max(largest, len(data))
+            server.receive_datagram(data, CLIENT, Clock.now)
+        for event in drain(server):
+            assert not isinstance(event, seam.ConnectionTerminated), event.reason_phrase
+            if isinstance(event, seam.StreamDataReceived):
+                received += event.data
+        for data, _ in server.datagrams_to_send(Clock.now):
+            client.receive_datagram(data, SERVER, Clock.now)
+        drain(client)
+        if len(received) == len(payload):
+            break
+        Clock.now += 0.001
+    assert received == payload
+    assert largest > 16_384
 
 
 @pytest.mark.parametrize(("client_engine", "server_engine"), PAIRS)
@@ -241,3 +289,28 @@ def test_a_closing_peer_acknowledges_what_arrived_and_the_writer_counts_it(
     for data, _ in closing:
         client.receive_datagram(data, SERVER, Clock.now)
     assert client.stream_unacked(2) == 0  # asked only now, after the peer's close
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_burst_is_acknowledged_at_its_end_and_an_ack_waits_at_most_a_millisecond(
+    make_credentials: Callable[..., NodeCredentials], engine: str
+) -> None:
+    """Datagrams that arrive together get one acknowledgement after the last of them: the
+    receive path transmits at once only for an ACK that is due (``ack_due``), and neither
+    engine's is due before the first unanswered datagram has waited 1 ms, however many
+    follow it (qh3's core asks for one at every second packet). Then it is due."""
+    client, server, _, _ = pair(make_credentials, engine, engine)
+    exchange(client, server)
+    client.send_stream_data(2, b"x" * 6_000)
+    burst = [data for data, _ in client.datagrams_to_send(Clock.now)]
+    assert len(burst) >= 3
+    for data in burst:
+        server.receive_datagram(data, CLIENT, Clock.now)
+        assert not server.ack_due(Clock.now)
+    drain(server)
+    assert server.ack_due(Clock.now + 0.001)
+    answer = server.datagrams_to_send(Clock.now + 0.001)
+    assert answer
+    assert not server.ack_due(Clock.now + 0.001)
+    for data, _ in answer:
+        client.receive_datagram(data, SERVER, Clock.now + 0.001)

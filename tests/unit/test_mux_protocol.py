@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import pickle
+import struct
 from collections.abc import Callable
 
 import pytest
@@ -798,6 +799,32 @@ def test_failed_add_leaves_the_batch_unchanged() -> None:
         builder.add(RecordType.CLOSE_SLOT, 1, 2, b"\x09")
     assert builder.size == size and builder.count == 1
     assert builder.finish(0, 1, 0) == encode_batch(BatchHeader(0, 1, 1, 0), [(0, 1, 1, b"kept")])
+
+
+@given(st.integers(0, 0xFFFF_FFFF), st.integers(0, 0xFFFF_FFFF))
+@pytest.mark.usefixtures("builder_twin")
+def test_add_credit_writes_the_credit_record_add_writes(slot: int, delta: int) -> None:
+    checked = BatchBuilder(COALESCE_THRESHOLD)
+    checked.add(RecordType.CREDIT_UPDATE, slot, 0, credit_body(delta))
+    unchecked = BatchBuilder(COALESCE_THRESHOLD)
+    unchecked.add_credit(slot, delta)
+    assert unchecked.count == checked.count == 1
+    assert unchecked.finish(3, 7, 9) == checked.finish(3, 7, 9)
+    _, records = decode_batch(unchecked.finish(3, 7, 9))
+    assert [(t, s, q, decode_credit(b)) for t, s, q, b in records] == [
+        (RecordType.CREDIT_UPDATE, slot, 0, delta)
+    ]
+
+
+@pytest.mark.parametrize(("slot", "delta"), [(-1, 1), (1 << 32, 1), (1, -1), (1, 1 << 32)])
+@pytest.mark.usefixtures("builder_twin")
+def test_add_credit_refuses_a_field_past_a_u32_and_keeps_the_batch(slot: int, delta: int) -> None:
+    builder = BatchBuilder(COALESCE_THRESHOLD)
+    builder.add_credit(1, 2)
+    size = builder.size
+    with pytest.raises(struct.error):
+        builder.add_credit(slot, delta)
+    assert builder.size == size and builder.count == 1
 
 
 @pytest.mark.parametrize(

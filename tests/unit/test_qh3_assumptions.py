@@ -307,6 +307,23 @@ def test_firing_the_delayed_ack_timer_at_its_deadline_sends_the_ack_now(
     assert writer.bytes_in_flight == 0
 
 
+def test_the_core_acknowledges_a_lone_packet_after_a_millisecond_and_every_second_at_once(
+    make_credentials: Callable[..., NodeCredentials],
+) -> None:
+    """The ACK policy ``Qh3Connection.ack_due`` adapts to: the core arms an ACK timer 1 ms
+    after a lone ack-eliciting packet and makes it due at once at the second."""
+    client, server = _plain_pair(make_credentials)
+    core = server._core
+    assert core is not None
+    stream_id = client.get_next_available_stream_id(is_unidirectional=True)
+    client.send_stream_data(stream_id, b"x" * 3_000)
+    first, second = [data for data, _ in client.datagrams_to_send(_Clock.now)][:2]
+    server.receive_datagram(first, CLIENT, _Clock.now)
+    assert core.get_timer() == ("ack_application", pytest.approx(_Clock.now + 0.001))
+    server.receive_datagram(second, CLIENT, _Clock.now)
+    assert core.get_timer() == ("ack_application", pytest.approx(_Clock.now))
+
+
 # -- the TLS server's first flight and where client authentication goes ------------------------
 
 

@@ -179,6 +179,11 @@ build_ops = st.lists(
         st.tuples(
             st.just("add_data"), u32, st.integers(0, 1 << 33), st.binary(max_size=24).map(bytes.hex)
         ),
+        st.tuples(
+            st.just("add_credit"),
+            st.one_of(u32, st.integers(-1, 1 << 33)),
+            st.one_of(u32, st.integers(-1, 1 << 33)),
+        ),
         st.tuples(st.just("if_fits"), u32, u32, st.binary(max_size=60).map(bytes.hex)),
         st.tuples(st.just("fits"), st.integers(0, 200)),
         st.tuples(st.just("finish"), st.integers(-1, 17), st.integers(0, 1 << 65), u32),

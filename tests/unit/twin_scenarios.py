@@ -53,8 +53,8 @@ def decode(hexed: str) -> Json:
 
 
 def build(cap: int, ops: list[list[Any]]) -> Json:
-    """A BatchBuilder through ``add``/``add_data``/``add_data_if_fits``/``fits``/``finish``/
-    ``reset``, with out-of-range fields and bad bodies among them."""
+    """A BatchBuilder through ``add``/``add_data``/``add_credit``/``add_data_if_fits``/
+    ``fits``/``finish``/``reset``, with out-of-range fields and bad bodies among them."""
     out: list[Json] = []
     try:
         builder = BatchBuilder(cap)
@@ -68,6 +68,9 @@ def build(cap: int, ops: list[list[Any]]) -> Json:
                 out.append(["added", builder.size, builder.count])
             elif kind == "add_data":
                 builder.add_data(op[1], op[2], bytes.fromhex(op[3]))
+                out.append(["added", builder.size, builder.count])
+            elif kind == "add_credit":
+                builder.add_credit(op[1], op[2])
                 out.append(["added", builder.size, builder.count])
             elif kind == "if_fits":
                 out.append(["fits", builder.add_data_if_fits(op[1], op[2], bytes.fromhex(op[3]))])

@@ -52,11 +52,13 @@ cdef Py_ssize_t WHOLE_COPY_MAX = 64 * 1024
 cdef int DATA = 0
 cdef int OPEN_SLOT = 1
 cdef int CLOSE_SLOT = 2
+cdef int CREDIT_UPDATE = 3
 cdef int SLOT_HEARTBEAT = 4
 cdef uint64_t U32_MAX = 0xFFFFFFFF
 cdef bytes ITEM_PREFIX = b"\x81\xa4Item"
 
 _record_header = struct.Struct(">BIII")
+_credit_record = struct.Struct(">BIIII")
 
 # Bound on first use (see the module docstring).
 cdef object _OPENING = None
@@ -229,6 +231,21 @@ cdef class BatchBuilder:
         _append_data(self._buf, slot, frame_seq, body)
         self._count += 1
         return True
+
+    def add_credit(self, slot, delta):
+        if not (type(slot) is int and type(delta) is int and 0 <= slot <= U32_MAX and 0 <= delta <= U32_MAX):
+            _credit_record.pack(CREDIT_UPDATE, slot, 0, 4, delta)  # struct's own error, as the pure code
+        cdef uint64_t slot_value = slot
+        cdef uint64_t delta_value = delta
+        cdef Py_ssize_t start = PyByteArray_GET_SIZE(self._buf)
+        PyByteArray_Resize(self._buf, start + RECORD_HEADER_SIZE + 4)
+        cdef char* at = PyByteArray_AS_STRING(self._buf) + start
+        at[0] = CREDIT_UPDATE
+        _put_u32(at + 1, <uint32_t>slot_value)
+        _put_u32(at + 5, 0)
+        _put_u32(at + 9, 4)
+        _put_u32(at + 13, <uint32_t>delta_value)
+        self._count += 1
 
     @property
     def buffer(self):

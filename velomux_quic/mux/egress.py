@@ -97,7 +97,6 @@ from .protocol import (
     LifecycleAction,
     RecordType,
     close_slot_body,
-    credit_body,
     lifecycle_body,
     open_slot_body,
     slot_generation,
@@ -149,6 +148,9 @@ _CLOSED: Final = SlotState.CLOSED
 
 _twins: Final = Twins("velomux_quic.mux._compiled")
 """The compiled twins of ``offer`` and ``_pack_ready`` (or none): see velomux_quic.recordpath."""
+
+_CREDIT_BODY_SIZE: Final = 4
+"""A CreditUpdate's body: the u32 delta."""
 
 
 def wall_clock_epochs() -> EpochSource:
@@ -952,11 +954,10 @@ class EgressBatcher(BatcherFields):
         if self._reply_lifecycle:
             self._add_lifecycle(out, guards, carries_data)
         for peer_slot, delta in self._reply_credit.items():
-            body = credit_body(delta & 0xFFFF_FFFF)
-            if not builder.fits(len(body)):
+            if not builder.fits(_CREDIT_BODY_SIZE):
                 out.append(self._finish(guards, carries_data))
                 guards.clear()
-            builder.add(RecordType.CREDIT_UPDATE, peer_slot, 0, body)
+            builder.add_credit(peer_slot, delta & 0xFFFF_FFFF)
             self._count_credit += 1
         self._reply_close.clear()
         self._reply_credit.clear()

@@ -178,6 +178,10 @@ _pack_header_into: Final = BATCH_HEADER.pack_into
 _unpack_header_from: Final = BATCH_HEADER.unpack_from
 _pack_record: Final = RECORD_HEADER.pack
 _unpack_record_from: Final = RECORD_HEADER.unpack_from
+_CREDIT_RECORD: Final = struct.Struct(">BIIII")
+"""A whole CreditUpdate record: its header (type, slot, frame_seq 0, length 4) and body."""
+_pack_credit_record: Final = _CREDIT_RECORD.pack
+_CREDIT_RECORD_TYPE: Final = int(RecordType.CREDIT_UPDATE)
 
 
 Record = tuple[int, int, int, memoryview]
@@ -583,6 +587,18 @@ class BatchBuilder:
         buf += body
         self._count += 1
         return True
+
+    def add_credit(self, slot: int, delta: int) -> None:
+        """Append one CreditUpdate record, unchecked: the receiver's reply to its own slots.
+
+        The caller guarantees what :meth:`add` would check: :meth:`fits` said yes for a
+        4-byte body, ``slot`` is a u32 (a slot id the peer sent), and ``delta`` a u32. A
+        consumer that keeps up returns credit every few records of each stream, so these
+        replies are a few percent of a frontend's records; :meth:`add`'s generic
+        validation of a control body cost more than the rest of the record together.
+        """
+        self._buf += _pack_credit_record(_CREDIT_RECORD_TYPE, slot, 0, 4, delta)
+        self._count += 1
 
     @property
     def buffer(self) -> bytearray:

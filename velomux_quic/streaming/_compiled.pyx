@@ -9,6 +9,7 @@ pure helpers. The package's own modules are imported when first needed: this mod
 loaded while the pure modules that select it are still being defined.
 """
 
+cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from libc.string cimport memcmp, memcpy
 
@@ -283,69 +284,146 @@ cdef inline bint _is_item(object body):
     )
 
 
-async def StreamAnchor___anext__(self):
-    """Twin of ``StreamAnchor.__anext__``: an item frame is decoded here (the ``Item``
-    prefix, then MessagePack), every other frame by the pure ``decode_frame``."""
+def StreamAnchor___anext__(self):
+    """Twin of ``StreamAnchor.__anext__``: an awaitable that reads the next item (see
+    :class:`_AnchorNext`)."""
     if _anchor is None:
         _bind_anchor()
-    module = _anchor
-    if self._reading:
-        raise module.UsageError(module._ONE_READER)
-    self._reading = True
-    try:
-        entry = self._entry
-        inbox = entry.inbox
-        compiled = type(inbox) is Inbox
-        while True:
-            taken = (<Inbox>inbox).take() if compiled else inbox.take()
-            if taken is not None:
-                sender_id, body = taken
-                if _is_item(body):
+    cdef _AnchorNext step = _AnchorNext.__new__(_AnchorNext)
+    step._anchor = self
+    return step
+
+
+@cython.final
+@cython.freelist(16)
+cdef class _AnchorNext:
+    """The awaitable the compiled ``StreamAnchor.__anext__`` returns: the pure coroutine's
+    loop, run by the awaiting task through the iterator protocol, as an asyncio future's
+    ``__await__`` is.
+
+    A coroutine per item costs a coroutine object, its closure and the wrapper its
+    ``__await__`` returns, each allocated, set up and freed for every item a task reads;
+    this object comes from a free list and is its own iterator. Its steps are the
+    coroutine's: the reading flag is taken at the first step, an item ends the await
+    (``StopIteration(item)``), a sentinel raises what the coroutine raises, and while
+    nothing is readable it yields the inbox's waiter future to the task. ``throw`` and
+    ``close`` (a cancelled or closed awaiting coroutine) release the flag, as the
+    coroutine's ``finally`` does. An item is decoded here (the ``Item`` prefix, then
+    MessagePack), every other frame by the pure ``decode_frame``."""
+
+    cdef object _anchor
+    cdef bint _reading
+    cdef bint _done
+
+    def __await__(self):
+        return self
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return self._step()
+
+    def send(self, value):
+        return self._step()
+
+    def throw(self, typ, value=None, traceback=None):
+        self._release()
+        self._done = True
+        if value is None:
+            value = typ if isinstance(typ, BaseException) else typ()
+        if traceback is not None:
+            raise value.with_traceback(traceback)
+        raise value
+
+    def close(self):
+        self._release()
+        self._done = True
+
+    cdef inline void _release(self) except *:
+        if self._reading:
+            self._reading = False
+            self._anchor._reading = False
+
+    cdef object _step(self):
+        module = _anchor
+        anchor = self._anchor
+        if self._done:
+            raise RuntimeError("cannot reuse an already awaited __anext__()")
+        if not self._reading:
+            if anchor._reading:
+                self._done = True
+                raise module.UsageError(module._ONE_READER)
+            anchor._reading = True
+            self._reading = True
+        try:
+            entry = anchor._entry
+            inbox = entry.inbox
+            compiled = type(inbox) is Inbox
+            while True:
+                taken = (<Inbox>inbox).take() if compiled else inbox.take()
+                if taken is not None:
+                    sender_id, body = taken
+                    if _is_item(body):
+                        try:
+                            value = _unpackb(body[PREFIX_SIZE:], strict_map_key=False)
+                        except Exception as exc:
+                            error = frames_module()._item_error(exc)
+                            error.__cause__ = exc
+                            anchor._end("a record did not decode")
+                            raise module.DeserializationError(str(error)) from error
+                        self._finish()
+                        raise StopIteration(value)
                     try:
-                        return _unpackb(body[PREFIX_SIZE:], strict_map_key=False)
-                    except Exception as exc:
-                        error = frames_module()._item_error(exc)
-                        error.__cause__ = exc
-                        self._end("a record did not decode")
-                        raise module.DeserializationError(str(error)) from error
-                try:
-                    kind, value = frames_module().decode_frame(body)
-                except module.FrameDecodeError as exc:
-                    self._end("a record did not decode")
-                    raise module.DeserializationError(str(exc)) from exc
-                if kind is _ITEM:
-                    return value
-                if kind is _HEARTBEAT:
+                        kind, value = frames_module().decode_frame(body)
+                    except module.FrameDecodeError as exc:
+                        anchor._end("a record did not decode")
+                        raise module.DeserializationError(str(exc)) from exc
+                    if kind is _ITEM:
+                        self._finish()
+                        raise StopIteration(value)
+                    if kind is _HEARTBEAT:
+                        continue
+                    if kind is _SENDER_ERROR:
+                        raise module.SenderError(str(value))
+                    if kind is _DETACHED:
+                        anchor._owner.sender_detached(entry.local_id, sender_id)
+                        continue
+                    if kind is _FINALIZED:
+                        anchor._end("finished")
+                        raise StopAsyncIteration
+                    if kind is _DROPPED:
+                        anchor._end("the producer went away")
+                        raise module.SenderDropped(
+                            "the producer went away without finishing the stream"
+                        )
+                    shutdown = module.shutdown_message(value)
+                    if shutdown is not None:
+                        anchor._end("the producer shut down")
+                        raise module.SenderDropped(shutdown)
+                    anchor._end("a transport error")
+                    raise module.StreamTransportError(str(value))
+                if compiled:
+                    if (<Inbox>inbox).any_feed_exhausted() and anchor._owner.feed_exhausted(
+                        entry, 0
+                    ):
+                        continue
+                elif inbox.any_feed_exhausted() and anchor._owner.feed_exhausted(entry, 0):
                     continue
-                if kind is _SENDER_ERROR:
-                    raise module.SenderError(str(value))
-                if kind is _DETACHED:
-                    self._owner.sender_detached(entry.local_id, sender_id)
-                    continue
-                if kind is _FINALIZED:
-                    self._end("finished")
-                    raise StopAsyncIteration
-                if kind is _DROPPED:
-                    self._end("the producer went away")
-                    raise module.SenderDropped(
-                        "the producer went away without finishing the stream"
-                    )
-                shutdown = module.shutdown_message(value)
-                if shutdown is not None:
-                    self._end("the producer shut down")
-                    raise module.SenderDropped(shutdown)
-                self._end("a transport error")
-                raise module.StreamTransportError(str(value))
-            if compiled:
-                if (<Inbox>inbox).any_feed_exhausted() and self._owner.feed_exhausted(entry, 0):
-                    continue
-            elif inbox.any_feed_exhausted() and self._owner.feed_exhausted(entry, 0):
-                continue
-            if entry.finished:
-                self._ended_finished()
-            await ((<Inbox>inbox).wait() if compiled else inbox.wait())
-    finally:
-        self._reading = False
+                if entry.finished:
+                    anchor._ended_finished()
+                waiter = (<Inbox>inbox).wait() if compiled else inbox.wait()
+                waiter._asyncio_future_blocking = True
+                return waiter
+        except StopIteration:
+            raise
+        except BaseException:
+            self._finish()
+            raise
+
+    cdef inline void _finish(self) except *:
+        self._release()
+        self._done = True
 
 
 # -- inbox.py ---------------------------------------------------------------------------
@@ -379,6 +457,7 @@ cdef class Inbox:
     cdef Py_ssize_t _next_feed
     cdef Py_ssize_t _barrier
     cdef object _waiter
+    cdef object _loop
     cdef object _space
     cdef bint _closed
 
@@ -395,6 +474,7 @@ cdef class Inbox:
         self._next_feed = 0
         self._barrier = 0
         self._waiter = None
+        self._loop = None
         self._space = deque()
         self._closed = False
 
@@ -524,7 +604,10 @@ cdef class Inbox:
     cpdef object wait(self):
         waiter = self._waiter
         if waiter is None or waiter.done():
-            waiter = self._waiter = _get_running_loop().create_future()
+            loop = self._loop
+            if loop is None:
+                loop = self._loop = _get_running_loop()
+            waiter = self._waiter = loop.create_future()
         return waiter
 
     def close(self):

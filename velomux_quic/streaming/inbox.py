@@ -70,6 +70,7 @@ class Inbox:
         "_feeds",
         "_head",
         "_head_id",
+        "_loop",
         "_next_feed",
         "_ordered",
         "_space",
@@ -89,6 +90,8 @@ class Inbox:
         self._next_feed = 0
         self._barrier = 0
         self._waiter: asyncio.Future[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        """The loop the reader waits on, learnt at its first wait (see :meth:`wait`)."""
         self._space: deque[asyncio.Future[None]] = deque()
         self._closed = False
 
@@ -239,11 +242,17 @@ class Inbox:
 
         Returns the waiter future itself rather than being a coroutine: a reader that
         keeps up waits once per record, and awaiting the future directly saves creating
-        and running a coroutine each time.
+        and running a coroutine each time. The loop is looked up once, at the first wait,
+        and kept: ``asyncio.get_running_loop()`` makes a ``getpid()`` system call on
+        every call (CPython checks for a fork), once per record for such a reader. An
+        inbox is read on one loop, like every object of the node that owns it.
         """
         waiter = self._waiter
         if waiter is None or waiter.done():
-            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            loop = self._loop
+            if loop is None:
+                loop = self._loop = asyncio.get_running_loop()
+            waiter = self._waiter = loop.create_future()
         return waiter
 
     def close(self) -> None:

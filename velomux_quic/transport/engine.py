@@ -51,6 +51,7 @@ from typing import Any
 import aioquic
 from aioquic import tls
 from aioquic._buffer import Buffer  # typed there; aioquic.buffer re-exports it untyped
+from aioquic.buffer import size_uint_var
 from aioquic.quic import events as aioquic_events
 from aioquic.quic.congestion.base import K_INITIAL_WINDOW, K_MINIMUM_WINDOW
 from aioquic.quic.connection import (
@@ -132,6 +133,9 @@ class _LossReportingRecovery(QuicPacketRecovery):
 _SMALLEST_STREAM_FRAME_HEADER = 4
 """A STREAM frame's header is at least type (1) + stream id (1) + length (2) bytes; with
 less room than that left in the packet, aioquic's own code builds no frame either."""
+
+_TWO_BYTE_LENGTH_MAX = 0x3FFF
+"""The largest length a two-byte QUIC variable-length integer holds (RFC 9000 section 16)."""
 
 
 class EngineConnection(QuicConnection):
@@ -562,13 +566,59 @@ class EngineConnection(QuicConnection):
     def _write_stream_frame(
         self, builder: QuicPacketBuilder, space: Any, stream: QuicStream, max_offset: int
     ) -> int:
-        # aioquic calls this for every stream with data queued, for every packet, even
-        # once the packet is full: return at once when no STREAM frame header fits.
-        if builder.remaining_flight_space < _SMALLEST_STREAM_FRAME_HEADER:
+        """aioquic's STREAM frame writer, with two differences.
+
+        aioquic calls this for every stream with data queued, for every packet, even once
+        the packet is full: it returns at once when no STREAM frame header fits. And the
+        frame's length is a full variable-length integer: aioquic writes it in two bytes
+        (``len | 0x4000``), which hold at most 16,383, so in a datagram larger than 16 KiB
+        a longer frame's length was corrupted and the peer closed the connection
+        (FRAME_ENCODING_ERROR). The same two bytes are written up to that length.
+        """
+        room = builder.remaining_flight_space
+        if room < _SMALLEST_STREAM_FRAME_HEADER:
             return 0
-        used = int(super()._write_stream_frame(builder, space, stream, max_offset))
-        if used and stream.stream_id in self._backlog:
-            self._resync_backlog(stream.stream_id)
+        sender = stream.sender
+        stream_id = stream.stream_id
+        assert stream_id is not None
+        offset = sender.next_offset
+        long_length = room > _TWO_BYTE_LENGTH_MAX
+        overhead = (
+            1
+            + size_uint_var(stream_id)
+            + (size_uint_var(offset) if offset else 0)
+            + (4 if long_length else 2)
+        )
+        previous_highest = sender.highest_offset
+        frame = sender.get_frame(room - overhead, max_offset)
+        if frame is None:
+            return 0
+        frame_type = QuicFrameType.STREAM_BASE | 2  # with a length
+        if frame.offset:
+            frame_type |= 4
+        if frame.fin:
+            frame_type |= 1
+        size = len(frame.data)
+        buf = builder.start_frame(
+            frame_type,
+            capacity=overhead,
+            handler=sender.on_data_delivery,
+            handler_args=(frame.offset, frame.offset + size, frame.fin),
+        )
+        buf.push_uint_var(stream_id)
+        if frame.offset:
+            buf.push_uint_var(frame.offset)
+        if long_length:
+            buf.push_uint32(size | 0x8000_0000)
+        else:
+            buf.push_uint16(size | 0x4000)
+        buf.push_bytes(frame.data)
+        logged = builder.quic_logger_frames
+        if self._quic_logger is not None and logged is not None:
+            logged.append(self._quic_logger.encode_stream_frame(frame, stream_id=stream_id))
+        used = int(sender.highest_offset - previous_highest)
+        if used and stream_id in self._backlog:
+            self._resync_backlog(stream_id)
         return used
 
     def _handle_max_stream_data_frame(

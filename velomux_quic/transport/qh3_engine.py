@@ -85,6 +85,11 @@ QH3_FEATURES = seam.EngineFeatures(
 
 _END_STATES = frozenset({"closing", "draining", "terminated"})
 
+ACK_COALESCE = 0.001
+"""How long an owed acknowledgement may wait for the rest of a burst (see
+:meth:`Qh3Connection.ack_due`): aioquic's own delay (its ``K_GRANULARITY``), and what
+qh3's core waits before acknowledging a lone packet."""
+
 
 class _VelomuxBridge(QuicTlsBridge):
     """qh3's TLS bridge, advertising our stream limits and datagram size."""
@@ -161,6 +166,9 @@ class Qh3Connection(Qh3QuicConnection):
         self._held: int | None = None
         """The managed stream a whole window ahead of its reader: no core event is taken
         while it is set (see the module docstring)."""
+        self._ack_owed_at: float | None = None
+        """``ACK_COALESCE`` after the first datagram that no transmit has answered yet
+        arrived (see :meth:`ack_due`)."""
 
     # -- construction hooks (qh3 private, pinned) ------------------------------------------
 
@@ -238,6 +246,8 @@ class Qh3Connection(Qh3QuicConnection):
         normalise the address on every datagram. And on the accepting side, bytes after
         a datagram's last QUIC packet are given to the core with that packet, so they
         count toward the amplification allowance (see the module docstring)."""
+        if self._ack_owed_at is None:
+            self._ack_owed_at = now + ACK_COALESCE
         try:
             core = self._core
             if data and not data[0] & 0x80 and core is not None and self._handshake_complete:
@@ -300,6 +310,10 @@ class Qh3Connection(Qh3QuicConnection):
                 datagrams.append((transmit[0], transmit[1]))
         except RuntimeError as exc:
             self._engine_failed(QuicConnectionError(1, None, str(exc)))
+        if self._ack_owed_at is not None and datagrams:
+            timer = core.get_timer()
+            if timer is None or not timer[0].startswith("ack"):
+                self._ack_owed_at = None  # what was owed left with these datagrams
         if core.has_events:
             self._drain_core()  # connection IDs issued while building: route them now
         return datagrams
@@ -454,11 +468,26 @@ class Qh3Connection(Qh3QuicConnection):
         return core is None or core.state in _END_STATES
 
     def ack_due(self, now: float) -> bool:
-        """Whether the core's next timer is an acknowledgement already due."""
+        """Whether an acknowledgement the core owes has waited long enough to go at once.
+
+        qh3's core wants an ACK after every second ack-eliciting packet (RFC 9000 section
+        13.2.2's default; it has no setting for it and no ACK-frequency extension), and
+        after ``ACK_COALESCE`` for a lone packet. The receive path transmits at once when
+        this is true and otherwise at the end of the loop iteration, after every datagram
+        read in the same wake-up: so the core's every-second-packet ACK is taken as due
+        only once the first datagram it answers has waited ``ACK_COALESCE``, as aioquic
+        delays its own (``EngineConnection.ack_due``). A burst of datagrams is then
+        answered by one ACK at its end rather than one per pair, each a datagram built,
+        sent, received and processed on both sides; the core's own ACK timer still
+        bounds the delay.
+        """
         if not self._handshake_complete or self._core is None:
             return True
         timer = self._core.get_timer()
-        return timer is not None and timer[0].startswith("ack") and timer[1] <= now
+        if timer is None or not timer[0].startswith("ack") or timer[1] > now:
+            return False
+        owed_at = self._ack_owed_at
+        return owed_at is None or owed_at <= now
 
     def acknowledge_now(self) -> None:
         """Make the acknowledgement the core owes the peer leave with the next transmit.
