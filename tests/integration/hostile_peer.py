@@ -87,6 +87,19 @@ class HostileClientProtocol(QuicConnectionProtocol):
         self.connection.send_stream_data(stream_id, data, end_stream=end_stream)
         self.transmit()
 
+    def write_many(self, writes: list[tuple[int, bytes]]) -> None:
+        """Raw bytes on many streams, sent together.
+
+        One transmit for all of them, not one per stream: aioquic builds every transmit
+        by walking all of its streams, so thousands of writes of one transmit each keep
+        this (the test's) loop busy for seconds while the victim's acknowledgements wait
+        unread. The client then takes that wait for its round-trip time: its loss timers
+        and its close (three probe timeouts) grow with it, a lost packet is resent only
+        after the victim's opening deadline, and the close can outlast the test."""
+        for stream_id, data in writes:
+            self.connection.send_stream_data(stream_id, data)
+        self.transmit()
+
 
 @asynccontextmanager
 async def hostile_client(

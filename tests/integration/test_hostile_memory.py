@@ -214,8 +214,13 @@ async def _attack(
         await victim.until("velo_streaming_mux_refusals_forgotten_total", forgotten, timeout=60)
         await announce_4_gib(hostile, victim)
         async with hostile_client(hostile, victim.address) as peer:
-            for index in range(streams):  # each announces its opening and sends 1 byte of it
-                peer.write(_FIRST_STREAM + 4 * index, _HEADER.pack(16) + b"\x00")
+            # each announces its opening and sends 1 byte of it
+            peer.write_many(
+                [
+                    (_FIRST_STREAM + 4 * index, _HEADER.pack(16) + b"\x00")
+                    for index in range(streams)
+                ]
+            )
             await victim.until(_rejections("stream_openings"), streams - 256, timeout=60)
         stalling = _StallingPeer()
         stalling_transport = await QuicTransport.start(
