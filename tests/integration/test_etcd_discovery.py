@@ -71,15 +71,16 @@ def threads_end_with_the_test() -> Iterator[None]:
     gRPC's asyncio machinery runs a poller thread while any of its channel objects lives,
     bound to every loop it served. Left to the next test, it serves a closed loop, and a
     later test's uvloop subprocess forks with gRPC's threads running, which crashes a
-    child now and then (docs/operations.md). The collector runs first: a reference cycle
-    in a client library may hold a channel that is closed but not yet freed.
+    child now and then (docs/operations.md). The collector runs while it waits: a reference
+    cycle in a client library may hold a channel that is closed but not yet freed.
     """
     before = set(threading.enumerate())
     yield
-    gc.collect()
     deadline = time.monotonic() + 10.0
-    for thread in set(threading.enumerate()) - before:
-        thread.join(timeout=max(0.0, deadline - time.monotonic()))
+    while (started := set(threading.enumerate()) - before) and time.monotonic() < deadline:
+        gc.collect()  # again each time: a channel's last holder may be freed meanwhile
+        for thread in started:
+            thread.join(timeout=0.5)
     left = [thread.name for thread in set(threading.enumerate()) - before]
     assert left == [], f"threads the test started outlived it: {left}"
 

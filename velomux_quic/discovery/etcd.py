@@ -222,8 +222,10 @@ def _release_frames(exc: BaseException) -> None:
     a failed watch stream's error from its watch iterator's ``event``, a task keeps the
     exception it ended with and the frames that raised it hold the task. Each is a cycle
     through the session's client, which keeps its gRPC channel, and so gRPC's asyncio
-    machinery, until the cycle collector runs (see :meth:`EtcdPeers._run`). The session
-    has logged the error; its frames are of no use to anyone after that.
+    machinery, until the cycle collector runs (see :meth:`EtcdPeers._run`). A logged error
+    is also kept by its log record, which a handler may hold for as long as it likes (a
+    test's log capture holds them to the end of the test), and the collector cannot free
+    that. The backend has logged the error; its frames are of no use to anyone after that.
     """
     seen: set[int] = set()
     pending: list[BaseException | None] = [exc]
@@ -412,6 +414,7 @@ class EtcdPeers:
             except Exception as exc:
                 # The session is failing too; its next start puts the record.
                 _log.warning("etcd: publishing %s failed (%r)", record.instance_id, exc)
+                _release_frames(exc)  # the log record keeps exc: not the client its frames hold
 
     async def withdraw(self, instance_id: InstanceId) -> None:
         """Remove a node's record: ours by revoking the lease, another's by deleting it."""
@@ -671,6 +674,7 @@ class EtcdPeers:
             await _rpc(client.revoke_lease(lease_id), timeout or self._rpc_timeout)
         except Exception as exc:
             _log.warning("etcd: revoking lease %x failed (%r); it lapses in its TTL", lease_id, exc)
+            _release_frames(exc)  # the log record keeps exc: not the client its frames hold
 
     # -- the view ------------------------------------------------------------------------
 
