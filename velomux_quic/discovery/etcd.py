@@ -608,6 +608,7 @@ class EtcdPeers:
             loop.create_task(self._keep_alive(client)),
         }
         stopping = loop.create_task(self._stopping.wait())
+        done: set[asyncio.Task[Any]] = set()
         try:
             done, _ = await asyncio.wait({*workers, stopping}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -621,6 +622,12 @@ class EtcdPeers:
                     _CHILD_STOP_TIMEOUT,
                     _where(task),
                 )
+            for task in workers - done:
+                # The other worker often ends with the same failure (the channel went)
+                # rather than its cancel. Retrieved here, it is not logged by asyncio when
+                # the task is freed, a record whose traceback would keep the client.
+                if task.done() and not task.cancelled() and (lost := task.exception()):
+                    _release_frames(lost)
         for task in done & workers:
             task.result()  # raises what ended the session, if anything did
 
