@@ -31,6 +31,21 @@ PURE_ARMS = {"mux-auto-pure", "mux-pass-pure"}
 STREAMS, FRONTENDS, PASSES = 16, 2, 5
 
 
+def run_script(command: list[str], timeout: float) -> tuple[int, str, str]:
+    """Run a benchmark script in a process group of its own, so a hang is ended by killing
+    it and its children at once (and fails the test with what it printed)."""
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        pytest.fail(f"{Path(command[1]).name} hung:\n{stdout[-3000:]}\n{stderr[-3000:]}")
+    return process.returncode, stdout, stderr
+
+
 @pytest.mark.timeout(150)
 def test_tokens_benchmark_delivers_every_token_on_every_implementation(tmp_path: Path) -> None:
     report = tmp_path / "tokens.json"
@@ -40,22 +55,8 @@ def test_tokens_benchmark_delivers_every_token_on_every_implementation(tmp_path:
         "--mode", "max-rate", "paced", "--pace-ms", "5", "--runs", "1",
         "--skip-single-stream", "--timeout", "40", "--json", str(report),
     ]  # fmt: skip
-    # A process group of its own, so a hang is ended by killing the benchmark and its
-    # children at once.
-    process = subprocess.Popen(
-        command,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        stdout, stderr = process.communicate(timeout=140)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        stdout, stderr = process.communicate()
-        pytest.fail(f"perf/tokens.py hung:\n{stdout[-3000:]}\n{stderr[-3000:]}")
-    assert process.returncode == 0, stdout[-4000:] + stderr[-4000:]
+    returncode, stdout, stderr = run_script(command, timeout=140)
+    assert returncode == 0, stdout[-4000:] + stderr[-4000:]
 
     document = json.loads(report.read_text())
     assert document["benchmark"] == "tokens"
@@ -101,16 +102,8 @@ def test_tokens_benchmark_runs_every_quic_arm_on_each_engine(tmp_path: Path) -> 
         "--streams", str(STREAMS), "--frontends", "1", "--passes", str(PASSES),
         "--mode", "max-rate", "--runs", "1", "--timeout", "40", "--json", str(report),
     ]  # fmt: skip
-    process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-    try:
-        stdout, stderr = process.communicate(timeout=80)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        stdout, stderr = process.communicate()
-        pytest.fail(f"perf/tokens.py hung:\n{stdout[-3000:]}\n{stderr[-3000:]}")
-    assert process.returncode == 0, stdout[-4000:] + stderr[-4000:]
+    returncode, stdout, stderr = run_script(command, timeout=80)
+    assert returncode == 0, stdout[-4000:] + stderr[-4000:]
     (scenario,) = json.loads(report.read_text())["scenarios"]
     runs = scenario["runs"]
     assert set(runs) == {"mux-pass@aioquic", "mux-pass@qh3", "bare@aioquic", "bare@qh3", "zmq"}
@@ -128,20 +121,8 @@ def test_zmq_frontend_refuses_an_engine_whose_curve_key_it_does_not_know() -> No
         "--streams", "4", "--frontends", "1", "--passes", "2", "--mode", "max-rate",
         "--runs", "1", "--timeout", "20", "--zmq-unknown-engine-key",
     ]  # fmt: skip
-    process = subprocess.Popen(
-        command,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        stdout, stderr = process.communicate(timeout=80)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        stdout, stderr = process.communicate()
-        pytest.fail(f"perf/tokens.py hung:\n{stdout[-3000:]}\n{stderr[-3000:]}")
-    assert process.returncode == 2, stdout[-4000:] + stderr[-4000:]
+    returncode, stdout, stderr = run_script(command, timeout=80)
+    assert returncode == 2, stdout[-4000:] + stderr[-4000:]
     assert "0/1" in stdout  # the zmq row: no successful run
     assert "refused the engine's CURVE key" in stdout, stdout[-4000:]
 
@@ -157,16 +138,8 @@ def test_stream_rate_benchmark_opens_every_stream_on_every_path(tmp_path: Path) 
         sys.executable, str(STREAM_RATE), "--rates", "40", "--seconds", "0.25",
         "--timeout", "20", "--json", str(report),
     ]  # fmt: skip
-    process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-    try:
-        stdout, stderr = process.communicate(timeout=110)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        stdout, stderr = process.communicate()
-        pytest.fail(f"perf/stream_rate.py hung:\n{stdout[-3000:]}\n{stderr[-3000:]}")
-    assert process.returncode == 0, stdout[-4000:] + stderr[-4000:]
+    returncode, stdout, stderr = run_script(command, timeout=110)
+    assert returncode == 0, stdout[-4000:] + stderr[-4000:]
     found = json.loads(report.read_text())
     assert set(found) == {"mux-ticket", "mux-attach", "per-stream", "grpc"}
     for path, (result,) in found.items():
