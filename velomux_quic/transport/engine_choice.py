@@ -64,7 +64,7 @@ def engine_features(name: EngineName) -> EngineFeatures:
         from .qh3_engine import QH3_FEATURES
 
         return QH3_FEATURES
-    from .engine import AIOQUIC_FEATURES
+    from .aioquic_engine import AIOQUIC_FEATURES
 
     return AIOQUIC_FEATURES
 
@@ -113,7 +113,7 @@ class _AioquicFactory:
         verifier: PeerVerifier,
         resets: StatelessResets,
     ) -> None:
-        from .engine import AIOQUIC_FEATURES
+        from .aioquic_engine import AIOQUIC_FEATURES
 
         self.features = AIOQUIC_FEATURES
         self._config = config
@@ -133,7 +133,7 @@ class _AioquicFactory:
         self.supported_versions = list(self._server.supported_versions)
 
     def client(self, expected_peer: InstanceId, local: str, remote: str) -> QuicEngine:
-        from .engine import EngineConnection
+        from .aioquic_engine import EngineConnection
 
         return EngineConnection(
             configuration=self._client,
@@ -147,7 +147,7 @@ class _AioquicFactory:
     def server(
         self, original_cid: bytes, retry_source_cid: bytes | None, local: str, remote: str
     ) -> QuicEngine:
-        from .engine import EngineConnection
+        from .aioquic_engine import EngineConnection
 
         return EngineConnection(
             configuration=self._server,
