@@ -905,26 +905,26 @@ class PeerConnection:
         event = quic.poll_event()
         while event is not None:
             # Most frequent first: a STREAM event per frame, the rest now and then.
-            kind = type(event)
-            if kind is StreamDataReceived:
-                self._stream_data(event)  # type: ignore[arg-type]
-            elif isinstance(event, ConnectionIdIssued):
-                self.transport.register_cid(event.connection_id, self)
-            elif isinstance(event, ConnectionIdRetired):
-                self.transport.unregister_cid(event.connection_id)
-            elif isinstance(event, HandshakeCompleted):
-                self._handshake_completed()
-            elif isinstance(event, PingAcknowledged):
-                waiter = self._ping_waiters.pop(event.uid, None)
-                if waiter is not None and not waiter.done():
-                    waiter.set_result(None)
-            elif isinstance(event, EngineStreamReset):
-                self._stream_reset(event.stream_id, event.error_code)
-            elif isinstance(event, StopSendingReceived):
-                self._stop_sending(event.stream_id)
-            elif isinstance(event, ConnectionTerminated):
-                self._terminated(event)
-                return
+            match event:
+                case StreamDataReceived():
+                    self._stream_data(event)
+                case ConnectionIdIssued(connection_id=cid):
+                    self.transport.register_cid(cid, self)
+                case ConnectionIdRetired(connection_id=cid):
+                    self.transport.unregister_cid(cid)
+                case HandshakeCompleted():
+                    self._handshake_completed()
+                case PingAcknowledged(uid=uid):
+                    waiter = self._ping_waiters.pop(uid, None)
+                    if waiter is not None and not waiter.done():
+                        waiter.set_result(None)
+                case EngineStreamReset(stream_id=stream_id, error_code=code):
+                    self._stream_reset(stream_id, code)
+                case StopSendingReceived(stream_id=stream_id):
+                    self._stop_sending(stream_id)
+                case ConnectionTerminated():
+                    self._terminated(event)
+                    return
             event = quic.poll_event()
         if self._unacked_pending_drain():
             self._drained.set()
