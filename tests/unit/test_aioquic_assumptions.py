@@ -127,7 +127,7 @@ def test_the_tls_context_is_built_in_initialize_and_kept_as_tls(
     assert isinstance(client.tls, tls.Context)
 
 
-# -- transport/aioquic_engine.py: handshake state -----------------------------------------------------
+# -- transport/aioquic_engine.py: handshake state --------------------------------------------------
 
 
 def test_handshake_flags_and_the_one_rtt_space_ack_deadline(
@@ -142,7 +142,7 @@ def test_handshake_flags_and_the_one_rtt_space_ack_deadline(
     assert QuicPacketSpace().ack_at is None
 
 
-# -- transport/aioquic_engine.py: streams -------------------------------------------------------------
+# -- transport/aioquic_engine.py: streams ----------------------------------------------------------
 
 
 def test_streams_are_kept_by_id_and_created_in_order(
@@ -208,7 +208,7 @@ def test_the_receive_window_fields_the_managed_window_sets(
     assert stream.max_stream_data_local_sent == 64 * 1024
 
 
-# -- transport/aioquic_engine.py: the overridden frame writers and handlers ----------------------------
+# -- transport/aioquic_engine.py: the overridden frame writers and handlers ------------------------
 
 
 def test_the_stream_limits_writer_and_its_delivery_handler() -> None:
@@ -384,7 +384,7 @@ def test_change_connection_id_moves_to_the_next_peer_connection_id(
     assert server._peer_cid.stateless_reset_token == following.stateless_reset_token
 
 
-# -- transport/aioquic_engine.py: datagram size, transport parameters and path MTU probes --------------
+# -- transport/aioquic_engine.py: datagram size, transport parameters and path MTU probes ----------
 
 
 def test_the_datagram_size_is_read_per_transmit_from_max_datagram_size(
