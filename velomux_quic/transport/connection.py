@@ -35,6 +35,7 @@ from ..ids import InstanceId
 from ..security.tls import parse_refusal_reason
 from .admission import SendOutcome, SharedRoom
 from .config import MAX_LANES, TransportConfig
+from .deadlines import ConnectionClock, Deadline, Deadlines, LoopTimer
 from .events import PeerLink, StreamData, StreamReset, StreamStopped
 from .framing import FrameTooLarge
 from .handler import TransportHandler
@@ -125,6 +126,7 @@ class PeerConnection:
         *,
         is_client: bool,
         peer: InstanceId | None,
+        clock: ConnectionClock | None = None,
     ) -> None:
         self.transport = transport
         self.quic = quic
@@ -138,15 +140,14 @@ class PeerConnection:
         self.stats = transport.stats
         self.link: PeerLink | None = None
         """The layers above's handle on this connection, from its establishment on."""
-        self._loop = transport.loop
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at: float | None = None
-        self._transmit_handle: asyncio.Handle | None = None
-        self._keepalive: asyncio.TimerHandle | None = None
-        self._handshake_deadline: asyncio.TimerHandle | None = None
-        self._half_open_check: asyncio.TimerHandle | None = None
-        self._last_heard = self._loop.time()
-        self._handshake_waiter: asyncio.Future[None] = self._loop.create_future()
+        self._clock: ConnectionClock = clock or LoopTimer(transport.loop, self.on_timer)
+        self._deadlines = Deadlines()
+        self._engine_at: float | None = None
+        """The engine's own timer (apart from :attr:`_deadlines`: it moves every transmit)."""
+        self._transmit_pending = False
+        self._last_heard = self._clock.time()
+        self._handshake_done = asyncio.Event()
+        self._handshake_error: DialError | None = None
         self._outbound: list[OutboundStream | None] = [None] * MAX_LANES
         self._extra: dict[int, OutboundStream] = {}
         self._finished_unacked: set[int] = set()
@@ -172,8 +173,6 @@ class PeerConnection:
             config.max_stream_opening_size,
             config.stream_opening_timeout,
         )
-        self._opening_timer: asyncio.TimerHandle | None = None
-        self._partial_sweep: asyncio.TimerHandle | None = None
         self._ping_waiters: dict[int, asyncio.Future[None]] = {}
         self._next_ping = 1
         self._close_error: ChannelClosed | ConnectionReplaced | None = None
@@ -191,8 +190,6 @@ class PeerConnection:
         """Server side: still sending to the client's first connection ID, which carries
         no stateless reset token (see ``EngineConnection.adopt_resettable_peer_cid``)."""
         self._pmtu: PathMtuSearch | None = None
-        self._pmtu_timer: asyncio.TimerHandle | None = None
-        self._pmtu_soon: asyncio.Handle | None = None
         self._black_holes_counted = 0
         self._datagram_mode = (
             DatagramMode.PINNED if config.max_datagram_size is not None else DatagramMode.BASE
@@ -212,26 +209,26 @@ class PeerConnection:
     # -- lifecycle -----------------------------------------------------------------------
 
     def start_handshake_deadline(self) -> None:
-        timeout = self.transport.config.handshake_timeout
-        self._handshake_deadline = self._loop.call_later(timeout, self._handshake_timed_out)
+        config = self.transport.config
+        now = self._clock.time()
+        self._deadlines.set(Deadline.HANDSHAKE, now + config.handshake_timeout)
         if not self.is_client:
-            idle = self.transport.config.half_open_idle_timeout
-            self._half_open_check = self._loop.call_later(idle, self._reap_if_abandoned)
+            self._deadlines.set(Deadline.HALF_OPEN, now + config.half_open_idle_timeout)
+        self._rearm()
 
-    def _reap_if_abandoned(self) -> None:
+    def _reap_if_abandoned(self, now: float) -> None:
         """An inbound handshake whose peer went silent is dropped without a word.
 
         A flood of Initials from senders that never continue would otherwise hold its
         connections until ``handshake_timeout``; nothing is sent to the (possibly
         spoofed) source.
         """
-        self._half_open_check = None
         if self.state is not ConnectionState.HANDSHAKING:
             return
         idle = self.transport.config.half_open_idle_timeout
-        silent = self._loop.time() - self._last_heard
+        silent = now - self._last_heard
         if silent < idle:
-            self._half_open_check = self._loop.call_later(idle - silent, self._reap_if_abandoned)
+            self._deadlines.set(Deadline.HALF_OPEN, now + idle - silent)
             return
         self.transport.stats.rejections["handshake_abandoned"] += 1
         self._terminated(
@@ -244,10 +241,13 @@ class PeerConnection:
 
     async def wait_established(self) -> None:
         """Resolve when the handshake completed and the peer was verified; raise DialError."""
-        await asyncio.shield(self._handshake_waiter)
+        await self._handshake_done.wait()
+        error = self._handshake_error
+        if error is not None:
+            # Each waiter's raise starts its own traceback: the error is kept, their frames not.
+            raise error.with_traceback(None)
 
     def _handshake_timed_out(self) -> None:
-        self._handshake_deadline = None
         if self.state is ConnectionState.HANDSHAKING:
             self._fail_handshake(
                 DialError(
@@ -259,9 +259,9 @@ class PeerConnection:
             self.close(CloseCode.HANDSHAKE_TIMEOUT, "handshake timeout")
 
     def _fail_handshake(self, error: DialError) -> None:
-        if not self._handshake_waiter.done():
-            self._handshake_waiter.set_exception(error)
-            self._handshake_waiter.exception()  # retrieved: a dial nobody awaits must not warn
+        if not self._handshake_done.is_set():
+            self._handshake_error = error
+            self._handshake_done.set()
 
     def close(self, code: CloseCode = CloseCode.SHUTDOWN, reason: str = "") -> None:
         """Close now: waiting admissions are refused; unacknowledged data may be lost."""
@@ -478,7 +478,7 @@ class PeerConnection:
 
     # -- datagram size -------------------------------------------------------------------
 
-    def _start_datagram_plan(self) -> None:
+    def _start_datagram_plan(self, now: float) -> None:
         """Established: choose the datagram size for this path (see :mod:`.pmtu`)."""
         config = self.transport.config
         remote = self.remote_address[0] if self.remote_address is not None else ""
@@ -498,7 +498,7 @@ class PeerConnection:
             self._datagram_mode = search.mode
             self.quic.large_packet_threshold = search.base
             self._use_datagram_size(search.size)
-            self._pmtu_step()
+            self._pmtu_step(now)
         else:
             self._use_datagram_size(min(plan.size, limit))
 
@@ -530,7 +530,7 @@ class PeerConnection:
         if acked:
             self.stats.pmtu_probes["acked"] += 1
             search.probe_acked(size)
-        elif search.probe_lost(size, self._loop.time()):
+        elif search.probe_lost(size, self._clock.time()):
             self.stats.pmtu_probes["lost"] += 1
         self._pmtu_step_soon()
 
@@ -541,16 +541,16 @@ class PeerConnection:
             self._pmtu_step_soon()
 
     def _pmtu_step_soon(self) -> None:
-        if self._pmtu_soon is None and self.state is ConnectionState.ESTABLISHED:
-            self._pmtu_soon = self._loop.call_soon(self._pmtu_step)
+        if self.state is ConnectionState.ESTABLISHED:
+            # Not from inside the engine's receive path: at once, from the timer.
+            self._deadlines.set(Deadline.PMTU, self._clock.time())
+            self._rearm()
 
-    def _pmtu_step(self) -> None:
+    def _pmtu_step(self, now: float) -> None:
         """Give up on an overdue probe, send the next one, and follow the search's size."""
-        self._pmtu_soon = None
         search = self._pmtu
         if search is None or self.state is not ConnectionState.ESTABLISHED:
             return
-        now = self._loop.time()
         if search.expire(now) is not None:
             self.stats.pmtu_probes["lost"] += 1
         retry_at: float | None = None
@@ -578,17 +578,12 @@ class PeerConnection:
                 self._peer_name(),
                 search.size,
             )
-        if self._pmtu_timer is not None:
-            self._pmtu_timer.cancel()
-            self._pmtu_timer = None
-        deadline = search.deadline if retry_at is None else retry_at
-        if deadline is not None:
-            self._pmtu_timer = self._loop.call_at(deadline, self._pmtu_step)
+        self._deadlines.set(Deadline.PMTU, search.deadline if retry_at is None else retry_at)
 
     async def ping(self, timeout: float) -> None:
         uid = self._next_ping
         self._next_ping += 1
-        waiter: asyncio.Future[None] = self._loop.create_future()
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._ping_waiters[uid] = waiter
         self.quic.send_ping(uid)
         self.transmit()
@@ -688,15 +683,14 @@ class PeerConnection:
         )
         self.close(CloseCode.FRAME_TOO_LARGE, "too many bytes of unfinished frames")
 
-    def _schedule_partial_sweep(self) -> None:
+    def _schedule_partial_sweep(self, now: float) -> None:
         timeout = self.transport.config.partial_frame_timeout
-        self._partial_sweep = self._loop.call_later(timeout, self._sweep_partial_frames)
+        self._deadlines.set(Deadline.PARTIAL_SWEEP, now + timeout)
 
-    def _sweep_partial_frames(self) -> None:
+    def _sweep_partial_frames(self, now: float) -> None:
         """Close the connection if a lane began a frame and nothing arrived on it since the
         last sweep. It runs off the receive path, once per ``partial_frame_timeout``: the
         lanes' byte counts say whether anything moved, so arrivals cost nothing extra."""
-        self._partial_sweep = None
         if self.state is not ConnectionState.ESTABLISHED:
             return
         for state in self._inbound.values():
@@ -714,7 +708,7 @@ class PeerConnection:
                 )
                 self.close(CloseCode.FRAME_TOO_LARGE, "an unfinished frame stalled")
                 return
-        self._schedule_partial_sweep()
+        self._schedule_partial_sweep(now)
 
     def _deliver(self, state: InboundLane, bodies: list[bytes] | deque[bytes]) -> None:
         handler = self.transport.handler.frame_received
@@ -766,13 +760,14 @@ class PeerConnection:
                 return
             openings = self._openings
             if stream_id not in openings.opened:  # its opening is still to come
-                refusal = openings.admit(stream_id, event.data, self._loop.time())
+                refusal = openings.admit(stream_id, event.data, self._clock.time())
                 if refusal is not None:
                     if refusal != DROP:
                         self._refuse_opening(link, stream_id, refusal)
                     return
-                if self._opening_timer is None and openings.pending:
-                    self._arm_opening_timer()
+                if openings.pending and self._deadlines.get(Deadline.OPENINGS) is None:
+                    self._deadlines.set(Deadline.OPENINGS, openings.next_deadline())
+                    self._rearm()
             if not self.transport.handler.stream_received(
                 link, StreamData(stream_id, event.data, event.end_stream)
             ):
@@ -797,19 +792,13 @@ class PeerConnection:
         self.stop_receiving(stream_id, CloseCode.SHUTDOWN)
         self.transport.handler.stream_reset(link, StreamReset(stream_id, int(CloseCode.SHUTDOWN)))
 
-    def _arm_opening_timer(self) -> None:
-        deadline = self._openings.next_deadline()
-        if deadline is not None:
-            self._opening_timer = self._loop.call_at(deadline, self._openings_timed_out)
-
-    def _openings_timed_out(self) -> None:
-        self._opening_timer = None
+    def _openings_timed_out(self, now: float) -> None:
         link = self.link
         if self.state is not ConnectionState.ESTABLISHED or link is None:
             return
-        for stream_id in self._openings.expire(self._loop.time()):
+        for stream_id in self._openings.expire(now):
             self._refuse_opening(link, stream_id, REFUSED_TIMEOUT)
-        self._arm_opening_timer()
+        self._deadlines.set(Deadline.OPENINGS, self._openings.next_deadline())
 
     def _refuse_stream(self, stream_id: int, code: CloseCode = CloseCode.SHUTDOWN) -> None:
         try:
@@ -880,7 +869,7 @@ class PeerConnection:
 
     def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
         self.remote_address = addr
-        now = self._last_heard = self._loop.time()
+        now = self._last_heard = self._clock.time()
         self.quic.receive_datagram(data, addr, now=now)
         self._process_events()
         if self.state is ConnectionState.HANDSHAKING:
@@ -895,7 +884,7 @@ class PeerConnection:
         # a datagrams_to_send pass after each one mostly found nothing to send (the ACK not
         # yet due) and cost a receiver about a sixth of its CPU, so the pass waits for the
         # end of the batch, unless an acknowledgement is due now (see EngineConnection.ack_due).
-        if self.quic.ack_due(self._loop.time()):
+        if self.quic.ack_due(self._clock.time()):
             self.transmit()
         else:
             self.transmit_soon()
@@ -977,18 +966,16 @@ class PeerConnection:
         self.state = ConnectionState.ESTABLISHED
         self.link = PeerLink(self.peer, self.is_client, self)
         self.established_once = True
-        if self._handshake_deadline is not None:
-            self._handshake_deadline.cancel()
-            self._handshake_deadline = None
-        if self._half_open_check is not None:
-            self._half_open_check.cancel()
-            self._half_open_check = None
-        if not self._handshake_waiter.done():
-            self._handshake_waiter.set_result(None)
-        self._schedule_keepalive()
+        deadlines = self._deadlines
+        deadlines.set(Deadline.HANDSHAKE, None)
+        deadlines.set(Deadline.HALF_OPEN, None)
+        self._handshake_done.set()
+        now = self._clock.time()
+        self._schedule_keepalive(now)
         if not self.is_client:
-            self._schedule_partial_sweep()
-        self._start_datagram_plan()
+            self._schedule_partial_sweep(now)
+        self._start_datagram_plan(now)
+        self._rearm()
         self.transport.connection_established(self)
         self._poll_gates()
 
@@ -997,26 +984,13 @@ class PeerConnection:
             return
         was_established = self.state is not ConnectionState.HANDSHAKING
         self.state = ConnectionState.CLOSED
-        for handle in (
-            self._timer,
-            self._transmit_handle,
-            self._keepalive,
-            self._handshake_deadline,
-            self._half_open_check,
-            self._opening_timer,
-            self._partial_sweep,
-            self._pmtu_timer,
-            self._pmtu_soon,
-        ):
-            if handle is not None:
-                handle.cancel()
-        self._opening_timer = self._partial_sweep = None
-        self._pmtu_timer = self._pmtu_soon = None
+        self._deadlines.clear()
+        self._engine_at = None
+        self._transmit_pending = False
+        self._clock.wake_at(None)
         self._pmtu = None
         self._forget_datagram_size()
         self._openings.clear()
-        self._timer = self._transmit_handle = self._keepalive = self._handshake_deadline = None
-        self._half_open_check = None
         reason = event.reason_phrase or f"error {event.error_code:#x}"
         error = self._close_error or ChannelClosed(
             f"connection to {self._peer_name()} closed: {reason}"
@@ -1079,14 +1053,16 @@ class PeerConnection:
 
     def transmit_soon(self) -> None:
         """Coalesce: many sends in one loop iteration leave in one transmit."""
-        if self._transmit_handle is None and self.state is not ConnectionState.CLOSED:
-            self._transmit_handle = self._loop.call_soon(self.transmit)
+        if not self._transmit_pending and self.state is not ConnectionState.CLOSED:
+            self._transmit_pending = True
+            self._clock.soon(self._transmit_if_pending)
+
+    def _transmit_if_pending(self) -> None:
+        if self._transmit_pending:  # else a direct transmit already sent what it was for
+            self.transmit()
 
     def transmit(self) -> None:
-        handle = self._transmit_handle
-        if handle is not None:  # a direct transmit makes the scheduled one redundant
-            handle.cancel()
-            self._transmit_handle = None
+        self._transmit_pending = False
         if self.state is ConnectionState.CLOSED:
             return
         if self.quic.poll_receive_gate():
@@ -1097,7 +1073,7 @@ class PeerConnection:
                 return
         sendto = self.transport.sendto
         sent = 0
-        for data, addr in self.quic.datagrams_to_send(now=self._loop.time()):
+        for data, addr in self.quic.datagrams_to_send(now=self._clock.time()):
             sendto(data, addr)
             sent += 1
         self.transport.stats.datagrams_out += sent
@@ -1106,30 +1082,59 @@ class PeerConnection:
             # what they write now leaves in the next transmit (transmit_soon).
             self._stream_room.poll()
         timer_at = self.quic.get_timer()
-        if self._timer is not None and self._timer_at != timer_at:
-            self._timer.cancel()
-            self._timer = None
-        if self._timer is None and timer_at is not None:
-            self._timer = self._loop.call_at(timer_at, self._handle_timer)
-        self._timer_at = timer_at
+        if timer_at != self._engine_at:
+            self._engine_at = timer_at
+            self._rearm()
 
-    def _handle_timer(self) -> None:
-        now = max(self._timer_at or 0.0, self._loop.time())
-        self._timer = None
-        self._timer_at = None
-        self.quic.handle_timer(now=now)
-        self._process_events()
-        self._poll_gates()
-        self.transmit()
+    def next_deadline(self) -> float | None:
+        """When :meth:`on_timer` is next due: the engine's timer or one of the connection's
+        own :class:`~.deadlines.Deadline` (None: nothing to wait for)."""
+        at = self._engine_at
+        other = self._deadlines.next_at
+        if other is not None and (at is None or other < at):
+            return other
+        return at
 
-    def _schedule_keepalive(self) -> None:
+    def _rearm(self) -> None:
+        self._clock.wake_at(self.next_deadline())
+
+    def on_timer(self, now: float) -> None:
+        """Do what is due at ``now``: the engine's timer, then the connection's deadlines."""
+        if self.state is ConnectionState.CLOSED:
+            return
+        engine_at = self._engine_at
+        if engine_at is not None and engine_at <= now:
+            self._engine_at = None
+            self.quic.handle_timer(now=now)
+            self._process_events()
+            self._poll_gates()
+            self.transmit()
+        for deadline in self._deadlines.due(now):
+            if self.closed.is_set():  # ended by what ran before (state is narrowed here)
+                return
+            match deadline:
+                case Deadline.HANDSHAKE:
+                    self._handshake_timed_out()
+                case Deadline.HALF_OPEN:
+                    self._reap_if_abandoned(now)
+                case Deadline.KEEP_ALIVE:
+                    self._send_keepalive(now)
+                case Deadline.OPENINGS:
+                    self._openings_timed_out(now)
+                case Deadline.PARTIAL_SWEEP:
+                    self._sweep_partial_frames(now)
+                case Deadline.PMTU:
+                    self._pmtu_step(now)
+        if not self.closed.is_set():
+            self._rearm()
+
+    def _schedule_keepalive(self, now: float) -> None:
         interval = self.transport.config.keep_alive_interval
-        self._keepalive = self._loop.call_later(interval, self._send_keepalive)
+        self._deadlines.set(Deadline.KEEP_ALIVE, now + interval)
 
-    def _send_keepalive(self) -> None:
-        self._keepalive = None
+    def _send_keepalive(self, now: float) -> None:
         if self.state is not ConnectionState.ESTABLISHED:
             return
         self.quic.send_ping(0)
         self.transmit()
-        self._schedule_keepalive()
+        self._schedule_keepalive(now)
