@@ -75,7 +75,8 @@ from aioquic.quic.stream import QuicStream
 from cryptography.hazmat.primitives.serialization import Encoding
 
 from ..ids import InstanceId
-from ..security.tls import Role, VerifyingContext, install_peer_verification
+from ..security.alerts import Role
+from ..security.tls import VerifyingContext, install_peer_verification
 from ..security.verify import PeerVerificationError, PeerVerifier
 from . import seam
 from .resets import StatelessResets

@@ -32,7 +32,7 @@ from typing import Protocol
 
 from ..errors import ChannelClosed, ConnectionReplaced, DialError
 from ..ids import InstanceId
-from ..security.tls import parse_refusal_reason
+from ..security.alerts import parse_refusal_reason
 from .admission import SendOutcome, SharedRoom
 from .config import MAX_LANES, TransportConfig
 from .deadlines import ConnectionClock, Deadline, Deadlines, LoopTimer

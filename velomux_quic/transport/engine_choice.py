@@ -6,7 +6,8 @@ fleet can be switched; otherwise aioquic, the default. qh3 is the optional extra
 ``velomux_quic[qh3]``: choosing it without it installed is a ``ConfigurationError`` that
 says what to install. An :class:`EngineFactory` holds what every connection of one
 transport is made from (configurations, verifier, reset key) and makes one engine per
-dial or accept, so the endpoint never names an engine's classes.
+dial or accept, so the endpoint never names an engine's classes. An engine's modules are
+imported when it is chosen, not before, so a node on qh3 loads nothing of aioquic.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from typing import Protocol
 from ..errors import ConfigurationError
 from ..ids import InstanceId
 from ..security.certs import NodeCredentials
-from ..security.tls import make_quic_configuration
 from ..security.verify import PeerVerifier
 from .config import TransportConfig
 from .pmtu import plan_path
@@ -113,6 +113,7 @@ class _AioquicFactory:
         verifier: PeerVerifier,
         resets: StatelessResets,
     ) -> None:
+        from ..security.tls import make_quic_configuration
         from .aioquic_engine import AIOQUIC_FEATURES
 
         self.features = AIOQUIC_FEATURES
