@@ -8,7 +8,7 @@ asyncio plumbing (timers, transmit, close) is the same.
 :class:`PeerConnection` is one concern, a connection's lifecycle and what happens on it,
 so it is one class in one file: the dial's handshake deadline, peer verification,
 graceful and abrupt close, termination and what it reports; the datagrams in and the
-dispatch of aioquic's events; what arrives on streams (lanes into frames for the handler,
+dispatch of its engine's events; what arrives on streams (lanes into frames for the handler,
 request streams, the per-stream path's streams handed up as :mod:`.events`); the send side
 (lanes and the per-stream path's streams, their gates); the datagram size of its path
 (the plan and search of :mod:`.pmtu`, fed with its probes' fates); pings, keepalive,
@@ -18,8 +18,14 @@ layers above see only its :class:`~.events.PeerLink`.
 
 ``_stream_data`` and the lane path (``_lane_data``, ``_feed``, ``_deliver``) run once per
 STREAM frame: keep them free of extra calls and attribute lookups.
-:class:`CloseCode`, :class:`ConnectionState` and :class:`PerStreamOutbound` are re-exported
-here, where they have always been imported from.
+
+Time comes in from outside: every timer of the connection is a :class:`~.deadlines.Deadline`
+kept as a plain time, decided on in :meth:`PeerConnection.on_timer` with the ``now`` it is
+given, beside the engine's own timer; :meth:`PeerConnection.next_deadline` is the earliest.
+The shell that owns the one loop timer at that deadline, and the call-soon that coalesces
+transmits, is a :class:`~.deadlines.ConnectionClock` (on the event loop,
+:class:`~.deadlines.LoopTimer`), so the connection itself runs without a loop or a socket
+(``tests/unit/test_connection_core.py`` drives every timer on a fake clock).
 """
 
 from __future__ import annotations
@@ -67,7 +73,7 @@ from .seam import (
 from .snapshot import ConnectionSnapshot
 from .states import CloseCode, ConnectionState
 
-__all__ = ["CloseCode", "ConnectionOwner", "ConnectionState", "PeerConnection", "PerStreamOutbound"]
+__all__ = ["ConnectionOwner", "PeerConnection"]
 
 logger = logging.getLogger(__name__)
 
@@ -121,26 +127,26 @@ class PeerConnection:
 
     def __init__(
         self,
-        transport: ConnectionOwner,
+        endpoint: ConnectionOwner,
         quic: QuicEngine,
         *,
         is_client: bool,
         peer: InstanceId | None,
         clock: ConnectionClock | None = None,
     ) -> None:
-        self.transport = transport
+        self.endpoint = endpoint
         self.quic = quic
         self.is_client = is_client
         self.peer = peer  # expected peer when dialing; verified peer once accepted
         self.state = ConnectionState.HANDSHAKING
         self.established_once = False
         self.remote_address: tuple[str, int] | None = None
-        self.send_buffer = transport.config.send_buffer
+        self.send_buffer = endpoint.config.send_buffer
         self.closed = asyncio.Event()
-        self.stats = transport.stats
+        self.stats = endpoint.stats
         self.link: PeerLink | None = None
         """The layers above's handle on this connection, from its establishment on."""
-        self._clock: ConnectionClock = clock or LoopTimer(transport.loop, self.on_timer)
+        self._clock: ConnectionClock = clock or LoopTimer(endpoint.loop, self.on_timer)
         self._deadlines = Deadlines()
         self._engine_at: float | None = None
         """The engine's own timer (apart from :attr:`_deadlines`: it moves every transmit)."""
@@ -161,10 +167,10 @@ class PeerConnection:
         acknowledgement of every byte before that offset, offsets in increasing order."""
         # What the per-stream streams may hold, together, not yet transmitted.
         self._stream_room = SharedRoom(
-            transport.config.streams_send_buffer, lambda: quic.send_backlog
+            endpoint.config.streams_send_buffer, lambda: quic.send_backlog
         )
         self._inbound: dict[int, InboundLane] = {}
-        config = transport.config
+        config = endpoint.config
         self._partial_bytes = 0
         """Bytes of unfinished frames across the inbound lanes (``max_partial_frame_bytes``)."""
         self._partial_limit = config.partial_frame_limit
@@ -181,7 +187,7 @@ class PeerConnection:
         self.requests_in = IncomingRequests(
             quic,
             self.transmit_soon,
-            transport.handler.serve_request,
+            endpoint.handler.serve_request,
             lambda: self.peer,
             self._count_request_refusal,
         )
@@ -209,7 +215,7 @@ class PeerConnection:
     # -- lifecycle -----------------------------------------------------------------------
 
     def start_handshake_deadline(self) -> None:
-        config = self.transport.config
+        config = self.endpoint.config
         now = self._clock.time()
         self._deadlines.set(Deadline.HANDSHAKE, now + config.handshake_timeout)
         if not self.is_client:
@@ -225,12 +231,12 @@ class PeerConnection:
         """
         if self.state is not ConnectionState.HANDSHAKING:
             return
-        idle = self.transport.config.half_open_idle_timeout
+        idle = self.endpoint.config.half_open_idle_timeout
         silent = now - self._last_heard
         if silent < idle:
             self._deadlines.set(Deadline.HALF_OPEN, now + idle - silent)
             return
-        self.transport.stats.rejections["handshake_abandoned"] += 1
+        self.endpoint.stats.rejections["handshake_abandoned"] += 1
         self._terminated(
             ConnectionTerminated(
                 error_code=int(CloseCode.HANDSHAKE_TIMEOUT),
@@ -252,7 +258,7 @@ class PeerConnection:
             self._fail_handshake(
                 DialError(
                     f"no handshake with {self._peer_name()} within "
-                    f"{self.transport.config.handshake_timeout:g} s",
+                    f"{self.endpoint.config.handshake_timeout:g} s",
                     reason="handshake_timeout",
                 )
             )
@@ -431,7 +437,7 @@ class PeerConnection:
 
     def stream_blocked(self, stream: OutboundStream) -> None:
         self._blocked.add(stream)
-        self.transport.stats.send_backpressure += 1
+        self.endpoint.stats.send_backpressure += 1
 
     def stream_done(self, stream: OutboundStream) -> None:
         self._blocked.discard(stream)
@@ -480,9 +486,9 @@ class PeerConnection:
 
     def _start_datagram_plan(self, now: float) -> None:
         """Established: choose the datagram size for this path (see :mod:`.pmtu`)."""
-        config = self.transport.config
+        config = self.endpoint.config
         remote = self.remote_address[0] if self.remote_address is not None else ""
-        plan = plan_path(config, self.transport.address[0], remote)
+        plan = plan_path(config, self.endpoint.address[0], remote)
         limit = self.quic.peer_max_udp_payload_size
         self._datagram_mode = plan.mode
         if not self.quic.features.live_datagram_size:
@@ -522,8 +528,8 @@ class PeerConnection:
             self._counted_size = None
 
     def _mtu_probe_answered(self, size: int, acked: bool) -> None:
-        """aioquic's loss detection decided a probe's fate (inside its receive path, so the
-        next probe waits for a callback of its own)."""
+        """The engine's loss detection decided a probe's fate (inside its receive path, so
+        the next probe waits for the timer, due at once)."""
         search = self._pmtu
         if search is None:
             return
@@ -559,7 +565,7 @@ class PeerConnection:
             datagrams = self.quic.send_mtu_probe(size, now)
             if datagrams:
                 for data, addr in datagrams:
-                    self.transport.sendto(data, addr)
+                    self.endpoint.sendto(data, addr)
                 self.stats.datagrams_out += len(datagrams)
                 self.stats.pmtu_probes["sent"] += 1
                 timeout = max(3 * self.quic.probe_timeout, _MIN_PROBE_TIMEOUT)
@@ -623,11 +629,11 @@ class PeerConnection:
         state = self._inbound.get(stream_id)
         if state is None:
             assert self.peer is not None
-            paused = self.transport.is_reading_paused(self.peer, lane)
-            state = InboundLane(lane, stream_id, self.transport.config.max_message_size, paused)
+            paused = self.endpoint.is_reading_paused(self.peer, lane)
+            state = InboundLane(lane, stream_id, self.endpoint.config.max_message_size, paused)
             self._inbound[stream_id] = state
             self.quic.manage_receive_window(
-                stream_id, state.consumed_bytes, self.transport.config.lane_window
+                stream_id, state.consumed_bytes, self.endpoint.config.lane_window
             )
         return state
 
@@ -645,7 +651,7 @@ class PeerConnection:
         except FrameTooLarge as exc:
             if exc.frames:
                 self._deliver(state, exc.frames)
-            self.transport.stats.rejections["oversized_frame"] += 1
+            self.endpoint.stats.rejections["oversized_frame"] += 1
             logger.warning(
                 "closing connection from %s: lane %d: %s", self._peer_name(), state.lane, exc
             )
@@ -660,7 +666,7 @@ class PeerConnection:
                 return
         if not bodies:
             return
-        stats = self.transport.stats
+        stats = self.endpoint.stats
         stats.frames_in += len(bodies)
         stats.bytes_in += len(data)
         self._deliver(state, bodies)
@@ -673,7 +679,7 @@ class PeerConnection:
         """
         if bodies:
             self._deliver(state, bodies)
-        self.transport.stats.rejections["partial_frame_bytes"] += 1
+        self.endpoint.stats.rejections["partial_frame_bytes"] += 1
         logger.warning(
             "closing connection from %s: its lanes hold %d bytes of unfinished frames"
             " (max_partial_frame_bytes %d)",
@@ -684,7 +690,7 @@ class PeerConnection:
         self.close(CloseCode.FRAME_TOO_LARGE, "too many bytes of unfinished frames")
 
     def _schedule_partial_sweep(self, now: float) -> None:
-        timeout = self.transport.config.partial_frame_timeout
+        timeout = self.endpoint.config.partial_frame_timeout
         self._deadlines.set(Deadline.PARTIAL_SWEEP, now + timeout)
 
     def _sweep_partial_frames(self, now: float) -> None:
@@ -697,21 +703,21 @@ class PeerConnection:
             stalled = state.partial and state.consumed == state.swept
             state.swept = state.consumed
             if stalled and not (state.paused or state.held or state.backlog):
-                self.transport.stats.rejections["partial_frame_timeout"] += 1
+                self.endpoint.stats.rejections["partial_frame_timeout"] += 1
                 logger.warning(
                     "closing connection from %s: lane %d holds %d bytes of a frame on which"
                     " nothing arrived for %g s",
                     self._peer_name(),
                     state.lane,
                     state.partial,
-                    self.transport.config.partial_frame_timeout,
+                    self.endpoint.config.partial_frame_timeout,
                 )
                 self.close(CloseCode.FRAME_TOO_LARGE, "an unfinished frame stalled")
                 return
         self._schedule_partial_sweep(now)
 
     def _deliver(self, state: InboundLane, bodies: list[bytes] | deque[bytes]) -> None:
-        handler = self.transport.handler.frame_received
+        handler = self.endpoint.handler.frame_received
         peer = self.peer
         assert peer is not None
         lane = state.lane
@@ -719,7 +725,7 @@ class PeerConnection:
             try:
                 handler(peer, lane, body)
             except Exception:
-                self.transport.stats.rejections["handler_error"] += 1
+                self.endpoint.stats.rejections["handler_error"] += 1
                 logger.exception("frame handler failed for a frame from %s lane %d", peer, lane)
             if state.paused:
                 state.held.extend(list(bodies)[index + 1 :])
@@ -742,7 +748,7 @@ class PeerConnection:
         if self.state is not ConnectionState.ESTABLISHED or link is None:
             # Defence in depth: the handshake cannot complete unverified, but never let
             # bytes from an unverified connection near a handler.
-            self.transport.stats.rejections["unverified_data"] += 1
+            self.endpoint.stats.rejections["unverified_data"] += 1
             self.close(CloseCode.UNVERIFIED_PEER, "data before verification")
             return
         stream_id = event.stream_id
@@ -750,7 +756,7 @@ class PeerConnection:
             if stream_id & 0x3 == 0x1:  # the accepting side asks us for something
                 self.requests_in.data(stream_id, event.data, event.end_stream)
             else:
-                self.transport.stats.rejections["unexpected_stream"] += 1
+                self.endpoint.stats.rejections["unexpected_stream"] += 1
                 self._refuse_stream(stream_id)
             return
         lane = lane_of_stream(stream_id)
@@ -768,12 +774,12 @@ class PeerConnection:
                 if openings.pending and self._deadlines.get(Deadline.OPENINGS) is None:
                     self._deadlines.set(Deadline.OPENINGS, openings.next_deadline())
                     self._rearm()
-            if not self.transport.handler.stream_received(
+            if not self.endpoint.handler.stream_received(
                 link, StreamData(stream_id, event.data, event.end_stream)
             ):
                 # Not a lane: the layers above may claim such streams (the per-stream
                 # path); until one does, refuse the stream without harming the connection.
-                self.transport.stats.rejections["unexpected_stream"] += 1
+                self.endpoint.stats.rejections["unexpected_stream"] += 1
                 self._openings.ended(stream_id)
                 self._refuse_stream(stream_id)
             elif event.end_stream:
@@ -788,9 +794,9 @@ class PeerConnection:
     def _refuse_opening(self, link: PeerLink, stream_id: int, reason: str) -> None:
         """A stream past an opening bound (see :mod:`.openings`): refuse it, count it, and
         tell its receiver, which may hold its first bytes, that the stream is over."""
-        self.transport.stats.rejections[reason] += 1
+        self.endpoint.stats.rejections[reason] += 1
         self.stop_receiving(stream_id, CloseCode.SHUTDOWN)
-        self.transport.handler.stream_reset(link, StreamReset(stream_id, int(CloseCode.SHUTDOWN)))
+        self.endpoint.handler.stream_reset(link, StreamReset(stream_id, int(CloseCode.SHUTDOWN)))
 
     def _openings_timed_out(self, now: float) -> None:
         link = self.link
@@ -808,7 +814,7 @@ class PeerConnection:
 
     def _lane_finished(self, state: InboundLane) -> None:
         if state.decoder.buffered_bytes:
-            self.transport.stats.rejections["truncated_frame"] += 1
+            self.endpoint.stats.rejections["truncated_frame"] += 1
         self._forget_inbound(state)
 
     def _stop_sending(self, stream_id: int) -> None:
@@ -827,7 +833,7 @@ class PeerConnection:
             logger.debug("could not reset stream %d", stream_id, exc_info=True)
         self.transmit_soon()
         if self.link is not None:
-            self.transport.handler.stream_stopped(self.link, StreamStopped(stream_id))
+            self.endpoint.handler.stream_stopped(self.link, StreamStopped(stream_id))
 
     def stop_receiving(self, stream_id: int, code: CloseCode = CloseCode.SHUTDOWN) -> None:
         """Ask the peer to stop a stream it writes to us (STOP_SENDING), and forget it."""
@@ -845,13 +851,13 @@ class PeerConnection:
         if lane_of_stream(stream_id) is None and not self.is_client:
             self._openings.ended(stream_id)
             if self.link is not None:
-                self.transport.handler.stream_reset(self.link, StreamReset(stream_id, error_code))
+                self.endpoint.handler.stream_reset(self.link, StreamReset(stream_id, error_code))
             return
         state = self._inbound.get(stream_id)
         if state is None or self.peer is None:
             return
         self._forget_inbound(state)
-        self.transport.handler.lane_reset(self.peer, state.lane)
+        self.endpoint.handler.lane_reset(self.peer, state.lane)
 
     def _forget_inbound(self, state: InboundLane) -> None:
         self._partial_bytes -= state.partial
@@ -865,7 +871,7 @@ class PeerConnection:
         """Grant the peer ``consumed() + window`` on a stream it writes (see :class:`PeerLink`)."""
         self.quic.manage_receive_window(stream_id, consumed, window)
 
-    # -- events from aioquic -------------------------------------------------------------
+    # -- events from the engine -------------------------------------------------------------
 
     def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
         self.remote_address = addr
@@ -898,9 +904,9 @@ class PeerConnection:
                 case StreamDataReceived():
                     self._stream_data(event)
                 case ConnectionIdIssued(connection_id=cid):
-                    self.transport.register_cid(cid, self)
+                    self.endpoint.register_cid(cid, self)
                 case ConnectionIdRetired(connection_id=cid):
-                    self.transport.unregister_cid(cid)
+                    self.endpoint.unregister_cid(cid)
                 case HandshakeCompleted():
                     self._handshake_completed()
                 case PingAcknowledged(uid=uid):
@@ -925,7 +931,7 @@ class PeerConnection:
         verified = self.quic.verified_peer
         if verified is None or (self.is_client and verified != self.peer):
             # Unreachable while the TLS hook is installed; refuse rather than trust.
-            self.transport.stats.rejections["unverified_peer"] += 1
+            self.endpoint.stats.rejections["unverified_peer"] += 1
             self._fail_handshake(
                 DialError("peer completed the handshake unverified", reason="unverified_peer")
             )
@@ -942,7 +948,7 @@ class PeerConnection:
         error = self.quic.verification_error
         if error is not None and not self._refusal_counted:
             self._refusal_counted = True
-            self.transport.stats.peer_refusals[error.reason] += 1
+            self.endpoint.stats.peer_refusals[error.reason] += 1
             # The peer was told the reason code only; the detail stays here.
             logger.info(
                 "refused the %s at %s (%s): %s",
@@ -976,7 +982,7 @@ class PeerConnection:
             self._schedule_partial_sweep(now)
         self._start_datagram_plan(now)
         self._rearm()
-        self.transport.connection_established(self)
+        self.endpoint.connection_established(self)
         self._poll_gates()
 
     def _terminated(self, event: ConnectionTerminated) -> None:
@@ -1008,7 +1014,7 @@ class PeerConnection:
                 waiter.set_exception(ChannelClosed(f"connection closed: {reason}"))
         self._ping_waiters.clear()
         self._drained.set()
-        self.transport.connection_closed(self)
+        self.endpoint.connection_closed(self)
         self.closed.set()
 
     def _report_unacked(self, error: ChannelClosed | ConnectionReplaced) -> None:
@@ -1019,8 +1025,8 @@ class PeerConnection:
                 continue
             lost = self.quic.stream_unacked(lane.stream_id)
             if lost:
-                self.transport.stats.send_failures_after_admission += 1
-                self.transport.handler.send_failed(
+                self.endpoint.stats.send_failures_after_admission += 1
+                self.endpoint.handler.send_failed(
                     self.peer,
                     lane.lane,
                     ChannelClosed(
@@ -1071,12 +1077,12 @@ class PeerConnection:
             self._process_events()
             if self.closed.is_set():
                 return
-        sendto = self.transport.sendto
+        sendto = self.endpoint.sendto
         sent = 0
         for data, addr in self.quic.datagrams_to_send(now=self._clock.time()):
             sendto(data, addr)
             sent += 1
-        self.transport.stats.datagrams_out += sent
+        self.endpoint.stats.datagrams_out += sent
         if self._stream_room.waiting_count:
             # What was just transmitted is room for the per-stream sends waiting on it;
             # what they write now leaves in the next transmit (transmit_soon).
@@ -1129,7 +1135,7 @@ class PeerConnection:
             self._rearm()
 
     def _schedule_keepalive(self, now: float) -> None:
-        interval = self.transport.config.keep_alive_interval
+        interval = self.endpoint.config.keep_alive_interval
         self._deadlines.set(Deadline.KEEP_ALIVE, now + interval)
 
     def _send_keepalive(self, now: float) -> None:

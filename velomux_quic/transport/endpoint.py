@@ -45,7 +45,7 @@ from ..security.rotation import (
 from ..security.verify import PeerVerifier
 from .admission import SendOutcome
 from .config import MAX_LANES, TransportConfig
-from .connection import CloseCode, ConnectionState, PeerConnection
+from .connection import PeerConnection
 from .engine_choice import EngineFactory, make_engine_factory
 from .handler import TransportHandler
 from .handshakes import HandshakeBudget, Verdict
@@ -63,6 +63,7 @@ from .resets import StatelessResets, reset_key_from
 from .retry_tokens import RetryTokens
 from .seam import EngineFeatures
 from .snapshot import ConnectionSnapshot, TransportSnapshot
+from .states import CloseCode, ConnectionState
 from .udp import BufferSizes, open_udp_socket
 
 __all__ = ["Address", "QuicTransport", "TransportHandler"]
