@@ -15,7 +15,7 @@ from .events import PeerLink, StreamData, StreamReset, StreamStopped
 
 __all__ = ["TransportHandler"]
 
-logger = logging.getLogger("velomux_quic.transport.endpoint")
+logger = logging.getLogger(__name__)
 
 
 class TransportHandler:
