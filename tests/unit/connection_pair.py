@@ -39,7 +39,7 @@ class Wire:
         self.max_size = 65535
         """Datagrams larger than this are lost (the path's MTU)."""
         self.in_flight: list[tuple[Endpoint, bytes, tuple[str, int]]] = []
-        self.soon: list[Callable[[], None]] = []
+        self.soon: list[Call] = []
         self.endpoints: list[Endpoint] = []
 
     def run_until(self, until: float) -> None:
@@ -74,6 +74,20 @@ class Wire:
         self.run_until(self.now + seconds)
 
 
+class Call:
+    """A queued call-soon, cancellable like ``asyncio.Handle``."""
+
+    def __init__(self, callback: Callable[[], None]) -> None:
+        self.callback: Callable[[], None] | None = callback
+
+    def cancel(self) -> None:
+        self.callback = None
+
+    def __call__(self) -> None:
+        if self.callback is not None:
+            self.callback()
+
+
 class FakeClock:
     """A connection's :class:`~velomux_quic.transport.deadlines.ConnectionClock` on a Wire."""
 
@@ -87,8 +101,10 @@ class FakeClock:
     def wake_at(self, when: float | None) -> None:
         self.when = when
 
-    def soon(self, callback: Callable[[], None]) -> None:
-        self.wire.soon.append(callback)
+    def soon(self, callback: Callable[[], None]) -> Call:
+        call = Call(callback)
+        self.wire.soon.append(call)
+        return call
 
 
 class OpeningsHandler(TransportHandler):

@@ -41,7 +41,7 @@ from ..ids import InstanceId
 from ..security.alerts import parse_refusal_reason
 from .admission import SendOutcome, SharedRoom
 from .config import MAX_LANES, TransportConfig
-from .deadlines import ConnectionClock, Deadline, Deadlines, LoopTimer
+from .deadlines import Cancellable, ConnectionClock, Deadline, Deadlines, LoopTimer
 from .events import PeerLink, StreamData, StreamReset, StreamStopped
 from .framing import FrameTooLarge
 from .handler import TransportHandler
@@ -150,7 +150,7 @@ class PeerConnection:
         self._deadlines = Deadlines()
         self._engine_at: float | None = None
         """The engine's own timer (apart from :attr:`_deadlines`: it moves every transmit)."""
-        self._transmit_pending = False
+        self._transmit_handle: Cancellable | None = None
         self._last_heard = self._clock.time()
         self._handshake_done = asyncio.Event()
         self._handshake_error: DialError | None = None
@@ -992,7 +992,9 @@ class PeerConnection:
         self.state = ConnectionState.CLOSED
         self._deadlines.clear()
         self._engine_at = None
-        self._transmit_pending = False
+        if self._transmit_handle is not None:
+            self._transmit_handle.cancel()
+            self._transmit_handle = None
         self._clock.wake_at(None)
         self._pmtu = None
         self._forget_datagram_size()
@@ -1059,16 +1061,14 @@ class PeerConnection:
 
     def transmit_soon(self) -> None:
         """Coalesce: many sends in one loop iteration leave in one transmit."""
-        if not self._transmit_pending and self.state is not ConnectionState.CLOSED:
-            self._transmit_pending = True
-            self._clock.soon(self._transmit_if_pending)
-
-    def _transmit_if_pending(self) -> None:
-        if self._transmit_pending:  # else a direct transmit already sent what it was for
-            self.transmit()
+        if self._transmit_handle is None and self.state is not ConnectionState.CLOSED:
+            self._transmit_handle = self._clock.soon(self.transmit)
 
     def transmit(self) -> None:
-        self._transmit_pending = False
+        handle = self._transmit_handle
+        if handle is not None:  # a direct transmit makes the scheduled one redundant
+            handle.cancel()
+            self._transmit_handle = None
         if self.state is ConnectionState.CLOSED:
             return
         if self.quic.poll_receive_gate():

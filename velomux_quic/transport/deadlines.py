@@ -19,7 +19,7 @@ import enum
 from collections.abc import Callable
 from typing import Protocol
 
-__all__ = ["ConnectionClock", "Deadline", "Deadlines", "LoopTimer"]
+__all__ = ["Cancellable", "ConnectionClock", "Deadline", "Deadlines", "LoopTimer"]
 
 
 class Deadline(enum.Enum):
@@ -76,6 +76,12 @@ class Deadlines:
         self.next_at = None
 
 
+class Cancellable(Protocol):
+    """A call the clock will make unless it is cancelled first (``asyncio.Handle``)."""
+
+    def cancel(self) -> None: ...
+
+
 class ConnectionClock(Protocol):
     """What a connection asks of the loop it runs on: the time, one timer and a call soon."""
 
@@ -86,7 +92,7 @@ class ConnectionClock(Protocol):
         """Call the connection's ``on_timer`` at ``when`` (in place of the earlier time);
         None: nothing to wake for."""
 
-    def soon(self, callback: Callable[[], None]) -> None:
+    def soon(self, callback: Callable[[], None]) -> Cancellable:
         """Run ``callback`` once the loop has handed over what arrived at once."""
 
 
@@ -114,8 +120,8 @@ class LoopTimer:
         if when is not None:
             self._handle = self._loop.call_at(when, self._wake)
 
-    def soon(self, callback: Callable[[], None]) -> None:
-        self._loop.call_soon(callback)
+    def soon(self, callback: Callable[[], None]) -> Cancellable:
+        return self._loop.call_soon(callback)
 
     def _wake(self) -> None:
         # The loop runs a timer up to its clock resolution early: what was armed for
