@@ -41,6 +41,7 @@ from ..ids import InstanceId
 from ..security.alerts import parse_refusal_reason
 from .admission import SendOutcome, SharedRoom
 from .config import MAX_LANES, TransportConfig
+from .datagram_size import DatagramSize
 from .deadlines import Cancellable, ConnectionClock, Deadline, Deadlines, LoopTimer
 from .events import PeerLink, StreamData, StreamReset, StreamStopped
 from .framing import FrameTooLarge
@@ -55,7 +56,6 @@ from .lanes import (
 from .metrics import TransportStats
 from .openings import DROP, REFUSED_TIMEOUT, StreamOpenings
 from .perstream_send import PerStreamOutbound
-from .pmtu import DatagramMode, PathMtuSearch, plan_path
 from .requests import IncomingRequests, OutgoingRequests
 from .seam import (
     ConnectionIdIssued,
@@ -83,9 +83,6 @@ DeliveryCallback = Callable[[bool], None]
 _CRYPTO_ERROR_FIRST = 0x100
 """QUIC's CRYPTO_ERROR range (RFC 9000 section 20.1): 0x100 plus the TLS alert."""
 _CRYPTO_ERROR_LAST = _CRYPTO_ERROR_FIRST + 0xFF
-
-_MIN_PROBE_TIMEOUT = 0.1
-"""A path MTU probe unanswered for three probe timeouts, and at least this long, is lost."""
 
 _PRUNE_FINISHED_MIN = 64
 """Finished per-stream streams remembered before the acknowledged ones are forgotten."""
@@ -195,13 +192,7 @@ class PeerConnection:
         self._cid_switch_pending = not is_client
         """Server side: still sending to the client's first connection ID, which carries
         no stateless reset token (see ``EngineConnection.adopt_resettable_peer_cid``)."""
-        self._pmtu: PathMtuSearch | None = None
-        self._black_holes_counted = 0
-        self._datagram_mode = (
-            DatagramMode.PINNED if config.max_datagram_size is not None else DatagramMode.BASE
-        )
-        self._counted_size: int | None = None
-        quic.accepted_datagram_size = config.accepted_datagram_size
+        self._size = DatagramSize(quic, self.stats, config, endpoint.sendto)
         quic.mtu_probe_observer = self._mtu_probe_answered
         quic.large_loss_observer = self._large_packets_lost
 
@@ -479,71 +470,30 @@ class PeerConnection:
             partial_frame_bytes=self._partial_bytes,
             stream_openings=self._openings.pending,
             datagram_size=self.quic.datagram_size,
-            datagram_mode=self._datagram_mode.value,
+            datagram_mode=self._size.mode.value,
         )
 
     # -- datagram size -------------------------------------------------------------------
 
     def _start_datagram_plan(self, now: float) -> None:
-        """Established: choose the datagram size for this path (see :mod:`.pmtu`)."""
-        config = self.endpoint.config
+        """Established: choose the datagram size for this path (see :mod:`.datagram_size`)."""
         remote = self.remote_address[0] if self.remote_address is not None else ""
-        plan = plan_path(config, self.endpoint.address[0], remote)
-        limit = self.quic.peer_max_udp_payload_size
-        self._datagram_mode = plan.mode
-        if not self.quic.features.live_datagram_size:
-            # The engine was made at the plan's size and keeps it; a search stays at its
-            # base (EngineFeatures.mtu_probes), which the mode says.
-            if plan.search_max is not None:
-                self._datagram_mode = DatagramMode.BASE
-            self._use_datagram_size(self.quic.datagram_size)
-            return
-        if plan.search_max is not None:
-            search = PathMtuSearch(min(plan.size, limit), min(plan.search_max, limit))
-            self._pmtu = search
-            self._datagram_mode = search.mode
-            self.quic.large_packet_threshold = search.base
-            self._use_datagram_size(search.size)
-            self._pmtu_step(now)
-        else:
-            self._use_datagram_size(min(plan.size, limit))
+        local = self.endpoint.address[0]
+        config = self.endpoint.config
+        at = self._size.start(config, local, remote, now, self._path_name())
+        self._deadlines.set(Deadline.PMTU, at)
 
-    def _use_datagram_size(self, size: int) -> None:
-        if size != self.quic.datagram_size:
-            self.quic.set_datagram_size(size)
-        sizes = self.stats.datagram_sizes
-        if self._counted_size is not None:
-            sizes[self._counted_size] -= 1
-            if not sizes[self._counted_size]:
-                del sizes[self._counted_size]
-        sizes[size] += 1
-        self._counted_size = size
-
-    def _forget_datagram_size(self) -> None:
-        if self._counted_size is not None:
-            sizes = self.stats.datagram_sizes
-            sizes[self._counted_size] -= 1
-            if not sizes[self._counted_size]:
-                del sizes[self._counted_size]
-            self._counted_size = None
+    def _path_name(self) -> str:
+        return f"{'to' if self.is_client else 'from'} {self._peer_name()}"
 
     def _mtu_probe_answered(self, size: int, acked: bool) -> None:
         """The engine's loss detection decided a probe's fate (inside its receive path, so
         the next probe waits for the timer, due at once)."""
-        search = self._pmtu
-        if search is None:
-            return
-        if acked:
-            self.stats.pmtu_probes["acked"] += 1
-            search.probe_acked(size)
-        elif search.probe_lost(size, self._clock.time()):
-            self.stats.pmtu_probes["lost"] += 1
-        self._pmtu_step_soon()
+        if self._size.probe_answered(size, acked, self._clock.time()):
+            self._pmtu_step_soon()
 
     def _large_packets_lost(self, count: int) -> None:
-        search = self._pmtu
-        if search is not None and search.size > search.base:
-            search.large_packets_lost(count)
+        if self._size.large_packets_lost(count):
             self._pmtu_step_soon()
 
     def _pmtu_step_soon(self) -> None:
@@ -553,38 +503,8 @@ class PeerConnection:
             self._rearm()
 
     def _pmtu_step(self, now: float) -> None:
-        """Give up on an overdue probe, send the next one, and follow the search's size."""
-        search = self._pmtu
-        if search is None or self.state is not ConnectionState.ESTABLISHED:
-            return
-        if search.expire(now) is not None:
-            self.stats.pmtu_probes["lost"] += 1
-        retry_at: float | None = None
-        size = search.next_probe(now)
-        if size is not None:
-            datagrams = self.quic.send_mtu_probe(size, now)
-            if datagrams:
-                for data, addr in datagrams:
-                    self.endpoint.sendto(data, addr)
-                self.stats.datagrams_out += len(datagrams)
-                self.stats.pmtu_probes["sent"] += 1
-                timeout = max(3 * self.quic.probe_timeout, _MIN_PROBE_TIMEOUT)
-                search.probe_sent(size, now, timeout)
-            else:  # no 1-RTT keys to send with yet: try again shortly
-                retry_at = now + _MIN_PROBE_TIMEOUT
-        if search.size != self._counted_size:
-            self._use_datagram_size(search.size)
-        self._datagram_mode = search.mode
-        if search.black_holes != self._black_holes_counted:
-            self.stats.pmtu_black_holes += search.black_holes - self._black_holes_counted
-            self._black_holes_counted = search.black_holes
-            logger.info(
-                "connection %s %s: full-size datagrams are lost; back to %d bytes",
-                "to" if self.is_client else "from",
-                self._peer_name(),
-                search.size,
-            )
-        self._deadlines.set(Deadline.PMTU, search.deadline if retry_at is None else retry_at)
+        if self.state is ConnectionState.ESTABLISHED:
+            self._deadlines.set(Deadline.PMTU, self._size.step(now, self._path_name()))
 
     async def ping(self, timeout: float) -> None:
         uid = self._next_ping
@@ -999,8 +919,7 @@ class PeerConnection:
             self._transmit_handle.cancel()
             self._transmit_handle = None
         self._clock.wake_at(None)
-        self._pmtu = None
-        self._forget_datagram_size()
+        self._size.forget()
         self._openings.clear()
         reason = event.reason_phrase or f"error {event.error_code:#x}"
         error = self._close_error or ChannelClosed(
