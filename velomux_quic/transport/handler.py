@@ -2,7 +2,7 @@
 
 It is its own module because both ends use it: the endpoint takes one when it starts, and
 every connection calls it as frames and stream events arrive. Everything it is given is
-the transport's own (InstanceIds, lanes, bytes, :mod:`.events`); nothing from aioquic.
+the transport's own (InstanceIds, lanes, bytes, :mod:`.events`); nothing from an engine.
 """
 
 from __future__ import annotations
