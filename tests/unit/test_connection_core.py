@@ -18,7 +18,6 @@ from velomux_quic.errors import DialError
 from velomux_quic.security.certs import NodeCredentials
 from velomux_quic.transport.admission import ADMITTED
 from velomux_quic.transport.config import TransportConfig
-from velomux_quic.transport.deadlines import Deadline, Deadlines
 from velomux_quic.transport.framing import frame_header
 from velomux_quic.transport.lanes import FIRST_EXTRA_STREAM, stream_of_lane
 
@@ -49,25 +48,6 @@ def established(make_credentials: MakeCredentials, engine: str, **settings: obje
     assert pair.dialer.established and pair.acceptor.established
     assert pair.client.established == pair.server.established == 1
     return pair
-
-
-def test_deadlines_report_the_earliest_and_fire_in_order() -> None:
-    deadlines = Deadlines()
-    assert deadlines.next_at is None and deadlines.due(1e9) == []
-    deadlines.set(Deadline.PMTU, 5.0)
-    deadlines.set(Deadline.KEEP_ALIVE, 3.0)
-    deadlines.set(Deadline.HANDSHAKE, 7.0)
-    assert deadlines.next_at == 3.0
-    deadlines.set(Deadline.KEEP_ALIVE, 6.0)  # moved, not added
-    assert deadlines.next_at == 5.0
-    assert deadlines.due(4.9) == []
-    assert deadlines.due(6.0) == [Deadline.KEEP_ALIVE, Deadline.PMTU]
-    assert deadlines.next_at == 7.0 and deadlines.get(Deadline.PMTU) is None
-    deadlines.set(Deadline.HANDSHAKE, None)
-    assert deadlines.next_at is None
-    deadlines.set(Deadline.OPENINGS, 1.0)
-    deadlines.clear()
-    assert deadlines.next_at is None and deadlines.due(2.0) == []
 
 
 def test_the_engine_timer_resends_what_was_lost(
