@@ -43,6 +43,7 @@ from .admission import SendOutcome, SharedRoom
 from .config import MAX_LANES, TransportConfig
 from .datagram_size import DatagramSize
 from .deadlines import Cancellable, ConnectionClock, Deadline, Deadlines, LoopTimer
+from .deliveries import Deliveries, DeliveryCallback
 from .events import PeerLink, StreamData, StreamReset, StreamStopped
 from .framing import FrameTooLarge
 from .handler import TransportHandler
@@ -76,9 +77,6 @@ from .states import CloseCode, ConnectionState
 __all__ = ["ConnectionOwner", "PeerConnection"]
 
 logger = logging.getLogger(__name__)
-
-DeliveryCallback = Callable[[bool], None]
-"""Told True once the peer acknowledged the bytes it waits for, False if it never will."""
 
 _CRYPTO_ERROR_FIRST = 0x100
 """QUIC's CRYPTO_ERROR range (RFC 9000 section 20.1): 0x100 plus the TLS alert."""
@@ -159,9 +157,7 @@ class PeerConnection:
         self._prune_finished_at = _PRUNE_FINISHED_MIN
         self._next_extra = FIRST_EXTRA_STREAM
         self._blocked: set[OutboundStream] = set()
-        self._deliveries: dict[int, deque[tuple[int, DeliveryCallback]]] = {}
-        """Per outbound lane: (stream offset, callback) waiting for the peer's
-        acknowledgement of every byte before that offset, offsets in increasing order."""
+        self._deliveries = Deliveries()
         # What the per-stream streams may hold, together, not yet transmitted.
         self._stream_room = SharedRoom(
             endpoint.config.streams_send_buffer, lambda: quic.send_backlog
@@ -392,39 +388,14 @@ class PeerConnection:
         if self.quic.stream_unacked(outbound.stream_id) == 0:
             callback(True)
             return
-        waiting = self._deliveries.get(lane)
-        if waiting is None:
-            waiting = self._deliveries[lane] = deque()
-        waiting.append((target, callback))
+        self._deliveries.watch(lane, target, callback)
 
-    def _check_deliveries(self) -> None:
-        for lane, waiting in list(self._deliveries.items()):
-            outbound = self._outbound[lane]
-            if outbound is None:
-                self._fail_deliveries(lane)
-                continue
-            acked = outbound.written - self.quic.stream_unacked(outbound.stream_id)
-            while waiting and waiting[0][0] <= acked:
-                _, callback = waiting.popleft()
-                self._tell(callback, True)
-            if not waiting:
-                del self._deliveries[lane]
-
-    def _fail_deliveries(self, lane: int | None = None) -> None:
-        """The lane (None: every lane) ended: what it still waits for is never acknowledged."""
-        lanes = list(self._deliveries) if lane is None else [lane]
-        for each in lanes:
-            waiting = self._deliveries.pop(each, None)
-            while waiting:
-                _, callback = waiting.popleft()
-                self._tell(callback, False)
-
-    @staticmethod
-    def _tell(callback: DeliveryCallback, delivered: bool) -> None:
-        try:
-            callback(delivered)
-        except Exception:  # one watcher's bug must not stop the connection's datagram path
-            logger.exception("delivery callback failed")
+    def _acknowledged(self, lane: int) -> int | None:
+        """How far the peer acknowledged ``lane``'s bytes (None: the lane is gone)."""
+        outbound = self._outbound[lane]
+        if outbound is None:
+            return None
+        return outbound.written - self.quic.stream_unacked(outbound.stream_id)
 
     def stream_blocked(self, stream: OutboundStream) -> None:
         self._blocked.add(stream)
@@ -525,7 +496,7 @@ class PeerConnection:
             return
         self._outbound[lane] = None
         self._blocked.discard(outbound)
-        self._fail_deliveries(lane)
+        self._deliveries.fail(lane)
         outbound.gate.close(ChannelClosed(f"lane {lane} to {self._peer_name()} was reset"))
         self.quic.reset_stream(outbound.stream_id, int(CloseCode.KILLED))
         self.transmit()
@@ -804,8 +775,8 @@ class PeerConnection:
         if self._cid_switch_pending and self.state is ConnectionState.ESTABLISHED:
             self._cid_switch_pending = not self.quic.adopt_resettable_peer_cid()
         self._poll_gates()
-        if self._deliveries:
-            self._check_deliveries()
+        if self._deliveries.waiting:
+            self._deliveries.check(self._acknowledged)
         # The loop hands over every datagram that arrived at once before it runs callbacks;
         # a datagrams_to_send pass after each one mostly found nothing to send (the ACK not
         # yet due) and cost a receiver about a sixth of its CPU, so the pass waits for the
@@ -928,7 +899,7 @@ class PeerConnection:
         if self.is_client and was_established:
             self._report_unacked(error)
         self._refuse_pending(error)
-        self._fail_deliveries()
+        self._deliveries.fail()
         self.requests_out.close(ChannelClosed(f"connection closed: {reason}"))
         self.requests_in.close()
         if not was_established:
