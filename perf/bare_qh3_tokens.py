@@ -42,9 +42,9 @@ from qh3.quic.connection import QuicConnection
 from qh3.quic.tls_bridge import QuicTlsBridge
 
 from velomux_quic.ids import InstanceId
+from velomux_quic.security.alerts import Role
 from velomux_quic.security.certs import NodeCredentials
 from velomux_quic.security.qh3_tls import install_qh3_peer_verification, make_qh3_configuration
-from velomux_quic.security.tls import Role
 from velomux_quic.security.verify import PeerVerifier
 from velomux_quic.transport.udp import open_udp_socket
 

@@ -61,8 +61,9 @@ from aioquic.quic.connection import QuicConnection
 from aioquic.quic.packet import pull_quic_header
 
 from velomux_quic.ids import InstanceId
+from velomux_quic.security.alerts import Role
 from velomux_quic.security.certs import NodeCredentials
-from velomux_quic.security.tls import Role, install_peer_verification, make_quic_configuration
+from velomux_quic.security.tls import install_peer_verification, make_quic_configuration
 from velomux_quic.security.verify import PeerVerifier
 from velomux_quic.transport import TransportConfig
 from velomux_quic.transport.udp import open_udp_socket

@@ -21,8 +21,9 @@ from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection
 from aioquic.quic.events import HandshakeCompleted, QuicEvent
 
+from velomux_quic.security.alerts import ALPN_PROTOCOL
 from velomux_quic.security.certs import NodeCredentials
-from velomux_quic.security.tls import ALPN_PROTOCOL, make_quic_configuration
+from velomux_quic.security.tls import make_quic_configuration
 
 
 class HostileServerProtocol(QuicConnectionProtocol):

@@ -31,6 +31,7 @@ from tests.procs.resettable import Watcher
 from velomux_quic.errors import ChannelClosed, DialError
 from velomux_quic.ids import InstanceId, new_instance_id
 from velomux_quic.mux.config import MuxConfig
+from velomux_quic.security.alerts import ALPN_PROTOCOL
 from velomux_quic.security.certs import (
     CertificateAuthority,
     NodeCredentials,
@@ -44,7 +45,6 @@ from velomux_quic.security.testing import (
     self_signed_copy,
     with_mismatched_key,
 )
-from velomux_quic.security.tls import ALPN_PROTOCOL
 from velomux_quic.streaming.control import MESSENGER_MUX_KEY, StreamOpenTicket
 from velomux_quic.transport import TransportConfig
 from velomux_quic.transport.admission import SendAdmission

@@ -16,13 +16,13 @@ from aioquic.quic.configuration import QuicConfiguration
 from tests.conftest import NodeFactory, Recorder, wait_admitted
 from velomux_quic.errors import ChannelClosed, DialError
 from velomux_quic.ids import new_instance_id
+from velomux_quic.security.alerts import ALPN_PROTOCOL
 from velomux_quic.security.certs import (
     CertificateAuthority,
     NodeCredentials,
     issue_node_certificate,
 )
 from velomux_quic.security.testing import issue_expired, self_signed_copy, with_mismatched_key
-from velomux_quic.security.tls import ALPN_PROTOCOL
 from velomux_quic.transport.admission import SendAdmission
 from velomux_quic.transport.endpoint import QuicTransport
 

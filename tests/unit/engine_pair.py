@@ -11,7 +11,7 @@ from aioquic.quic.connection import QuicConnection
 from velomux_quic.security.certs import NodeCredentials
 from velomux_quic.security.tls import make_quic_configuration
 from velomux_quic.security.verify import PeerVerifier
-from velomux_quic.transport.engine import EngineConnection
+from velomux_quic.transport.aioquic_engine import EngineConnection
 
 CLIENT = ("127.0.0.1", 1111)
 SERVER = ("127.0.0.1", 2222)

@@ -1,7 +1,7 @@
 """Every private part of aioquic the transport and security layers rely on, pinned.
 
 aioquic offers no API for receive-side backpressure, send-side occupancy, more concurrent
-streams, full-packet short cuts or client certificates, so ``velomux_quic.transport.engine``
+streams, full-packet short cuts or client certificates, so ``velomux_quic.transport.aioquic_engine``
 and ``velomux_quic.security.tls`` read and override a few of its private members (see their
 module docstrings). Each test here pins one of them, by name, signature and meaning, so an
 aioquic upgrade that moves one fails here, by name, before anything else breaks in a
@@ -127,7 +127,7 @@ def test_the_tls_context_is_built_in_initialize_and_kept_as_tls(
     assert isinstance(client.tls, tls.Context)
 
 
-# -- transport/engine.py: handshake state -----------------------------------------------------
+# -- transport/aioquic_engine.py: handshake state --------------------------------------------------
 
 
 def test_handshake_flags_and_the_one_rtt_space_ack_deadline(
@@ -142,7 +142,7 @@ def test_handshake_flags_and_the_one_rtt_space_ack_deadline(
     assert QuicPacketSpace().ack_at is None
 
 
-# -- transport/engine.py: streams -------------------------------------------------------------
+# -- transport/aioquic_engine.py: streams ----------------------------------------------------------
 
 
 def test_streams_are_kept_by_id_and_created_in_order(
@@ -208,7 +208,7 @@ def test_the_receive_window_fields_the_managed_window_sets(
     assert stream.max_stream_data_local_sent == 64 * 1024
 
 
-# -- transport/engine.py: the overridden frame writers and handlers ----------------------------
+# -- transport/aioquic_engine.py: the overridden frame writers and handlers ------------------------
 
 
 def test_the_stream_limits_writer_and_its_delivery_handler() -> None:
@@ -353,7 +353,7 @@ def test_the_stream_limits_are_limit_objects_the_constructor_may_replace(
 def test_host_and_peer_connection_ids_carry_the_reset_tokens_stateless_resets_use(
     make_credentials: Callable[..., NodeCredentials],
 ) -> None:
-    """transport.engine derives the tokens of ``_host_cids`` (QuicConnectionId's ``cid``,
+    """transport.aioquic_engine derives the tokens of ``_host_cids`` (QuicConnectionId's ``cid``,
     ``stateless_reset_token`` and ``was_sent``), hooks ``_replenish_connection_ids``, and
     reads the peer's tokens from ``_peer_cid`` and ``_peer_cid_available``; a server's
     first token is what its transport parameters advertise."""
@@ -384,7 +384,7 @@ def test_change_connection_id_moves_to_the_next_peer_connection_id(
     assert server._peer_cid.stateless_reset_token == following.stateless_reset_token
 
 
-# -- transport/engine.py: datagram size, transport parameters and path MTU probes --------------
+# -- transport/aioquic_engine.py: datagram size, transport parameters and path MTU probes ----------
 
 
 def test_the_datagram_size_is_read_per_transmit_from_max_datagram_size(

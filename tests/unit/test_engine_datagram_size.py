@@ -13,7 +13,7 @@ from aioquic.quic import events
 
 from tests.unit.engine_pair import CLIENT, SERVER, Clock, drain, engine_pair, exchange
 from velomux_quic.security.certs import NodeCredentials
-from velomux_quic.transport.engine import UNLIMITED_UDP_PAYLOAD, EngineConnection
+from velomux_quic.transport.aioquic_engine import UNLIMITED_UDP_PAYLOAD, EngineConnection
 
 STREAM = 2
 

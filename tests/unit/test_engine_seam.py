@@ -17,7 +17,7 @@ from velomux_quic.security.qh3_tls import make_qh3_configuration
 from velomux_quic.security.tls import make_quic_configuration
 from velomux_quic.security.verify import PeerVerifier
 from velomux_quic.transport import seam
-from velomux_quic.transport.engine import EngineConnection
+from velomux_quic.transport.aioquic_engine import EngineConnection
 from velomux_quic.transport.qh3_engine import Qh3Connection
 
 CLIENT = ("127.0.0.1", 1111)

@@ -121,6 +121,27 @@ def test_no_module_outside_transport_and_security_imports_aioquic() -> None:
     assert offenders == []
 
 
+ENGINE_ADAPTERS = {
+    "aioquic": {"velomux_quic.transport.aioquic_engine", "velomux_quic.security.tls"},
+    "qh3": {"velomux_quic.transport.qh3_engine", "velomux_quic.security.qh3_tls"},
+}
+"""The only modules that import each QUIC engine: a node loads the other engine's adapter
+only if it chooses that engine (``tests/integration/test_qh3_without_aioquic.py`` runs a
+qh3 node with aioquic impossible to import)."""
+
+
+def test_only_an_engines_adapters_import_it() -> None:
+    importers = {
+        engine: sorted(
+            name
+            for name, path in modules().items()
+            if any(target.split(".")[0] == engine for target in imported(name, path))
+        )
+        for engine in ENGINE_ADAPTERS
+    }
+    assert importers == {engine: sorted(names) for engine, names in ENGINE_ADAPTERS.items()}
+
+
 def test_imports_point_downward() -> None:
     upward = sorted(
         f"{name} -> {target}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import cast
 
 from velomux_quic.ids import new_instance_id
-from velomux_quic.transport.engine import EngineConnection
+from velomux_quic.transport.aioquic_engine import EngineConnection
 from velomux_quic.transport.requests import MAX_REQUEST, IncomingRequests
 
 

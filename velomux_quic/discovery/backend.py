@@ -13,8 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from velomux_quic.ids import InstanceId
-
+from ..ids import InstanceId
 from .records import PeerRecord
 
 if TYPE_CHECKING:

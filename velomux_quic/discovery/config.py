@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from velomux_quic.errors import ConfigurationError, PeerRecordError
-from velomux_quic.ids import InstanceId
-
+from ..errors import ConfigurationError, PeerRecordError
+from ..ids import InstanceId
 from .backend import PeerDiscovery
 from .directory import DirectoryPeers
 from .etcd import DEFAULT_ETCD_PREFIX, DEFAULT_LEASE_TTL, EtcdPeers, parse_endpoint

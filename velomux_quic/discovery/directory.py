@@ -12,10 +12,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from velomux_quic.errors import ConfigurationError, PeerRecordError, UsageError
-from velomux_quic.ids import InstanceId
-from velomux_quic.security._files import write_public
-
+from ..errors import ConfigurationError, PeerRecordError, UsageError
+from ..ids import InstanceId
+from ..security._files import write_public
 from .records import PEER_RECORD_MAX_BYTES, PeerRecord
 
 __all__ = ["PEER_DIRECTORY_MODE", "DirectoryPeers"]

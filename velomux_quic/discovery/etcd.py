@@ -43,9 +43,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from velomux_quic.errors import ConfigurationError, PeerRecordError, UsageError
-from velomux_quic.ids import InstanceId
-
+from ..errors import ConfigurationError, PeerRecordError, UsageError
+from ..ids import InstanceId
 from .backend import PeerListener
 from .records import PEER_RECORD_MAX_BYTES, PeerRecord
 

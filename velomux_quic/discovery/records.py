@@ -20,9 +20,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
-from velomux_quic.errors import ConfigurationError, PeerRecordError
-from velomux_quic.ids import InstanceId
-from velomux_quic.transport.config import MAX_LANES
+from ..errors import ConfigurationError, PeerRecordError
+from ..ids import InstanceId
+from ..transport.config import MAX_LANES
 
 __all__ = ["PEER_RECORD_MAX_BYTES", "PeerRecord", "peer_address"]
 

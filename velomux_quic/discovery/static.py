@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from velomux_quic.errors import ConfigurationError, UsageError
-from velomux_quic.ids import InstanceId
-
+from ..errors import ConfigurationError, UsageError
+from ..ids import InstanceId
 from .records import PeerRecord
 
 __all__ = ["StaticPeers"]

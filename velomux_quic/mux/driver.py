@@ -25,7 +25,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any, Final
 
-from ..errors import ChannelClosed, TransportError
+from ..errors import ChannelClosed
 from ..ids import InstanceId
 from ..messenger import Messenger
 from ..recordpath import Twins
@@ -150,7 +150,7 @@ class BatcherDriver:
                     # The guards and the fence, not the batch: its payload is staged already.
                     on_staged_release=partial(self._staged_released, batch.guards, batch.fence),
                 )
-        except (TransportError, Exception) as exc:
+        except Exception as exc:  # a refusal (TransportError) or a bug: the batch is refused
             logger.warning(
                 "mux batch to %s lane %d not sent: %r", self.peer, self.batcher.lane, exc
             )

@@ -45,7 +45,7 @@ from typing import Any
 
 from cryptography import x509
 
-from velomux_quic import (
+from .. import (
     MESSENGER_MUX_KEY,
     PER_STREAM_KEY,
     ConfigurationError,
@@ -63,8 +63,7 @@ from velomux_quic import (
     UnknownHandler,
     VelomuxError,
 )
-from velomux_quic.security import PeerVerifier, spiffe_uris, summarize_certificate
-
+from ..security import PeerVerifier, spiffe_uris, summarize_certificate
 from .runtime import run, show_deprecated_settings
 from .sink import ECHO_HANDLER, INFO_HANDLER, REPORT_HANDLER
 

@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from velomux_quic import (
+from .. import (
     ConfigurationError,
     InstanceId,
     Node,
@@ -41,7 +41,6 @@ from velomux_quic import (
     PeerRecord,
     VelomuxError,
 )
-
 from .runtime import run, show_deprecated_settings
 from .sink import Sink
 

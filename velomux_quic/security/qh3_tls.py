@@ -48,8 +48,8 @@ from qh3._hazmat import Certificate as QCertificate
 from qh3.quic.configuration import QuicConfiguration as Qh3Configuration
 
 from ..ids import InstanceId
+from .alerts import ALPN_PROTOCOL, Role, alert_code_of
 from .certs import NodeCredentials
-from .tls import ALPN_PROTOCOL, Role, alert_code_of
 from .verify import PeerVerificationError, PeerVerifier
 
 __all__ = [

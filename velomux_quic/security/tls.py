@@ -27,42 +27,22 @@ those names, so it fails first if one moves.
 
 from __future__ import annotations
 
-from typing import Literal
-
 from aioquic import tls
 from aioquic._buffer import Buffer  # typed there; aioquic.buffer re-exports it untyped
 from aioquic.quic.configuration import QuicConfiguration
 from cryptography import x509
 
 from ..ids import InstanceId
+from .alerts import ALPN_PROTOCOL, Role, alert_code_of
 from .certs import NodeCredentials
 from .verify import PeerVerificationError, PeerVerifier
 
 __all__ = [
-    "ALPN_PROTOCOL",
     "VerifyingContext",
-    "alert_code_of",
     "install_peer_verification",
     "make_quic_configuration",
-    "parse_refusal_reason",
     "presented_certificates",
 ]
-
-ALPN_PROTOCOL = "velomux/1"
-"""Our ALPN id: a QUIC client for another protocol (HTTP/3, ...) is refused in the handshake."""
-
-Role = Literal["client", "server"]
-
-_ALERTS: dict[str, tls.AlertDescription] = {
-    "no_certificate": tls.AlertDescription.certificate_required,
-    "expired": tls.AlertDescription.certificate_expired,
-    "not_yet_valid": tls.AlertDescription.certificate_expired,
-    "untrusted_chain": tls.AlertDescription.unknown_ca,
-    "bad_key_usage": tls.AlertDescription.unsupported_certificate,
-    "bad_identity": tls.AlertDescription.bad_certificate,
-    "identity_mismatch": tls.AlertDescription.bad_certificate,
-    "bad_signature": tls.AlertDescription.decrypt_error,
-}
 
 
 class PeerRefusedAlert(tls.Alert):
@@ -75,22 +55,8 @@ class PeerRefusedAlert(tls.Alert):
 
     def __init__(self, error: PeerVerificationError) -> None:
         super().__init__(error.reason)
-        self.description = _ALERTS.get(error.reason, tls.AlertDescription.bad_certificate)
+        self.description = tls.AlertDescription(alert_code_of(error.reason))
         self.reason = error.reason
-
-
-def alert_code_of(reason: str) -> int:
-    """The TLS alert (its code) a refusal for ``reason`` is sent as, on either engine."""
-    return int(_ALERTS.get(reason, tls.AlertDescription.bad_certificate))
-
-
-def parse_refusal_reason(reason_phrase: str) -> str | None:
-    """The verification reason code a CONNECTION_CLOSE reason phrase carries.
-
-    The phrase is the bare code; an older node sent ``code: details``, read the same way.
-    """
-    head = reason_phrase.partition(":")[0].strip()
-    return head if head in _ALERTS else None
 
 
 class VerifyingContext(tls.Context):

@@ -1,9 +1,11 @@
 """The QUIC transport: one UDP endpoint per node, mutual TLS, ordered lanes, admission gates.
 
-Everything aioquic-specific stays inside this package and ``velomux_quic.security``; the
-layers above see :class:`QuicTransport`, :class:`TransportHandler`, the admission types,
-the stream events of :mod:`.events` with their :class:`PeerLink`, the per-stream path's
-:class:`PerStreamOutbound` and the :class:`TransportSnapshot` of :meth:`QuicTransport.snapshot`.
+Everything engine-specific stays in its adapter (:mod:`.aioquic_engine`,
+:mod:`.qh3_engine`) and the TLS hooks of ``velomux_quic.security``; the layers above see
+:class:`QuicTransport`, :class:`TransportHandler`, the admission types, the stream events
+of :mod:`.events` with their :class:`PeerLink`, the per-stream path's
+:class:`PerStreamOutbound` and the :class:`TransportSnapshot` of
+:meth:`QuicTransport.snapshot`.
 """
 
 from .admission import ADMITTED, AdmissionState, Admitted, SendAdmission, SendOutcome

@@ -8,7 +8,7 @@ asyncio plumbing (timers, transmit, close) is the same.
 :class:`PeerConnection` is one concern, a connection's lifecycle and what happens on it,
 so it is one class in one file: the dial's handshake deadline, peer verification,
 graceful and abrupt close, termination and what it reports; the datagrams in and the
-dispatch of aioquic's events; what arrives on streams (lanes into frames for the handler,
+dispatch of its engine's events; what arrives on streams (lanes into frames for the handler,
 request streams, the per-stream path's streams handed up as :mod:`.events`); the send side
 (lanes and the per-stream path's streams, their gates); the datagram size of its path
 (the plan and search of :mod:`.pmtu`, fed with its probes' fates); pings, keepalive,
@@ -18,8 +18,14 @@ layers above see only its :class:`~.events.PeerLink`.
 
 ``_stream_data`` and the lane path (``_lane_data``, ``_feed``, ``_deliver``) run once per
 STREAM frame: keep them free of extra calls and attribute lookups.
-:class:`CloseCode`, :class:`ConnectionState` and :class:`PerStreamOutbound` are re-exported
-here, where they have always been imported from.
+
+Time comes in from outside: every timer of the connection is a :class:`~.deadlines.Deadline`
+kept as a plain time, decided on in :meth:`PeerConnection.on_timer` with the ``now`` it is
+given, beside the engine's own timer; :meth:`PeerConnection.next_deadline` is the earliest.
+The shell that owns the one loop timer at that deadline, and the call-soon that coalesces
+transmits, is a :class:`~.deadlines.ConnectionClock` (on the event loop,
+:class:`~.deadlines.LoopTimer`), so the connection itself runs without a loop or a socket
+(``tests/unit/test_connection_core.py`` drives every timer on a fake clock).
 """
 
 from __future__ import annotations
@@ -32,9 +38,12 @@ from typing import Protocol
 
 from ..errors import ChannelClosed, ConnectionReplaced, DialError
 from ..ids import InstanceId
-from ..security.tls import parse_refusal_reason
+from ..security.alerts import parse_refusal_reason
 from .admission import SendOutcome, SharedRoom
 from .config import MAX_LANES, TransportConfig
+from .datagram_size import DatagramSize
+from .deadlines import Cancellable, ConnectionClock, Deadline, Deadlines, LoopTimer
+from .deliveries import Deliveries, DeliveryCallback
 from .events import PeerLink, StreamData, StreamReset, StreamStopped
 from .framing import FrameTooLarge
 from .handler import TransportHandler
@@ -48,7 +57,6 @@ from .lanes import (
 from .metrics import TransportStats
 from .openings import DROP, REFUSED_TIMEOUT, StreamOpenings
 from .perstream_send import PerStreamOutbound
-from .pmtu import DatagramMode, PathMtuSearch, plan_path
 from .requests import IncomingRequests, OutgoingRequests
 from .seam import (
     ConnectionIdIssued,
@@ -66,19 +74,13 @@ from .seam import (
 from .snapshot import ConnectionSnapshot
 from .states import CloseCode, ConnectionState
 
-__all__ = ["CloseCode", "ConnectionOwner", "ConnectionState", "PeerConnection", "PerStreamOutbound"]
+__all__ = ["ConnectionOwner", "PeerConnection"]
 
 logger = logging.getLogger(__name__)
-
-DeliveryCallback = Callable[[bool], None]
-"""Told True once the peer acknowledged the bytes it waits for, False if it never will."""
 
 _CRYPTO_ERROR_FIRST = 0x100
 """QUIC's CRYPTO_ERROR range (RFC 9000 section 20.1): 0x100 plus the TLS alert."""
 _CRYPTO_ERROR_LAST = _CRYPTO_ERROR_FIRST + 0xFF
-
-_MIN_PROBE_TIMEOUT = 0.1
-"""A path MTU probe unanswered for three probe timeouts, and at least this long, is lost."""
 
 _PRUNE_FINISHED_MIN = 64
 """Finished per-stream streams remembered before the acknowledged ones are forgotten."""
@@ -120,33 +122,33 @@ class PeerConnection:
 
     def __init__(
         self,
-        transport: ConnectionOwner,
+        endpoint: ConnectionOwner,
         quic: QuicEngine,
         *,
         is_client: bool,
         peer: InstanceId | None,
+        clock: ConnectionClock | None = None,
     ) -> None:
-        self.transport = transport
+        self.endpoint = endpoint
         self.quic = quic
         self.is_client = is_client
         self.peer = peer  # expected peer when dialing; verified peer once accepted
         self.state = ConnectionState.HANDSHAKING
         self.established_once = False
         self.remote_address: tuple[str, int] | None = None
-        self.send_buffer = transport.config.send_buffer
+        self.send_buffer = endpoint.config.send_buffer
         self.closed = asyncio.Event()
-        self.stats = transport.stats
+        self.stats = endpoint.stats
         self.link: PeerLink | None = None
         """The layers above's handle on this connection, from its establishment on."""
-        self._loop = transport.loop
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at: float | None = None
-        self._transmit_handle: asyncio.Handle | None = None
-        self._keepalive: asyncio.TimerHandle | None = None
-        self._handshake_deadline: asyncio.TimerHandle | None = None
-        self._half_open_check: asyncio.TimerHandle | None = None
-        self._last_heard = self._loop.time()
-        self._handshake_waiter: asyncio.Future[None] = self._loop.create_future()
+        self._clock: ConnectionClock = clock or LoopTimer(endpoint.loop, self.on_timer)
+        self._deadlines = Deadlines()
+        self._engine_at: float | None = None
+        """The engine's own timer (apart from :attr:`_deadlines`: it moves every transmit)."""
+        self._transmit_handle: Cancellable | None = None
+        self._last_heard = self._clock.time()
+        self._handshake_done = asyncio.Event()
+        self._handshake_error: DialError | None = None
         self._outbound: list[OutboundStream | None] = [None] * MAX_LANES
         self._extra: dict[int, OutboundStream] = {}
         self._finished_unacked: set[int] = set()
@@ -155,15 +157,13 @@ class PeerConnection:
         self._prune_finished_at = _PRUNE_FINISHED_MIN
         self._next_extra = FIRST_EXTRA_STREAM
         self._blocked: set[OutboundStream] = set()
-        self._deliveries: dict[int, deque[tuple[int, DeliveryCallback]]] = {}
-        """Per outbound lane: (stream offset, callback) waiting for the peer's
-        acknowledgement of every byte before that offset, offsets in increasing order."""
+        self._deliveries = Deliveries()
         # What the per-stream streams may hold, together, not yet transmitted.
         self._stream_room = SharedRoom(
-            transport.config.streams_send_buffer, lambda: quic.send_backlog
+            endpoint.config.streams_send_buffer, lambda: quic.send_backlog
         )
         self._inbound: dict[int, InboundLane] = {}
-        config = transport.config
+        config = endpoint.config
         self._partial_bytes = 0
         """Bytes of unfinished frames across the inbound lanes (``max_partial_frame_bytes``)."""
         self._partial_limit = config.partial_frame_limit
@@ -172,8 +172,6 @@ class PeerConnection:
             config.max_stream_opening_size,
             config.stream_opening_timeout,
         )
-        self._opening_timer: asyncio.TimerHandle | None = None
-        self._partial_sweep: asyncio.TimerHandle | None = None
         self._ping_waiters: dict[int, asyncio.Future[None]] = {}
         self._next_ping = 1
         self._close_error: ChannelClosed | ConnectionReplaced | None = None
@@ -182,7 +180,7 @@ class PeerConnection:
         self.requests_in = IncomingRequests(
             quic,
             self.transmit_soon,
-            transport.handler.serve_request,
+            endpoint.handler.serve_request,
             lambda: self.peer,
             self._count_request_refusal,
         )
@@ -190,15 +188,7 @@ class PeerConnection:
         self._cid_switch_pending = not is_client
         """Server side: still sending to the client's first connection ID, which carries
         no stateless reset token (see ``EngineConnection.adopt_resettable_peer_cid``)."""
-        self._pmtu: PathMtuSearch | None = None
-        self._pmtu_timer: asyncio.TimerHandle | None = None
-        self._pmtu_soon: asyncio.Handle | None = None
-        self._black_holes_counted = 0
-        self._datagram_mode = (
-            DatagramMode.PINNED if config.max_datagram_size is not None else DatagramMode.BASE
-        )
-        self._counted_size: int | None = None
-        quic.accepted_datagram_size = config.accepted_datagram_size
+        self._size = DatagramSize(quic, self.stats, config, endpoint.sendto)
         quic.mtu_probe_observer = self._mtu_probe_answered
         quic.large_loss_observer = self._large_packets_lost
 
@@ -212,28 +202,28 @@ class PeerConnection:
     # -- lifecycle -----------------------------------------------------------------------
 
     def start_handshake_deadline(self) -> None:
-        timeout = self.transport.config.handshake_timeout
-        self._handshake_deadline = self._loop.call_later(timeout, self._handshake_timed_out)
+        config = self.endpoint.config
+        now = self._clock.time()
+        self._deadlines.set(Deadline.HANDSHAKE, now + config.handshake_timeout)
         if not self.is_client:
-            idle = self.transport.config.half_open_idle_timeout
-            self._half_open_check = self._loop.call_later(idle, self._reap_if_abandoned)
+            self._deadlines.set(Deadline.HALF_OPEN, now + config.half_open_idle_timeout)
+        self._rearm()
 
-    def _reap_if_abandoned(self) -> None:
+    def _reap_if_abandoned(self, now: float) -> None:
         """An inbound handshake whose peer went silent is dropped without a word.
 
         A flood of Initials from senders that never continue would otherwise hold its
         connections until ``handshake_timeout``; nothing is sent to the (possibly
         spoofed) source.
         """
-        self._half_open_check = None
         if self.state is not ConnectionState.HANDSHAKING:
             return
-        idle = self.transport.config.half_open_idle_timeout
-        silent = self._loop.time() - self._last_heard
+        idle = self.endpoint.config.half_open_idle_timeout
+        silent = now - self._last_heard
         if silent < idle:
-            self._half_open_check = self._loop.call_later(idle - silent, self._reap_if_abandoned)
+            self._deadlines.set(Deadline.HALF_OPEN, now + idle - silent)
             return
-        self.transport.stats.rejections["handshake_abandoned"] += 1
+        self.endpoint.stats.rejections["handshake_abandoned"] += 1
         self._terminated(
             ConnectionTerminated(
                 error_code=int(CloseCode.HANDSHAKE_TIMEOUT),
@@ -244,24 +234,27 @@ class PeerConnection:
 
     async def wait_established(self) -> None:
         """Resolve when the handshake completed and the peer was verified; raise DialError."""
-        await asyncio.shield(self._handshake_waiter)
+        await self._handshake_done.wait()
+        error = self._handshake_error
+        if error is not None:
+            # Each waiter's raise starts its own traceback: the error is kept, their frames not.
+            raise error.with_traceback(None)
 
     def _handshake_timed_out(self) -> None:
-        self._handshake_deadline = None
         if self.state is ConnectionState.HANDSHAKING:
             self._fail_handshake(
                 DialError(
                     f"no handshake with {self._peer_name()} within "
-                    f"{self.transport.config.handshake_timeout:g} s",
+                    f"{self.endpoint.config.handshake_timeout:g} s",
                     reason="handshake_timeout",
                 )
             )
             self.close(CloseCode.HANDSHAKE_TIMEOUT, "handshake timeout")
 
     def _fail_handshake(self, error: DialError) -> None:
-        if not self._handshake_waiter.done():
-            self._handshake_waiter.set_exception(error)
-            self._handshake_waiter.exception()  # retrieved: a dial nobody awaits must not warn
+        if not self._handshake_done.is_set():
+            self._handshake_error = error
+            self._handshake_done.set()
 
     def close(self, code: CloseCode = CloseCode.SHUTDOWN, reason: str = "") -> None:
         """Close now: waiting admissions are refused; unacknowledged data may be lost."""
@@ -395,43 +388,18 @@ class PeerConnection:
         if self.quic.stream_unacked(outbound.stream_id) == 0:
             callback(True)
             return
-        waiting = self._deliveries.get(lane)
-        if waiting is None:
-            waiting = self._deliveries[lane] = deque()
-        waiting.append((target, callback))
+        self._deliveries.watch(lane, target, callback)
 
-    def _check_deliveries(self) -> None:
-        for lane, waiting in list(self._deliveries.items()):
-            outbound = self._outbound[lane]
-            if outbound is None:
-                self._fail_deliveries(lane)
-                continue
-            acked = outbound.written - self.quic.stream_unacked(outbound.stream_id)
-            while waiting and waiting[0][0] <= acked:
-                _, callback = waiting.popleft()
-                self._tell(callback, True)
-            if not waiting:
-                del self._deliveries[lane]
-
-    def _fail_deliveries(self, lane: int | None = None) -> None:
-        """The lane (None: every lane) ended: what it still waits for is never acknowledged."""
-        lanes = list(self._deliveries) if lane is None else [lane]
-        for each in lanes:
-            waiting = self._deliveries.pop(each, None)
-            while waiting:
-                _, callback = waiting.popleft()
-                self._tell(callback, False)
-
-    @staticmethod
-    def _tell(callback: DeliveryCallback, delivered: bool) -> None:
-        try:
-            callback(delivered)
-        except Exception:  # one watcher's bug must not stop the connection's datagram path
-            logger.exception("delivery callback failed")
+    def _acknowledged(self, lane: int) -> int | None:
+        """How far the peer acknowledged ``lane``'s bytes (None: the lane is gone)."""
+        outbound = self._outbound[lane]
+        if outbound is None:
+            return None
+        return outbound.written - self.quic.stream_unacked(outbound.stream_id)
 
     def stream_blocked(self, stream: OutboundStream) -> None:
         self._blocked.add(stream)
-        self.transport.stats.send_backpressure += 1
+        self.endpoint.stats.send_backpressure += 1
 
     def stream_done(self, stream: OutboundStream) -> None:
         self._blocked.discard(stream)
@@ -473,122 +441,46 @@ class PeerConnection:
             partial_frame_bytes=self._partial_bytes,
             stream_openings=self._openings.pending,
             datagram_size=self.quic.datagram_size,
-            datagram_mode=self._datagram_mode.value,
+            datagram_mode=self._size.mode.value,
         )
 
     # -- datagram size -------------------------------------------------------------------
 
-    def _start_datagram_plan(self) -> None:
-        """Established: choose the datagram size for this path (see :mod:`.pmtu`)."""
-        config = self.transport.config
+    def _start_datagram_plan(self, now: float) -> None:
+        """Established: choose the datagram size for this path (see :mod:`.datagram_size`)."""
         remote = self.remote_address[0] if self.remote_address is not None else ""
-        plan = plan_path(config, self.transport.address[0], remote)
-        limit = self.quic.peer_max_udp_payload_size
-        self._datagram_mode = plan.mode
-        if not self.quic.features.live_datagram_size:
-            # The engine was made at the plan's size and keeps it; a search stays at its
-            # base (EngineFeatures.mtu_probes), which the mode says.
-            if plan.search_max is not None:
-                self._datagram_mode = DatagramMode.BASE
-            self._use_datagram_size(self.quic.datagram_size)
-            return
-        if plan.search_max is not None:
-            search = PathMtuSearch(min(plan.size, limit), min(plan.search_max, limit))
-            self._pmtu = search
-            self._datagram_mode = search.mode
-            self.quic.large_packet_threshold = search.base
-            self._use_datagram_size(search.size)
-            self._pmtu_step()
-        else:
-            self._use_datagram_size(min(plan.size, limit))
+        local = self.endpoint.address[0]
+        config = self.endpoint.config
+        at = self._size.start(config, local, remote, now, self._path_name())
+        self._deadlines.set(Deadline.PMTU, at)
 
-    def _use_datagram_size(self, size: int) -> None:
-        if size != self.quic.datagram_size:
-            self.quic.set_datagram_size(size)
-        sizes = self.stats.datagram_sizes
-        if self._counted_size is not None:
-            sizes[self._counted_size] -= 1
-            if not sizes[self._counted_size]:
-                del sizes[self._counted_size]
-        sizes[size] += 1
-        self._counted_size = size
-
-    def _forget_datagram_size(self) -> None:
-        if self._counted_size is not None:
-            sizes = self.stats.datagram_sizes
-            sizes[self._counted_size] -= 1
-            if not sizes[self._counted_size]:
-                del sizes[self._counted_size]
-            self._counted_size = None
+    def _path_name(self) -> str:
+        return f"{'to' if self.is_client else 'from'} {self._peer_name()}"
 
     def _mtu_probe_answered(self, size: int, acked: bool) -> None:
-        """aioquic's loss detection decided a probe's fate (inside its receive path, so the
-        next probe waits for a callback of its own)."""
-        search = self._pmtu
-        if search is None:
-            return
-        if acked:
-            self.stats.pmtu_probes["acked"] += 1
-            search.probe_acked(size)
-        elif search.probe_lost(size, self._loop.time()):
-            self.stats.pmtu_probes["lost"] += 1
-        self._pmtu_step_soon()
+        """The engine's loss detection decided a probe's fate (inside its receive path, so
+        the next probe waits for the timer, due at once)."""
+        if self._size.probe_answered(size, acked, self._clock.time()):
+            self._pmtu_step_soon()
 
     def _large_packets_lost(self, count: int) -> None:
-        search = self._pmtu
-        if search is not None and search.size > search.base:
-            search.large_packets_lost(count)
+        if self._size.large_packets_lost(count):
             self._pmtu_step_soon()
 
     def _pmtu_step_soon(self) -> None:
-        if self._pmtu_soon is None and self.state is ConnectionState.ESTABLISHED:
-            self._pmtu_soon = self._loop.call_soon(self._pmtu_step)
+        if self.state is ConnectionState.ESTABLISHED:
+            # Not from inside the engine's receive path: at once, from the timer.
+            self._deadlines.set(Deadline.PMTU, self._clock.time())
+            self._rearm()
 
-    def _pmtu_step(self) -> None:
-        """Give up on an overdue probe, send the next one, and follow the search's size."""
-        self._pmtu_soon = None
-        search = self._pmtu
-        if search is None or self.state is not ConnectionState.ESTABLISHED:
-            return
-        now = self._loop.time()
-        if search.expire(now) is not None:
-            self.stats.pmtu_probes["lost"] += 1
-        retry_at: float | None = None
-        size = search.next_probe(now)
-        if size is not None:
-            datagrams = self.quic.send_mtu_probe(size, now)
-            if datagrams:
-                for data, addr in datagrams:
-                    self.transport.sendto(data, addr)
-                self.stats.datagrams_out += len(datagrams)
-                self.stats.pmtu_probes["sent"] += 1
-                timeout = max(3 * self.quic.probe_timeout, _MIN_PROBE_TIMEOUT)
-                search.probe_sent(size, now, timeout)
-            else:  # no 1-RTT keys to send with yet: try again shortly
-                retry_at = now + _MIN_PROBE_TIMEOUT
-        if search.size != self._counted_size:
-            self._use_datagram_size(search.size)
-        self._datagram_mode = search.mode
-        if search.black_holes != self._black_holes_counted:
-            self.stats.pmtu_black_holes += search.black_holes - self._black_holes_counted
-            self._black_holes_counted = search.black_holes
-            logger.info(
-                "connection %s %s: full-size datagrams are lost; back to %d bytes",
-                "to" if self.is_client else "from",
-                self._peer_name(),
-                search.size,
-            )
-        if self._pmtu_timer is not None:
-            self._pmtu_timer.cancel()
-            self._pmtu_timer = None
-        deadline = search.deadline if retry_at is None else retry_at
-        if deadline is not None:
-            self._pmtu_timer = self._loop.call_at(deadline, self._pmtu_step)
+    def _pmtu_step(self, now: float) -> None:
+        if self.state is ConnectionState.ESTABLISHED:
+            self._deadlines.set(Deadline.PMTU, self._size.step(now, self._path_name()))
 
     async def ping(self, timeout: float) -> None:
         uid = self._next_ping
         self._next_ping += 1
-        waiter: asyncio.Future[None] = self._loop.create_future()
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._ping_waiters[uid] = waiter
         self.quic.send_ping(uid)
         self.transmit()
@@ -604,7 +496,7 @@ class PeerConnection:
             return
         self._outbound[lane] = None
         self._blocked.discard(outbound)
-        self._fail_deliveries(lane)
+        self._deliveries.fail(lane)
         outbound.gate.close(ChannelClosed(f"lane {lane} to {self._peer_name()} was reset"))
         self.quic.reset_stream(outbound.stream_id, int(CloseCode.KILLED))
         self.transmit()
@@ -628,11 +520,11 @@ class PeerConnection:
         state = self._inbound.get(stream_id)
         if state is None:
             assert self.peer is not None
-            paused = self.transport.is_reading_paused(self.peer, lane)
-            state = InboundLane(lane, stream_id, self.transport.config.max_message_size, paused)
+            paused = self.endpoint.is_reading_paused(self.peer, lane)
+            state = InboundLane(lane, stream_id, self.endpoint.config.max_message_size, paused)
             self._inbound[stream_id] = state
             self.quic.manage_receive_window(
-                stream_id, state.consumed_bytes, self.transport.config.lane_window
+                stream_id, state.consumed_bytes, self.endpoint.config.lane_window
             )
         return state
 
@@ -650,7 +542,7 @@ class PeerConnection:
         except FrameTooLarge as exc:
             if exc.frames:
                 self._deliver(state, exc.frames)
-            self.transport.stats.rejections["oversized_frame"] += 1
+            self.endpoint.stats.rejections["oversized_frame"] += 1
             logger.warning(
                 "closing connection from %s: lane %d: %s", self._peer_name(), state.lane, exc
             )
@@ -665,7 +557,7 @@ class PeerConnection:
                 return
         if not bodies:
             return
-        stats = self.transport.stats
+        stats = self.endpoint.stats
         stats.frames_in += len(bodies)
         stats.bytes_in += len(data)
         self._deliver(state, bodies)
@@ -678,7 +570,7 @@ class PeerConnection:
         """
         if bodies:
             self._deliver(state, bodies)
-        self.transport.stats.rejections["partial_frame_bytes"] += 1
+        self.endpoint.stats.rejections["partial_frame_bytes"] += 1
         logger.warning(
             "closing connection from %s: its lanes hold %d bytes of unfinished frames"
             " (max_partial_frame_bytes %d)",
@@ -688,36 +580,35 @@ class PeerConnection:
         )
         self.close(CloseCode.FRAME_TOO_LARGE, "too many bytes of unfinished frames")
 
-    def _schedule_partial_sweep(self) -> None:
-        timeout = self.transport.config.partial_frame_timeout
-        self._partial_sweep = self._loop.call_later(timeout, self._sweep_partial_frames)
+    def _schedule_partial_sweep(self, now: float) -> None:
+        timeout = self.endpoint.config.partial_frame_timeout
+        self._deadlines.set(Deadline.PARTIAL_SWEEP, now + timeout)
 
-    def _sweep_partial_frames(self) -> None:
+    def _sweep_partial_frames(self, now: float) -> None:
         """Close the connection if a lane began a frame and nothing arrived on it since the
         last sweep. It runs off the receive path, once per ``partial_frame_timeout``: the
         lanes' byte counts say whether anything moved, so arrivals cost nothing extra."""
-        self._partial_sweep = None
         if self.state is not ConnectionState.ESTABLISHED:
             return
         for state in self._inbound.values():
             stalled = state.partial and state.consumed == state.swept
             state.swept = state.consumed
             if stalled and not (state.paused or state.held or state.backlog):
-                self.transport.stats.rejections["partial_frame_timeout"] += 1
+                self.endpoint.stats.rejections["partial_frame_timeout"] += 1
                 logger.warning(
                     "closing connection from %s: lane %d holds %d bytes of a frame on which"
                     " nothing arrived for %g s",
                     self._peer_name(),
                     state.lane,
                     state.partial,
-                    self.transport.config.partial_frame_timeout,
+                    self.endpoint.config.partial_frame_timeout,
                 )
                 self.close(CloseCode.FRAME_TOO_LARGE, "an unfinished frame stalled")
                 return
-        self._schedule_partial_sweep()
+        self._schedule_partial_sweep(now)
 
     def _deliver(self, state: InboundLane, bodies: list[bytes] | deque[bytes]) -> None:
-        handler = self.transport.handler.frame_received
+        handler = self.endpoint.handler.frame_received
         peer = self.peer
         assert peer is not None
         lane = state.lane
@@ -725,7 +616,7 @@ class PeerConnection:
             try:
                 handler(peer, lane, body)
             except Exception:
-                self.transport.stats.rejections["handler_error"] += 1
+                self.endpoint.stats.rejections["handler_error"] += 1
                 logger.exception("frame handler failed for a frame from %s lane %d", peer, lane)
             if state.paused:
                 state.held.extend(list(bodies)[index + 1 :])
@@ -748,7 +639,7 @@ class PeerConnection:
         if self.state is not ConnectionState.ESTABLISHED or link is None:
             # Defence in depth: the handshake cannot complete unverified, but never let
             # bytes from an unverified connection near a handler.
-            self.transport.stats.rejections["unverified_data"] += 1
+            self.endpoint.stats.rejections["unverified_data"] += 1
             self.close(CloseCode.UNVERIFIED_PEER, "data before verification")
             return
         stream_id = event.stream_id
@@ -756,7 +647,7 @@ class PeerConnection:
             if stream_id & 0x3 == 0x1:  # the accepting side asks us for something
                 self.requests_in.data(stream_id, event.data, event.end_stream)
             else:
-                self.transport.stats.rejections["unexpected_stream"] += 1
+                self.endpoint.stats.rejections["unexpected_stream"] += 1
                 self._refuse_stream(stream_id)
             return
         lane = lane_of_stream(stream_id)
@@ -766,19 +657,20 @@ class PeerConnection:
                 return
             openings = self._openings
             if stream_id not in openings.opened:  # its opening is still to come
-                refusal = openings.admit(stream_id, event.data, self._loop.time())
+                refusal = openings.admit(stream_id, event.data, self._clock.time())
                 if refusal is not None:
                     if refusal != DROP:
                         self._refuse_opening(link, stream_id, refusal)
                     return
-                if self._opening_timer is None and openings.pending:
-                    self._arm_opening_timer()
-            if not self.transport.handler.stream_received(
+                if openings.pending and self._deadlines.get(Deadline.OPENINGS) is None:
+                    self._deadlines.set(Deadline.OPENINGS, openings.next_deadline())
+                    self._rearm()
+            if not self.endpoint.handler.stream_received(
                 link, StreamData(stream_id, event.data, event.end_stream)
             ):
                 # Not a lane: the layers above may claim such streams (the per-stream
                 # path); until one does, refuse the stream without harming the connection.
-                self.transport.stats.rejections["unexpected_stream"] += 1
+                self.endpoint.stats.rejections["unexpected_stream"] += 1
                 self._openings.ended(stream_id)
                 self._refuse_stream(stream_id)
             elif event.end_stream:
@@ -793,23 +685,17 @@ class PeerConnection:
     def _refuse_opening(self, link: PeerLink, stream_id: int, reason: str) -> None:
         """A stream past an opening bound (see :mod:`.openings`): refuse it, count it, and
         tell its receiver, which may hold its first bytes, that the stream is over."""
-        self.transport.stats.rejections[reason] += 1
+        self.endpoint.stats.rejections[reason] += 1
         self.stop_receiving(stream_id, CloseCode.SHUTDOWN)
-        self.transport.handler.stream_reset(link, StreamReset(stream_id, int(CloseCode.SHUTDOWN)))
+        self.endpoint.handler.stream_reset(link, StreamReset(stream_id, int(CloseCode.SHUTDOWN)))
 
-    def _arm_opening_timer(self) -> None:
-        deadline = self._openings.next_deadline()
-        if deadline is not None:
-            self._opening_timer = self._loop.call_at(deadline, self._openings_timed_out)
-
-    def _openings_timed_out(self) -> None:
-        self._opening_timer = None
+    def _openings_timed_out(self, now: float) -> None:
         link = self.link
         if self.state is not ConnectionState.ESTABLISHED or link is None:
             return
-        for stream_id in self._openings.expire(self._loop.time()):
+        for stream_id in self._openings.expire(now):
             self._refuse_opening(link, stream_id, REFUSED_TIMEOUT)
-        self._arm_opening_timer()
+        self._deadlines.set(Deadline.OPENINGS, self._openings.next_deadline())
 
     def _refuse_stream(self, stream_id: int, code: CloseCode = CloseCode.SHUTDOWN) -> None:
         try:
@@ -819,7 +705,7 @@ class PeerConnection:
 
     def _lane_finished(self, state: InboundLane) -> None:
         if state.decoder.buffered_bytes:
-            self.transport.stats.rejections["truncated_frame"] += 1
+            self.endpoint.stats.rejections["truncated_frame"] += 1
         self._forget_inbound(state)
 
     def _stop_sending(self, stream_id: int) -> None:
@@ -838,7 +724,7 @@ class PeerConnection:
             logger.debug("could not reset stream %d", stream_id, exc_info=True)
         self.transmit_soon()
         if self.link is not None:
-            self.transport.handler.stream_stopped(self.link, StreamStopped(stream_id))
+            self.endpoint.handler.stream_stopped(self.link, StreamStopped(stream_id))
 
     def stop_receiving(self, stream_id: int, code: CloseCode = CloseCode.SHUTDOWN) -> None:
         """Ask the peer to stop a stream it writes to us (STOP_SENDING), and forget it."""
@@ -856,13 +742,13 @@ class PeerConnection:
         if lane_of_stream(stream_id) is None and not self.is_client:
             self._openings.ended(stream_id)
             if self.link is not None:
-                self.transport.handler.stream_reset(self.link, StreamReset(stream_id, error_code))
+                self.endpoint.handler.stream_reset(self.link, StreamReset(stream_id, error_code))
             return
         state = self._inbound.get(stream_id)
         if state is None or self.peer is None:
             return
         self._forget_inbound(state)
-        self.transport.handler.lane_reset(self.peer, state.lane)
+        self.endpoint.handler.lane_reset(self.peer, state.lane)
 
     def _forget_inbound(self, state: InboundLane) -> None:
         self._partial_bytes -= state.partial
@@ -876,11 +762,11 @@ class PeerConnection:
         """Grant the peer ``consumed() + window`` on a stream it writes (see :class:`PeerLink`)."""
         self.quic.manage_receive_window(stream_id, consumed, window)
 
-    # -- events from aioquic -------------------------------------------------------------
+    # -- events from the engine -------------------------------------------------------------
 
     def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
         self.remote_address = addr
-        now = self._last_heard = self._loop.time()
+        now = self._last_heard = self._clock.time()
         self.quic.receive_datagram(data, addr, now=now)
         self._process_events()
         if self.state is ConnectionState.HANDSHAKING:
@@ -889,13 +775,13 @@ class PeerConnection:
         if self._cid_switch_pending and self.state is ConnectionState.ESTABLISHED:
             self._cid_switch_pending = not self.quic.adopt_resettable_peer_cid()
         self._poll_gates()
-        if self._deliveries:
-            self._check_deliveries()
+        if self._deliveries.waiting:
+            self._deliveries.check(self._acknowledged)
         # The loop hands over every datagram that arrived at once before it runs callbacks;
         # a datagrams_to_send pass after each one mostly found nothing to send (the ACK not
         # yet due) and cost a receiver about a sixth of its CPU, so the pass waits for the
         # end of the batch, unless an acknowledgement is due now (see EngineConnection.ack_due).
-        if self.quic.ack_due(self._loop.time()):
+        if self.quic.ack_due(self._clock.time()):
             self.transmit()
         else:
             self.transmit_soon()
@@ -904,27 +790,30 @@ class PeerConnection:
         quic = self.quic
         event = quic.poll_event()
         while event is not None:
-            # Most frequent first: a STREAM event per frame, the rest now and then.
-            kind = type(event)
-            if kind is StreamDataReceived:
-                self._stream_data(event)  # type: ignore[arg-type]
-            elif isinstance(event, ConnectionIdIssued):
-                self.transport.register_cid(event.connection_id, self)
-            elif isinstance(event, ConnectionIdRetired):
-                self.transport.unregister_cid(event.connection_id)
-            elif isinstance(event, HandshakeCompleted):
-                self._handshake_completed()
-            elif isinstance(event, PingAcknowledged):
-                waiter = self._ping_waiters.pop(event.uid, None)
-                if waiter is not None and not waiter.done():
-                    waiter.set_result(None)
-            elif isinstance(event, EngineStreamReset):
-                self._stream_reset(event.stream_id, event.error_code)
-            elif isinstance(event, StopSendingReceived):
-                self._stop_sending(event.stream_id)
-            elif isinstance(event, ConnectionTerminated):
-                self._terminated(event)
-                return
+            # A STREAM event per frame, the rest now and then: the frequent one is told
+            # by one identity check, cheaper than a match's isinstance.
+            if type(event) is StreamDataReceived:
+                self._stream_data(event)
+                event = quic.poll_event()
+                continue
+            match event:
+                case ConnectionIdIssued(connection_id=cid):
+                    self.endpoint.register_cid(cid, self)
+                case ConnectionIdRetired(connection_id=cid):
+                    self.endpoint.unregister_cid(cid)
+                case HandshakeCompleted():
+                    self._handshake_completed()
+                case PingAcknowledged(uid=uid):
+                    waiter = self._ping_waiters.pop(uid, None)
+                    if waiter is not None and not waiter.done():
+                        waiter.set_result(None)
+                case EngineStreamReset(stream_id=stream_id, error_code=code):
+                    self._stream_reset(stream_id, code)
+                case StopSendingReceived(stream_id=stream_id):
+                    self._stop_sending(stream_id)
+                case ConnectionTerminated():
+                    self._terminated(event)
+                    return
             event = quic.poll_event()
         if self._unacked_pending_drain():
             self._drained.set()
@@ -936,7 +825,7 @@ class PeerConnection:
         verified = self.quic.verified_peer
         if verified is None or (self.is_client and verified != self.peer):
             # Unreachable while the TLS hook is installed; refuse rather than trust.
-            self.transport.stats.rejections["unverified_peer"] += 1
+            self.endpoint.stats.rejections["unverified_peer"] += 1
             self._fail_handshake(
                 DialError("peer completed the handshake unverified", reason="unverified_peer")
             )
@@ -953,7 +842,7 @@ class PeerConnection:
         error = self.quic.verification_error
         if error is not None and not self._refusal_counted:
             self._refusal_counted = True
-            self.transport.stats.peer_refusals[error.reason] += 1
+            self.endpoint.stats.peer_refusals[error.reason] += 1
             # The peer was told the reason code only; the detail stays here.
             logger.info(
                 "refused the %s at %s (%s): %s",
@@ -977,19 +866,17 @@ class PeerConnection:
         self.state = ConnectionState.ESTABLISHED
         self.link = PeerLink(self.peer, self.is_client, self)
         self.established_once = True
-        if self._handshake_deadline is not None:
-            self._handshake_deadline.cancel()
-            self._handshake_deadline = None
-        if self._half_open_check is not None:
-            self._half_open_check.cancel()
-            self._half_open_check = None
-        if not self._handshake_waiter.done():
-            self._handshake_waiter.set_result(None)
-        self._schedule_keepalive()
+        deadlines = self._deadlines
+        deadlines.set(Deadline.HANDSHAKE, None)
+        deadlines.set(Deadline.HALF_OPEN, None)
+        self._handshake_done.set()
+        now = self._clock.time()
+        self._schedule_keepalive(now)
         if not self.is_client:
-            self._schedule_partial_sweep()
-        self._start_datagram_plan()
-        self.transport.connection_established(self)
+            self._schedule_partial_sweep(now)
+        self._start_datagram_plan(now)
+        self._rearm()
+        self.endpoint.connection_established(self)
         self._poll_gates()
 
     def _terminated(self, event: ConnectionTerminated) -> None:
@@ -997,26 +884,14 @@ class PeerConnection:
             return
         was_established = self.state is not ConnectionState.HANDSHAKING
         self.state = ConnectionState.CLOSED
-        for handle in (
-            self._timer,
-            self._transmit_handle,
-            self._keepalive,
-            self._handshake_deadline,
-            self._half_open_check,
-            self._opening_timer,
-            self._partial_sweep,
-            self._pmtu_timer,
-            self._pmtu_soon,
-        ):
-            if handle is not None:
-                handle.cancel()
-        self._opening_timer = self._partial_sweep = None
-        self._pmtu_timer = self._pmtu_soon = None
-        self._pmtu = None
-        self._forget_datagram_size()
+        self._deadlines.clear()
+        self._engine_at = None
+        if self._transmit_handle is not None:
+            self._transmit_handle.cancel()
+            self._transmit_handle = None
+        self._clock.wake_at(None)
+        self._size.forget()
         self._openings.clear()
-        self._timer = self._transmit_handle = self._keepalive = self._handshake_deadline = None
-        self._half_open_check = None
         reason = event.reason_phrase or f"error {event.error_code:#x}"
         error = self._close_error or ChannelClosed(
             f"connection to {self._peer_name()} closed: {reason}"
@@ -1024,7 +899,7 @@ class PeerConnection:
         if self.is_client and was_established:
             self._report_unacked(error)
         self._refuse_pending(error)
-        self._fail_deliveries()
+        self._deliveries.fail()
         self.requests_out.close(ChannelClosed(f"connection closed: {reason}"))
         self.requests_in.close()
         if not was_established:
@@ -1034,7 +909,7 @@ class PeerConnection:
                 waiter.set_exception(ChannelClosed(f"connection closed: {reason}"))
         self._ping_waiters.clear()
         self._drained.set()
-        self.transport.connection_closed(self)
+        self.endpoint.connection_closed(self)
         self.closed.set()
 
     def _report_unacked(self, error: ChannelClosed | ConnectionReplaced) -> None:
@@ -1045,8 +920,8 @@ class PeerConnection:
                 continue
             lost = self.quic.stream_unacked(lane.stream_id)
             if lost:
-                self.transport.stats.send_failures_after_admission += 1
-                self.transport.handler.send_failed(
+                self.endpoint.stats.send_failures_after_admission += 1
+                self.endpoint.handler.send_failed(
                     self.peer,
                     lane.lane,
                     ChannelClosed(
@@ -1080,7 +955,7 @@ class PeerConnection:
     def transmit_soon(self) -> None:
         """Coalesce: many sends in one loop iteration leave in one transmit."""
         if self._transmit_handle is None and self.state is not ConnectionState.CLOSED:
-            self._transmit_handle = self._loop.call_soon(self.transmit)
+            self._transmit_handle = self._clock.soon(self.transmit)
 
     def transmit(self) -> None:
         handle = self._transmit_handle
@@ -1095,41 +970,73 @@ class PeerConnection:
             self._process_events()
             if self.closed.is_set():
                 return
-        sendto = self.transport.sendto
+        sendto = self.endpoint.sendto
         sent = 0
-        for data, addr in self.quic.datagrams_to_send(now=self._loop.time()):
+        for data, addr in self.quic.datagrams_to_send(now=self._clock.time()):
             sendto(data, addr)
             sent += 1
-        self.transport.stats.datagrams_out += sent
+        self.endpoint.stats.datagrams_out += sent
         if self._stream_room.waiting_count:
             # What was just transmitted is room for the per-stream sends waiting on it;
             # what they write now leaves in the next transmit (transmit_soon).
             self._stream_room.poll()
         timer_at = self.quic.get_timer()
-        if self._timer is not None and self._timer_at != timer_at:
-            self._timer.cancel()
-            self._timer = None
-        if self._timer is None and timer_at is not None:
-            self._timer = self._loop.call_at(timer_at, self._handle_timer)
-        self._timer_at = timer_at
+        if timer_at != self._engine_at:  # next_deadline() inline: this runs per batch
+            self._engine_at = timer_at
+            other = self._deadlines.next_at
+            if other is not None and (timer_at is None or other < timer_at):
+                timer_at = other
+            self._clock.wake_at(timer_at)
 
-    def _handle_timer(self) -> None:
-        now = max(self._timer_at or 0.0, self._loop.time())
-        self._timer = None
-        self._timer_at = None
-        self.quic.handle_timer(now=now)
-        self._process_events()
-        self._poll_gates()
-        self.transmit()
+    def next_deadline(self) -> float | None:
+        """When :meth:`on_timer` is next due: the engine's timer or one of the connection's
+        own :class:`~.deadlines.Deadline` (None: nothing to wait for)."""
+        at = self._engine_at
+        other = self._deadlines.next_at
+        if other is not None and (at is None or other < at):
+            return other
+        return at
 
-    def _schedule_keepalive(self) -> None:
-        interval = self.transport.config.keep_alive_interval
-        self._keepalive = self._loop.call_later(interval, self._send_keepalive)
+    def _rearm(self) -> None:
+        self._clock.wake_at(self.next_deadline())
 
-    def _send_keepalive(self) -> None:
-        self._keepalive = None
+    def on_timer(self, now: float) -> None:
+        """Do what is due at ``now``: the engine's timer, then the connection's deadlines."""
+        if self.state is ConnectionState.CLOSED:
+            return
+        engine_at = self._engine_at
+        if engine_at is not None and engine_at <= now:
+            self._engine_at = None
+            self.quic.handle_timer(now=now)
+            self._process_events()
+            self._poll_gates()
+            self.transmit()
+        for deadline in self._deadlines.due(now):
+            if self.closed.is_set():  # ended by what ran before (state is narrowed here)
+                return
+            match deadline:
+                case Deadline.HANDSHAKE:
+                    self._handshake_timed_out()
+                case Deadline.HALF_OPEN:
+                    self._reap_if_abandoned(now)
+                case Deadline.KEEP_ALIVE:
+                    self._send_keepalive(now)
+                case Deadline.OPENINGS:
+                    self._openings_timed_out(now)
+                case Deadline.PARTIAL_SWEEP:
+                    self._sweep_partial_frames(now)
+                case Deadline.PMTU:
+                    self._pmtu_step(now)
+        if not self.closed.is_set():
+            self._rearm()
+
+    def _schedule_keepalive(self, now: float) -> None:
+        interval = self.endpoint.config.keep_alive_interval
+        self._deadlines.set(Deadline.KEEP_ALIVE, now + interval)
+
+    def _send_keepalive(self, now: float) -> None:
         if self.state is not ConnectionState.ESTABLISHED:
             return
         self.quic.send_ping(0)
         self.transmit()
-        self._schedule_keepalive()
+        self._schedule_keepalive(now)

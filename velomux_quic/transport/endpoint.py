@@ -1,7 +1,7 @@
 """The node's QUIC transport: one UDP endpoint that both dials and accepts.
 
-Datagrams are demultiplexed to connections by destination connection ID, the way
-aioquic's own server does, except that the same socket also carries the connections this
+Datagrams are demultiplexed to connections by destination connection ID, the way a
+QUIC server does, except that the same socket also carries the connections this
 node dialed. One socket per node keeps the port story simple (a peer record is one
 address) and lets the kernel's receive buffer serve every connection.
 """
@@ -19,15 +19,6 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import cast
 
-from aioquic._buffer import Buffer  # typed there; aioquic.buffer re-exports it untyped
-from aioquic.quic.configuration import SMALLEST_MAX_DATAGRAM_SIZE
-from aioquic.quic.packet import (
-    QuicPacketType,
-    encode_quic_retry,
-    encode_quic_version_negotiation,
-    pull_quic_header,
-)
-from aioquic.quic.retry import QuicRetryTokenHandler
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from prometheus_client.registry import CollectorRegistry
@@ -54,16 +45,25 @@ from ..security.rotation import (
 from ..security.verify import PeerVerifier
 from .admission import SendOutcome
 from .config import MAX_LANES, TransportConfig
-from .connection import CloseCode, ConnectionState, PeerConnection
+from .connection import PeerConnection
 from .engine_choice import EngineFactory, make_engine_factory
 from .handler import TransportHandler
 from .handshakes import HandshakeBudget, Verdict
 from .lanes import CONTROL_LANE
 from .metrics import TransportCollector, TransportStats
+from .packets import (
+    MIN_INITIAL_DATAGRAM,
+    PacketType,
+    encode_retry,
+    encode_version_negotiation,
+    parse_long_header,
+)
 from .perstream_send import PerStreamOutbound
 from .resets import StatelessResets, reset_key_from
+from .retry_tokens import RetryTokens
 from .seam import EngineFeatures
 from .snapshot import ConnectionSnapshot, TransportSnapshot
+from .states import CloseCode, ConnectionState
 from .udp import BufferSizes, open_udp_socket
 
 __all__ = ["Address", "QuicTransport", "TransportHandler"]
@@ -171,7 +171,7 @@ class QuicTransport(asyncio.DatagramProtocol):
             max_per_source=config.max_half_open_per_source,
         )
         """Inbound connections still handshaking, per source and address validation."""
-        self._retry = QuicRetryTokenHandler()
+        self._retry = RetryTokens()
         self._paused: set[tuple[InstanceId, int]] = set()
         self._closing = False
         self._live_with: dict[InstanceId, int] = {}
@@ -542,7 +542,7 @@ class QuicTransport(asyncio.DatagramProtocol):
                 self._unroutable(data, addr)
             return
         try:
-            header = pull_quic_header(Buffer(data=data), host_cid_length=_CID_LENGTH)
+            header = parse_long_header(data)
         except ValueError:
             self.stats.rejections["malformed_datagram"] += 1
             return
@@ -551,20 +551,19 @@ class QuicTransport(asyncio.DatagramProtocol):
             connection.datagram_received(data, addr)
             return
         if (
-            header.packet_type != QuicPacketType.VERSION_NEGOTIATION
-            and header.version is not None
+            header.packet_type is not PacketType.VERSION_NEGOTIATION
             and header.version not in self._engines.supported_versions
         ):
             self.sendto(
-                encode_quic_version_negotiation(
-                    source_cid=header.destination_cid,
+                encode_version_negotiation(
                     destination_cid=header.source_cid,
+                    source_cid=header.destination_cid,
                     supported_versions=self._engines.supported_versions,
                 ),
                 addr,
             )
             return
-        if header.packet_type != QuicPacketType.INITIAL or len(data) < SMALLEST_MAX_DATAGRAM_SIZE:
+        if header.packet_type is not PacketType.INITIAL or len(data) < MIN_INITIAL_DATAGRAM:
             return
         if self._closing:
             return
@@ -601,7 +600,7 @@ class QuicTransport(asyncio.DatagramProtocol):
 
     def _initial_received(
         self,
-        version: int | None,
+        version: int,
         destination_cid: bytes,
         source_cid: bytes,
         token: bytes,
@@ -620,12 +619,7 @@ class QuicTransport(asyncio.DatagramProtocol):
         validated = bool(token)
         if validated:  # we never issue NEW_TOKEN: a token is one of our Retry tokens
             try:
-                original_cid = self._retry.validate_token(
-                    address=addr,
-                    destination_cid=destination_cid,
-                    token=token,
-                    now=self.loop.time(),
-                )
+                original_cid = self._retry.check(addr, destination_cid, token, self.loop.time())
             except ValueError:
                 self.stats.rejections["invalid_retry_token"] += 1
                 return
@@ -638,20 +632,15 @@ class QuicTransport(asyncio.DatagramProtocol):
         if decision.verdict is Verdict.ACCEPT:
             self._accept(original_cid, destination_cid, retry_source_cid, data, addr, validated)
         elif decision.verdict is Verdict.RETRY:
-            assert version is not None
             new_cid = os.urandom(_CID_LENGTH)
+            token = self._retry.issue(addr, destination_cid, new_cid, self.loop.time())
             self.sendto(
-                encode_quic_retry(
+                encode_retry(
                     version=version,
                     source_cid=new_cid,
                     destination_cid=source_cid,
                     original_destination_cid=destination_cid,
-                    retry_token=self._retry.create_token(
-                        address=addr,
-                        original_destination_connection_id=destination_cid,
-                        retry_source_connection_id=new_cid,
-                        now=self.loop.time(),
-                    ),
+                    token=token,
                 ),
                 addr,
             )

@@ -6,7 +6,8 @@ fleet can be switched; otherwise aioquic, the default. qh3 is the optional extra
 ``velomux_quic[qh3]``: choosing it without it installed is a ``ConfigurationError`` that
 says what to install. An :class:`EngineFactory` holds what every connection of one
 transport is made from (configurations, verifier, reset key) and makes one engine per
-dial or accept, so the endpoint never names an engine's classes.
+dial or accept, so the endpoint never names an engine's classes. An engine's modules are
+imported when it is chosen, not before, so a node on qh3 loads nothing of aioquic.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from typing import Protocol
 from ..errors import ConfigurationError
 from ..ids import InstanceId
 from ..security.certs import NodeCredentials
-from ..security.tls import make_quic_configuration
 from ..security.verify import PeerVerifier
 from .config import TransportConfig
 from .pmtu import plan_path
@@ -64,7 +64,7 @@ def engine_features(name: EngineName) -> EngineFeatures:
         from .qh3_engine import QH3_FEATURES
 
         return QH3_FEATURES
-    from .engine import AIOQUIC_FEATURES
+    from .aioquic_engine import AIOQUIC_FEATURES
 
     return AIOQUIC_FEATURES
 
@@ -113,7 +113,8 @@ class _AioquicFactory:
         verifier: PeerVerifier,
         resets: StatelessResets,
     ) -> None:
-        from .engine import AIOQUIC_FEATURES
+        from ..security.tls import make_quic_configuration
+        from .aioquic_engine import AIOQUIC_FEATURES
 
         self.features = AIOQUIC_FEATURES
         self._config = config
@@ -133,7 +134,7 @@ class _AioquicFactory:
         self.supported_versions = list(self._server.supported_versions)
 
     def client(self, expected_peer: InstanceId, local: str, remote: str) -> QuicEngine:
-        from .engine import EngineConnection
+        from .aioquic_engine import EngineConnection
 
         return EngineConnection(
             configuration=self._client,
@@ -147,7 +148,7 @@ class _AioquicFactory:
     def server(
         self, original_cid: bytes, retry_source_cid: bytes | None, local: str, remote: str
     ) -> QuicEngine:
-        from .engine import EngineConnection
+        from .aioquic_engine import EngineConnection
 
         return EngineConnection(
             configuration=self._server,

@@ -3,13 +3,13 @@
 The per-stream path (``velomux_quic.streaming.perstream``) opens QUIC streams of its own
 beside the lanes; what arrives on them is reported to the :class:`TransportHandler
 <velomux_quic.transport.endpoint.TransportHandler>` as these small events, never as
-aioquic's, and together with a :class:`PeerLink`: the layer above's handle on the
-connection that carried them. So no layer above the transport imports aioquic, and an
-aioquic upgrade that changes its event classes changes this package only.
+an engine's, and together with a :class:`PeerLink`: the layer above's handle on the
+connection that carried them. So no layer above the transport imports a QUIC engine,
+and an engine upgrade that changes its event classes changes its adapter only.
 
 The events are frozen and carry exactly what the layer above reads. They are built once
 per STREAM frame on a non-lane stream (lanes never build one: their bytes go straight
-into the lane's frame decoder), which costs about what aioquic's own event costs.
+into the lane's frame decoder), which costs about what an engine's own event costs.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 It is its own module because both ends use it: the endpoint takes one when it starts, and
 every connection calls it as frames and stream events arrive. Everything it is given is
-the transport's own (InstanceIds, lanes, bytes, :mod:`.events`); nothing from aioquic.
+the transport's own (InstanceIds, lanes, bytes, :mod:`.events`); nothing from an engine.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from .events import PeerLink, StreamData, StreamReset, StreamStopped
 
 __all__ = ["TransportHandler"]
 
-logger = logging.getLogger("velomux_quic.transport.endpoint")
+logger = logging.getLogger(__name__)
 
 
 class TransportHandler:

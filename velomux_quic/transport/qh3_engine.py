@@ -61,8 +61,8 @@ if TYPE_CHECKING:
     from typing_extensions import Buffer as BufferProtocol
 
 from ..ids import InstanceId
+from ..security.alerts import Role
 from ..security.qh3_tls import Qh3VerifyingContext, install_qh3_peer_verification
-from ..security.tls import Role
 from ..security.verify import PeerVerificationError, PeerVerifier
 from . import seam
 from .resets import StatelessResets

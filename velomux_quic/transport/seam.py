@@ -1,7 +1,7 @@
 """The QUIC engine seam: what a connection asks of the QUIC implementation under it.
 
-Two engines sit behind it (ARCHITECTURE.md, "Two QUIC engines behind one seam"): aioquic
-(the default, :mod:`.engine`) and qh3, whose transport core is Rust (:mod:`.qh3_engine`,
+Two engines sit behind it (docs/transport.md, "Two QUIC engines"): aioquic
+(the default, :mod:`.aioquic_engine`) and qh3, whose transport core is Rust (:mod:`.qh3_engine`,
 the optional ``velomux_quic[qh3]`` extra). The seam is aioquic's own shape: a sans-IO
 connection fed datagrams and ``now``, which returns datagrams to send, its next timer and
 the small events below. :class:`~.connection.PeerConnection` (lanes, requests, admission,
@@ -11,7 +11,9 @@ pinned by its assumptions test (``tests/unit/test_aioquic_assumptions.py``,
 ``tests/unit/test_qh3_assumptions.py``).
 
 The events are the project's own, so no engine's event classes cross the seam. They are
-built once per STREAM frame on the receive path: keep them small (``__slots__``).
+built once per STREAM frame on the receive path: keep them small (slotted dataclasses,
+not frozen: a frozen dataclass's ``__init__`` sets each field through ``object.__setattr__``),
+and the connection matches them on their type.
 
 What one engine cannot do the other can is said by its :class:`EngineFeatures`, which the
 connection reads (it never asks "which engine?") and the node snapshot reports.
@@ -50,79 +52,64 @@ NetworkAddress = tuple[str, int]
 Consumed = Callable[[], int]
 
 
+@dataclass(slots=True)
 class StreamDataReceived:
     """Bytes that arrived, in order, on a stream (with FIN when ``end_stream``)."""
 
-    __slots__ = ("data", "end_stream", "stream_id")
-
-    def __init__(self, stream_id: int, data: bytes, end_stream: bool) -> None:
-        self.stream_id = stream_id
-        self.data = data
-        self.end_stream = end_stream
+    stream_id: int
+    data: bytes
+    end_stream: bool
 
 
+@dataclass(slots=True)
 class StreamReset:
     """The peer aborted a stream it was writing (RESET_STREAM)."""
 
-    __slots__ = ("error_code", "stream_id")
-
-    def __init__(self, stream_id: int, error_code: int) -> None:
-        self.stream_id = stream_id
-        self.error_code = error_code
+    stream_id: int
+    error_code: int
 
 
+@dataclass(slots=True)
 class StopSendingReceived:
     """The peer asked us to stop writing a stream (STOP_SENDING)."""
 
-    __slots__ = ("error_code", "stream_id")
-
-    def __init__(self, stream_id: int, error_code: int) -> None:
-        self.stream_id = stream_id
-        self.error_code = error_code
+    stream_id: int
+    error_code: int
 
 
+@dataclass(slots=True)
 class ConnectionIdIssued:
     """The engine made a new host connection ID: the endpoint must route it."""
 
-    __slots__ = ("connection_id",)
-
-    def __init__(self, connection_id: bytes) -> None:
-        self.connection_id = connection_id
+    connection_id: bytes
 
 
+@dataclass(slots=True)
 class ConnectionIdRetired:
     """A host connection ID is retired: the endpoint stops routing it."""
 
-    __slots__ = ("connection_id",)
-
-    def __init__(self, connection_id: bytes) -> None:
-        self.connection_id = connection_id
+    connection_id: bytes
 
 
+@dataclass(slots=True)
 class HandshakeCompleted:
     """The TLS handshake finished on this side (for a client: not yet confirmed)."""
 
-    __slots__ = ()
 
-
+@dataclass(slots=True)
 class PingAcknowledged:
     """The peer acknowledged the PING sent with ``uid``."""
 
-    __slots__ = ("uid",)
-
-    def __init__(self, uid: int) -> None:
-        self.uid = uid
+    uid: int
 
 
+@dataclass(slots=True)
 class ConnectionTerminated:
     """The connection ended: closed by either side, timed out, or refused."""
 
-    __slots__ = ("error_code", "frame_type", "reason_phrase")
-
-    def __init__(self, error_code: int, frame_type: int | None, reason_phrase: str) -> None:
-        self.error_code = error_code
-        self.frame_type = frame_type
-        self.reason_phrase = reason_phrase
+    error_code: int
+    frame_type: int | None
+    reason_phrase: str
 
 
 EngineEvent = (

@@ -35,8 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from velomux_quic import ConfigurationError, ensure_dev_cluster
-
+from ... import ConfigurationError, ensure_dev_cluster
 from ..runtime import run
 from .engine import ArmResult, DemoFailure, run_quic_arm
 from .grpc_arm import grpc_unavailable, run_grpc_arm

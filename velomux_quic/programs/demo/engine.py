@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from velomux_quic import (
+from ... import (
     Context,
     Manual,
     MuxConfig,
@@ -41,7 +41,6 @@ from velomux_quic import (
     TransportConfig,
     open_node,
 )
-
 from .impair import Impairment, proxy_in_front_of
 from .measure import CpuWindow, counters_since, live_slots, percentile_ms, read_counters
 from .progress import Display

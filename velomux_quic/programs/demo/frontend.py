@@ -28,7 +28,7 @@ from typing import Any
 
 from msgpack import unpackb  # type: ignore[import-untyped]
 
-from velomux_quic import (
+from ... import (
     InstanceId,
     Node,
     PeerRecord,
@@ -37,7 +37,6 @@ from velomux_quic import (
     TransportConfig,
     open_node,
 )
-
 from ..runtime import run
 from .measure import CpuWindow, counters_since, live_slots, read_counters
 from .protocol import (

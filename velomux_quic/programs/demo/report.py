@@ -10,8 +10,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from velomux_quic import ConfigurationError
-
+from ... import ConfigurationError
 from .engine import ArmResult
 
 __all__ = ["arm_ok", "arm_summary", "compare_table", "plot_cdf", "require_matplotlib"]

@@ -39,7 +39,7 @@ What aioquic does not offer through its public API, and we need:
 Peer verification is installed on the TLS context in :meth:`_initialize` (see
 ``velomux_quic.security.tls``). Every private name of aioquic used here is pinned by
 ``tests/unit/test_aioquic_assumptions.py`` against the pinned aioquic range (see
-``pyproject.toml``); ``tests/unit/test_engine.py`` and ``tests/unit/test_shared_room.py``
+``pyproject.toml``); ``tests/unit/test_aioquic_engine.py`` and ``tests/unit/test_shared_room.py``
 test what this class does with them.
 """
 
@@ -75,7 +75,8 @@ from aioquic.quic.stream import QuicStream
 from cryptography.hazmat.primitives.serialization import Encoding
 
 from ..ids import InstanceId
-from ..security.tls import Role, VerifyingContext, install_peer_verification
+from ..security.alerts import Role
+from ..security.tls import VerifyingContext, install_peer_verification
 from ..security.verify import PeerVerificationError, PeerVerifier
 from . import seam
 from .resets import StatelessResets
