@@ -103,10 +103,11 @@ def command(out_dir: Path) -> list[str]:
 
 
 def read_window(out_dir: Path, pid: int | None = None) -> int:
-    """The instructions of this process's window, from its tagged dump (written while the
-    dump request ran, so it is there when :meth:`ClientRequests.stop` returns)."""
+    """The instructions of this process's last window, from its tagged dump (written while
+    the dump request ran, so it is there when :meth:`ClientRequests.stop` returns)."""
     pid = os.getpid() if pid is None else pid
-    for dump in sorted(out_dir.glob(f"callgrind.{pid}.*")):
+    dumps = sorted(out_dir.glob(f"callgrind.{pid}.*"), key=lambda path: int(path.suffix[1:]))
+    for dump in reversed(dumps):  # the latest window's, where a process counts several
         head: dict[str, str] = {}
         with dump.open() as lines:
             for line in lines:

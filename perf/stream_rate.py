@@ -31,6 +31,13 @@ made and dropped by a processor that exports nothing: what tracing costs when as
 always last, as a process sets its provider once). Without it the nodes trace as the
 environment says.
 
+``--instructions`` runs the script again under valgrind's callgrind (``make valgrind``),
+instrumented only while a rate's streams run, and adds the instructions per stream: a
+figure the machine's load does not move, to compare modes or paths by. The process runs
+tens of times slower there, so no rate is sustained and the latencies mean nothing, and
+the count includes what that slowness adds (timers that fire, acknowledgements that come
+later): compare counts of one invocation, at one low rate.
+
 Both nodes (or the gRPC server and client) run in this one process on one event loop
 (uvloop where installed), over real QUIC (or TLS over TCP) on loopback, so their CPU is
 shared the way a frontend's and an engine's are not: compare the paths with each other
@@ -39,6 +46,8 @@ within one invocation, and the rate each sustains, not absolute figures.
     python perf/stream_rate.py                                 # 250 .. 5,000 streams/s
     python perf/stream_rate.py --rates 500 2500 --paths mux-ticket per-stream
     python perf/stream_rate.py --rates 6000 --paths mux-ticket --tracing no-provider off
+    python perf/stream_rate.py --rates 50 --seconds 1 --paths mux-ticket \
+        --tracing no-provider on off --instructions
 """
 
 from __future__ import annotations
@@ -50,12 +59,17 @@ import math
 import os
 import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
+
+from _callgrind import ENV_DIR as CALLGRIND_DIR
+from _callgrind import ClientRequests, read_window
+from _callgrind import command as callgrind_command
 
 from velomux_quic import Context, StreamAnchorHandle, StreamOpenTicket, open_node
 from velomux_quic.programs.runtime import run
@@ -68,6 +82,27 @@ TOKEN = {"t": 0, "text": "tok"}
 
 Opener = Callable[[int], Awaitable[float]]
 """Open one stream (request ``n``), read it to its end; the first token's latency (s)."""
+
+
+_COUNTING: list[ClientRequests] = []
+
+
+def _counting() -> ClientRequests | None:
+    """Callgrind's client requests when ``--instructions`` re-ran this script under it."""
+    if CALLGRIND_DIR not in os.environ:
+        return None
+    if not _COUNTING:
+        _COUNTING.append(ClientRequests())
+    return _COUNTING[0]
+
+
+def _under_callgrind(argv: list[str]) -> int:
+    """Run this script again under callgrind (``--instructions``), instrumented only while
+    a rate's streams run; its exit status."""
+    with tempfile.TemporaryDirectory(prefix="stream-rate-callgrind-") as out:
+        command = [*callgrind_command(Path(out)), sys.executable, __file__, *argv]
+        env = {**os.environ, CALLGRIND_DIR: out}
+        return subprocess.run(command, env=env, check=False).returncode
 
 
 def _cpu_s() -> float:
@@ -89,6 +124,9 @@ async def _drive(open_one: Opener, rate: int, seconds: float, timeout: float) ->
     total = int(rate * seconds)
     tick = 0.01
     per_tick = rate * tick
+    counting = _counting()
+    if counting is not None:
+        counting.start()
     started = time.perf_counter()
     cpu_started = _cpu_s()
     tasks: list[asyncio.Task[None]] = []
@@ -114,6 +152,10 @@ async def _drive(open_one: Opener, rate: int, seconds: float, timeout: float) ->
     await asyncio.gather(*tasks)
     elapsed = time.perf_counter() - started
     cpu = _cpu_s() - cpu_started
+    instructions = None
+    if counting is not None:
+        counting.stop()
+        instructions = read_window(Path(os.environ[CALLGRIND_DIR]))
     ok = len(latencies)
     result: dict[str, Any] = {
         "rate": rate,
@@ -124,6 +166,8 @@ async def _drive(open_one: Opener, rate: int, seconds: float, timeout: float) ->
         "sustained_per_s": ok / elapsed,
         "cpu_us_per_stream": 1e6 * cpu / total,
     }
+    if instructions is not None:
+        result["instructions_per_stream"] = instructions / total
     if latencies:
         result["first_token_p50_ms"] = 1000 * statistics.median(latencies)
         result["first_token_p99_ms"] = 1000 * _percentile(latencies, 0.99)
@@ -237,7 +281,9 @@ async def _rates(path: str, open_one: Opener, args: argparse.Namespace) -> list[
             f"{result['sustained_per_s']:,.0f}/s sustained, first token p50/p99 "
             f"{result.get('first_token_p50_ms', float('nan')):.1f}/"
             f"{result.get('first_token_p99_ms', float('nan')):.1f} ms, "
-            f"{result['cpu_us_per_stream']:,.0f} µs CPU per stream, errors "
+            f"{result['cpu_us_per_stream']:,.0f} µs CPU per stream, "
+            f"{result.get('instructions_per_stream', float('nan')):,.0f} instructions per "
+            f"stream, errors "
             f"{result['error_kinds'] or 0}",
             file=sys.stderr,
             flush=True,
@@ -264,10 +310,13 @@ def table(found: dict[str, list[dict[str, Any]]], rates: list[int]) -> str:
             p50 = result.get("first_token_p50_ms")
             p99 = result.get("first_token_p99_ms")
             latency = "n/a" if p50 is None else f"{p50:.1f} / {p99:.1f} ms"
-            cells.append(
+            cell = (
                 f"{result['sustained_per_s']:,.0f}/s, {result['errors']:,} errors, {latency}, "
                 f"{result['cpu_us_per_stream']:,.0f} µs"
             )
+            if "instructions_per_stream" in result:
+                cell += f", {result['instructions_per_stream']:,.0f} instructions"
+            cells.append(cell)
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -332,8 +381,16 @@ def main(argv: list[str] | None = None) -> int:
         "--tracing", nargs="+", choices=TRACING,
         help="run each node path once per tracing mode (default: as the environment says)",
     )  # fmt: skip
+    parser.add_argument(
+        "--instructions", action="store_true",
+        help="run under valgrind's callgrind, counting the instructions per stream of each "
+        "rate's window (a figure the machine's load does not move; the process runs tens "
+        "of times slower there: low rates only)",
+    )  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write every figure here")
     args = parser.parse_args(argv)
+    if args.instructions and CALLGRIND_DIR not in os.environ:
+        return _under_callgrind(sys.argv[1:] if argv is None else argv)
     return run(main_async(args))
 
 
