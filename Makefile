@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install etcd test test-qh3 test-slow test-pythons soak demo certs lint docs perf fuzz dist dist-check clean
+.PHONY: install etcd valgrind test test-qh3 test-slow test-pythons soak demo certs lint docs perf fuzz dist dist-check clean
 
 # editable_mode=compat installs a plain .pth entry for the source tree: setuptools' default
 # editable install is an import hook, which mypy cannot see, so a user program's
@@ -38,7 +38,22 @@ etcd:
 		fi; \
 	fi
 
-test: $(STAMP) etcd
+# valgrind (callgrind) for the perf smoke test that counts instructions per token
+# (perf/tokens.py --instructions): Debian's, installed as etcd-server is above; without it
+# that test skips, saying why.
+valgrind:
+	@if ! command -v valgrind >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			echo "installing valgrind (Debian) for the instruction-count perf test"; \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind >/dev/null \
+			|| { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind >/dev/null; } \
+			|| echo "valgrind did not install: the instruction-count perf test will skip"; \
+		else \
+			echo "valgrind not found (and not root): the instruction-count perf test will skip"; \
+		fi; \
+	fi
+
+test: $(STAMP) etcd valgrind
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 # The transport, security, fault and token tests again with every node on the qh3 engine

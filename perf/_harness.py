@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import msgpack
+from _callgrind import ENV_DIR as CALLGRIND_DIR
+from _callgrind import ClientRequests, read_window
 
 from velomux_quic.mux.protocol import BATCH_HEADER_SIZE, RECORD_HEADER_SIZE
 from velomux_quic.node import Node
@@ -231,35 +233,64 @@ GC_PAUSES = GcPauses()
 """This process's collector pauses, counted from each window's ``open``."""
 
 
+_COUNTING: list[ClientRequests] = []
+"""The client requests of a child run under callgrind (made on its first window)."""
+
+
+def _counting() -> ClientRequests | None:
+    """Callgrind's client requests when this child runs under it (``tokens.py
+    --instructions``), else None."""
+    if CALLGRIND_DIR not in os.environ:
+        return None
+    if not _COUNTING:
+        _COUNTING.append(ClientRequests())
+        if not _COUNTING[0].on_valgrind():
+            raise RuntimeError(f"{CALLGRIND_DIR} is set but this process is not on valgrind")
+    return _COUNTING[0]
+
+
 @dataclass
 class Window:
     """CPU and counters at the start of a measured window; ``close`` gives the deltas.
 
     ``getrusage(RUSAGE_SELF)`` counts every thread of the process, so a library that works
     on threads of its own (gRPC's core does) is charged like one that works on the event
-    loop. A child with no node (the gRPC arm) has no counters.
+    loop. A child with no node (the gRPC arm) has no counters. Under callgrind
+    (``perf/_callgrind.py``) the window also counts the instructions the process executes
+    in it, the figure the machine's load does not move.
     """
 
     counters: dict[str, float]
     user: float
     system: float
     at: float
+    counting: ClientRequests | None = None
 
     @classmethod
     def open(cls, node: Node | None) -> Window:
         counters = read_counters(node) if node is not None else {}
         usage = resource.getrusage(resource.RUSAGE_SELF)
         GC_PAUSES.reset()
-        return cls(counters, usage.ru_utime, usage.ru_stime, time.perf_counter())
+        window = cls(counters, usage.ru_utime, usage.ru_stime, time.perf_counter(), _counting())
+        if window.counting is not None:
+            window.counting.start()
+        return window
 
     def cpu(self) -> dict[str, float]:
         """User and system CPU seconds since ``open``, without the counters (for a child
-        that reads counters of its own)."""
+        that reads counters of its own); under callgrind, the instructions too (the first
+        call ends their count)."""
+        counted: dict[str, float] = {}
+        if self.counting is not None:
+            self.counting.stop()
+            self.counting = None
+            counted["instructions"] = read_window(Path(os.environ[CALLGRIND_DIR]))
         usage = resource.getrusage(resource.RUSAGE_SELF)
         return {
             "cpu_user_s": usage.ru_utime - self.user,
             "cpu_sys_s": usage.ru_stime - self.system,
             **GC_PAUSES.figures(),
+            **counted,
         }
 
     def close(self, node: Node | None) -> dict[str, Any]:
@@ -374,11 +405,18 @@ class Child:
 
     @classmethod
     async def spawn(
-        cls, name: str, script: Path, arguments: list[str], env: dict[str, str] | None = None
+        cls,
+        name: str,
+        script: Path,
+        arguments: list[str],
+        env: dict[str, str] | None = None,
+        prefix: Sequence[str] = (),
     ) -> Child:
         """``script`` with ``arguments`` under this interpreter (``env``: variables set for
-        the child on top of this process's environment)."""
-        return await cls.start(name, [sys.executable, str(script), *arguments], env=env)
+        the child on top of this process's environment; ``prefix``: a command that runs
+        the interpreter, callgrind's)."""
+        command = [*prefix, sys.executable, str(script), *arguments]
+        return await cls.start(name, command, env=env)
 
     @classmethod
     async def start(

@@ -21,6 +21,23 @@ not ended within ``--timeout``) and the first token's latency (from the request'
 its first token at the frontend: p50 and p99 of the successful ones). A path whose errors
 pass half its requests at a rate is not run at the higher rates ("up to where each fails").
 
+``--tracing`` runs each node path once per tracing mode, in this order: ``no-provider``
+(the ``otel`` extra installed and no tracer provider set, what a user gets when any
+dependency pulls in opentelemetry-api; ``VELOMUX_TRACING`` unset), ``on`` (the same with
+``VELOMUX_TRACING=on``: every open and call through OpenTelemetry's no-op spans, as every
+node did before the tracing gate), ``off``
+(``VELOMUX_TRACING=off``), ``sdk`` (OpenTelemetry's SDK set as the provider, every span
+made and dropped by a processor that exports nothing: what tracing costs when asked for;
+always last, as a process sets its provider once). Without it the nodes trace as the
+environment says.
+
+``--instructions`` runs the script again under valgrind's callgrind (``make valgrind``),
+instrumented only while a rate's streams run, and adds the instructions per stream: a
+figure the machine's load does not move, to compare modes or paths by. The process runs
+tens of times slower there, so no rate is sustained and the latencies mean nothing, and
+the count includes what that slowness adds (timers that fire, acknowledgements that come
+later): compare counts of one invocation, at one low rate.
+
 Both nodes (or the gRPC server and client) run in this one process on one event loop
 (uvloop where installed), over real QUIC (or TLS over TCP) on loopback, so their CPU is
 shared the way a frontend's and an engine's are not: compare the paths with each other
@@ -28,6 +45,9 @@ within one invocation, and the rate each sustains, not absolute figures.
 
     python perf/stream_rate.py                                 # 250 .. 5,000 streams/s
     python perf/stream_rate.py --rates 500 2500 --paths mux-ticket per-stream
+    python perf/stream_rate.py --rates 6000 --paths mux-ticket --tracing no-provider off
+    python perf/stream_rate.py --rates 50 --seconds 1 --paths mux-ticket \
+        --tracing no-provider on off --instructions
 """
 
 from __future__ import annotations
@@ -36,7 +56,10 @@ import argparse
 import asyncio
 import json
 import math
+import os
+import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -44,16 +67,48 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from _callgrind import ENV_DIR as CALLGRIND_DIR
+from _callgrind import ClientRequests, read_window
+from _callgrind import command as callgrind_command
+
 from velomux_quic import Context, StreamAnchorHandle, StreamOpenTicket, open_node
 from velomux_quic.programs.runtime import run
 from velomux_quic.security.certs import NodeCredentials, ensure_dev_cluster
 from velomux_quic.streaming.control import PER_STREAM_KEY
 
 PATHS = ("mux-ticket", "mux-attach", "per-stream", "grpc")
+TRACING = ("no-provider", "on", "off", "sdk")
 TOKEN = {"t": 0, "text": "tok"}
 
 Opener = Callable[[int], Awaitable[float]]
 """Open one stream (request ``n``), read it to its end; the first token's latency (s)."""
+
+
+_COUNTING: list[ClientRequests] = []
+
+
+def _counting() -> ClientRequests | None:
+    """Callgrind's client requests when ``--instructions`` re-ran this script under it."""
+    if CALLGRIND_DIR not in os.environ:
+        return None
+    if not _COUNTING:
+        _COUNTING.append(ClientRequests())
+    return _COUNTING[0]
+
+
+def _under_callgrind(argv: list[str]) -> int:
+    """Run this script again under callgrind (``--instructions``), instrumented only while
+    a rate's streams run; its exit status."""
+    with tempfile.TemporaryDirectory(prefix="stream-rate-callgrind-") as out:
+        command = [*callgrind_command(Path(out)), sys.executable, __file__, *argv]
+        env = {**os.environ, CALLGRIND_DIR: out}
+        return subprocess.run(command, env=env, check=False).returncode
+
+
+def _cpu_s() -> float:
+    """This process's CPU time (user + system, every thread): both nodes' work."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -69,7 +124,11 @@ async def _drive(open_one: Opener, rate: int, seconds: float, timeout: float) ->
     total = int(rate * seconds)
     tick = 0.01
     per_tick = rate * tick
+    counting = _counting()
+    if counting is not None:
+        counting.start()
     started = time.perf_counter()
+    cpu_started = _cpu_s()
     tasks: list[asyncio.Task[None]] = []
 
     async def one(n: int) -> None:
@@ -92,6 +151,11 @@ async def _drive(open_one: Opener, rate: int, seconds: float, timeout: float) ->
         await asyncio.sleep(max(0.0, delay))
     await asyncio.gather(*tasks)
     elapsed = time.perf_counter() - started
+    cpu = _cpu_s() - cpu_started
+    instructions = None
+    if counting is not None:
+        counting.stop()
+        instructions = read_window(Path(os.environ[CALLGRIND_DIR]))
     ok = len(latencies)
     result: dict[str, Any] = {
         "rate": rate,
@@ -100,14 +164,19 @@ async def _drive(open_one: Opener, rate: int, seconds: float, timeout: float) ->
         "errors": total - ok,
         "error_kinds": errors,
         "sustained_per_s": ok / elapsed,
+        "cpu_us_per_stream": 1e6 * cpu / total,
     }
+    if instructions is not None:
+        result["instructions_per_stream"] = instructions / total
     if latencies:
         result["first_token_p50_ms"] = 1000 * statistics.median(latencies)
         result["first_token_p99_ms"] = 1000 * _percentile(latencies, 0.99)
     return result
 
 
-async def _node_path(path: str, args: argparse.Namespace, certs: dict[str, Path]) -> list[Any]:
+async def _node_path(
+    path: str, args: argparse.Namespace, certs: dict[str, Path], label: str
+) -> list[Any]:
     async with (
         open_node(NodeCredentials.load(certs["engine"])) as engine,
         open_node(NodeCredentials.load(certs["frontend"]), peers=[engine.record]) as frontend,
@@ -154,7 +223,7 @@ async def _node_path(path: str, args: argparse.Namespace, certs: dict[str, Path]
                     reply.cancel()
                 anchor.cancel()
 
-        return await _rates(path, open_one, args)
+        return await _rates(label, open_one, args)
 
 
 async def _grpc_path(args: argparse.Namespace, certs: dict[str, Path]) -> list[Any]:
@@ -211,7 +280,10 @@ async def _rates(path: str, open_one: Opener, args: argparse.Namespace) -> list[
             f"{path} at {rate:,}/s: {result['ok']:,} of {result['requests']:,} ok, "
             f"{result['sustained_per_s']:,.0f}/s sustained, first token p50/p99 "
             f"{result.get('first_token_p50_ms', float('nan')):.1f}/"
-            f"{result.get('first_token_p99_ms', float('nan')):.1f} ms, errors "
+            f"{result.get('first_token_p99_ms', float('nan')):.1f} ms, "
+            f"{result['cpu_us_per_stream']:,.0f} µs CPU per stream, "
+            f"{result.get('instructions_per_stream', float('nan')):,.0f} instructions per "
+            f"stream, errors "
             f"{result['error_kinds'] or 0}",
             file=sys.stderr,
             flush=True,
@@ -238,25 +310,57 @@ def table(found: dict[str, list[dict[str, Any]]], rates: list[int]) -> str:
             p50 = result.get("first_token_p50_ms")
             p99 = result.get("first_token_p99_ms")
             latency = "n/a" if p50 is None else f"{p50:.1f} / {p99:.1f} ms"
-            cells.append(
-                f"{result['sustained_per_s']:,.0f}/s, {result['errors']:,} errors, {latency}"
+            cell = (
+                f"{result['sustained_per_s']:,.0f}/s, {result['errors']:,} errors, {latency}, "
+                f"{result['cpu_us_per_stream']:,.0f} µs"
             )
+            if "instructions_per_stream" in result:
+                cell += f", {result['instructions_per_stream']:,.0f} instructions"
+            cells.append(cell)
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
+def _set_tracing(mode: str) -> None:
+    """Make the nodes opened next trace as ``mode`` says (see the module docstring)."""
+    if mode in ("off", "on"):
+        os.environ["VELOMUX_TRACING"] = mode
+    else:
+        os.environ.pop("VELOMUX_TRACING", None)
+    if mode == "off":
+        return
+    from opentelemetry import trace  # the otel extra: required by these two modes
+
+    if mode in ("no-provider", "on"):
+        if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+            raise SystemExit(f"--tracing {mode}: a tracer provider is already set")
+        return
+    from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+
+    provider = TracerProvider()
+    provider.add_span_processor(SpanProcessor())  # every span made, ended and dropped
+    trace.set_tracer_provider(provider)
+
+
 async def main_async(args: argparse.Namespace) -> int:
+    modes = sorted(args.tracing or [], key=TRACING.index) or [None]
     with tempfile.TemporaryDirectory(prefix="stream-rate-") as tmp:
         certs = ensure_dev_cluster(Path(tmp) / "certs", ("engine", "frontend"))
         found: dict[str, list[dict[str, Any]]] = {}
-        for path in args.paths:
-            if path == "grpc":
-                found[path] = await _grpc_path(args, certs)
-            else:
-                found[path] = await _node_path(path, args, certs)
+        for mode in modes:
+            if mode is not None:
+                _set_tracing(mode)
+            for path in args.paths:
+                if path == "grpc":
+                    if mode in (None, modes[0]):  # not traced: once
+                        found[path] = await _grpc_path(args, certs)
+                    continue
+                label = path if mode is None else f"{path}, tracing {mode}"
+                found[label] = await _node_path(path, args, certs, label)
     print(
         f"# stream rate: {args.tokens} tokens per stream, {args.seconds:g} s per rate, "
-        f"timeout {args.timeout:g} s (cell: sustained opens, errors, first token p50 / p99)\n"
+        f"timeout {args.timeout:g} s (cell: sustained opens, errors, first token p50 / p99, "
+        "CPU per stream, both sides)\n"
     )
     print(table(found, args.rates))
     if args.json is not None:
@@ -273,8 +377,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=2.0, help="window per rate (2)")
     parser.add_argument("--tokens", type=int, default=4, help="tokens per stream (4)")
     parser.add_argument("--timeout", type=float, default=10.0, help="per request (10 s)")
+    parser.add_argument(
+        "--tracing", nargs="+", choices=TRACING,
+        help="run each node path once per tracing mode (default: as the environment says)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--instructions", action="store_true",
+        help="run under valgrind's callgrind, counting the instructions per stream of each "
+        "rate's window (a figure the machine's load does not move; the process runs tens "
+        "of times slower there: low rates only)",
+    )  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write every figure here")
     args = parser.parse_args(argv)
+    if args.instructions and CALLGRIND_DIR not in os.environ:
+        return _under_callgrind(sys.argv[1:] if argv is None else argv)
     return run(main_async(args))
 
 

@@ -79,6 +79,13 @@ What a run reports:
   so gRPC's core threads count) over the engine's first send until every frontend has
   every token, and over each frontend's arming until its last stream ended, summed over
   the frontends;
+* with ``--instructions``, instructions per token on each side: every child runs under
+  valgrind's callgrind (``make valgrind``), instrumented only over the same windows as the
+  CPU figures (``perf/_callgrind.py``), so the count, unlike CPU seconds, does not move
+  with the machine's load and a ratio between arms holds from one run to the next. The
+  children run tens of times slower in their windows: a few passes and a long
+  ``--timeout``; the rates and latencies of such a run mean nothing. A ``--baseline-tree``
+  from before this option reports none;
 * from the nodes' counters (QUIC arms): UDP datagrams per token each way
   (``velo_transport_datagrams_total``) and, on the mux arms, records per wire write
   (``velo_streaming_mux_records_total / velo_streaming_mux_batches_total``, sent) against
@@ -100,6 +107,8 @@ What a run reports:
     python perf/tokens.py --short --impl mux-auto grpc --profile engine   # py-spy flame graphs
     python perf/tokens.py --impl mux-auto bare zmq --engine aioquic qh3   # both QUIC engines
     python perf/tokens.py --short --json perf/results/tokens.json
+    python perf/tokens.py --impl mux-auto bare --instructions --streams 64 --frontends 1 \
+        --passes 10 --mode max-rate --runs 3 --timeout 120     # instructions per token
 
 Exit status 0 when every run succeeded, 2 when any failed (the report is printed either
 way). Children run on ``velomux_quic.programs.runtime.run`` (uvloop where installed;
@@ -130,6 +139,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import msgpack
+from _callgrind import ENV_DIR as CALLGRIND_DIR
+from _callgrind import command as callgrind_command
 from _harness import (
     STAMP_MIN,
     TOKEN_BYTES,
@@ -720,6 +731,15 @@ class Launch:
     children: list[Child]
     proxies: list[asyncio.subprocess.Process]
 
+    def _counting(self, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+        """The prefix and variables of a child run under callgrind (``--instructions``):
+        its window's instructions are counted (``perf/_callgrind.py``)."""
+        if not self.args.instructions:
+            return [], env
+        out = self.workdir / f"callgrind-{self.tag}"
+        out.mkdir(exist_ok=True)
+        return callgrind_command(out), env | {CALLGRIND_DIR: str(out)}
+
     def _child(self) -> tuple[Path, str, dict[str, str]]:
         """The script the arm's children run, the ``--impl`` they are given, and the
         variables set for them: a baseline arm runs another tree's benchmark and library
@@ -737,6 +757,7 @@ class Launch:
 
     async def spawn_frontends(self, extra: Callable[[int], dict[str, Any]]) -> list[Child]:
         script, impl, env = self._child()
+        prefix, env = self._counting(env)
         frontends = []
         for f in range(self.scenario.frontends):
             arguments = _child_arguments(
@@ -746,16 +767,17 @@ class Launch:
                 "frontend",
                 **(self.frontend_extra(f) | extra(f)),
             )
-            frontends.append(await Child.spawn(f"frontend {f}", script, arguments, env))
+            frontends.append(await Child.spawn(f"frontend {f}", script, arguments, env, prefix))
             self.children.append(frontends[-1])
         return frontends
 
     async def spawn_engine(self, **extra: Any) -> Child:
         script, impl, env = self._child()
+        prefix, env = self._counting(env)
         arguments = _child_arguments(
             self.args, self.scenario, impl, "engine", **(self.engine_extra | extra)
         )
-        engine = await Child.spawn("engine", script, arguments, env)
+        engine = await Child.spawn("engine", script, arguments, env, prefix)
         self.children.append(engine)
         return engine
 
@@ -1559,6 +1581,14 @@ def summarise(
         ],
         "frontend_loop": received[0]["loop"],
     }
+    if "instructions" in sent and all("instructions" in part for part in received):
+        engine_ir = sent["instructions"]
+        frontends_ir = sum(part["instructions"] for part in received)
+        result |= {
+            "engine_instructions_per_token": engine_ir / tokens,
+            "frontends_instructions_per_token": frontends_ir / tokens,
+            "total_instructions_per_token": (engine_ir + frontends_ir) / tokens,
+        }
     first, later, gaps = _read_latencies(latencies) if shared else ([], [], [])
     result |= _latency_figures("first_token", first)
     result |= _latency_figures("later_tokens", later)
@@ -1616,6 +1646,9 @@ def scenario_table(scenario: Scenario, impls: Sequence[str], runs: Runs) -> str:
             "receive gap p99 ms",
             "late passes (mean ms between starts)",
         ]
+    counted = any("engine_instructions_per_token" in run for i in impls for run in runs[i])
+    if counted:
+        header.append("instructions/token engine, frontends")
     lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
     for impl in impls:
         impl_runs = runs[impl]
@@ -1650,6 +1683,11 @@ def scenario_table(scenario: Scenario, impls: Sequence[str], runs: Runs) -> str:
                 _figure(median, "receive_gap_p99_ms", ".2f") if median else "—",
                 _late(median) if median else "—",
             ]
+        if counted:
+            cells.append(
+                f"{_figure(median, 'engine_instructions_per_token', ',.0f')}, "
+                f"{_figure(median, 'frontends_instructions_per_token', ',.0f')}"
+            )
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -1659,6 +1697,9 @@ RATIO_METRICS: list[tuple[str, str, bool]] = [
     ("engine_cpu_us_per_token", "engine CPU per token", False),
     ("frontends_cpu_us_per_token", "frontends CPU per token", False),
     ("total_cpu_us_per_token", "total CPU per token", False),
+    ("engine_instructions_per_token", "engine instructions per token", False),
+    ("frontends_instructions_per_token", "frontends instructions per token", False),
+    ("total_instructions_per_token", "total instructions per token", False),
 ]
 """Compared across implementations; True where higher is better (ratio mux / other),
 False where lower is better (ratio other / mux): either way above 1 favours the mux."""
@@ -1714,6 +1755,8 @@ def ratio_table(found: dict[str, dict[str, float | None]]) -> str:
         "|---|" + "---:|" * len(pairs),
     ]
     for metric, title, higher in RATIO_METRICS:
+        if "instructions" in metric and all(found[pair][metric] is None for pair in pairs):
+            continue  # not counted (no --instructions)
         cells = [f"{title} ({'mux / other' if higher else 'other / mux'})"]
         for pair in pairs:
             value = found[pair][metric]
@@ -1748,6 +1791,11 @@ def _progress_line(tag: str, result: dict[str, Any]) -> str:
         f"CPU µs/token {result['engine_cpu_us_per_token']:.1f} engine, "
         f"{result['frontends_cpu_us_per_token']:.1f} frontends"
     )
+    if "engine_instructions_per_token" in result:
+        line += (
+            f", instructions/token {result['engine_instructions_per_token']:,.0f} engine, "
+            f"{result['frontends_instructions_per_token']:,.0f} frontends"
+        )
     if "engine_records_per_write" in result:
         line += f", {result['engine_records_per_write']:.1f} records/write"
     if result.get("engine_gc_pause_max_ms") is not None:
@@ -1968,6 +2016,13 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
         "--pace-ms", type=float, default=10.0, help="paced: ms between pass starts (10)"
     )
     parser.add_argument("--runs", type=int, help="runs per implementation (3; short 1)")
+    parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="run every child under valgrind's callgrind, instrumented only in its measured "
+        "window, and report the instructions per token (a figure the machine's load does "
+        "not move; the children run tens of times slower: few passes, a long --timeout)",
+    )
     parser.add_argument(
         "--consumer", choices=CONSUMERS, default="task-per-stream", help="frontend shape"
     )

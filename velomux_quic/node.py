@@ -638,7 +638,7 @@ class Node:
         transport: :meth:`add_peer` or discovery fixes the first).
         """
         self._on_own_loop()
-        if self._tracing is None:
+        if self._tracing is None or not self._tracing.active():
             return await self.anchors.attach_anchor(handle, key=key)
         return await self._tracing.open_stream(
             "attach", handle, lambda: self.anchors.attach_anchor(handle, key=key)
@@ -654,7 +654,7 @@ class Node:
         :class:`~velomux_quic.errors.AttachError` subclasses as :meth:`attach_anchor`.
         """
         self._on_own_loop()
-        if self._tracing is None:
+        if self._tracing is None or not self._tracing.active():
             return await self.anchors.attach_mpsc_anchor(handle, key=key)
         return await self._tracing.open_stream(
             "attach", handle, lambda: self.anchors.attach_mpsc_anchor(handle, key=key)
@@ -672,7 +672,7 @@ class Node:
         or unreachable (:meth:`add_peer` or discovery).
         """
         self._on_own_loop()
-        if self._tracing is None:
+        if self._tracing is None or not self._tracing.active():
             return await self.anchors.open_anchor_stream(handle, ticket)
         return await self._tracing.open_stream(
             "ticket", handle, lambda: self.anchors.open_anchor_stream(handle, ticket)
@@ -784,7 +784,7 @@ class Node:
         ``MessengerClosed`` (this node is closing).
         """
         self._on_own_loop()
-        if self._tracing is None:
+        if self._tracing is None or not self._tracing.active():
             return await self.messenger.unary(peer, name, payload, timeout=timeout)
         return await self._tracing.call(
             peer, name, lambda: self.messenger.unary(peer, name, payload, timeout=timeout)

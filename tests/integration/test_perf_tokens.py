@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -127,6 +129,54 @@ def test_zmq_frontend_refuses_an_engine_whose_curve_key_it_does_not_know() -> No
     assert "refused the engine's CURVE key" in stdout, stdout[-4000:]
 
 
+MUX_INSTRUCTIONS_BOUND = 2.2
+"""The most instructions per token (engine and frontend together) the mux may spend per
+bare's in one ``--instructions`` run. Measured 1.47-1.61x at 16 to 64 streams, 1.47-1.49x
+at this test's 32 (docs/performance.md), with the compiled record path, each count within
+a few percent from run to run; the bound leaves a third above the highest for what one wake
+finds, and fails a change that makes the mux's path much costlier."""
+
+
+@pytest.mark.timeout(240)
+def test_the_mux_spends_within_its_bound_of_bares_instructions_per_token(tmp_path: Path) -> None:
+    """``--instructions``: both arms' children under callgrind, counted in their windows
+    only; the ratio of the counts, unlike one of CPU seconds, does not move with the
+    machine's load, so it can be checked here."""
+    if shutil.which("valgrind") is None:
+        pytest.skip("valgrind is not installed (`make valgrind` installs Debian's)")
+    if platform.machine() != "x86_64":
+        pytest.skip("the callgrind client requests are written for x86-64")
+    if os.environ.get("VELOMUX_QUIC_ENGINE") == "qh3":
+        pytest.skip("both arms run aioquic whatever the suite's engine: `make test` ran this")
+    if os.environ.get("VELOMUX_PURE_PYTHON") == "1":
+        pytest.skip(
+            "the mux arm runs the compiled record path whatever the suite's: `make test` ran this"
+        )
+    report = tmp_path / "tokens.json"
+    command = [
+        sys.executable, str(SCRIPT), "--impl", "mux-auto", "bare", "--instructions",
+        "--streams", "32", "--frontends", "1", "--passes", "10", "--mode", "max-rate",
+        "--runs", "1", "--timeout", "90", "--json", str(report),
+    ]  # fmt: skip
+    returncode, stdout, stderr = run_script(command, timeout=230)
+    assert returncode == 0, stdout[-4000:] + stderr[-4000:]
+    (scenario,) = json.loads(report.read_text())["scenarios"]
+    runs = {impl: run for impl, (run,) in scenario["runs"].items()}
+    for impl, run in runs.items():
+        assert "failed" not in run, (impl, run.get("failed"))
+        assert run["engine_instructions_per_token"] > 1000, impl  # counted, not empty
+        assert run["frontends_instructions_per_token"] > 1000, impl
+    mux, bare = runs["mux-auto"], runs["bare"]
+    found = mux["total_instructions_per_token"] / bare["total_instructions_per_token"]
+    assert found <= MUX_INSTRUCTIONS_BOUND, (
+        f"the mux spent {found:.2f}x bare's instructions per token "
+        f"({mux['total_instructions_per_token']:,.0f} against "
+        f"{bare['total_instructions_per_token']:,.0f}): above the bound of "
+        f"{MUX_INSTRUCTIONS_BOUND}x"
+    )
+    assert "total instructions per token" in stdout
+
+
 STREAM_RATE = SCRIPT.with_name("stream_rate.py")
 
 
@@ -145,3 +195,22 @@ def test_stream_rate_benchmark_opens_every_stream_on_every_path(tmp_path: Path) 
     for path, (result,) in found.items():
         assert (result["requests"], result["ok"], result["errors"]) == (10, 10, 0), path
         assert result["first_token_p99_ms"] >= result["first_token_p50_ms"] > 0, path
+
+
+@pytest.mark.timeout(120)
+def test_stream_rate_benchmark_runs_a_path_once_per_tracing_mode(tmp_path: Path) -> None:
+    """``--tracing``: the node path once per mode (the SDK last), each labelled by it."""
+    pytest.importorskip("opentelemetry.sdk")
+    report = tmp_path / "rate.json"
+    command = [
+        sys.executable, str(STREAM_RATE), "--rates", "40", "--seconds", "0.25",
+        "--timeout", "20", "--paths", "mux-ticket", "--tracing", "sdk", "off", "no-provider",
+        "--json", str(report),
+    ]  # fmt: skip
+    returncode, stdout, stderr = run_script(command, timeout=110)
+    assert returncode == 0, stdout[-4000:] + stderr[-4000:]
+    found = json.loads(report.read_text())
+    assert list(found) == [f"mux-ticket, tracing {mode}" for mode in ("no-provider", "off", "sdk")]
+    for path, (result,) in found.items():
+        assert (result["requests"], result["ok"], result["errors"]) == (10, 10, 0), path
+        assert result["cpu_us_per_stream"] > 0, path

@@ -23,10 +23,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_pair(tmp_path: Path, *flags: str, env: dict[str, str] | None = None) -> list[Any]:
+    base = {k: v for k, v in os.environ.items() if k != "VELOMUX_TRACING"}
     result = subprocess.run(
         [sys.executable, "-m", "tests.procs.traced_pair", "--certs", str(tmp_path), *flags],
         capture_output=True, text=True, timeout=60, check=False, cwd=ROOT,
-        env={**os.environ, **(env or {})},
+        env={**base, **(env or {})},
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     lines: list[Any] = [json.loads(line) for line in result.stdout.splitlines()]
@@ -106,3 +107,45 @@ def test_without_the_extra_nothing_of_opentelemetry_is_imported_and_all_works(
     assert summary["echoed"] == "hi" and summary["reply"] == "done"
     assert summary["otel_modules"] == []
     assert summary["reserved_headers"] == ["_mux_slot"]  # no trace header was registered
+
+
+@pytest.mark.timeout(90)
+def test_with_the_extra_and_no_provider_set_no_span_work_is_done_and_all_works(
+    tmp_path: Path,
+) -> None:
+    *spans, summary = run_pair(tmp_path)
+    assert spans == []
+    assert summary["attached"] == [0, 1, 2] and summary["streamed"] == [0, 1, 2, 3]
+    assert summary["echoed"] == "hi" and summary["reply"] == "done"
+    assert "_traceparent" in summary["reserved_headers"]  # the hooks are in place
+    assert summary["otel_calls"] == {"noop_spans": 0, "context_attaches": 0, "propagations": 0}
+
+
+@pytest.mark.timeout(90)
+def test_tracing_switched_on_goes_through_the_no_op_provider(tmp_path: Path) -> None:
+    # The counting above sees the API's no-op work when there is some: here, forced.
+    *spans, summary = run_pair(tmp_path, env={"VELOMUX_TRACING": "on"})
+    assert spans == []
+    assert summary["streamed"] == [0, 1, 2, 3] and summary["reply"] == "done"
+    calls = summary["otel_calls"]
+    assert calls["noop_spans"] >= 6 and calls["context_attaches"] > 0 and calls["propagations"] > 0
+
+
+@pytest.mark.timeout(90)
+def test_a_provider_set_after_the_nodes_started_records_what_follows(tmp_path: Path) -> None:
+    pytest.importorskip("opentelemetry.sdk")
+    *spans, summary = run_pair(tmp_path, "--sdk-late")
+    assert summary["otel_calls"] == {"noop_spans": 0, "context_attaches": 0, "propagations": 0}
+    names = Counter(span["name"] for span in spans)
+    assert names["velomux.attach"] == 0 and names["velomux.attach.accept"] == 0  # before it
+    engine = {"velomux.node": summary["engine"]}
+    call = one(spans, "velomux.call echo", **engine)
+    handled = one(spans, "velomux.handle echo", **{"velomux.node": summary["frontend"]})
+    assert handled["parent_id"] == call["span_id"] and handled["parent_remote"] is True
+    ticketed = one(spans, "velomux.stream.send", **engine, **{"velomux.stream.open": "ticket"})
+    generate = one(spans, "velomux.handle generate", **engine)
+    request = one(spans, "frontend request")
+    assert ticketed["parent_id"] == generate["span_id"]
+    assert ticketed["trace_id"] == generate["trace_id"] == request["trace_id"]
+    assert ticketed["attributes"]["velomux.stream.outcome"] == "sent"
+    one(spans, "velomux.stream.receive", **{"velomux.peer": "pre-bound"})

@@ -1,12 +1,16 @@
 """Two nodes in one process, traced or not: an attach, a stream, a call, a ticket's stream.
 
-    python -m tests.procs.traced_pair --certs DIR [--sdk | --no-otel]
+    python -m tests.procs.traced_pair --certs DIR [--sdk | --sdk-late | --no-otel]
 
 ``--sdk`` installs OpenTelemetry's SDK as the global tracer provider with an in-memory
-exporter (what an application does), and prints every finished span as one JSON line.
-``--no-otel`` makes OpenTelemetry unimportable before the library is imported (as if the
-extra were not installed). Either way the last line is a JSON summary: what arrived, the
-messenger's reserved headers, and which OpenTelemetry modules the process imported.
+exporter (what an application does), and prints every finished span as one JSON line;
+``--sdk-late`` installs it only after the attach, the nodes already running (an
+application that sets its provider late). ``--no-otel`` makes OpenTelemetry unimportable
+before the library is imported (as if the extra were not installed). Either way the last
+line is a JSON summary: what arrived, the messenger's reserved headers, which
+OpenTelemetry modules the process imported, and (``otel_calls``) how many spans the
+API's no-op tracers made and how many contexts were attached, counted by wrapping those
+API functions before the library is imported.
 
 In one process the two nodes share the tracer provider, but not the context: the anchor's
 node reads the caller's context only from the request's headers, as a node in another
@@ -60,7 +64,34 @@ def request_span() -> contextlib.AbstractContextManager[Any]:
     return trace.get_tracer("frontend").start_as_current_span("frontend request")
 
 
-async def scenario(certs: Path) -> dict[str, Any]:
+def count_otel_calls() -> dict[str, int]:
+    """Wrap the API's no-op span factories and its context attach, counting their calls:
+    what tracing does while no provider records (a test double of the API, not of the
+    library under test)."""
+    from opentelemetry import context, propagate, trace
+
+    counts = {"noop_spans": 0, "context_attaches": 0, "propagations": 0}
+
+    def counting(owner: Any, name: str, key: str) -> None:
+        real = getattr(owner, name)
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            counts[key] += 1
+            return real(*args, **kwargs)
+
+        setattr(owner, name, counted)
+
+    counting(trace.NoOpTracer, "start_span", "noop_spans")
+    counting(trace.ProxyTracer, "start_span", "noop_spans")
+    counting(trace.ProxyTracer, "start_as_current_span", "noop_spans")
+    counting(context, "attach", "context_attaches")
+    propagator = type(propagate.get_global_textmap())
+    counting(propagator, "inject", "propagations")
+    counting(propagator, "extract", "propagations")
+    return counts
+
+
+async def scenario(certs: Path, between: Any = None) -> dict[str, Any]:
     from velomux_quic import StreamAnchorHandle, StreamOpenTicket, ensure_dev_cluster, open_node
 
     nodes = ensure_dev_cluster(certs, ("engine", "frontend"))
@@ -76,6 +107,8 @@ async def scenario(certs: Path) -> dict[str, Any]:
             await sender.send(token)
         await sender.finalize()
         attached = [token async for token in anchor]
+        if between is not None:
+            between()
         # 2. A call.
         frontend.register_handler("echo", lambda ctx: bytes(ctx.payload))
         echoed = await engine.call(frontend.instance_id, "echo", b"hi", timeout=10)
@@ -119,13 +152,27 @@ def main() -> int:
     parser.add_argument("--certs", type=Path, required=True)
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--sdk", action="store_true")
+    mode.add_argument("--sdk-late", action="store_true")
     mode.add_argument("--no-otel", action="store_true")
     args = parser.parse_args()
+    counts: dict[str, int] = {}
     if args.no_otel:
         sys.modules["opentelemetry"] = None  # type: ignore[assignment]
-    exporter = install_sdk() if args.sdk else None
-    summary = asyncio.run(scenario(args.certs))
-    if exporter is not None:
+    else:
+        from velomux_quic.tracing import tracing_available
+
+        if not args.sdk and tracing_available():  # switched off: import nothing of it
+            counts = count_otel_calls()
+    exporters = [install_sdk()] if args.sdk else []
+    before_provider: dict[str, int] = {}
+
+    def provider_late() -> None:
+        before_provider.update(counts)  # from here on the spans are real: not counted
+        exporters.append(install_sdk())
+
+    summary = asyncio.run(scenario(args.certs, provider_late if args.sdk_late else None))
+    summary["otel_calls"] = before_provider if args.sdk_late else dict(counts)
+    for exporter in exporters:
         for span in exporter.get_finished_spans():
             print(json.dumps(span_line(span)))
     summary["otel_modules"] = sorted(
