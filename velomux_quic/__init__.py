@@ -232,7 +232,7 @@ else:
         # it); hidden from type checkers, to which a module __getattr__ would make every
         # misspelt name of the package an Any.
         if name == "NodeOptions":
-            from . import node
+            from .node import _deprecated_node_options
 
-            return getattr(node, name)
+            return _deprecated_node_options(stacklevel=3)
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -187,15 +187,20 @@ else:
         # Hidden from type checkers: a module __getattr__ would make every misspelt name of
         # this module an Any to them.
         if name == "NodeOptions":
-            warnings.warn(
-                "NodeOptions is deprecated and goes in the next release: a node's settings "
-                "are declared once, by NodeConfig (the keywords of open_node are its fields); "
-                "build a NodeConfig, or pass the keywords directly",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            return _NodeKeywords
+            return _deprecated_node_options(stacklevel=3)
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _deprecated_node_options(stacklevel: int) -> type[_NodeKeywords]:
+    """The keywords' type under its old name, warning at the line that named it."""
+    warnings.warn(
+        "NodeOptions is deprecated and goes in the next release: a node's settings are "
+        "declared once, by NodeConfig (the keywords of open_node are its fields); build a "
+        "NodeConfig, or pass the keywords directly",
+        DeprecationWarning,
+        stacklevel=stacklevel,
+    )
+    return _NodeKeywords
 
 
 def _check_options(call: str, options: Mapping[str, object]) -> None:

@@ -272,8 +272,11 @@ def test_a_keyword_that_is_no_setting_names_the_settings(tmp_path: Path) -> None
 def test_node_options_is_a_deprecated_name_of_the_keywords() -> None:
     import velomux_quic
 
-    with pytest.warns(DeprecationWarning, match="NodeConfig"):
+    with pytest.warns(DeprecationWarning, match="NodeConfig") as seen:
         options = velomux_quic.NodeOptions
+        from velomux_quic.node import NodeOptions
+    assert NodeOptions is options
+    assert [warning.filename for warning in seen] == [__file__, __file__]
     hints = typing.get_type_hints(velomux_quic.open_node, include_extras=True)
     (keywords,) = typing.get_args(hints["options"])
     assert options is keywords
