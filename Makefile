@@ -127,30 +127,41 @@ fuzz: $(FUZZ_STAMP)
 		tests/unit/test_fuzz_properties.py
 	-$(PY) -m fuzz.replay
 
-# The release: the sdist and the wheel, built by the PEP 517 front end from this tree in
-# an isolated environment (whatever the build system builds, compiled code included), and
-# checked by twine as a package index would render them.
+# The release: the sdist, and from it one manylinux wheel per Python in PYTHONS (each built
+# by that Python, stripped, retagged by auditwheel; tools/build_wheels.py), checked by twine
+# as a package index would render them.
 RELEASE_STAMP := $(VENV)/.installed-release
+PYTHONS ?= 3.11 3.12 3.13
 
 $(RELEASE_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet -e '.[release]' --config-settings editable_mode=compat
 	touch $(RELEASE_STAMP)
 
-dist: $(RELEASE_STAMP)
-	rm -rf dist
-	$(PY) -m build --outdir dist .
+# dist/ is rebuilt only when what goes into it changed, so test-pythons after dist-check
+# (as .ci/run runs them) installs the wheels dist-check checked instead of building again.
+DIST_SOURCES := pyproject.toml setup.py MANIFEST.in README.md LICENSE CHANGELOG.md \
+	tools/build_wheels.py $(shell find velomux_quic -name '*.py' -o -name '*.py[xi]' \
+	-o -name '*.pxd' -o -name py.typed)
+DIST_STAMP := dist/.complete
+
+$(DIST_STAMP): $(RELEASE_STAMP) $(DIST_SOURCES)
+	$(PY) tools/build_wheels.py --dist dist $(PYTHONS)
 	$(VENV)/bin/twine check --strict dist/*
+	touch $(DIST_STAMP)
 
-# The wheel in a fresh virtual environment outside the checkout, used as a user would
-# (tools/dist_check.py says what it runs).
-dist-check: dist
-	$(PY) tools/dist_check.py --dist dist
+dist: $(DIST_STAMP)
 
-# The package built from the sdist and tested under every Python it declares (pyenv's,
-# or pythonX.Y on PATH; a missing one fails saying how to get it). PYTHONS must match the
-# classifiers in pyproject.toml (a unit test checks).
-PYTHONS ?= 3.11 3.12 3.13
-test-pythons: dist etcd
+# Each wheel's tag (manylinux, in its name and its WHEEL file) and stripped extensions, and
+# each wheel in a fresh virtual environment outside the checkout, used as a user would
+# (tools/dist_check.py says what it runs under which Python).
+dist-check: $(DIST_STAMP)
+	$(PY) tools/dist_check.py --dist dist $(PYTHONS)
+
+# The wheels make dist built, tested under every Python the package declares (pyenv's, or
+# pythonX.Y on PATH; a missing one fails saying how to get it). PYTHONS must match the
+# classifiers in pyproject.toml (a unit test checks). Run after dist-check, it reuses its
+# wheels (dist is up to date); alone, it builds them first.
+test-pythons: $(DIST_STAMP) etcd
 	$(PY) tools/test_pythons.py --dist dist $(PYTHONS)
 
 clean:

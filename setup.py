@@ -5,9 +5,15 @@ extensions need code to describe. Cython is a build requirement (``[build-system
 ``pip install .``, ``python -m build`` and the sdist on a fresh machine cythonize and compile
 with the system C compiler. A compile error fails the build: there is no optional
 extension and no silent fallback to the pure-Python twin (see velomux_quic/recordpath).
+
+Every build is stripped (no debug information, no local symbols): a package index takes
+the wheels as built, and the debug sections made each extension several times its code.
+``VELOMUX_DEBUG_BUILD=1`` keeps them, for a native profiler or a debugger.
 """
 
 from __future__ import annotations
+
+import os
 
 from Cython.Build import cythonize
 from setuptools import Extension, setup
@@ -16,6 +22,12 @@ EXTENSIONS = [
     Extension("velomux_quic.mux._compiled", ["velomux_quic/mux/_compiled.pyx"]),
     Extension("velomux_quic.streaming._compiled", ["velomux_quic/streaming/_compiled.pyx"]),
 ]
+
+# Appended after the interpreter's own flags, so -g0 wins over its -g.
+if os.environ.get("VELOMUX_DEBUG_BUILD", "") not in ("1", "true", "yes", "on"):
+    for extension in EXTENSIONS:
+        extension.extra_compile_args.append("-g0")
+        extension.extra_link_args.append("-Wl,--strip-all")
 
 setup(
     ext_modules=cythonize(

@@ -1,15 +1,15 @@
 """``make test-pythons``: the package built and tested under every Python it declares.
 
 For each version (3.11, 3.12 and 3.13 unless given), from pyenv's versions or ``pythonX.Y``
-on PATH: a fresh virtual environment in a temporary directory, the package installed from
-the sdist ``make dist`` wrote with its ``test`` extra (so pip builds it under that Python,
-with whatever the build system compiles), then the unit suite and a short integration
-subset, run by that environment's pytest against the installed package (``--import-mode=
-append`` and ``VELOMUX_TEST_INSTALLED=1``: a test session that would import the checkout
-fails). The tests run from a copy of the checkout without the package's source, so the
-processes they start (``python -m ...`` from the tree's root) import the installed package
-too, never a copy built in place for another Python. A missing interpreter fails, saying
-how to get it.
+on PATH: a fresh virtual environment in a temporary directory, the package installed with
+its ``test`` extra from the wheel ``make dist`` built (from the sdist, under that Python:
+the wheel a package index serves; compiling the sdist again here would repeat that work),
+then the unit suite and a short integration subset, run by that environment's pytest
+against the installed package (``--import-mode=append`` and ``VELOMUX_TEST_INSTALLED=1``:
+a test session that would import the checkout fails). The tests run from a copy of the
+checkout without the package's source, so the processes they start (``python -m ...``
+from the tree's root) import the installed package too, never a copy built in place for
+another Python. A missing interpreter fails, saying how to get it.
 
     python tools/test_pythons.py [--dist dist] [VERSION ...]
 """
@@ -78,9 +78,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dist", type=Path, default=ROOT / "dist", help="where make dist wrote")
     args = parser.parse_args(argv)
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
-    sdist = args.dist / f"velomux_quic-{version}.tar.gz"
-    if not sdist.is_file():
-        print(f"test-pythons: no {sdist}: run `make dist` first", file=sys.stderr)
+    wheels = {
+        v: sorted(args.dist.glob(f"velomux_quic-{version}-cp{v.replace('.', '')}-*.whl"))
+        for v in args.versions
+    }
+    if absent := [v for v, found in wheels.items() if len(found) != 1]:
+        print(
+            f"test-pythons: not one wheel of {version} for Python {', '.join(absent)} in "
+            f"{args.dist}: run `make dist` first",
+            file=sys.stderr,
+        )
         return 1
     found = {v: interpreter(v) for v in args.versions}
     if missing := [v for v, path in found.items() if path is None]:
@@ -101,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             run([python, "-m", "venv", env_dir], workdir)
             pip: list[str | Path] = [env_dir / "bin" / "python", "-m", "pip"]
             run([*pip, "install", "--quiet", "--upgrade", "pip"], workdir)
-            run([*pip, "install", "--quiet", f"{sdist.resolve()}[test]"], workdir)
+            run([*pip, "install", "--quiet", f"{wheels[v][0].resolve()}[test]"], workdir)
             tree = workdir / "tree"
             shutil.copytree(
                 ROOT, tree,

@@ -26,6 +26,7 @@ NullHandler, so an application that does not configure logging hears nothing.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from .config import NodeConfig
 from .discovery import (
@@ -104,7 +105,7 @@ from .mux.config import (
     Manual,
     MuxConfig,
 )
-from .node import Node, NodeOptions, NodeSnapshot, RuntimeInfo, open_node, runtime_info
+from .node import Node, NodeSnapshot, RuntimeInfo, open_node, runtime_info
 from .ops import OpsConfig, ReadinessReport
 from .security.certs import NodeCredentials, ensure_dev_cluster
 from .streaming.anchor import (
@@ -166,7 +167,6 @@ __all__ = [
     "Node",
     "NodeConfig",
     "NodeCredentials",
-    "NodeOptions",
     "NodeSnapshot",
     "OpsConfig",
     "PassOutcome",
@@ -222,3 +222,17 @@ __all__ = [
 ]
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
+
+if TYPE_CHECKING:
+    from .node import NodeOptions as NodeOptions  # deprecated: NodeConfig declares the settings
+else:
+
+    def __getattr__(name: str) -> object:
+        # The deprecated name warns where it is used (velomux_quic.node says what replaces
+        # it); hidden from type checkers, to which a module __getattr__ would make every
+        # misspelt name of the package an Any.
+        if name == "NodeOptions":
+            from .node import _deprecated_node_options
+
+            return _deprecated_node_options(stacklevel=3)
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

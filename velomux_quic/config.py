@@ -1,18 +1,32 @@
-"""NodeConfig: everything a node is started with, loadable from a TOML file.
+"""NodeConfig: every setting of a node, declared once, from code, a TOML file or the environment.
 
-A deployment describes a node in one file rather than in code, and overrides a key per
-host or per container through the environment::
+It is the one front door to a node's settings: :func:`~velomux_quic.open_node` and
+:meth:`~velomux_quic.Node.start` take a NodeConfig, and their setting keywords (``port=``,
+``mux=``...) are its fields by the same names. Where a setting comes from follows one rule,
+the first that sets it wins::
 
-    config = NodeConfig.from_toml("node.toml")  # VELOMUX_TRANSPORT_LANES=4 sets lanes
+    keywords  >  environment  >  file  >  defaults
+
+    config = NodeConfig.load("node.toml", port=7000)  # VELOMUX_TRANSPORT_LANES=4 sets lanes
     async with open_node(config) as node:
         ...
+
+:meth:`NodeConfig.load` applies the whole rule (the file is optional; the environment is
+``os.environ`` unless given); :meth:`from_toml` is ``load`` without keywords;
+``open_node(config, port=7000)`` applies its keywords over the config it is given, the
+same way. A NodeConfig built in code is read as given: the environment reaches a node
+through ``load``, except the design chapter's rollback variable, which every node reads
+when it is built (see :mod:`velomux_quic.mux.config`).
 
 The file has a ``[node]`` section for the node's own keys, one ``[[peers]]`` table per
 statically known peer, and one section per layer (``[transport]``, ``[messenger]``,
 ``[streaming]``, ``[mux]``, with ``[mux.flush_policy]``) whose keys are the fields of
 that layer's config class, and a ``[discovery]`` section (:class:`DiscoveryConfig`: how
-the node finds the others: none, a shared directory, or etcd). Every key is optional;
-an absent key takes the class's default. A bad value (unknown key, wrong type, out of range) raises
+the node finds the others: none, a shared directory, or etcd). The environment sets one
+key as ``VELOMUX_<SECTION>_<KEY>`` (``VELOMUX_NODE_PORT=7000``, ``VELOMUX_MUX_ENABLED=false``).
+Every key is optional; an absent key takes the class's default. A keyword sets the whole
+value it names (``transport=TransportConfig(...)`` replaces the file's and the
+environment's ``[transport]``). A bad value (unknown key, wrong type, out of range) raises
 :class:`~velomux_quic.errors.ConfigurationError` naming the file or environment
 variable, the key and the reason: the layers' own validation decides what is in range,
 so a rule is written once.
@@ -39,7 +53,15 @@ from typing import Any
 from .discovery import DiscoveryConfig, PeerEntry, PeerRecord
 from .errors import ConfigurationError
 from .messenger import MessengerConfig
-from .mux.config import DISABLE_ENV, AutoFlush, FlushPolicy, Manual, MuxConfig
+from .mux.config import (
+    CHAPTER_DISABLE_ENV,
+    DISABLE_ENV,
+    AutoFlush,
+    FlushPolicy,
+    Manual,
+    MuxConfig,
+    switch_is_on,
+)
 from .streaming.config import StreamingConfig
 from .transport.config import TransportConfig
 
@@ -51,15 +73,17 @@ variable the project reads starts with it (the design chapter's
 ``VELO_MESSENGER_MUX_DISABLE`` aside, read under the chapter's name on purpose)."""
 
 DEPRECATED_VARIABLES: Mapping[str, str] = {
-    "VELOMUX_MUX_ENABLED": (
-        "set VELOMUX_MUX_DISABLE=1 to run without the mux (or enabled = false in [mux])"
+    DISABLE_ENV: (
+        "set VELOMUX_MUX_ENABLED=false (enabled = false under [mux] in the file), or the design "
+        f"chapter's {CHAPTER_DISABLE_ENV}=1, which every node reads"
     ),
 }
 """Variables still read, with a DeprecationWarning, for one release, and what to set instead."""
 
-_SWITCHES = frozenset({DISABLE_ENV})
-"""Variables under a section's prefix that are no key of it: switches read where they act
-(``VELOMUX_MUX_DISABLE`` when the node is built), so the loader lets them be."""
+_SWITCHES = frozenset(DEPRECATED_VARIABLES)
+"""Variables under a section's prefix that are no key of it: the mux's old switch, which
+sets ``[mux] enabled`` here and is read again where a node is built from a config made
+in code."""
 
 _NO_VALUE = frozenset({"none", "null", ""})
 _TRUE = frozenset({"1", "true", "yes", "on"})
@@ -70,8 +94,11 @@ _FALSE = frozenset({"0", "false", "no", "off"})
 class NodeConfig:
     """How to start one node: its credentials, address, peers and every layer's config.
 
-    Frozen and validated on construction: a NodeConfig in hand starts a node (if its
-    credentials exist). Build one in code, or load it with :meth:`from_toml`; pass it to
+    The one declaration of a node's settings: the setting keywords of
+    :func:`~velomux_quic.open_node` and :meth:`~velomux_quic.Node.start` are these
+    fields. Frozen and validated on construction: a NodeConfig in hand starts a node (if
+    its credentials exist). Build one in code, or with :meth:`load` from a file, the
+    environment and keywords (keywords > environment > file > defaults); pass it to
     :func:`~velomux_quic.open_node` or :meth:`~velomux_quic.Node.start`.
     """
 
@@ -118,28 +145,50 @@ class NodeConfig:
         return [peer.record() for peer in self.peers]
 
     @classmethod
+    def load(
+        cls,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        environ: Mapping[str, str] | None = None,
+        **keywords: Any,
+    ) -> NodeConfig:
+        """The settings by the one rule: ``keywords`` > environment > file > defaults.
+
+        ``path`` is a TOML file (None: no file); ``environ`` holds the
+        ``VELOMUX_<SECTION>_<KEY>`` overrides (``os.environ`` when None; ``{}`` reads
+        none); ``keywords`` are NodeConfig fields by name, each replacing what the file and
+        the environment said of it (a layer's config as a whole). Relative paths
+        (``credentials``, ``peer_directory``) are relative to the working directory, as
+        they are in code. Raises ConfigurationError naming the file (or the variable, or
+        the keyword), the key and the reason.
+        """
+        document: Mapping[str, Any] = {}
+        source = "<defaults>"
+        if path is not None:
+            source = str(path)
+            document = _read(Path(path))
+        env = os.environ if environ is None else environ
+        return _Loader(source).load(document, env).override(**keywords)
+
+    @classmethod
     def from_toml(
         cls, path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None
     ) -> NodeConfig:
-        """Load a TOML file, then apply ``VELOMUX_<SECTION>_<KEY>`` overrides.
+        """Load a TOML file, then apply ``VELOMUX_<SECTION>_<KEY>`` overrides: :meth:`load`
+        with a file and no keywords."""
+        return cls.load(path, environ=environ)
 
-        ``environ`` defaults to ``os.environ``. Relative paths (``credentials``,
-        ``peer_directory``) are relative to the working directory, as they are in code.
-        Raises ConfigurationError naming the file (or the variable), the key and the
-        reason.
-        """
-        source = Path(path)
-        try:
-            with source.open("rb") as stream:
-                document = tomllib.load(stream)
-        except FileNotFoundError:
-            raise ConfigurationError(f"{source}: no such configuration file") from None
-        except OSError as error:
-            raise ConfigurationError(f"{source}: cannot read it: {error.strerror}") from None
-        except tomllib.TOMLDecodeError as error:
-            raise ConfigurationError(f"{source}: not valid TOML: {error}") from None
-        env = os.environ if environ is None else environ
-        return cls.from_mapping(document, source=str(source), environ=env)
+    def override(self, **keywords: Any) -> NodeConfig:
+        """This config with ``keywords`` (fields by name) replacing its values: the
+        keywords' place at the top of the rule, as ``open_node(config, port=...)`` applies
+        them. A name that is no field raises ConfigurationError listing the fields."""
+        fields = [f.name for f in dataclasses.fields(self)]
+        if unknown := sorted(set(keywords) - set(fields)):
+            raise ConfigurationError(
+                f"{', '.join(map(repr, unknown))}: no such setting; the settings of a node "
+                f"are {', '.join(fields)} (NodeConfig)"
+            )
+        return dataclasses.replace(self, **keywords) if keywords else self
 
     @classmethod
     def from_mapping(
@@ -159,6 +208,19 @@ class NodeConfig:
 
 
 # -- the loader -----------------------------------------------------------------------
+
+
+def _read(source: Path) -> dict[str, Any]:
+    try:
+        with source.open("rb") as stream:
+            return tomllib.load(stream)
+    except FileNotFoundError:
+        raise ConfigurationError(f"{source}: no such configuration file") from None
+    except OSError as error:
+        raise ConfigurationError(f"{source}: cannot read it: {error.strerror}") from None
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigurationError(f"{source}: not valid TOML: {error}") from None
+
 
 _SECTIONS: dict[str, type[Any]] = {
     "transport": TransportConfig,
@@ -284,6 +346,11 @@ class _Loader:
                 values[key] = self.checked(where, value, keys[key])
         scalar_keys = {k: v for k, v in keys.items() if k != "flush_policy"}
         overrides = self.env_overrides(environ, section, scalar_keys, hints)
+        if section == "mux" and DISABLE_ENV in environ:
+            # The switch's earlier name: it sets `enabled`, unless VELOMUX_MUX_ENABLED does.
+            warn_deprecated_variable(DISABLE_ENV)
+            if switch_is_on(DISABLE_ENV, environ):
+                overrides.setdefault("enabled", False)
         values.update(overrides)
         try:
             return config_class(**values)
@@ -328,7 +395,7 @@ class _Loader:
             variable = prefix + key.upper()
             if variable in environ:
                 if variable in DEPRECATED_VARIABLES:
-                    _warn_deprecated(variable)
+                    warn_deprecated_variable(variable)
                 values[key] = self.parsed(f"environment {variable}", environ[variable], hints[key])
         # A misspelt override would otherwise be ignored without a word.
         known = {prefix + key.upper() for key in keys} | _SWITCHES
@@ -390,7 +457,7 @@ class _Loader:
         raise self.fail(where, f"must be {_describe(kinds)}, got {text!r}")
 
 
-def _warn_deprecated(variable: str) -> None:
+def warn_deprecated_variable(variable: str) -> None:
     """A DeprecationWarning naming the variable and its replacement, attributed to the first
     caller outside this package (the line that loaded the configuration)."""
     level = 2  # this function's caller

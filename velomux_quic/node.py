@@ -20,6 +20,7 @@ import importlib.metadata
 import logging
 import threading
 import time
+import warnings
 from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,14 +29,14 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypedDict, Unpack
 from prometheus_client import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
-from .config import NodeConfig
+from .config import NodeConfig, warn_deprecated_variable
 from .discovery import PeerDiscovery, PeerRecord
 from .errors import ConfigurationError, UsageError
 from .eventlog import log_event
 from .ids import InstanceId, StreamAnchorHandle, WorkerId
 from .messenger import Messenger, MessengerConfig, PeerRegistry
 from .messenger.registry import Dispatch, Handler
-from .mux.config import MuxConfig
+from .mux.config import DISABLE_ENV, MuxConfig, switch_is_on
 from .mux.transport import MuxTransport
 from .ops import OpsConfig, OpsServer, PeerReadiness
 from .recordpath import IMPLEMENTATION as RECORD_PATH
@@ -58,7 +59,7 @@ if TYPE_CHECKING:
     from .streaming.snapshot import StreamingSnapshot
     from .transport import TransportSnapshot
 
-__all__ = ["Node", "NodeOptions", "NodeSnapshot", "RuntimeInfo", "open_node", "runtime_info"]
+__all__ = ["Node", "NodeSnapshot", "RuntimeInfo", "open_node", "runtime_info"]
 
 logger = logging.getLogger(__name__)
 
@@ -135,46 +136,71 @@ def runtime_info() -> RuntimeInfo:
     )
 
 
-class NodeOptions(TypedDict, total=False):
-    """The keyword options of :meth:`Node.start`, :meth:`Node.open` and :func:`open_node`,
-    declared once for the three; every one is optional (its default is said here).
+class _NodeKeywords(TypedDict, total=False):
+    """The keywords of :meth:`Node.start`, :meth:`Node.open` and :func:`open_node`, typed
+    once for the three; every one is optional.
 
-    Type checkers read them as those calls' keywords, so a misspelt or mistyped option fails
-    a checked program; at run time a keyword that is none of these raises
+    ``host``, ``port``, ``name``, ``transport``, ``messenger``, ``streaming`` and ``mux``
+    are settings: :class:`~velomux_quic.NodeConfig`'s fields by the same names, which say
+    what each means. Given (not None, and ``name`` not ""), one replaces the value of the
+    config the call is given, or the default: keywords come first in the rule of
+    :mod:`velomux_quic.config`. The others are objects of this process, not settings.
+    Type checkers read them as those calls' keywords, so a misspelt or mistyped one fails a
+    checked program; at run time a keyword that is none of these raises
     :class:`~velomux_quic.errors.ConfigurationError` naming it.
     """
 
     host: str | None
-    """The address the node's UDP endpoint binds (``127.0.0.1`` when absent or None)."""
     port: int | None
-    """The UDP port (0 when absent or None: any free port; read :attr:`Node.address`)."""
     transport: TransportConfig | None
-    """The transport's settings (the Batched streaming chapter's defaults when absent)."""
     messenger: MessengerConfig | None
-    """The messenger's settings."""
     streaming: StreamingConfig | None
-    """The streaming layer's settings."""
     mux: MuxConfig | None
-    """The mux's settings; ``MuxConfig(enabled=False)`` (or the environment variable
-    ``VELOMUX_MUX_DISABLE=1``) runs without the mux."""
+    name: str
     registry: CollectorRegistry | None
     """The Prometheus registry the node's metrics go to (a new one when absent)."""
     peers: PeerRegistry | Iterable[PeerRecord] | None
-    """The nodes it knows from the start: PeerRecords (another node's :attr:`Node.record`)
-    or an existing :class:`~velomux_quic.PeerRegistry` to share."""
+    """The nodes it knows from the start, joining the config's ``peers``: PeerRecords
+    (another node's :attr:`Node.record`) or an existing :class:`~velomux_quic.PeerRegistry`
+    to share."""
     discovery: PeerDiscovery | None
-    """A discovery backend (a ``DirectoryPeers``, an ``EtcdPeers``): it publishes this
-    node's record and finds the peers it is asked to reach; one that watches
-    (``EtcdPeers``) also adds and removes peers as they join and leave."""
-    name: str
-    """The node's label in records and logs (the credentials' name when absent or "")."""
+    """A discovery backend (a ``DirectoryPeers``, an ``EtcdPeers``), in place of the one the
+    config's ``[discovery]`` would make: it publishes this node's record and finds the
+    peers it is asked to reach; one that watches (``EtcdPeers``) also adds and removes
+    peers as they join and leave."""
     publish: bool
     """False: use ``discovery`` to find peers without listing this node there, for a
     short-lived client such as ``velomux probe``, which others must not dial or route to
     (True when absent)."""
 
 
-_OPTIONS = NodeOptions.__optional_keys__
+_OPTIONS = _NodeKeywords.__optional_keys__
+_SETTINGS = ("host", "port", "name", "transport", "messenger", "streaming", "mux")
+"""The keywords that are NodeConfig fields (a unit test keeps them so)."""
+
+if TYPE_CHECKING:
+    NodeOptions = _NodeKeywords
+    """Deprecated: the keywords' type, when they were a second declaration of the settings."""
+else:
+
+    def __getattr__(name: str) -> object:
+        # Hidden from type checkers: a module __getattr__ would make every misspelt name of
+        # this module an Any to them.
+        if name == "NodeOptions":
+            return _deprecated_node_options(stacklevel=3)
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _deprecated_node_options(stacklevel: int) -> type[_NodeKeywords]:
+    """The keywords' type under its old name, warning at the line that named it."""
+    warnings.warn(
+        "NodeOptions is deprecated and goes in the next release: a node's settings are "
+        "declared once, by NodeConfig (the keywords of open_node are its fields); build a "
+        "NodeConfig, or pass the keywords directly",
+        DeprecationWarning,
+        stacklevel=stacklevel,
+    )
+    return _NodeKeywords
 
 
 def _check_options(call: str, options: Mapping[str, object]) -> None:
@@ -183,7 +209,8 @@ def _check_options(call: str, options: Mapping[str, object]) -> None:
     if unknown:
         raise ConfigurationError(
             f"{call}() got {', '.join(map(repr, unknown))}, which is no option; the options "
-            f"are {', '.join(sorted(_OPTIONS))} (NodeOptions)"
+            f"are {', '.join(sorted(_OPTIONS))} (the settings among them are NodeConfig's "
+            "fields)"
         )
 
 
@@ -321,26 +348,30 @@ class Node:
 
     @classmethod
     async def start(
-        cls, credentials: NodeConfig | NodeCredentials | str | Path, **options: Unpack[NodeOptions]
+        cls,
+        credentials: NodeConfig | NodeCredentials | str | Path,
+        **options: Unpack[_NodeKeywords],
     ) -> Node:
         """Start a node and return it running; the caller must :meth:`close` it.
 
-        ``credentials`` is a :class:`NodeCredentials` or the directory holding
-        ``node.pem``, ``node.key``, ``ca.pem`` and ``node.json`` (``velomux certs dev`` or
-        :func:`~velomux_quic.ensure_dev_cluster` make one).
+        ``credentials`` is a :class:`~velomux_quic.NodeConfig` (built in code, or
+        ``NodeConfig.load(path)``), which supplies the credentials, address, name, peers,
+        discovery (its ``[discovery]`` section, or ``peer_directory``) and every layer's
+        config. Or it is a :class:`NodeCredentials` or the directory holding ``node.pem``,
+        ``node.key``, ``ca.pem`` and ``node.json`` (``velomux certs dev`` or
+        :func:`~velomux_quic.ensure_dev_cluster` make one), the other settings at their
+        defaults.
 
-        Or it is a :class:`~velomux_quic.NodeConfig` (``NodeConfig.from_toml(path)``), which
-        then supplies the credentials, address, name, peers, discovery (its ``[discovery]``
-        section, or ``peer_directory``) and every layer's config: passing one of those
-        options as well is a ConfigurationError (change the config with
-        ``dataclasses.replace`` instead), so no setting is silently ignored. ``registry``,
-        and ``peers`` or ``discovery`` given here, still apply (given peers join the
-        configured ones; a given ``discovery`` replaces the configured one).
+        ``options``: the settings among them (``host``, ``port``, ``name`` and each layer's
+        config) are NodeConfig's fields and replace the config's values, as keywords do in
+        :meth:`NodeConfig.load <velomux_quic.NodeConfig.load>`: keywords > environment >
+        file > defaults. ``registry``, ``peers`` (joining the configured ones),
+        ``discovery`` (replacing the configured one) and ``publish`` are objects of this
+        process. Every one is optional.
 
-        ``options`` are the keywords of :class:`NodeOptions` (``host``, ``port``, each
-        layer's config, ``registry``, ``peers``, ``discovery``, ``name``, ``publish``),
-        which says what each means; every one is optional. They are declared there once,
-        for this method, :meth:`open` and :func:`open_node`.
+        The environment is read where the config was loaded, not here, except the design
+        chapter's rollback variable, ``VELO_MESSENGER_MUX_DISABLE=1``, which runs any
+        node without the mux.
 
         Raises :class:`~velomux_quic.errors.CredentialsError` for missing or unusable
         credential files and :class:`~velomux_quic.errors.ConfigurationError` for a
@@ -348,39 +379,23 @@ class Node:
         that is not an option); nothing is left running when it raises.
         """
         _check_options("Node.start", options)
-        host, port = options.get("host"), options.get("port")
-        transport, messenger = options.get("transport"), options.get("messenger")
-        streaming, mux = options.get("streaming"), options.get("mux")
         registry, peers = options.get("registry"), options.get("peers")
-        discovery, name = options.get("discovery"), options.get("name", "")
+        discovery = options.get("discovery")
         publish = options.get("publish", True)
+        given = {key: options.get(key) for key in _SETTINGS}
+        settings = {key: value for key, value in given.items() if value not in (None, "")}
         if isinstance(credentials, NodeConfig):
-            config = credentials
-            given = {
-                "host": host,
-                "port": port,
-                "transport": transport,
-                "messenger": messenger,
-                "streaming": streaming,
-                "mux": mux,
-                "name": name or None,
-            }
-            both = sorted(key for key, value in given.items() if value is not None)
-            if both:
-                raise ConfigurationError(
-                    f"{', '.join(both)} given both in the NodeConfig and as arguments; "
-                    "set them in the NodeConfig (dataclasses.replace) and pass it alone"
-                )
+            config = credentials.override(**settings)
             credentials = config.credentials
-            host, port, name = config.host, config.port, config.name
-            transport, messenger = config.transport, config.messenger
-            streaming, mux = config.streaming, config.mux
             peers = _with_configured_peers(peers, config.peer_records())
             if discovery is None:
                 # [discovery] (none, directory, etcd), or the older [node] peer_directory.
                 discovery = config.discovery.backend_for(config.peer_directory)
-        host = "127.0.0.1" if host is None else host
-        port = 0 if port is None else port
+        else:
+            config = NodeConfig().override(**settings)
+        host, port, name = config.host, config.port, config.name
+        transport, messenger = config.transport, config.messenger
+        streaming, mux = config.streaming, config.mux
         credentials_dir = None
         if not isinstance(credentials, NodeCredentials):
             credentials_dir = Path(credentials)
@@ -400,7 +415,8 @@ class Node:
             name=name,
             publish=publish,
         )
-        mux = mux or MuxConfig()
+        if mux.enabled and switch_is_on(DISABLE_ENV):
+            warn_deprecated_variable(DISABLE_ENV)
         try:
             enabled = mux.effective_enabled()  # a disabled mux-only node fails here
             anchors = AnchorManager(node_messenger, streaming, per_stream=not mux.mux_only)
@@ -436,7 +452,9 @@ class Node:
 
     @classmethod
     def open(
-        cls, credentials: NodeConfig | NodeCredentials | str | Path, **options: Unpack[NodeOptions]
+        cls,
+        credentials: NodeConfig | NodeCredentials | str | Path,
+        **options: Unpack[_NodeKeywords],
     ) -> contextlib.AbstractAsyncContextManager[Node]:
         """``async with Node.open(...) as node:``, the same as :func:`open_node`.
 
@@ -955,7 +973,7 @@ class Node:
 
 
 def open_node(
-    credentials: NodeConfig | NodeCredentials | str | Path, **options: Unpack[NodeOptions]
+    credentials: NodeConfig | NodeCredentials | str | Path, **options: Unpack[_NodeKeywords]
 ) -> contextlib.AbstractAsyncContextManager[Node]:
     """Open a node for the length of an ``async with`` block::
 
@@ -963,7 +981,7 @@ def open_node(
             ...
 
     The node starts on entry and closes when the block ends, however it ends. The
-    arguments are those of :meth:`Node.start` (the keywords: :class:`NodeOptions`), which
+    arguments are those of :meth:`Node.start` (a NodeConfig or credentials, and keywords), which
     says what each means and what starting raises. Use ``await Node.start(...)`` to
     manage the lifetime yourself.
     """

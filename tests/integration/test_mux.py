@@ -10,7 +10,7 @@ import pytest
 from tests.conftest import StartNode
 from velomux_quic.ids import StreamAnchorHandle
 from velomux_quic.mux import SlotState
-from velomux_quic.mux.config import DISABLE_ENVS, Manual, MuxConfig
+from velomux_quic.mux.config import CHAPTER_DISABLE_ENV, Manual, MuxConfig
 from velomux_quic.mux.protocol import (
     BatchHeader,
     RecordType,
@@ -187,13 +187,14 @@ async def test_the_mux_is_advertised_beside_the_per_stream_path_and_rolls_back(
     assert b.anchors.transport_keys == sorted([MESSENGER_MUX_KEY, PER_STREAM_KEY])
     disabled = await start_node("disabled", mux=MuxConfig(enabled=False))
     assert disabled.anchors.transport_keys == [PER_STREAM_KEY]
-    for name in DISABLE_ENVS:  # the project's switch, and the chapter's name for it
-        monkeypatch.setenv(name, "yes")
-        by_env = await start_node(f"by-{name}")
-        assert by_env.anchors.transport_keys == [PER_STREAM_KEY]
-        with pytest.raises(ValueError, match="mux-only"):
-            await start_node(f"broken-{name}", mux=MuxConfig(mux_only=True))
-        monkeypatch.delenv(name)
+    # The chapter's rollback variable, which every node reads (the deprecated project name
+    # for it: tests/unit/test_node_config.py).
+    monkeypatch.setenv(CHAPTER_DISABLE_ENV, "yes")
+    by_env = await start_node("by-env")
+    assert by_env.anchors.transport_keys == [PER_STREAM_KEY]
+    with pytest.raises(ValueError, match="mux-only"):
+        await start_node("broken", mux=MuxConfig(mux_only=True))
+    monkeypatch.delenv(CHAPTER_DISABLE_ENV)
     only = await start_node("only", mux=MuxConfig(mux_only=True))
     assert only.anchors.transport_keys == [MESSENGER_MUX_KEY]
     # An old sender (no keys) cannot reach a mux-only node: there is no per-stream listener.

@@ -117,14 +117,14 @@ def test_a_deprecated_variable_is_read_and_says_what_replaces_it(tmp_path: Path)
     result = subprocess.run(
         [*COMMAND, "--config", str(config)],
         capture_output=True, text=True, timeout=25, check=False, cwd=CHECKOUT,
-        env={**os.environ, "VELOMUX_MUX_ENABLED": "false"},
+        env={**os.environ, "VELOMUX_MUX_DISABLE": "1"},
     )  # fmt: skip
     assert result.returncode == 2  # the credentials are missing: the loader ran first
     warning, error = result.stderr.strip().splitlines()
     fields = parse_event(warning)
     assert (fields["event"], fields["level"], fields["logger"]) == ("log", "warning", "py.warnings")
-    assert "VELOMUX_MUX_ENABLED is deprecated" in fields["message"]
-    assert "VELOMUX_MUX_DISABLE=1" in fields["message"]
+    assert "VELOMUX_MUX_DISABLE is deprecated" in fields["message"]
+    assert "VELOMUX_MUX_ENABLED=false" in fields["message"]
     assert "absent" in error
 
 

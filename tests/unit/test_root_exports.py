@@ -13,7 +13,6 @@ from velomux_quic import errors
 SURFACE = {
     "open_node",
     "Node",
-    "NodeOptions",
     "NodeSnapshot",
     "OpsConfig",
     "ReadinessReport",
@@ -102,27 +101,16 @@ def test_the_keyed_twins_are_gone() -> None:
 
 
 def test_the_ways_to_open_a_node_share_one_declaration_of_their_options() -> None:
-    """Node.start, Node.open and open_node take the credentials and NodeOptions' keywords,
-    declared once; a keyword that is no option fails at the call, naming it."""
+    """Node.start, Node.open and open_node take a NodeConfig or credentials and the same
+    keywords, typed once (their settings are NodeConfig's fields: test_node_config.py);
+    a keyword that is no option fails at the call, naming it."""
+    annotations = set()
     for opener in (velomux_quic.Node.start, velomux_quic.Node.open, velomux_quic.open_node):
         parameters = list(inspect.signature(opener).parameters.values())
         assert [p.name for p in parameters] == ["credentials", "options"], opener
         assert parameters[1].kind is inspect.Parameter.VAR_KEYWORD
-        assert parameters[1].annotation == "Unpack[NodeOptions]"
-    assert velomux_quic.NodeOptions.__optional_keys__ == {
-        "host",
-        "port",
-        "transport",
-        "messenger",
-        "streaming",
-        "mux",
-        "registry",
-        "peers",
-        "discovery",
-        "name",
-        "publish",
-    }
-    assert not velomux_quic.NodeOptions.__required_keys__
+        annotations.add(parameters[1].annotation)
+    assert len(annotations) == 1
     options: dict[str, object] = {"hots": "127.0.0.1"}
     for opener in (velomux_quic.open_node, velomux_quic.Node.open):
         with pytest.raises(velomux_quic.ConfigurationError, match="'hots', which is no option"):

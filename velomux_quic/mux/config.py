@@ -14,6 +14,7 @@ writes only when the application calls ``flush_batch()`` (and a pending credit r
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..errors import ConfigurationError
@@ -27,28 +28,40 @@ __all__ = [
     "Manual",
     "MuxConfig",
     "mux_disabled_by_env",
+    "switch_is_on",
 ]
 
 KiB = 1024
 MiB = 1024 * KiB
 
-DISABLE_ENV = "VELOMUX_MUX_DISABLE"
-"""The mux's rollback switch: ``VELOMUX_MUX_DISABLE=1`` runs a node on the per-stream path."""
-
 CHAPTER_DISABLE_ENV = "VELO_MESSENGER_MUX_DISABLE"
-"""The same switch under the name the design chapter and its runbooks use, read too (and
-not deprecated: an operator following the chapter must find it working)."""
+"""The rollback variable, under the name the design chapter and its runbooks use:
+``VELO_MESSENGER_MUX_DISABLE=1`` runs every node built in the process on the per-stream
+path, however its configuration was made. The project's own switch is the setting
+``MuxConfig.enabled`` (``[mux] enabled`` in the file, ``VELOMUX_MUX_ENABLED`` in the
+environment, by the rule of :mod:`velomux_quic.config`)."""
+
+DISABLE_ENV = "VELOMUX_MUX_DISABLE"
+"""Deprecated: an earlier name of the switch, still read (with a DeprecationWarning) when a
+configuration is loaded and when a node is built; set ``VELOMUX_MUX_ENABLED=false`` or
+the chapter's variable instead."""
 
 DISABLE_ENVS = (DISABLE_ENV, CHAPTER_DISABLE_ENV)
+"""Every variable that can turn the mux off besides ``VELOMUX_MUX_ENABLED``."""
 _TRUE = frozenset({"1", "true", "yes", "on"})
 
 
-def mux_disabled_by_env(environ: dict[str, str] | None = None) -> bool:
-    """``VELOMUX_MUX_DISABLE`` (or the chapter's ``VELO_MESSENGER_MUX_DISABLE``) is read
-    once at node build; only 1/true/yes/on (any case) disable the mux, so a stray value
-    never silently turns it off."""
+def switch_is_on(name: str, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the variable ``name`` is set to 1/true/yes/on (any case): a rollback switch
+    reads only those, so a stray value never silently turns the mux off."""
     env = environ if environ is not None else os.environ
-    return any(env.get(name, "").strip().lower() in _TRUE for name in DISABLE_ENVS)
+    return env.get(name, "").strip().lower() in _TRUE
+
+
+def mux_disabled_by_env(environ: Mapping[str, str] | None = None) -> bool:
+    """The chapter's ``VELO_MESSENGER_MUX_DISABLE`` (or the deprecated
+    ``VELOMUX_MUX_DISABLE``) is set: read once at node build."""
+    return any(switch_is_on(name, environ) for name in DISABLE_ENVS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +95,8 @@ FlushPolicy = AutoFlush | Manual
 @dataclass(frozen=True, slots=True)
 class MuxConfig:
     enabled: bool = True
-    """Install and advertise the mux; False (or the env var) is the rollback."""
+    """Install and advertise the mux; False is the rollback (``[mux] enabled = false``,
+    ``VELOMUX_MUX_ENABLED=false``; or the chapter's ``VELO_MESSENGER_MUX_DISABLE=1``)."""
     mux_only: bool = False
     """Install no per-stream transport: refuse peers that need one."""
     max_batch_bytes: int = 60 * KiB
@@ -160,13 +174,14 @@ class MuxConfig:
         if self.initial_credit >= 1 << 32 or self.slot_byte_budget >= 1 << 32:
             raise ConfigurationError("initial_credit and slot_byte_budget travel as u32")
 
-    def effective_enabled(self, environ: dict[str, str] | None = None) -> bool:
-        """Enabled in code and not disabled by the environment. A mux-only node cannot be
-        rolled back this way: it would have no transport at all, so that is an error."""
+    def effective_enabled(self, environ: Mapping[str, str] | None = None) -> bool:
+        """Enabled in the config and not disabled by the chapter's rollback variable (or
+        the deprecated one). A mux-only node cannot be rolled back this way: it would
+        have no transport at all, so that is an error."""
         enabled = self.enabled and not mux_disabled_by_env(environ)
         if not enabled and self.mux_only:
             raise ConfigurationError(
-                "the mux is disabled (MuxConfig.enabled=False or "
-                f"{DISABLE_ENV}=1) on a mux-only node; remove mux_only to roll back"
+                "the mux is disabled (MuxConfig.enabled=False, VELOMUX_MUX_ENABLED=false or "
+                f"{CHAPTER_DISABLE_ENV}=1) on a mux-only node; remove mux_only to roll back"
             )
         return enabled
