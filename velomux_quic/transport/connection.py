@@ -33,7 +33,7 @@ from typing import Protocol
 from ..errors import ChannelClosed, ConnectionReplaced, DialError
 from ..ids import InstanceId
 from ..security.tls import parse_refusal_reason
-from .admission import SendOutcome, SharedRoom
+from .admission import InflightBound, PeerHoldings, PeerLedger, SendOutcome, SharedRoom
 from .config import MAX_LANES, TransportConfig
 from .events import PeerLink, StreamData, StreamReset, StreamStopped
 from .framing import FrameTooLarge
@@ -98,6 +98,9 @@ class ConnectionOwner(Protocol):
 
     @property
     def stats(self) -> TransportStats: ...
+
+    @property
+    def peer_ledger(self) -> PeerLedger: ...
 
     @property
     def address(self) -> tuple[str, int]: ...
@@ -167,6 +170,11 @@ class PeerConnection:
         self._partial_bytes = 0
         """Bytes of unfinished frames across the inbound lanes (``max_partial_frame_bytes``)."""
         self._partial_limit = config.partial_frame_limit
+        self.inflight = InflightBound(config.max_unacked_bytes, self._loop.time())
+        """This node's cap on what the lanes hold unacknowledged (see InflightBound)."""
+        self._holdings: PeerHoldings | None = None
+        """What the peer's connections hold together, from establishment to the end."""
+        self._stall_check: asyncio.TimerHandle | None = None
         self._openings = StreamOpenings(
             config.max_stream_openings,
             config.max_stream_opening_size,
@@ -658,9 +666,15 @@ class PeerConnection:
             return
         partial = decoder.buffered_bytes
         if partial != state.partial:
-            self._partial_bytes += partial - state.partial
+            grown = partial - state.partial
+            self._partial_bytes += grown
             state.partial = partial
-            if self._partial_bytes > self._partial_limit:
+            holdings = self._holdings
+            held = self._partial_bytes
+            if holdings is not None:
+                holdings.partial_bytes += grown
+                held = holdings.partial_bytes
+            if held > self._partial_limit:
                 self._too_much_partial(bodies, state)
                 return
         if not bodies:
@@ -671,19 +685,22 @@ class PeerConnection:
         self._deliver(state, bodies)
 
     def _too_much_partial(self, bodies: list[bytes], state: InboundLane) -> None:
-        """The lanes hold more unfinished frames than ``max_partial_frame_bytes``: close.
+        """The peer's lanes hold more unfinished frames than ``max_partial_frame_bytes``
+        (over all of its connections): close this one, the one that passed it.
 
         Each lane's frame is within ``max_message_size``, but a peer starting one on every
-        lane at once and finishing none is spending this node's memory, not sending.
+        lane of every connection at once and finishing none is spending this node's
+        memory, not sending.
         """
         if bodies:
             self._deliver(state, bodies)
         self.transport.stats.rejections["partial_frame_bytes"] += 1
         logger.warning(
-            "closing connection from %s: its lanes hold %d bytes of unfinished frames"
-            " (max_partial_frame_bytes %d)",
+            "closing connection from %s: its lanes hold %d bytes of unfinished frames, its"
+            " connections %d together (max_partial_frame_bytes %d)",
             self._peer_name(),
             self._partial_bytes,
+            self._partial_bytes if self._holdings is None else self._holdings.partial_bytes,
             self._partial_limit,
         )
         self.close(CloseCode.FRAME_TOO_LARGE, "too many bytes of unfinished frames")
@@ -866,6 +883,8 @@ class PeerConnection:
 
     def _forget_inbound(self, state: InboundLane) -> None:
         self._partial_bytes -= state.partial
+        if self._holdings is not None:
+            self._holdings.partial_bytes -= state.partial
         state.partial = 0
         self._inbound.pop(state.stream_id, None)
         self.quic.forget_stream(state.stream_id)
@@ -888,6 +907,8 @@ class PeerConnection:
             self._confirm_if_ready()
         if self._cid_switch_pending and self.state is ConnectionState.ESTABLISHED:
             self._cid_switch_pending = not self.quic.adopt_resettable_peer_cid()
+        if self._holdings is not None:
+            self._resync_inflight(now)
         self._poll_gates()
         if self._deliveries:
             self._check_deliveries()
@@ -989,6 +1010,9 @@ class PeerConnection:
         if not self.is_client:
             self._schedule_partial_sweep()
         self._start_datagram_plan()
+        self._holdings = self.transport.peer_ledger.join(self.peer, self._poll_gates)
+        self.inflight.holdings = self._holdings
+        self._schedule_stall_check()
         self.transport.connection_established(self)
         self._poll_gates()
 
@@ -1007,9 +1031,12 @@ class PeerConnection:
             self._partial_sweep,
             self._pmtu_timer,
             self._pmtu_soon,
+            self._stall_check,
         ):
             if handle is not None:
                 handle.cancel()
+        self._stall_check = None
+        self._leave_ledger()
         self._opening_timer = self._partial_sweep = None
         self._pmtu_timer = self._pmtu_soon = None
         self._pmtu = None
@@ -1036,6 +1063,65 @@ class PeerConnection:
         self._drained.set()
         self.transport.connection_closed(self)
         self.closed.set()
+
+    # -- this node's cap on unacknowledged bytes (InflightBound, PeerHoldings) --------------
+
+    def _lanes_unacked(self) -> int:
+        return sum(
+            self.quic.stream_unacked(lane.stream_id) for lane in self._outbound if lane is not None
+        )
+
+    def _resync_inflight(self, now: float) -> None:
+        """Acknowledgements came in: recount; room opened here may admit another
+        connection's waiting sends to the same peer (its cap is per peer too)."""
+        inflight = self.inflight
+        if not inflight.unacked:
+            return
+        holdings = self._holdings
+        was_full = holdings is not None and holdings.room() <= 0
+        if inflight.resync(self._lanes_unacked(), now) and was_full and holdings is not None:
+            holdings.wake_others(self._poll_gates)
+
+    def _schedule_stall_check(self) -> None:
+        period = self.transport.config.unacked_timeout / 4
+        self._stall_check = self._loop.call_later(period, self._check_stall)
+
+    def _check_stall(self) -> None:
+        """Close a connection whose peer has held it above half the cap too long."""
+        self._stall_check = None
+        if self.state is not ConnectionState.ESTABLISHED:
+            return
+        now = self._loop.time()
+        self.inflight.resync(self._lanes_unacked(), now)
+        stalled = self.inflight.stalled_for(now)
+        timeout = self.transport.config.unacked_timeout
+        if stalled >= timeout:
+            self.transport.stats.rejections["unacked_stall"] += 1
+            logger.warning(
+                "closing connection to %s: it held %d unacknowledged bytes (more than half of"
+                " max_unacked_bytes %d) for %.0f s (unacked_timeout %g s)",
+                self._peer_name(),
+                self.inflight.unacked,
+                self.inflight.limit,
+                stalled,
+                timeout,
+            )
+            self.close(CloseCode.UNACKNOWLEDGED, "nothing acknowledged for too long")
+            return
+        self._schedule_stall_check()
+
+    def _leave_ledger(self) -> None:
+        holdings = self._holdings
+        if holdings is None:
+            return
+        self._holdings = None
+        self.inflight.detach()
+        self.inflight.holdings = None
+        holdings.partial_bytes -= self._partial_bytes
+        assert self.peer is not None
+        self.transport.peer_ledger.leave(self.peer, holdings, self._poll_gates)
+        if holdings.room() > 0:
+            holdings.wake_others(self._poll_gates)
 
     def _report_unacked(self, error: ChannelClosed | ConnectionReplaced) -> None:
         """Admitted data the peer never acknowledged: report it to the node's error handler."""
