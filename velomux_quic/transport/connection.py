@@ -175,6 +175,7 @@ class PeerConnection:
         self._holdings: PeerHoldings | None = None
         """What the peer's connections hold together, from establishment to the end."""
         self._stall_check: asyncio.TimerHandle | None = None
+        self._cap_counted = False
         self._openings = StreamOpenings(
             config.max_stream_openings,
             config.max_stream_opening_size,
@@ -439,7 +440,11 @@ class PeerConnection:
 
     def stream_blocked(self, stream: OutboundStream) -> None:
         self._blocked.add(stream)
-        self.transport.stats.send_backpressure += 1
+        stats = self.transport.stats
+        stats.send_backpressure += 1
+        if not self._cap_counted and stream.lane >= 0 and self.inflight.room() <= 0:
+            self._cap_counted = True  # once per time the cap is reached
+            stats.unacked_cap_reached += 1
 
     def stream_done(self, stream: OutboundStream) -> None:
         self._blocked.discard(stream)
@@ -481,6 +486,7 @@ class PeerConnection:
             partial_frame_bytes=self._partial_bytes,
             stream_openings=self._openings.pending,
             datagram_size=self.quic.datagram_size,
+            unacked_bytes=self.inflight.unacked,
             datagram_mode=self._datagram_mode.value,
         )
 
@@ -1079,8 +1085,11 @@ class PeerConnection:
             return
         holdings = self._holdings
         was_full = holdings is not None and holdings.room() <= 0
-        if inflight.resync(self._lanes_unacked(), now) and was_full and holdings is not None:
-            holdings.wake_others(self._poll_gates)
+        if inflight.resync(self._lanes_unacked(), now):
+            if was_full and holdings is not None:
+                holdings.wake_others(self._poll_gates)
+            if self._cap_counted and inflight.room() > 0:
+                self._cap_counted = False
 
     def _schedule_stall_check(self) -> None:
         period = self.transport.config.unacked_timeout / 4
