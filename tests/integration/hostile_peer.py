@@ -186,7 +186,9 @@ async def hostile_server(
         credentials,
         is_client=False,
         max_datagram_size=1452,
-        idle_timeout=30.0,
+        # A deaf server takes no datagram, so nothing renews its own idle timer: it would
+        # drop the connection (and stop the PINGs that keep the victim's alive) at 30 s.
+        idle_timeout=30.0 if deaf is None else 600.0,
         max_stream_data=max_stream_data,
         max_data=max_data,
     )

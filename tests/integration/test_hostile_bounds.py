@@ -19,6 +19,7 @@ Each prints its figures (``-s`` shows them).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from contextlib import AsyncExitStack
@@ -29,11 +30,12 @@ import pytest
 
 from tests.conftest import wait_admitted
 from tests.integration.hostile_peer import Deafness, hostile_client, hostile_server
-from tests.integration.test_hostile_memory import MiB, Victim, victim_process
+from tests.integration.test_hostile_memory import MiB, victim_process
 from velomux_quic.ids import InstanceId
 from velomux_quic.messenger.envelope import Kind, encode_envelope
+from velomux_quic.node import Node
 from velomux_quic.security.certs import NodeCredentials
-from velomux_quic.transport import TransportHandler
+from velomux_quic.transport import TransportConfig, TransportHandler
 from velomux_quic.transport.endpoint import QuicTransport
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.one_loop]
@@ -57,14 +59,12 @@ def _request(message_id: int, payload: bytes = PAYLOAD) -> bytes:
     return encode_envelope(Kind.REQUEST, handler="echo", message_id=message_id, payload=payload)
 
 
-async def _flood(sender: QuicTransport, victim: Victim, seconds: float) -> int:
+async def _flood(sender: QuicTransport, victim: InstanceId, seconds: float) -> int:
     """Requests of 1 KB as fast as the victim takes them, for ``seconds``; returns the count."""
     sent = 0
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        outcomes: list[object] = [
-            sender.send(victim.instance_id, 0, _request(sent + i)) for i in range(1, 501)
-        ]
+        outcomes: list[object] = [sender.send(victim, 0, _request(sent + i)) for i in range(1, 501)]
         sent += len(outcomes)
         await wait_admitted(outcomes, timeout=60)
     return sent
@@ -93,7 +93,7 @@ async def _unacknowledging_member(
         sender = await QuicTransport.start(hostile)
         stack.push_async_callback(sender.close)
         sender.register_peer(victim.instance_id, victim.address)
-        sent = await _flood(sender, victim, seconds)
+        sent = await _flood(sender, victim.instance_id, seconds)
         # Every request handled: what the victim holds is what it kept of the replies.
         await victim.until(_HANDLED, sent, timeout=120)
         after = await victim.ask("report")
@@ -143,7 +143,46 @@ async def test_a_member_that_does_not_acknowledge_for_40_s_is_bounded_then_close
         make_credentials, tmp_path, engine, deaf, seconds=40.0
     )
     _check_bounded(f"unacknowledging member, 40 s ({engine})", before, after, sent)
-    assert after["metrics"][_rejections("unacked_stall")] >= 1
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_a_connection_held_at_the_cap_past_unacked_timeout_is_closed_and_counted(
+    make_credentials: Callable[..., NodeCredentials], engine: str
+) -> None:
+    """The close, on a victim in this process with a short ``unacked_timeout``: the member
+    keeps the connection alive with a PING a second and never acknowledges."""
+    config = TransportConfig(engine=engine, unacked_timeout=2.0)  # type: ignore[arg-type]
+    victim = await Node.start(make_credentials("victim"), transport=config)
+    victim.register_handler("echo", lambda ctx: bytes(ctx.payload))
+    hostile = make_credentials("hostile")
+    try:
+        async with (
+            hostile_server(
+                hostile, max_stream_data=1 << 30, max_data=4 << 30, deaf=Deafness()
+            ) as server,
+            AsyncExitStack() as stack,
+        ):
+            victim.add_peer(hostile.instance_id, server.address)
+            await victim.messenger.transport.connect(hostile.instance_id)
+            dialed = victim.messenger.transport.outbound_connection(hostile.instance_id)
+            assert dialed is not None
+            await server.first_connection()
+            sender = await QuicTransport.start(hostile)
+            stack.push_async_callback(sender.close)
+            sender.register_peer(victim.instance_id, victim.address)
+            flood = asyncio.ensure_future(_flood(sender, victim.instance_id, 60.0))
+            try:
+                async with asyncio.timeout(30):
+                    await dialed.closed.wait()
+            finally:
+                flood.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await flood
+        stats = victim.messenger.transport.stats
+        assert stats.rejections["unacked_stall"] >= 1
+        assert stats.unacked_cap_reached >= 1
+    finally:
+        await victim.close()
 
 
 class _Answers(TransportHandler):
