@@ -364,15 +364,68 @@ class PeerHoldings:
     every connection of the peer, and checked against the peer's limit.
     """
 
-    __slots__ = ("_wakers", "partial_bytes", "peer_limit", "unacked")
+    __slots__ = (
+        "_call_soon",
+        "_deferred",
+        "_refill_armed",
+        "_wakers",
+        "partial_bytes",
+        "peer_limit",
+        "turn_bytes",
+        "turn_left",
+        "unacked",
+    )
 
-    def __init__(self, peer_limit: int) -> None:
+    def __init__(
+        self,
+        peer_limit: int,
+        turn_bytes: int = UNBOUNDED,
+        call_soon: Callable[[Callable[[], None]], object] | None = None,
+    ) -> None:
         self.peer_limit = peer_limit
         self.unacked = 0
         """Bytes admitted to the peer's connections' lanes and not yet acknowledged."""
         self.partial_bytes = 0
         """Bytes of unfinished frames on the peer's inbound lanes."""
         self._wakers: list[Callable[[], None]] = []
+        self.turn_bytes = turn_bytes
+        self.turn_left = turn_bytes
+        """Bytes of lane data the peer may still have handled in this turn of the loop."""
+        self._call_soon = call_soon
+        self._refill_armed = False
+        self._deferred: list[Callable[[], None]] = []
+
+    # -- turns: a bounded share of each loop turn per peer -------------------------------
+
+    def take_turn(self, size: int) -> bool:
+        r"""Charge ``size`` bytes of lane data to this turn; False once the turn is spent
+        (the caller keeps the data and :meth:`defer`\ s itself to the next turn).
+
+        The turn is refilled by a callback the first charge of a turn schedules, so it
+        runs after everything the loop is doing now: every other peer's datagrams of this
+        turn get their share before this peer gets more. Lane data held back is not
+        consumed, so the peer's receive window stops growing and its sending slows to
+        its share; a peer alone on the node loses only a loop turn per share.
+        """
+        left = self.turn_left
+        if left <= 0:
+            return False
+        self.turn_left = left - size
+        if not self._refill_armed and self._call_soon is not None:
+            self._refill_armed = True
+            self._call_soon(self._refill)
+        return True
+
+    def defer(self, resume: Callable[[], None]) -> None:
+        """Call ``resume`` at the next turn (once per call)."""
+        self._deferred.append(resume)
+
+    def _refill(self) -> None:
+        self._refill_armed = False
+        self.turn_left = self.turn_bytes
+        deferred, self._deferred = self._deferred, []
+        for resume in deferred:
+            resume()
 
     @property
     def members(self) -> int:
@@ -397,10 +450,17 @@ class PeerHoldings:
 class PeerLedger:
     """One :class:`PeerHoldings` per peer with a live connection (entries go with the last)."""
 
-    __slots__ = ("_peers", "peer_limit")
+    __slots__ = ("_call_soon", "_peers", "peer_limit", "turn_bytes")
 
-    def __init__(self, peer_limit: int) -> None:
+    def __init__(
+        self,
+        peer_limit: int,
+        turn_bytes: int = UNBOUNDED,
+        call_soon: Callable[[Callable[[], None]], object] | None = None,
+    ) -> None:
         self.peer_limit = peer_limit
+        self.turn_bytes = turn_bytes
+        self._call_soon = call_soon
         self._peers: dict[object, PeerHoldings] = {}
 
     def __len__(self) -> int:
@@ -409,7 +469,9 @@ class PeerLedger:
     def join(self, peer: object, wake: Callable[[], None]) -> PeerHoldings:
         holdings = self._peers.get(peer)
         if holdings is None:
-            holdings = self._peers[peer] = PeerHoldings(self.peer_limit)
+            holdings = self._peers[peer] = PeerHoldings(
+                self.peer_limit, self.turn_bytes, self._call_soon
+            )
         holdings.join(wake)
         return holdings
 

@@ -163,6 +163,13 @@ class TransportConfig:
     """The same, summed over every connection of one peer (it may hold
     ``max_connections_per_peer``): what one certificate can make this node hold."""
 
+    peer_turn_bytes: int = 8 * KiB
+    """Bytes of lane data one peer's connections may have handled per turn of the event
+    loop before the rest waits for the next turn, after every other peer's share: one
+    member sending as fast as it can then takes its share of the node, not all of it.
+    What waits is not consumed, so the peer's receive window (``lane_window``) bounds it
+    and slows the peer down. Smaller is fairer and costs a lone bulk sender more turns."""
+
     unacked_timeout: float = 30.0
     """A connection whose unacknowledged bytes stay above half of ``max_unacked_bytes``
     for this long is closed (``unacked_stall``): its peer keeps it alive (acknowledging a

@@ -176,6 +176,7 @@ class PeerConnection:
         """What the peer's connections hold together, from establishment to the end."""
         self._stall_check: asyncio.TimerHandle | None = None
         self._cap_counted = False
+        self._turn_waiting = False
         self._openings = StreamOpenings(
             config.max_stream_openings,
             config.max_stream_opening_size,
@@ -654,7 +655,35 @@ class PeerConnection:
         if state.paused or state.held or state.backlog:
             state.backlog.append(data)
             return
+        holdings = self._holdings
+        if holdings is not None and not holdings.take_turn(len(data)):
+            state.backlog.append(data)  # the peer's share of this turn is spent
+            self._wait_turn(holdings)
+            return
         self._feed(state, data)
+
+    def _wait_turn(self, holdings: PeerHoldings) -> None:
+        if not self._turn_waiting:
+            self._turn_waiting = True
+            holdings.defer(self._next_turn)
+
+    def _next_turn(self) -> None:
+        """The peer's next share: feed what waited, lane by lane, while the share lasts."""
+        self._turn_waiting = False
+        holdings = self._holdings
+        if holdings is None or not self.established:
+            return
+        for state in list(self._inbound.values()):
+            backlog = state.backlog
+            while backlog and not state.paused and not state.held:
+                if not holdings.take_turn(len(backlog[0])):
+                    self._wait_turn(holdings)
+                    self.transmit_soon()
+                    return
+                self._feed(state, backlog.popleft())
+                if self.state is not ConnectionState.ESTABLISHED:  # its data closed it
+                    return
+        self.transmit_soon()  # what was consumed opens the peer's window
 
     def _feed(self, state: InboundLane, data: bytes) -> None:
         state.consumed += len(data)

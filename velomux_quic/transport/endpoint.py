@@ -138,7 +138,9 @@ class QuicTransport(asyncio.DatagramProtocol):
         self.registry = registry
         self.loop = asyncio.get_running_loop()
         self.stats = TransportStats()
-        self.peer_ledger = PeerLedger(self.config.max_unacked_bytes_per_peer)
+        self.peer_ledger = PeerLedger(
+            self.config.max_unacked_bytes_per_peer, self.config.peer_turn_bytes, self.loop.call_soon
+        )
         """What each peer's connections hold together (unacknowledged, unfinished frames)."""
         self.buffer_sizes = BufferSizes((0, 0))
         self._verifier = PeerVerifier(credentials.trust_roots, credentials.trust_domain)
