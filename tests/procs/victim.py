@@ -41,6 +41,7 @@ _REPORTED = (
     "velo_messenger_pending_reply_bytes",
     "velo_messenger_handler_requests_total",
     "velo_transport_unacked_cap_reached_total",
+    "velo_transport_peer_turns_waited_total",
 )
 
 

@@ -274,6 +274,10 @@ class TransportConfig:
             raise ConfigurationError("keep_alive_interval must be shorter than idle_timeout")
         if self.lane_window < 4 * KiB or self.stream_window < 4 * KiB or self.send_buffer < 0:
             raise ConfigurationError("lane_window and stream_window >= 4 KiB, send_buffer >= 0")
+        if self.peer_turn_bytes < 1:
+            raise ConfigurationError(
+                f"peer_turn_bytes must be at least 1, got {self.peer_turn_bytes}"
+            )
         if self.max_unacked_bytes < 1 or self.max_unacked_bytes_per_peer < self.max_unacked_bytes:
             raise ConfigurationError(
                 f"max_unacked_bytes ({self.max_unacked_bytes}) must be at least 1 and at most"

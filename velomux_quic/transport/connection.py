@@ -665,6 +665,7 @@ class PeerConnection:
     def _wait_turn(self, holdings: PeerHoldings) -> None:
         if not self._turn_waiting:
             self._turn_waiting = True
+            self.transport.stats.turns_waited += 1
             holdings.defer(self._next_turn)
 
     def _next_turn(self) -> None:
