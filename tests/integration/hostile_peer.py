@@ -12,6 +12,7 @@ import contextlib
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from aioquic.asyncio.client import connect
@@ -29,14 +30,49 @@ from velomux_quic.security.tls import make_quic_configuration
 class HostileServerProtocol(QuicConnectionProtocol):
     """One connection the victim dialed to the hostile server."""
 
-    def __init__(self, quic: QuicConnection, *args: Any, **kwargs: Any) -> None:
+    def __init__(
+        self, quic: QuicConnection, *args: Any, deaf: Deafness | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(quic, *args, **kwargs)
         self.connection = quic  # aioquic's protocol keeps it as a private attribute
         self.handshake_done = asyncio.Event()
+        self._deaf = deaf
+        self._taken_at = 0.0
+        self._pings: asyncio.TimerHandle | None = None
+        self.ignored = 0
+        """Datagrams from the victim dropped unread (never acknowledged)."""
 
     def quic_event_received(self, event: QuicEvent) -> None:
         if isinstance(event, HandshakeCompleted):
             self.handshake_done.set()
+            if self._deaf is not None:
+                self._ping_soon()
+
+    def datagram_received(self, data: bytes | bytearray, addr: Any) -> None:
+        """Once deaf (its handshake done), take at most one datagram per ``trickle`` s
+        (none when ``trickle`` is None): what it does not take it never acknowledges."""
+        deaf = self._deaf
+        if deaf is not None and self.handshake_done.is_set():
+            now = asyncio.get_running_loop().time()
+            if deaf.trickle is None or now - self._taken_at < deaf.trickle:
+                self.ignored += 1
+                return
+            self._taken_at = now
+        super().datagram_received(data, addr)
+
+    def _ping_soon(self) -> None:
+        """A PING a second: the victim hears from us, so the connection never idles out."""
+        self._pings = asyncio.get_running_loop().call_later(1.0, self._ping)
+
+    def _ping(self) -> None:
+        self.connection.send_ping(0)
+        self.transmit()
+        self._ping_soon()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._pings is not None:
+            self._pings.cancel()
+        super().connection_lost(exc)
 
     def open_request(self, data: bytes, *, end_stream: bool = False) -> int:
         """Open a request stream toward the dialer (server-initiated bidirectional)."""
@@ -50,16 +86,25 @@ class HostileServerProtocol(QuicConnectionProtocol):
         self.transmit()
 
 
+@dataclass(frozen=True)
+class Deafness:
+    """How a hostile server treats the victim's datagrams once a handshake is done."""
+
+    trickle: float | None = None
+    """Take one datagram per this many seconds; None: take none, ever."""
+
+
 class HostileServer:
     """The server side; :attr:`connections` lists what the victim dialed, in order."""
 
-    def __init__(self) -> None:
+    def __init__(self, deaf: Deafness | None = None) -> None:
         self.connections: list[HostileServerProtocol] = []
         self.connected = asyncio.Event()
         self.address: tuple[str, int] = ("", 0)
+        self.deaf = deaf
 
     def protocol(self, *args: Any, **kwargs: Any) -> HostileServerProtocol:
-        protocol = HostileServerProtocol(*args, **kwargs)
+        protocol = HostileServerProtocol(*args, deaf=self.deaf, **kwargs)
         self.connections.append(protocol)
         self.connected.set()
         return protocol
@@ -129,17 +174,26 @@ def _free_udp_port() -> int:
 
 
 @asynccontextmanager
-async def hostile_server(credentials: NodeCredentials) -> AsyncIterator[HostileServer]:
-    """Listen on loopback as ``credentials``' node, with aioquic and no project code."""
+async def hostile_server(
+    credentials: NodeCredentials,
+    *,
+    max_stream_data: int = 1 << 20,
+    max_data: int = 16 << 20,
+    deaf: Deafness | None = None,
+) -> AsyncIterator[HostileServer]:
+    """Listen on loopback as ``credentials``' node, with aioquic and no project code,
+    granting the victim's streams ``max_stream_data`` and its connection ``max_data``."""
     configuration = make_quic_configuration(
         credentials,
         is_client=False,
         max_datagram_size=1452,
-        idle_timeout=30.0,
-        max_stream_data=1 << 20,
-        max_data=16 << 20,
+        # A deaf server takes no datagram, so nothing renews its own idle timer: it would
+        # drop the connection (and stop the PINGs that keep the victim's alive) at 30 s.
+        idle_timeout=30.0 if deaf is None else 600.0,
+        max_stream_data=max_stream_data,
+        max_data=max_data,
     )
-    server = HostileServer()
+    server = HostileServer(deaf)
     server.address = ("127.0.0.1", _free_udp_port())
     quic_server = await serve(
         *server.address, configuration=configuration, create_protocol=server.protocol

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import struct
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -83,7 +84,9 @@ class Victim:
 
 
 @asynccontextmanager
-async def victim_process(credentials: Path) -> AsyncIterator[Victim]:
+async def victim_process(credentials: Path, engine: str | None = None) -> AsyncIterator[Victim]:
+    """The victim node in a child process, on ``engine`` (None: this run's engine)."""
+    environment = None if engine is None else {**os.environ, "VELOMUX_QUIC_ENGINE": engine}
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -93,6 +96,7 @@ async def victim_process(credentials: Path) -> AsyncIterator[Victim]:
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         cwd=ROOT,
+        env=environment,
     )
     try:
         assert process.stdout is not None

@@ -40,6 +40,8 @@ _REPORTED = (
     "velo_messenger_replies_dropped_total",
     "velo_messenger_pending_reply_bytes",
     "velo_messenger_handler_requests_total",
+    "velo_transport_unacked_cap_reached_total",
+    "velo_transport_peer_turns_waited_total",
 )
 
 
@@ -69,6 +71,7 @@ def report(node: Node) -> dict[str, Any]:
         "connections": len(connections),
         "stream_openings": sum(c.stream_openings for c in connections),
         "partial_frame_bytes": sum(c.partial_frame_bytes for c in connections),
+        "unacked_bytes": sum(c.unacked_bytes for c in connections),
         "pulls_outstanding": snapshot.messenger.pulls_outstanding,
         "releases_outstanding": snapshot.messenger.releases_outstanding,
         "pending_reply_bytes": snapshot.messenger.pending_reply_bytes,

@@ -23,7 +23,7 @@ TREE_NAMES = re.compile(r"([\w.-]+/?(?:,\s*[\w.-]+/?)*)")
 
 
 def _resolve(name: str) -> Path:
-    if name.startswith(ROOT_FOLDERS) or "/" not in name.rstrip("/") and (ROOT / name).exists():
+    if name.startswith(ROOT_FOLDERS) or ("/" not in name.rstrip("/") and (ROOT / name).exists()):
         return ROOT / name
     return PACKAGE / name
 

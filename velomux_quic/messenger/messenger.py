@@ -80,6 +80,7 @@ from .envelope import (
     message_prefix,
 )
 from .headers import RESERVED_PREFIX, HeaderCodec
+from .held_replies import HeldReplies
 from .metrics import MessengerMetrics
 from .peers import DiscoveryFeed, PeerRegistry, sync_registry
 from .registry import Context, Dispatch, Handler, HandlerRegistry, HandlerSpec
@@ -172,6 +173,8 @@ class Messenger(TransportHandler):
         """Bytes of replies waiting in each peer's admission gates (entries go at zero)."""
         self._pending_reply_total = 0
         self._reply_drops_logged: set[InstanceId] = set()
+        self._held: dict[InstanceId, HeldReplies] = {}
+        """Replies to peers whose return dial is in its handshake (see held_replies)."""
         rendezvous = self._rendezvous
         self.metrics.bind_gauges(
             pending=lambda: len(self._calls),
@@ -866,17 +869,86 @@ class Messenger(TransportHandler):
                     self.config.max_pending_reply_bytes,
                 )
             return
+        transport = self._transport
+        if transport is not None and not self._closed:
+            if transport.is_dialing(peer) and len(payload) <= self.eager_budget(peer):
+                self._hold_reply(peer, lane, kind, message_id, payload, waiting)
+                return
+            if peer in self._held:  # the dial is over: what it held goes first, in order
+                self._release_held(peer)
         try:
             outcome = self._send(peer, lane, kind, "", payload, message_id, None)
         except (TransportError, MessengerClosed) as exc:
             self.metrics.dispatch_failures.labels("response_send", "no_route").inc()
             logger.warning("could not answer %s on lane %d: %s", peer, lane, exc)
             return
+        self._charge_reply(peer, outcome, len(payload) + REPLY_OVERHEAD)
+
+    def _charge_reply(self, peer: InstanceId, outcome: object, cost: int) -> None:
+        """A reply waits in a gate: charge it to its peer until the gate resolves it."""
         if isinstance(outcome, SendAdmission):
-            cost = len(payload) + REPLY_OVERHEAD
-            self._pending_replies[peer] = waiting + cost
+            self._pending_replies[peer] = self._pending_replies.get(peer, 0) + cost
             self._pending_reply_total += cost
             outcome.on_resolved(lambda admission: self._reply_resolved(peer, cost, admission))
+
+    def _hold_reply(
+        self,
+        peer: InstanceId,
+        lane: int,
+        kind: Kind,
+        message_id: int,
+        payload: bytes,
+        waiting: int,
+    ) -> None:
+        held = self._held.get(peer)
+        if held is None:
+            held = self._held[peer] = HeldReplies()
+            # Released when the dial completes (peer_connected); a dial that fails tells
+            # nobody, so this releases them into a new dial (or its failure) after it.
+            self._arm_held_backstop(peer, held)
+        body = encode_envelope(kind, handler="", message_id=message_id, payload=payload)
+        cost = held.add(lane, body)
+        self._pending_replies[peer] = waiting + cost
+        self._pending_reply_total += cost
+
+    def _arm_held_backstop(self, peer: InstanceId, held: HeldReplies) -> None:
+        delay = self.transport.config.handshake_timeout
+        asyncio.get_running_loop().call_later(delay, self._held_backstop, peer, held)
+
+    def _held_backstop(self, peer: InstanceId, held: HeldReplies) -> None:
+        if self._held.get(peer) is not held or self._closed:
+            return
+        if self.transport.is_dialing(peer):
+            self._arm_held_backstop(peer, held)
+        else:
+            self._release_held(peer)
+
+    def _release_held(self, peer: InstanceId) -> None:
+        """Hand the peer's held replies to its lanes' gates, oldest first."""
+        held = self._held.pop(peer, None)
+        if held is None:
+            return
+        charged = held.charged
+        self._pending_reply_total -= charged
+        left = self._pending_replies.get(peer, 0) - charged
+        if left > 0:
+            self._pending_replies[peer] = left
+        else:
+            self._pending_replies.pop(peer, None)
+        transport = self.transport
+        for lane, body in held.drain():
+            try:
+                outcome = transport.send(peer, lane, body)
+            except TransportError as exc:
+                self.metrics.dispatch_failures.labels("response_send", "no_route").inc()
+                logger.warning("could not answer %s on lane %d: %s", peer, lane, exc)
+                continue
+            self._charge_reply(peer, outcome, len(body) + REPLY_OVERHEAD)
+
+    def peer_connected(self, peer: InstanceId, outbound: bool) -> None:
+        """The return dial completed: the replies held for it go to its lanes now."""
+        if outbound and peer in self._held:
+            self._release_held(peer)
 
     def _reply_resolved(self, peer: InstanceId, cost: int, admission: SendAdmission) -> None:
         self._pending_reply_total -= cost
@@ -1031,6 +1103,7 @@ class Messenger(TransportHandler):
         if self._closed:
             return
         self._closed = True
+        self._held.clear()
         self._calls.fail_all(
             lambda handler: MessengerClosed("the messenger closed", handler=handler)
         )

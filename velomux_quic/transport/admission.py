@@ -29,7 +29,10 @@ __all__ = [
     "UNBOUNDED",
     "AdmissionState",
     "Admitted",
+    "InflightBound",
     "LaneGate",
+    "PeerHoldings",
+    "PeerLedger",
     "SendAdmission",
     "SendOutcome",
     "SharedRoom",
@@ -349,3 +352,196 @@ class SharedRoom:
         self._waiting.clear()
         self._members.clear()
         self._saturated = False
+
+
+class PeerHoldings:
+    """What all of one peer's connections hold, together: the per-peer side of two bounds.
+
+    A peer may keep several connections (``max_connections_per_peer``); a bound per
+    connection alone would let it multiply what this node holds for it by that count. So
+    the bytes admitted and not yet acknowledged (``max_unacked_bytes_per_peer``) and the
+    unfinished inbound frames (``max_partial_frame_bytes``) are also summed here, over
+    every connection of the peer, and checked against the peer's limit.
+    """
+
+    __slots__ = (
+        "_call_soon",
+        "_deferred",
+        "_refill_armed",
+        "_wakers",
+        "partial_bytes",
+        "peer_limit",
+        "turn_bytes",
+        "turn_left",
+        "unacked",
+    )
+
+    def __init__(
+        self,
+        peer_limit: int,
+        turn_bytes: int = UNBOUNDED,
+        call_soon: Callable[[Callable[[], None]], object] | None = None,
+    ) -> None:
+        self.peer_limit = peer_limit
+        self.unacked = 0
+        """Bytes admitted to the peer's connections' lanes and not yet acknowledged."""
+        self.partial_bytes = 0
+        """Bytes of unfinished frames on the peer's inbound lanes."""
+        self._wakers: list[Callable[[], None]] = []
+        self.turn_bytes = turn_bytes
+        self.turn_left = turn_bytes
+        """Bytes of lane data the peer may still have handled in this turn of the loop."""
+        self._call_soon = call_soon
+        self._refill_armed = False
+        self._deferred: list[Callable[[], None]] = []
+
+    # -- turns: a bounded share of each loop turn per peer -------------------------------
+
+    def take_turn(self, size: int) -> bool:
+        r"""Charge ``size`` bytes of lane data to this turn; False once the turn is spent
+        (the caller keeps the data and :meth:`defer`\ s itself to the next turn).
+
+        The turn is refilled by a callback the first charge of a turn schedules, so it
+        runs after everything the loop is doing now: every other peer's datagrams of this
+        turn get their share before this peer gets more. Lane data held back is not
+        consumed, so the peer's receive window stops growing and its sending slows to
+        its share; a peer alone on the node loses only a loop turn per share.
+        """
+        left = self.turn_left
+        if left <= 0:
+            return False
+        self.turn_left = left - size
+        if not self._refill_armed and self._call_soon is not None:
+            self._refill_armed = True
+            self._call_soon(self._refill)
+        return True
+
+    def defer(self, resume: Callable[[], None]) -> None:
+        """Call ``resume`` at the next turn (once per call)."""
+        self._deferred.append(resume)
+
+    def _refill(self) -> None:
+        self._refill_armed = False
+        self.turn_left = self.turn_bytes
+        deferred, self._deferred = self._deferred, []
+        for resume in deferred:
+            resume()
+
+    @property
+    def members(self) -> int:
+        return len(self._wakers)
+
+    def join(self, wake: Callable[[], None]) -> None:
+        self._wakers.append(wake)
+
+    def leave(self, wake: Callable[[], None]) -> None:
+        self._wakers.remove(wake)
+
+    def room(self) -> int:
+        return self.peer_limit - self.unacked
+
+    def wake_others(self, caller: Callable[[], None]) -> None:
+        """Room opened on one connection: the peer's others may admit what waits on it."""
+        for wake in list(self._wakers):
+            if wake != caller:  # bound methods: equal, never identical
+                wake()
+
+
+class PeerLedger:
+    """One :class:`PeerHoldings` per peer with a live connection (entries go with the last)."""
+
+    __slots__ = ("_call_soon", "_peers", "peer_limit", "turn_bytes")
+
+    def __init__(
+        self,
+        peer_limit: int,
+        turn_bytes: int = UNBOUNDED,
+        call_soon: Callable[[Callable[[], None]], object] | None = None,
+    ) -> None:
+        self.peer_limit = peer_limit
+        self.turn_bytes = turn_bytes
+        self._call_soon = call_soon
+        self._peers: dict[object, PeerHoldings] = {}
+
+    def __len__(self) -> int:
+        return len(self._peers)
+
+    def join(self, peer: object, wake: Callable[[], None]) -> PeerHoldings:
+        holdings = self._peers.get(peer)
+        if holdings is None:
+            holdings = self._peers[peer] = PeerHoldings(
+                self.peer_limit, self.turn_bytes, self._call_soon
+            )
+        holdings.join(wake)
+        return holdings
+
+    def leave(self, peer: object, holdings: PeerHoldings, wake: Callable[[], None]) -> None:
+        holdings.leave(wake)
+        if not holdings.members and self._peers.get(peer) is holdings:
+            del self._peers[peer]
+
+
+class InflightBound:
+    """This node's own cap on what one connection's lanes hold unacknowledged.
+
+    A lane's gate otherwise admits up to the peer's window plus ``send_buffer``, and the
+    window is the peer's to choose: a member granting a gigabyte and acknowledging nothing
+    would have every frame admitted and held by the QUIC stack. The cap is ours: past
+    ``limit`` bytes admitted and not acknowledged on this connection, or past the peer's
+    limit over all of its connections (:class:`PeerHoldings`), :meth:`room` is negative and
+    the gates wait, so what waits stays in the gates, where the layer above charges and
+    bounds it.
+
+    ``unacked`` is exact after :meth:`resync` (run when datagrams arrived, which is when
+    acknowledgements do) and counts every write in between, so the check on the send
+    path costs two subtractions.
+
+    A connection that stays above half its cap is *stalled*; :meth:`stalled_for` says since
+    when, for the close of a peer that keeps a connection alive and never acknowledges.
+    """
+
+    __slots__ = ("_calm_at", "holdings", "limit", "unacked")
+
+    def __init__(self, limit: int, now: float) -> None:
+        self.limit = limit
+        self.unacked = 0
+        self.holdings: PeerHoldings | None = None
+        self._calm_at = now
+
+    def room(self) -> int:
+        """Bytes the connection's lanes may still take: negative once a cap is reached."""
+        room = self.limit - self.unacked
+        holdings = self.holdings
+        if holdings is not None:
+            peer_room = holdings.peer_limit - holdings.unacked
+            if peer_room < room:
+                return peer_room
+        return room
+
+    def written(self, size: int) -> None:
+        self.unacked += size
+        if self.holdings is not None:
+            self.holdings.unacked += size
+
+    def resync(self, unacked: int, now: float) -> bool:
+        """Take the exact count; True when it fell (room opened)."""
+        delta = unacked - self.unacked
+        self.unacked = unacked
+        if self.holdings is not None:
+            self.holdings.unacked += delta
+        if unacked * 2 <= self.limit:
+            self._calm_at = now
+        return delta < 0
+
+    def stalled_for(self, now: float) -> float:
+        """Seconds since the connection last held at most half its cap (0 while it does)."""
+        if self.unacked * 2 <= self.limit:
+            self._calm_at = now
+            return 0.0
+        return now - self._calm_at
+
+    def detach(self) -> None:
+        """The connection ended: what it held no longer counts for its peer."""
+        if self.holdings is not None:
+            self.holdings.unacked -= self.unacked
+        self.unacked = 0

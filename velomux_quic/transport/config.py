@@ -150,13 +150,39 @@ class TransportConfig:
     connections, and the connections closed belong to the same certificate, so nobody
     else loses anything."""
 
+    max_unacked_bytes: int = 4 * MiB
+    """Bytes one connection's lanes may hold admitted and not yet acknowledged by the
+    peer, whatever flow-control windows the peer grants. Past it sends wait in their
+    gates (where the messenger charges and bounds replies), so a peer that advertises
+    huge windows and acknowledges nothing cannot make the QUIC stack hold without bound.
+    A frame is still admitted alone while the connection is below the cap, so the most
+    held is this plus one ``max_message_size`` frame. It caps a lane's throughput at
+    about this much per round trip (4 MiB at 50 ms: 80 MiB/s)."""
+
+    max_unacked_bytes_per_peer: int = 8 * MiB
+    """The same, summed over every connection of one peer (it may hold
+    ``max_connections_per_peer``): what one certificate can make this node hold."""
+
+    peer_turn_bytes: int = 8 * KiB
+    """Bytes of lane data one peer's connections may have handled per turn of the event
+    loop before the rest waits for the next turn, after every other peer's share: one
+    member sending as fast as it can then takes its share of the node, not all of it.
+    What waits is not consumed, so the peer's receive window (``lane_window``) bounds it
+    and slows the peer down. Smaller is fairer and costs a lone bulk sender more turns."""
+
+    unacked_timeout: float = 30.0
+    """A connection whose unacknowledged bytes stay above half of ``max_unacked_bytes``
+    for this long is closed (``unacked_stall``): its peer keeps it alive (acknowledging a
+    datagram now and then, or never) without taking what it is sent. Checked every
+    quarter of it."""
+
     max_partial_frame_bytes: int | None = None
-    """Bytes of unfinished frames one inbound connection may hold across its lanes (a
-    frame's header arrived, not yet all of its body). Each lane holds at most one such
-    frame, of at most ``max_message_size``; a peer starting huge frames on all 16 lanes
-    at once would otherwise make one connection hold 256 MiB. Past it the connection is
-    closed (``partial_frame_bytes``). None (the default) is twice ``max_message_size``
-    (32 MiB); a value must be at least ``max_message_size``."""
+    """Bytes of unfinished frames one peer's inbound connections may hold together across
+    their lanes (a frame's header arrived, not yet all of its body). Each lane holds at
+    most one such frame, of at most ``max_message_size``; a peer starting huge frames on
+    all 16 lanes of its 4 connections would otherwise make this node hold 1 GiB. Past it
+    the connection that passed it is closed (``partial_frame_bytes``). None (the default)
+    is twice ``max_message_size`` (32 MiB); a value must be at least ``max_message_size``."""
 
     partial_frame_timeout: float = 30.0
     """A lane holding an unfinished frame on which nothing arrived for this long (checked
@@ -240,6 +266,7 @@ class TransportConfig:
             "half_open_idle_timeout",
             "stream_opening_timeout",
             "partial_frame_timeout",
+            "unacked_timeout",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigurationError(f"{name} must be positive")
@@ -247,6 +274,15 @@ class TransportConfig:
             raise ConfigurationError("keep_alive_interval must be shorter than idle_timeout")
         if self.lane_window < 4 * KiB or self.stream_window < 4 * KiB or self.send_buffer < 0:
             raise ConfigurationError("lane_window and stream_window >= 4 KiB, send_buffer >= 0")
+        if self.peer_turn_bytes < 1:
+            raise ConfigurationError(
+                f"peer_turn_bytes must be at least 1, got {self.peer_turn_bytes}"
+            )
+        if self.max_unacked_bytes < 1 or self.max_unacked_bytes_per_peer < self.max_unacked_bytes:
+            raise ConfigurationError(
+                f"max_unacked_bytes ({self.max_unacked_bytes}) must be at least 1 and at most"
+                f" max_unacked_bytes_per_peer ({self.max_unacked_bytes_per_peer})"
+            )
         if self.streams_send_buffer < 0:
             raise ConfigurationError("streams_send_buffer must be >= 0")
         if self.max_half_open_handshakes < 1 or self.max_half_open_per_source < 1:

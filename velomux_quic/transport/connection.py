@@ -39,7 +39,7 @@ from typing import Protocol
 from ..errors import ChannelClosed, ConnectionReplaced, DialError
 from ..ids import InstanceId
 from ..security.alerts import parse_refusal_reason
-from .admission import SendOutcome, SharedRoom
+from .admission import InflightBound, PeerHoldings, PeerLedger, SendOutcome, SharedRoom
 from .config import MAX_LANES, TransportConfig
 from .datagram_size import DatagramSize
 from .deadlines import Cancellable, ConnectionClock, Deadline, Deadlines, LoopTimer
@@ -100,6 +100,9 @@ class ConnectionOwner(Protocol):
 
     @property
     def stats(self) -> TransportStats: ...
+
+    @property
+    def peer_ledger(self) -> PeerLedger: ...
 
     @property
     def address(self) -> tuple[str, int]: ...
@@ -167,6 +170,12 @@ class PeerConnection:
         self._partial_bytes = 0
         """Bytes of unfinished frames across the inbound lanes (``max_partial_frame_bytes``)."""
         self._partial_limit = config.partial_frame_limit
+        self.inflight = InflightBound(config.max_unacked_bytes, self._clock.time())
+        """This node's cap on what the lanes hold unacknowledged (see InflightBound)."""
+        self._holdings: PeerHoldings | None = None
+        """What the peer's connections hold together, from establishment to the end."""
+        self._cap_counted = False
+        self._turn_waiting = False
         self._openings = StreamOpenings(
             config.max_stream_openings,
             config.max_stream_opening_size,
@@ -399,7 +408,11 @@ class PeerConnection:
 
     def stream_blocked(self, stream: OutboundStream) -> None:
         self._blocked.add(stream)
-        self.endpoint.stats.send_backpressure += 1
+        stats = self.endpoint.stats
+        stats.send_backpressure += 1
+        if not self._cap_counted and stream.lane >= 0 and self.inflight.room() <= 0:
+            self._cap_counted = True  # once per time the cap is reached
+            stats.unacked_cap_reached += 1
 
     def stream_done(self, stream: OutboundStream) -> None:
         self._blocked.discard(stream)
@@ -441,6 +454,7 @@ class PeerConnection:
             partial_frame_bytes=self._partial_bytes,
             stream_openings=self._openings.pending,
             datagram_size=self.quic.datagram_size,
+            unacked_bytes=self.inflight.unacked,
             datagram_mode=self._size.mode.value,
         )
 
@@ -532,7 +546,36 @@ class PeerConnection:
         if state.paused or state.held or state.backlog:
             state.backlog.append(data)
             return
+        holdings = self._holdings
+        if holdings is not None and not holdings.take_turn(len(data)):
+            state.backlog.append(data)  # the peer's share of this turn is spent
+            self._wait_turn(holdings)
+            return
         self._feed(state, data)
+
+    def _wait_turn(self, holdings: PeerHoldings) -> None:
+        if not self._turn_waiting:
+            self._turn_waiting = True
+            self.endpoint.stats.turns_waited += 1
+            holdings.defer(self._next_turn)
+
+    def _next_turn(self) -> None:
+        """The peer's next share: feed what waited, lane by lane, while the share lasts."""
+        self._turn_waiting = False
+        holdings = self._holdings
+        if holdings is None or not self.established:
+            return
+        for state in list(self._inbound.values()):
+            backlog = state.backlog
+            while backlog and not state.paused and not state.held:
+                if not holdings.take_turn(len(backlog[0])):
+                    self._wait_turn(holdings)
+                    self.transmit_soon()
+                    return
+                self._feed(state, backlog.popleft())
+                if self.state is not ConnectionState.ESTABLISHED:  # its data closed it
+                    return
+        self.transmit_soon()  # what was consumed opens the peer's window
 
     def _feed(self, state: InboundLane, data: bytes) -> None:
         state.consumed += len(data)
@@ -550,9 +593,15 @@ class PeerConnection:
             return
         partial = decoder.buffered_bytes
         if partial != state.partial:
-            self._partial_bytes += partial - state.partial
+            grown = partial - state.partial
+            self._partial_bytes += grown
             state.partial = partial
-            if self._partial_bytes > self._partial_limit:
+            holdings = self._holdings
+            held = self._partial_bytes
+            if holdings is not None:
+                holdings.partial_bytes += grown
+                held = holdings.partial_bytes
+            if held > self._partial_limit:
                 self._too_much_partial(bodies, state)
                 return
         if not bodies:
@@ -563,19 +612,22 @@ class PeerConnection:
         self._deliver(state, bodies)
 
     def _too_much_partial(self, bodies: list[bytes], state: InboundLane) -> None:
-        """The lanes hold more unfinished frames than ``max_partial_frame_bytes``: close.
+        """The peer's lanes hold more unfinished frames than ``max_partial_frame_bytes``
+        (over all of its connections): close this one, the one that passed it.
 
         Each lane's frame is within ``max_message_size``, but a peer starting one on every
-        lane at once and finishing none is spending this node's memory, not sending.
+        lane of every connection at once and finishing none is spending this node's
+        memory, not sending.
         """
         if bodies:
             self._deliver(state, bodies)
         self.endpoint.stats.rejections["partial_frame_bytes"] += 1
         logger.warning(
-            "closing connection from %s: its lanes hold %d bytes of unfinished frames"
-            " (max_partial_frame_bytes %d)",
+            "closing connection from %s: its lanes hold %d bytes of unfinished frames, its"
+            " connections %d together (max_partial_frame_bytes %d)",
             self._peer_name(),
             self._partial_bytes,
+            self._partial_bytes if self._holdings is None else self._holdings.partial_bytes,
             self._partial_limit,
         )
         self.close(CloseCode.FRAME_TOO_LARGE, "too many bytes of unfinished frames")
@@ -752,6 +804,8 @@ class PeerConnection:
 
     def _forget_inbound(self, state: InboundLane) -> None:
         self._partial_bytes -= state.partial
+        if self._holdings is not None:
+            self._holdings.partial_bytes -= state.partial
         state.partial = 0
         self._inbound.pop(state.stream_id, None)
         self.quic.forget_stream(state.stream_id)
@@ -774,6 +828,8 @@ class PeerConnection:
             self._confirm_if_ready()
         if self._cid_switch_pending and self.state is ConnectionState.ESTABLISHED:
             self._cid_switch_pending = not self.quic.adopt_resettable_peer_cid()
+        if self._holdings is not None:
+            self._resync_inflight(now)
         self._poll_gates()
         if self._deliveries.waiting:
             self._deliveries.check(self._acknowledged)
@@ -875,6 +931,9 @@ class PeerConnection:
         if not self.is_client:
             self._schedule_partial_sweep(now)
         self._start_datagram_plan(now)
+        self._holdings = self.endpoint.peer_ledger.join(self.peer, self._poll_gates)
+        self.inflight.holdings = self._holdings
+        self._schedule_stall_check(now)
         self._rearm()
         self.endpoint.connection_established(self)
         self._poll_gates()
@@ -890,6 +949,7 @@ class PeerConnection:
             self._transmit_handle.cancel()
             self._transmit_handle = None
         self._clock.wake_at(None)
+        self._leave_ledger()
         self._size.forget()
         self._openings.clear()
         reason = event.reason_phrase or f"error {event.error_code:#x}"
@@ -911,6 +971,66 @@ class PeerConnection:
         self._drained.set()
         self.endpoint.connection_closed(self)
         self.closed.set()
+
+    # -- this node's cap on unacknowledged bytes (InflightBound, PeerHoldings) --------------
+
+    def _lanes_unacked(self) -> int:
+        return sum(
+            self.quic.stream_unacked(lane.stream_id) for lane in self._outbound if lane is not None
+        )
+
+    def _resync_inflight(self, now: float) -> None:
+        """Acknowledgements came in: recount; room opened here may admit another
+        connection's waiting sends to the same peer (its cap is per peer too)."""
+        inflight = self.inflight
+        if not inflight.unacked:
+            return
+        holdings = self._holdings
+        was_full = holdings is not None and holdings.room() <= 0
+        if inflight.resync(self._lanes_unacked(), now):
+            if was_full and holdings is not None:
+                holdings.wake_others(self._poll_gates)
+            if self._cap_counted and inflight.room() > 0:
+                self._cap_counted = False
+
+    def _schedule_stall_check(self, now: float) -> None:
+        period = self.endpoint.config.unacked_timeout / 4
+        self._deadlines.set(Deadline.UNACKED_STALL, now + period)
+
+    def _check_stall(self, now: float) -> None:
+        """Close a connection whose peer has held it above half the cap too long."""
+        if self.state is not ConnectionState.ESTABLISHED:
+            return
+        self.inflight.resync(self._lanes_unacked(), now)
+        stalled = self.inflight.stalled_for(now)
+        timeout = self.endpoint.config.unacked_timeout
+        if stalled >= timeout:
+            self.endpoint.stats.rejections["unacked_stall"] += 1
+            logger.warning(
+                "closing connection to %s: it held %d unacknowledged bytes (more than half of"
+                " max_unacked_bytes %d) for %.0f s (unacked_timeout %g s)",
+                self._peer_name(),
+                self.inflight.unacked,
+                self.inflight.limit,
+                stalled,
+                timeout,
+            )
+            self.close(CloseCode.UNACKNOWLEDGED, "nothing acknowledged for too long")
+            return
+        self._schedule_stall_check(now)
+
+    def _leave_ledger(self) -> None:
+        holdings = self._holdings
+        if holdings is None:
+            return
+        self._holdings = None
+        self.inflight.detach()
+        self.inflight.holdings = None
+        holdings.partial_bytes -= self._partial_bytes
+        assert self.peer is not None
+        self.endpoint.peer_ledger.leave(self.peer, holdings, self._poll_gates)
+        if holdings.room() > 0:
+            holdings.wake_others(self._poll_gates)
 
     def _report_unacked(self, error: ChannelClosed | ConnectionReplaced) -> None:
         """Admitted data the peer never acknowledged: report it to the node's error handler."""
@@ -1027,6 +1147,8 @@ class PeerConnection:
                     self._sweep_partial_frames(now)
                 case Deadline.PMTU:
                     self._pmtu_step(now)
+                case Deadline.UNACKED_STALL:
+                    self._check_stall(now)
         if not self.closed.is_set():
             self._rearm()
 

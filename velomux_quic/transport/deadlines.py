@@ -37,6 +37,9 @@ class Deadline(enum.Enum):
     """The next look for a lane's unfinished frame on which nothing arrived."""
     PMTU = "pmtu"
     """The path MTU search's next step: a probe due, or one overdue."""
+    UNACKED_STALL = "unacked_stall"
+    """The next look at whether the peer has held the connection above half its
+    unacknowledged-bytes cap for ``unacked_timeout``."""
 
 
 class Deadlines:

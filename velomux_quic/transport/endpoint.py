@@ -43,7 +43,7 @@ from ..security.rotation import (
     summarize_certificate,
 )
 from ..security.verify import PeerVerifier
-from .admission import SendOutcome
+from .admission import PeerLedger, SendOutcome
 from .config import MAX_LANES, TransportConfig
 from .connection import PeerConnection
 from .engine_choice import EngineFactory, make_engine_factory
@@ -138,6 +138,10 @@ class QuicTransport(asyncio.DatagramProtocol):
         self.registry = registry
         self.loop = asyncio.get_running_loop()
         self.stats = TransportStats()
+        self.peer_ledger = PeerLedger(
+            self.config.max_unacked_bytes_per_peer, self.config.peer_turn_bytes, self.loop.call_soon
+        )
+        """What each peer's connections hold together (unacknowledged, unfinished frames)."""
         self.buffer_sizes = BufferSizes((0, 0))
         self._verifier = PeerVerifier(credentials.trust_roots, credentials.trust_domain)
         self._resets = StatelessResets(

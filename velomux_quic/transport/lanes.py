@@ -12,7 +12,7 @@ from collections import deque
 from typing import Protocol
 
 from ..errors import ChannelClosed
-from .admission import ADMITTED, LaneGate, SendOutcome
+from .admission import ADMITTED, InflightBound, LaneGate, SendOutcome
 from .config import MAX_LANES
 from .framing import FRAME_HEADER_SIZE, FrameDecoder, frame_header
 from .metrics import TransportStats
@@ -40,6 +40,10 @@ class StreamHost(Protocol):
 
     @property
     def stats(self) -> TransportStats: ...
+
+    @property
+    def inflight(self) -> InflightBound:
+        """This node's cap on what the connection's lanes hold unacknowledged."""
 
     def stream_blocked(self, stream: OutboundStream) -> None:
         """A send of ``stream`` waits: poll its gate when room may have opened."""
@@ -172,11 +176,18 @@ class OutboundStream:
     def room(self) -> int:
         if not self._conn.established:
             return -1
-        return self._quic.stream_room(self.stream_id, self.send_buffer)
+        room = self._quic.stream_room(self.stream_id, self.send_buffer)
+        if self.lane >= 0:  # a lane: also this node's own cap on unacknowledged bytes
+            cap = self._conn.inflight.room()
+            if cap < room:
+                return cap
+        return room
 
     def idle(self) -> bool:
         if not self._conn.established:
             return False
+        if self.lane >= 0 and self._conn.inflight.room() <= 0:
+            return False  # the cap is reached: even a frame larger than any room waits
         return self._quic.stream_idle(self.stream_id)
 
     def _ensure_open(self) -> None:
@@ -196,6 +207,8 @@ class OutboundStream:
             quic.send_stream_data(self.stream_id, body)
         self.written += size + FRAME_HEADER_SIZE
         conn = self._conn
+        if self.lane >= 0:
+            conn.inflight.written(size + FRAME_HEADER_SIZE)
         stats = conn.stats
         stats.frames_out += 1
         stats.bytes_out += size + FRAME_HEADER_SIZE

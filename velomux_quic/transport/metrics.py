@@ -55,6 +55,8 @@ class TransportStats:
         "stateless_resets_received",
         "stateless_resets_sent",
         "stateless_resets_suppressed",
+        "turns_waited",
+        "unacked_cap_reached",
     )
 
     def __init__(self) -> None:
@@ -66,6 +68,12 @@ class TransportStats:
         self.datagrams_out = 0
         self.send_backpressure = 0
         self.send_failures_after_admission = 0
+        self.unacked_cap_reached = 0
+        self.turns_waited = 0
+        """Times a connection's lane data waited for its peer's next turn of the loop
+        (``peer_turn_bytes`` spent)."""
+        """Times a connection's lanes (or its peer's) reached this node's cap on bytes
+        admitted and not acknowledged, so that sends waited (``max_unacked_bytes``)."""
         self.dials = 0
         self.active_connections = 0
         self.registered_peers = 0
@@ -135,6 +143,22 @@ class TransportCollector(Collector):
         )
         backpressure.add_metric([TRANSPORT_KEY], s.send_backpressure)
         yield backpressure
+        capped = CounterMetricFamily(
+            "velo_transport_unacked_cap_reached",
+            "Times a connection's (or its peer's) unacknowledged bytes reached this node's"
+            " cap (max_unacked_bytes, max_unacked_bytes_per_peer) and its sends waited",
+            labels=["transport"],
+        )
+        capped.add_metric([TRANSPORT_KEY], s.unacked_cap_reached)
+        yield capped
+        turns = CounterMetricFamily(
+            "velo_transport_peer_turns_waited",
+            "Times a connection's lane data waited for its peer's next turn of the event loop"
+            " (peer_turn_bytes spent: other peers are served first)",
+            labels=["transport"],
+        )
+        turns.add_metric([TRANSPORT_KEY], s.turns_waited)
+        yield turns
         rejections = CounterMetricFamily(
             "velo_transport_rejections",
             "Inbound input dropped or refused, by reason",

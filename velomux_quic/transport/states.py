@@ -25,6 +25,8 @@ class CloseCode(enum.IntEnum):
     HANDSHAKE_TIMEOUT = 0x105
     KILLED = 0x106
     """Closed abruptly on request (tests and operators cutting a connection)."""
+    UNACKNOWLEDGED = 0x107
+    """The peer kept the connection alive without acknowledging what it was sent."""
 
 
 class ConnectionState(enum.Enum):

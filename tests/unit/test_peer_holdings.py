@@ -1,0 +1,92 @@
+"""This node's own bounds per connection and per peer, sans IO: the unacknowledged-bytes
+cap (InflightBound, PeerHoldings), the peer's turns of the loop, and their configuration."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from velomux_quic.errors import ConfigurationError
+from velomux_quic.transport import TransportConfig
+from velomux_quic.transport.admission import InflightBound, PeerHoldings, PeerLedger
+
+pytestmark = pytest.mark.timeout(10)
+
+
+def test_the_room_is_the_smaller_of_the_connections_cap_and_its_peers() -> None:
+    ledger = PeerLedger(peer_limit=150)
+    first, second = InflightBound(100, now=0.0), InflightBound(100, now=0.0)
+    first.holdings = ledger.join("peer", lambda: None)
+    second.holdings = ledger.join("peer", lambda: None)
+    first.written(60)
+    assert first.room() == 40
+    second.written(80)
+    assert second.room() == 10  # the peer's 150, less 60 + 80
+    assert first.room() == 10
+    first.resync(0, now=1.0)  # acknowledged
+    assert second.room() == 20 and first.room() == 70
+    second.detach()
+    assert first.room() == 100
+
+
+def test_a_connection_is_stalled_from_when_it_last_held_at_most_half_its_cap() -> None:
+    bound = InflightBound(100, now=0.0)
+    bound.written(40)
+    assert bound.stalled_for(5.0) == 0.0
+    bound.written(30)
+    assert bound.stalled_for(12.0) == 7.0  # calm last seen at 5.0
+    bound.resync(70, now=20.0)  # nothing acknowledged
+    assert bound.stalled_for(20.0) == 15.0
+    bound.resync(50, now=21.0)  # back to half: calm again
+    assert bound.stalled_for(21.0) == 0.0
+
+
+def test_a_ledger_forgets_a_peer_with_its_last_connection() -> None:
+    ledger = PeerLedger(peer_limit=10)
+    wake_a: Callable[[], None] = lambda: None  # noqa: E731
+    wake_b: Callable[[], None] = lambda: None  # noqa: E731
+    holdings = ledger.join("peer", wake_a)
+    assert ledger.join("peer", wake_b) is holdings
+    ledger.leave("peer", holdings, wake_a)
+    assert len(ledger) == 1
+    ledger.leave("peer", holdings, wake_b)
+    assert len(ledger) == 0
+
+
+def test_room_opened_on_one_connection_wakes_the_peers_others() -> None:
+    woken: list[str] = []
+    holdings = PeerHoldings(peer_limit=10)
+    first: Callable[[], None] = lambda: woken.append("first")  # noqa: E731
+    holdings.join(first)
+    holdings.join(lambda: woken.append("second"))
+    holdings.wake_others(first)
+    assert woken == ["second"]
+
+
+def test_a_peers_turn_is_spent_then_refilled_after_what_the_loop_runs_now() -> None:
+    scheduled: list[Callable[[], None]] = []
+    holdings = PeerHoldings(peer_limit=10, turn_bytes=100, call_soon=scheduled.append)
+    assert holdings.take_turn(60)
+    assert holdings.take_turn(60)  # the last one may pass the share by its own size
+    assert not holdings.take_turn(1)
+    resumed: list[int] = []
+    holdings.defer(lambda: resumed.append(holdings.turn_left))
+    assert len(scheduled) == 1  # one refill per turn
+    scheduled.pop()()
+    assert resumed == [100]
+    assert holdings.take_turn(100)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"peer_turn_bytes": 0},
+        {"max_unacked_bytes": 0},
+        {"max_unacked_bytes": 16 << 20, "max_unacked_bytes_per_peer": 8 << 20},
+        {"unacked_timeout": 0.0},
+    ],
+)
+def test_the_new_bounds_refuse_values_that_bound_nothing(options: dict[str, float]) -> None:
+    with pytest.raises(ConfigurationError):
+        TransportConfig(**options)  # type: ignore[arg-type]
