@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from velomux_quic.ids import InstanceId
 from velomux_quic.security.certs import NodeCredentials
 from velomux_quic.security.verify import PeerVerifier
+from velomux_quic.transport.admission import PeerLedger
 from velomux_quic.transport.config import TransportConfig
 from velomux_quic.transport.connection import PeerConnection
 from velomux_quic.transport.engine_choice import make_engine_factory
@@ -135,10 +136,14 @@ class Endpoint:
     established: int = 0
     closed: int = 0
     clock: FakeClock = field(init=False)
+    peer_ledger: PeerLedger = field(init=False)
     other: Endpoint | None = None
 
     def __post_init__(self) -> None:
         self.clock = FakeClock(self.wire)
+        self.peer_ledger = PeerLedger(
+            self.config.max_unacked_bytes_per_peer, self.config.peer_turn_bytes, self.clock.soon
+        )
         self.wire.endpoints.append(self)
 
     @property

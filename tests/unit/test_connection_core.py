@@ -4,7 +4,8 @@ Each test runs two :class:`PeerConnection`s on real engines (both engines when q
 installed) over an in-memory path (``connection_pair.py``) and moves time from deadline
 to deadline, so every timer the connection keeps is seen to fire at its deadline: the
 engine's, the handshake deadline, the half-open reap, the keep-alive, the openings of the
-peer's streams, the sweep for stalled frames and the path MTU search.
+peer's streams, the sweep for stalled frames, the path MTU search and the check for a
+peer that holds the connection unacknowledged.
 """
 
 from __future__ import annotations
@@ -174,3 +175,23 @@ def test_the_path_mtu_search_probes_up_on_its_own_timer(
     assert stats.pmtu_probes["acked"] > 0
     assert snapshot.datagram_size == 4096  # the largest step the path carries
     assert snapshot.datagram_mode == "complete"
+
+
+def test_a_peer_that_acknowledges_nothing_is_closed_at_the_stall_check(
+    make_credentials: MakeCredentials, engine: str
+) -> None:
+    pair = established(
+        make_credentials,
+        engine,
+        idle_timeout=60.0,
+        max_unacked_bytes=64 * 1024,
+        unacked_timeout=2.0,
+    )
+    pair.wire.up = False  # from here on the dialer hears no acknowledgement
+    assert pair.dialer.send(0, b"x" * 48 * 1024) is ADMITTED
+    pair.wire.settle(1.0)
+    assert pair.dialer.established
+    assert pair.dialer.snapshot().unacked_bytes > 32 * 1024
+    pair.wire.settle(3.0)  # past unacked_timeout above half the cap
+    assert not pair.dialer.established
+    assert pair.client.stats.rejections["unacked_stall"] == 1
