@@ -104,6 +104,8 @@ class ConnectionOwner(Protocol):
 
     def sendto(self, data: bytes, addr: tuple[str, int]) -> None: ...
 
+    def send_datagrams(self, datagrams: list[tuple[bytes, tuple[str, int]]]) -> None: ...
+
     def register_cid(self, cid: bytes, connection: PeerConnection) -> None: ...
 
     def unregister_cid(self, cid: bytes) -> None: ...
@@ -1095,12 +1097,10 @@ class PeerConnection:
             self._process_events()
             if self.closed.is_set():
                 return
-        sendto = self.transport.sendto
-        sent = 0
-        for data, addr in self.quic.datagrams_to_send(now=self._loop.time()):
-            sendto(data, addr)
-            sent += 1
-        self.transport.stats.datagrams_out += sent
+        datagrams = self.quic.datagrams_to_send(now=self._loop.time())
+        if datagrams:
+            self.transport.send_datagrams(datagrams)
+            self.transport.stats.datagrams_out += len(datagrams)
         if self._stream_room.waiting_count:
             # What was just transmitted is room for the per-stream sends waiting on it;
             # what they write now leaves in the next transmit (transmit_soon).
