@@ -6,9 +6,10 @@ datagrams to one peer in one ``sendmsg`` (``UDP_SEGMENT``: it cuts the buffer in
 segments of one size, the last may be shorter) and hands a receiver many datagrams of one
 flow in one buffer (``UDP_GRO``: a control message gives the segment size). The
 transport owns its non-blocking socket for this (``sendmsg``/``recvmsg`` with control
-messages are not in asyncio's datagram transports, and uvloop's do not expose the
-socket): it reads with ``loop.add_reader`` until the socket is empty, and writes at once,
-queueing behind ``loop.add_writer`` only when the kernel's buffer is full.
+messages are not in asyncio's datagram transports, which read the socket themselves, and
+uvloop's hands out a stand-in socket whose ``sendmsg`` refuses): it reads with
+``loop.add_reader`` until the socket is empty, and writes at once, queueing behind
+``loop.add_writer`` only when the kernel's buffer is full.
 
 The planning is sans-IO (:func:`plan_trains`, :func:`split_segments`), tested alone;
 :class:`BatchedUdpTransport` does the system calls. Where the kernel or a path refuses
