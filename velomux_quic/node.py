@@ -90,6 +90,9 @@ class RuntimeInfo:
     turned off (``VELOMUX_UDP_GSO=0``); a node's own ``[transport] gso`` may differ."""
     udp_gro: bool = False
     """The kernel here coalesces received datagrams (UDP GRO), and it is not turned off."""
+    udp_batching_off: bool = False
+    """``VELOMUX_UDP_GSO=0`` turns both off for nodes whose configuration leaves ``gso``
+    unset (then neither is probed)."""
 
     def describe(self) -> str:
         """A few lines for a person: what ``velomux --version`` prints."""
@@ -104,7 +107,9 @@ class RuntimeInfo:
                 f"record path: {self.record_path}",
                 f"QUIC engine: {engine}",
                 f"engines installed: {installed or 'none'}",
-                f"UDP GSO: {'yes' if self.udp_gso else 'no'}, "
+                "UDP GSO/GRO: off (VELOMUX_UDP_GSO=0)"
+                if self.udp_batching_off
+                else f"UDP GSO: {'yes' if self.udp_gso else 'no'}, "
                 f"GRO: {'yes' if self.udp_gro else 'no'}",
             )
         )
@@ -133,7 +138,8 @@ def runtime_info() -> RuntimeInfo:
         for name in ("aioquic", "qh3")
         if (version := _distribution_version(name)) is not None
     )
-    gso, gro = batching_available() if gso_wanted(None) else (False, False)
+    batching_off = not gso_wanted(None)
+    gso, gro = (False, False) if batching_off else batching_available()
     return RuntimeInfo(
         version=_distribution_version("velomux_quic") or "unknown",
         record_path=RECORD_PATH,
@@ -143,6 +149,7 @@ def runtime_info() -> RuntimeInfo:
         engines_installed=installed,
         udp_gso=gso,
         udp_gro=gro,
+        udp_batching_off=batching_off,
     )
 
 

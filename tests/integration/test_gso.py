@@ -86,13 +86,14 @@ async def test_the_environment_turns_batching_off(
         assert udp is not None and (udp.gso, udp.gro) == (False, False)
     assert counter(a, "gso_trains") == 0
     info = runtime_info()
-    assert (info.udp_gso, info.udp_gro) == (False, False)
-    assert "UDP GSO: no, GRO: no" in info.describe()
+    assert (info.udp_gso, info.udp_gro, info.udp_batching_off) == (False, False, True)
+    assert "UDP GSO/GRO: off (VELOMUX_UDP_GSO=0)" in info.describe()
 
 
 def test_the_runtime_info_says_what_the_kernel_offers(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("VELOMUX_UDP_GSO", raising=False)
     info = runtime_info()
     assert (info.udp_gso, info.udp_gro) == batching_available()
+    assert info.udp_batching_off is False
     yes_no = ("yes" if info.udp_gso else "no", "yes" if info.udp_gro else "no")
     assert f"UDP GSO: {yes_no[0]}, GRO: {yes_no[1]}" in info.describe()
