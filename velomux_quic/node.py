@@ -49,6 +49,7 @@ from .streaming.manager import AnchorManager, StreamingConfig
 from .streaming.sender import PassOutcome, StreamSender, send_pass
 from .tracing import node_tracing
 from .transport import TransportConfig
+from .transport.batched_udp import batching_available, gso_wanted
 from .transport.engine_choice import engine_features, resolve_engine
 from .transport.liveness import StaticPeerLiveness
 
@@ -85,6 +86,14 @@ class RuntimeInfo:
     """Why the default engine cannot be used (an unknown name, qh3 not installed)."""
     engines_installed: tuple[tuple[str, str], ...]
     """Each QUIC engine package installed, with its version."""
+    udp_gso: bool = False
+    """The kernel here sends a train of datagrams in one call (UDP GSO), and it is not
+    turned off (``VELOMUX_UDP_GSO=0``); a node's own ``[transport] gso`` may differ."""
+    udp_gro: bool = False
+    """The kernel here coalesces received datagrams (UDP GRO), and it is not turned off."""
+    udp_batching_off: bool = False
+    """``VELOMUX_UDP_GSO=0`` turns both off for nodes whose configuration leaves ``gso``
+    unset (then neither is probed)."""
 
     def describe(self) -> str:
         """A few lines for a person: what ``velomux --version`` prints."""
@@ -99,6 +108,10 @@ class RuntimeInfo:
                 f"record path: {self.record_path}",
                 f"QUIC engine: {engine}",
                 f"engines installed: {installed or 'none'}",
+                "UDP GSO/GRO: off (VELOMUX_UDP_GSO=0)"
+                if self.udp_batching_off
+                else f"UDP GSO: {'yes' if self.udp_gso else 'no'}, "
+                f"GRO: {'yes' if self.udp_gro else 'no'}",
             )
         )
 
@@ -126,6 +139,8 @@ def runtime_info() -> RuntimeInfo:
         for name in ("aioquic", "qh3")
         if (version := _distribution_version(name)) is not None
     )
+    batching_off = not gso_wanted(None)
+    gso, gro = (False, False) if batching_off else batching_available()
     return RuntimeInfo(
         version=_distribution_version("velomux_quic") or "unknown",
         record_path=RECORD_PATH,
@@ -133,6 +148,9 @@ def runtime_info() -> RuntimeInfo:
         quic_engine_version=engine_version,
         quic_engine_problem=problem,
         engines_installed=installed,
+        udp_gso=gso,
+        udp_gro=gro,
+        udp_batching_off=batching_off,
     )
 
 

@@ -155,6 +155,10 @@ class Endpoint:
         if self.wire.up and len(data) <= self.wire.max_size:
             self.wire.in_flight.append((self.other, data, self.address))
 
+    def send_datagrams(self, datagrams: list[tuple[bytes, tuple[str, int]]]) -> None:
+        for data, addr in datagrams:
+            self.sendto(data, addr)
+
     def receive(self, data: bytes, source: tuple[str, int]) -> None:
         if self.connection is None:
             assert self.make is not None

@@ -208,6 +208,12 @@ class TransportConfig:
     udp_receive_buffer: int = 8 * MiB
     udp_send_buffer: int = 4 * MiB
 
+    gso: bool | None = None
+    """Batch datagrams in the kernel on Linux: each transmit's datagrams to one peer leave
+    in one ``sendmsg`` (UDP GSO) and the kernel coalesces received ones (UDP GRO). Where
+    the kernel or a path refuses, datagrams go one by one (counted). None takes
+    ``VELOMUX_UDP_GSO`` from the environment (``0`` turns it off), else on."""
+
     close_timeout: float = 1.0
     """On close, how long to wait for admitted data to be acknowledged before closing."""
 

@@ -109,6 +109,8 @@ class ConnectionOwner(Protocol):
 
     def sendto(self, data: bytes, addr: tuple[str, int]) -> None: ...
 
+    def send_datagrams(self, datagrams: list[tuple[bytes, tuple[str, int]]]) -> None: ...
+
     def register_cid(self, cid: bytes, connection: PeerConnection) -> None: ...
 
     def unregister_cid(self, cid: bytes) -> None: ...
@@ -1090,12 +1092,10 @@ class PeerConnection:
             self._process_events()
             if self.closed.is_set():
                 return
-        sendto = self.endpoint.sendto
-        sent = 0
-        for data, addr in self.quic.datagrams_to_send(now=self._clock.time()):
-            sendto(data, addr)
-            sent += 1
-        self.endpoint.stats.datagrams_out += sent
+        datagrams = self.quic.datagrams_to_send(now=self._clock.time())
+        if datagrams:
+            self.endpoint.send_datagrams(datagrams)
+            self.endpoint.stats.datagrams_out += len(datagrams)
         if self._stream_room.waiting_count:
             # What was just transmitted is room for the per-stream sends waiting on it;
             # what they write now leaves in the next transmit (transmit_soon).

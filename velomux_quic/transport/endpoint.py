@@ -44,6 +44,7 @@ from ..security.rotation import (
 )
 from ..security.verify import PeerVerifier
 from .admission import PeerLedger, SendOutcome
+from .batched_udp import BatchedUdpTransport, gso_wanted
 from .config import MAX_LANES, TransportConfig
 from .connection import PeerConnection
 from .engine_choice import EngineFactory, make_engine_factory
@@ -158,7 +159,7 @@ class QuicTransport(asyncio.DatagramProtocol):
             credentials, config, self._verifier, self._resets
         )
         self.stats.certificate_not_after = credentials.certificate.not_valid_after_utc.timestamp()
-        self._udp: asyncio.DatagramTransport | None = None
+        self._udp: BatchedUdpTransport | None = None
         self._udp_closed: asyncio.Future[None] = self.loop.create_future()
         self._address: Address = ("", 0)
         self._addresses: dict[InstanceId, Address] = {}
@@ -213,7 +214,9 @@ class QuicTransport(asyncio.DatagramProtocol):
             raise ConfigurationError(_bind_failure(host, port, exc)) from exc
         transport.buffer_sizes = sizes
         try:
-            await transport.loop.create_datagram_endpoint(lambda: transport, sock=sock)
+            BatchedUdpTransport.open(
+                sock, transport.loop, transport, transport.stats, gso=gso_wanted(config.gso)
+            )
         except BaseException:
             sock.close()
             transport.registry.unregister(transport._collector)
@@ -308,6 +311,7 @@ class QuicTransport(asyncio.DatagramProtocol):
             certificate=summarize_certificate(self.credentials.certificate),
             trust_roots=tuple(summarize_certificate(r) for r in self.credentials.trust_roots),
             engine=self._engines.features,
+            udp=self._udp.batching if self._udp is not None else None,
         )
 
     # -- peers ---------------------------------------------------------------------------
@@ -517,7 +521,7 @@ class QuicTransport(asyncio.DatagramProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """asyncio: the socket is bound; learn the address peers dial."""
-        self._udp = cast(asyncio.DatagramTransport, transport)
+        self._udp = cast(BatchedUdpTransport, transport)
         sockname = self._udp.get_extra_info("sockname")
         self._address = (sockname[0], sockname[1])
 
@@ -677,6 +681,11 @@ class QuicTransport(asyncio.DatagramProtocol):
         """Put one datagram on the shared socket (connections transmit through here)."""
         if self._udp is not None:
             self._udp.sendto(data, addr)
+
+    def send_datagrams(self, datagrams: list[tuple[bytes, Address]]) -> None:
+        """Put one transmit's datagrams on the socket, in trains where the kernel allows."""
+        if self._udp is not None:
+            self._udp.send_datagrams(datagrams)
 
     def register_cid(self, cid: bytes, connection: PeerConnection) -> None:
         """Route datagrams addressed to ``cid`` to ``connection`` (one socket, many connections)."""

@@ -44,6 +44,9 @@ class TransportStats:
         "dials",
         "frames_in",
         "frames_out",
+        "gro_buffers",
+        "gso_fallbacks",
+        "gso_trains",
         "peer_refusals",
         "pmtu_black_holes",
         "pmtu_probes",
@@ -56,6 +59,7 @@ class TransportStats:
         "stateless_resets_sent",
         "stateless_resets_suppressed",
         "turns_waited",
+        "udp_send_drops",
         "unacked_cap_reached",
     )
 
@@ -100,6 +104,14 @@ class TransportStats:
         self.pmtu_black_holes = 0
         self.datagrams_too_big = 0
         """Sends the kernel refused as larger than the device's MTU (EMSGSIZE)."""
+        self.gso_trains = 0
+        """``sendmsg`` calls that carried several datagrams (UDP GSO)."""
+        self.gso_fallbacks = 0
+        """Destinations for which the kernel refused GSO (EIO, EINVAL): sent singly since."""
+        self.gro_buffers = 0
+        """Received buffers that held several datagrams (UDP GRO)."""
+        self.udp_send_drops = 0
+        """Datagrams dropped because the send queue behind a full kernel buffer was full."""
 
 
 class TransportCollector(Collector):
@@ -260,6 +272,36 @@ class TransportCollector(Collector):
         )
         too_big.add_metric([TRANSPORT_KEY], s.datagrams_too_big)
         yield too_big
+        trains = CounterMetricFamily(
+            "velo_transport_gso_trains",
+            "sendmsg calls that carried several datagrams to one peer (UDP GSO)",
+            labels=["transport"],
+        )
+        trains.add_metric([TRANSPORT_KEY], s.gso_trains)
+        yield trains
+        fallbacks = CounterMetricFamily(
+            "velo_transport_gso_fallbacks",
+            "Destinations for which the kernel refused UDP GSO; they are sent one datagram "
+            "per call since",
+            labels=["transport"],
+        )
+        fallbacks.add_metric([TRANSPORT_KEY], s.gso_fallbacks)
+        yield fallbacks
+        gro = CounterMetricFamily(
+            "velo_transport_gro_buffers",
+            "Received buffers in which the kernel coalesced several datagrams (UDP GRO)",
+            labels=["transport"],
+        )
+        gro.add_metric([TRANSPORT_KEY], s.gro_buffers)
+        yield gro
+        drops = CounterMetricFamily(
+            "velo_transport_udp_send_drops",
+            "Datagrams dropped because the queue behind a full socket send buffer was full "
+            "(QUIC's loss recovery resends them)",
+            labels=["transport"],
+        )
+        drops.add_metric([TRANSPORT_KEY], s.udp_send_drops)
+        yield drops
 
     @classmethod
     def register(

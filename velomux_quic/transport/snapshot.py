@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from ..ids import InstanceId
 from ..security.rotation import CertificateSummary
+from .batched_udp import UdpBatching
 from .seam import EngineFeatures
 
 __all__ = ["ConnectionSnapshot", "TransportSnapshot"]
@@ -75,6 +76,9 @@ class TransportSnapshot:
     engine: EngineFeatures | None = None
     """The QUIC engine every connection runs (``aioquic`` or ``qh3``), its version, and
     what it does where the two differ (see docs/transport.md)."""
+    udp: UdpBatching | None = None
+    """Whether the node's socket batches datagrams (GSO out, GRO in) and for how many
+    destinations the kernel refused it (None before the socket is open)."""
 
     def to(self, peer: InstanceId) -> ConnectionSnapshot | None:
         """The live outbound connection to ``peer``, if there is one."""
