@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import ipaddress
 import re
+import secrets
 import sys
 from collections.abc import Callable
 from datetime import timedelta
@@ -124,7 +125,7 @@ def _init_ca(args: argparse.Namespace) -> int:
     out = Path(args.out)
     _refuse_existing_key(out / CA_KEY_FILE, args.force)
     ca = CertificateAuthority.create(
-        name=args.name,
+        name=args.name or f"velomux cluster CA {secrets.token_hex(4)}",
         trust_domain=args.trust_domain,
         valid_for=_days(args.days),
     )
@@ -289,7 +290,11 @@ def add_certs_commands(
         metavar="TD",
         help="SPIFFE trust domain of the cluster",
     )
-    init_ca.add_argument("--name", default="velomux cluster CA", help="the CA's common name")
+    init_ca.add_argument(
+        "--name",
+        help="the CA's common name (default: 'velomux cluster CA' and a short random id, so "
+        "two clusters' CAs differ by name)",
+    )
     init_ca.add_argument(
         "--days", type=_positive_days, default=3650, metavar="N", help="validity in days"
     )
@@ -372,7 +377,13 @@ def add_certs_commands(
         help="create or refresh a local dev cluster",
         description="Create <out>/ca and one directory per node, reusing valid material.",
     )
-    dev.add_argument("--out", required=True, metavar="DIR", help="dev cluster directory")
+    dev.add_argument(
+        "--out",
+        type=Path,
+        default=Path("certs/dev"),
+        metavar="DIR",
+        help="dev cluster directory, the one velomux demo uses by default",
+    )
     dev.add_argument(
         "--names",
         type=_names,
