@@ -30,7 +30,6 @@ from prometheus_client.registry import CollectorRegistry
 
 from .config import NodeConfig
 from .discovery import PeerDiscovery, PeerRecord
-from .environment import warn_unknown_variables
 from .errors import ConfigurationError, UsageError
 from .eventlog import log_event
 from .ids import InstanceId, StreamAnchorHandle, WorkerId
@@ -39,6 +38,7 @@ from .messenger.registry import Dispatch, Handler
 from .mux.config import MuxConfig
 from .mux.transport import MuxTransport
 from .ops import OpsConfig, OpsServer, PeerReadiness
+from .ops.environment import warn_unknown_variables
 from .ops.node_info import NodeInfoCollector
 from .recordpath import IMPLEMENTATION as RECORD_PATH
 from .recordpath import RecordPath
@@ -61,7 +61,15 @@ if TYPE_CHECKING:
     from .streaming.snapshot import StreamingSnapshot
     from .transport import TransportSnapshot
 
-__all__ = ["Node", "NodeOptions", "NodeSnapshot", "RuntimeInfo", "open_node", "runtime_info"]
+__all__ = [
+    "Node",
+    "NodeOptions",
+    "NodeSnapshot",
+    "RuntimeInfo",
+    "open_node",
+    "runtime_info",
+    "warn_unknown_variables",
+]
 
 logger = logging.getLogger(__name__)
 

@@ -259,3 +259,13 @@ def test_a_program_without_logging_gets_no_engine_line_for_a_refused_handshake(
     assert result.returncode == 0, result.stderr
     assert "refused: refused_by_peer:untrusted_chain" in result.stdout
     assert "Error: 304" not in result.stderr and result.stderr == "", result.stderr
+
+
+def test_a_certs_command_refusing_its_arguments_exits_2_saying_what_to_pass(
+    tmp_path: Path,
+) -> None:
+    assert velomux("certs", "init-ca", "--out", "ca", cwd=tmp_path).returncode == 0
+    again = velomux("certs", "init-ca", "--out", "ca", cwd=tmp_path)
+    assert again.returncode == 2 and "--force" in again.stderr
+    missing = velomux("certs", "issue", "--ca", "nope", "--name", "n", "--out", "n", cwd=tmp_path)
+    assert missing.returncode == 2 and "velomux certs" in missing.stderr

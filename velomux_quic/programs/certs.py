@@ -99,7 +99,8 @@ class _Refused(Exception):
 
 
 def _reporting(command: str) -> Callable[[Handler], Handler]:
-    """Turn expected failures into one line on stderr and exit status 1, not a traceback."""
+    """Turn expected failures into one line on stderr and exit status 2 (a usage or
+    configuration error, as every velomux command exits on one), not a traceback."""
 
     def wrap(handler: Handler) -> Handler:
         @functools.wraps(handler)
@@ -108,7 +109,7 @@ def _reporting(command: str) -> Callable[[Handler], Handler]:
                 return handler(args)
             except (_Refused, CredentialsError, FileExistsError, ValueError) as exc:
                 print(f"velomux certs {command}: error: {exc}", file=sys.stderr)
-                return 1
+                return 2
 
         return run
 

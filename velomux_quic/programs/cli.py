@@ -12,7 +12,7 @@ import textwrap
 from collections.abc import Callable, Iterator, Sequence
 
 from velomux_quic import runtime_info
-from velomux_quic.environment import warn_unknown_variables
+from velomux_quic.node import warn_unknown_variables
 from velomux_quic.programs.certs import add_certs_commands
 from velomux_quic.programs.demo import add_demo_commands
 from velomux_quic.programs.probe import add_probe_commands

@@ -41,7 +41,7 @@ from velomux_quic import (
     PeerRecord,
     VelomuxError,
 )
-from velomux_quic.environment import warn_unknown_variables
+from velomux_quic.node import warn_unknown_variables
 
 from .example_config import EXAMPLE_CONFIG
 from .runtime import quiet_engine_loggers, run, show_deprecated_settings

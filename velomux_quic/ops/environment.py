@@ -17,11 +17,11 @@ import threading
 import warnings
 from collections.abc import Mapping
 
-from .config import DEPRECATED_VARIABLES, ENV_PREFIX, NodeConfig
-from .mux.config import DISABLE_ENV
-from .recordpath import PURE_PYTHON_ENV
-from .tracing import ENV_SWITCH as TRACING_ENV
-from .transport.engine_choice import ENGINE_ENVIRONMENT
+from ..config import DEPRECATED_VARIABLES, ENV_PREFIX, NodeConfig
+from ..mux.config import DISABLE_ENV
+from ..recordpath import PURE_PYTHON_ENV
+from ..tracing import ENV_SWITCH as TRACING_ENV
+from ..transport.engine_choice import ENGINE_ENVIRONMENT
 
 __all__ = ["known_variables", "unknown_variables", "warn_unknown_variables"]
 
