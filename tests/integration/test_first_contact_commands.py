@@ -28,6 +28,7 @@ from velomux_quic import (
     open_node,
     runtime_info,
 )
+from velomux_quic.programs.cli import build_parser, parsers
 from velomux_quic.programs.example_config import EXAMPLE_CONFIG
 
 pytestmark = pytest.mark.timeout(60)
@@ -269,3 +270,11 @@ def test_a_certs_command_refusing_its_arguments_exits_2_saying_what_to_pass(
     assert again.returncode == 2 and "--force" in again.stderr
     missing = velomux("certs", "issue", "--ca", "nope", "--name", "n", "--out", "n", cwd=tmp_path)
     assert missing.returncode == 2 and "velomux certs" in missing.stderr
+
+
+def test_no_command_help_sends_a_pip_user_to_a_checkout_or_make() -> None:
+    for parser in parsers(build_parser()):
+        text = parser.format_help()
+        for word in ("`make", "'make", "make certs", "make demo", "repository", "checkout"):
+            assert word not in text, (parser.prog, word)
+        assert "examples/" not in text, parser.prog

@@ -160,3 +160,22 @@ def test_a_peer_refusing_an_expired_certificate_names_its_not_after_and_the_rene
     not_after = expired.certificate.not_valid_after_utc.strftime("%Y-%m-%d %H:%M:%S UTC")
     assert message.startswith("expired (") and f"not after {not_after}" in message
     assert "velomux certs renew" in message and "reload" in message
+
+
+async def test_a_reload_onto_a_certificate_expiring_soon_warns_as_a_start_does(
+    tmp_path: Path, ca: CertificateAuthority, closing: list[Node], caplog: pytest.LogCaptureFixture
+) -> None:
+    lasting = _expiring_in(ca, 300)
+    lasting.save(tmp_path / "a")
+    with caplog.at_level(logging.WARNING, logger="velomux_quic.node"):
+        closing.append(node := await Node.start(tmp_path / "a"))
+        assert not [r for r in caplog.records if getattr(r, "event", None)]
+        now = datetime.now(UTC)
+        issue_node_certificate(
+            ca, lasting.instance_id, name="a",
+            not_before=now - timedelta(days=1), not_after=now + timedelta(days=3),
+        ).save(tmp_path / "a", overwrite=True)  # fmt: skip
+        node.reload_credentials()
+    events = [r for r in caplog.records if getattr(r, "event", None) == "certificate_expiring"]
+    assert len(events) == 1 and events[0].fields["which"] == "node"  # type: ignore[attr-defined]
+    assert 2 < float(events[0].fields["days_left"]) <= 3  # type: ignore[attr-defined]

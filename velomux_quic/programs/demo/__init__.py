@@ -1,6 +1,6 @@
 """``velomux demo``: a decode engine streaming tokens to two frontend processes, measured.
 
-What ``make demo`` runs. This process is the engine; two child processes are frontends
+This process is the engine; two child processes are frontends
 that register 1,024 requests between them (each request's anchor handle and zero-RTT
 ticket inside the request, through the node's request path). The engine streams 256
 tokens to each in paced forward passes (one token per live request every 10 ms, the
