@@ -283,7 +283,8 @@ class PeerConnection:
         """Close now: waiting admissions are refused; unacknowledged data may be lost."""
         if self.state in (ConnectionState.CLOSING, ConnectionState.CLOSED):
             return
-        failed = self._handshake_waiter.done() and self._handshake_waiter.exception()
+        waiter = self._handshake_waiter
+        failed = waiter.done() and not waiter.cancelled() and waiter.exception()
         self._refuse_pending(
             ConnectionReplaced(f"connection to {self._peer_name()} was replaced")
             if code is CloseCode.REPLACED
