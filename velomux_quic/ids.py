@@ -51,14 +51,27 @@ class InstanceId:
 
     @classmethod
     def parse(cls, text: str) -> InstanceId:
-        """Parse the canonical hyphenated UUID text; raises ``ValueError`` on anything else.
+        """Parse the canonical hyphenated UUID text; raises
+        :class:`~velomux_quic.errors.ConfigurationError` (a ``ValueError``) on anything else.
 
         ``uuid.UUID`` also takes braces, a ``urn:uuid:`` prefix or no hyphens; an identity
         compared as text (certificates, peer records) must have exactly one spelling.
         """
-        value = uuid.UUID(text)
-        if str(value) != text.lower():
-            raise ValueError(f"not a canonical UUID: {text!r}")
+        if not isinstance(text, str):
+            raise ConfigurationError(
+                f"InstanceId.parse takes text, got {type(text).__name__} {text!r}: for a "
+                "uuid.UUID use InstanceId(value)"
+            )
+        try:
+            value = uuid.UUID(text)
+        except ValueError:
+            value = None
+        if value is None or str(value) != text.lower():
+            raise ConfigurationError(
+                f"not an InstanceId: {text!r}; an InstanceId is written as a hyphenated UUID "
+                "(8-4-4-4-12 hex digits, e.g. 123e4567-e89b-42d3-a456-426614174000): copy it "
+                "from the node's node.json, its 'listening' line or node.instance_id"
+            )
         return cls(value)
 
     @property

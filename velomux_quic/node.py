@@ -39,10 +39,13 @@ from .messenger.registry import Dispatch, Handler
 from .mux.config import DISABLE_ENV, MuxConfig, switch_is_on
 from .mux.transport import MuxTransport
 from .ops import OpsConfig, OpsServer, PeerReadiness
+from .ops.environment import warn_unknown_variables
+from .ops.node_info import NodeInfoCollector
 from .recordpath import IMPLEMENTATION as RECORD_PATH
 from .recordpath import RecordPath
 from .security.certs import NodeCredentials
 from .security.rotation import CertificateSummary
+from .security.startup import check_own_credentials, expiring_certificates, utc_text
 from .streaming.anchor import MpscAnchor, StreamAnchor
 from .streaming.control import StreamOpenTicket
 from .streaming.manager import AnchorManager, StreamingConfig
@@ -60,7 +63,14 @@ if TYPE_CHECKING:
     from .streaming.snapshot import StreamingSnapshot
     from .transport import TransportSnapshot
 
-__all__ = ["Node", "NodeSnapshot", "RuntimeInfo", "open_node", "runtime_info"]
+__all__ = [
+    "Node",
+    "NodeSnapshot",
+    "RuntimeInfo",
+    "open_node",
+    "runtime_info",
+    "warn_unknown_variables",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -397,6 +407,7 @@ class Node:
         that is not an option); nothing is left running when it raises.
         """
         _check_options("Node.start", options)
+        warn_unknown_variables()  # once per process: a misspelt VELOMUX_ variable
         registry, peers = options.get("registry"), options.get("peers")
         discovery = options.get("discovery")
         publish = options.get("publish", True)
@@ -418,6 +429,8 @@ class Node:
         if not isinstance(credentials, NodeCredentials):
             credentials_dir = Path(credentials)
             credentials = NodeCredentials.load(credentials_dir)
+        # Refused here, as a reload refuses them, not by every peer after the node runs.
+        check_own_credentials(credentials, credentials_dir)
         if peers is not None and not isinstance(peers, PeerRegistry):
             peers = PeerRegistry(peers)
         name = name or credentials.name
@@ -448,6 +461,15 @@ class Node:
             node_messenger, anchors, mux_transport, name=name, credentials_dir=credentials_dir
         )
         node._liveness.start()
+        build = node.build_info
+        node.registry.register(
+            NodeInfoCollector(
+                version=build["version"],
+                engine=build["engine"],
+                record_path=build["record_path"],
+                credentials=lambda: node_messenger.transport.credentials,
+            )
+        )
         log_event(
             logger,
             logging.INFO,
@@ -456,7 +478,9 @@ class Node:
             name=name,
             mux=mux_transport is not None,
             peers=len(node._configured_peers),
+            **build,
         )
+        node._warn_expiring()
         host, port = node.address
         log_event(
             logger,
@@ -512,6 +536,39 @@ class Node:
         """This node's :class:`PeerRecord`: give it to another node's ``peers=`` or
         :meth:`add_peer` so that node can reach this one."""
         return self.messenger.own_record(self._name)
+
+    @property
+    def build_info(self) -> dict[str, str]:
+        """What this node runs, for logs, bug reports and dashboards: ``version`` (this
+        package's), ``engine`` (the QUIC engine: ``aioquic`` or ``qh3``) and
+        ``record_path`` (``compiled`` or ``pure-python``). The same labels are on the
+        ``velomux_build_info`` gauge and in the ``node_start`` event."""
+        return {
+            "version": _distribution_version("velomux_quic") or "unknown",
+            "engine": self.messenger.transport.engine.name,
+            "record_path": RECORD_PATH,
+        }
+
+    def _warn_expiring(self) -> None:
+        """A ``certificate_expiring`` event at WARNING for the node's certificate and each
+        trust root that expires within ``TransportConfig.certificate_expiry_warning``."""
+        window = self.messenger.transport.config.certificate_expiry_warning
+        if window <= 0:
+            return
+        for each in expiring_certificates(self.credentials):
+            if each.seconds_left < window:
+                log_event(
+                    logger,
+                    logging.WARNING,
+                    "certificate_expiring",
+                    instance=self.instance_id,
+                    which=each.which,
+                    subject=each.subject,
+                    not_after=utc_text(each.not_after),
+                    days_left=f"{each.seconds_left / 86400:.1f}",
+                    fix="renew it (velomux certs renew) and reload (SIGHUP, or "
+                    "node.reload_credentials())",
+                )
 
     @property
     def registry(self) -> CollectorRegistry:
@@ -856,7 +913,9 @@ class Node:
                     "new NodeCredentials or a credentials directory to reload_credentials"
                 )
             source = self._credentials_dir
-        return self.messenger.transport.reload_credentials(source)
+        summary = self.messenger.transport.reload_credentials(source)
+        self._warn_expiring()
+        return summary
 
     # -- introspection -------------------------------------------------------------------
 
@@ -934,7 +993,7 @@ class Node:
             self.registry,
             readiness.evaluate,
             config=config,
-            identity={"instance_id": str(self.instance_id), "name": self._name},
+            identity={"instance_id": str(self.instance_id), "name": self._name, **self.build_info},
         )
         address = await server.start(host, port)
         self._ops, self._readiness = server, readiness
@@ -1049,6 +1108,12 @@ class _Opened(contextlib.AbstractAsyncContextManager[Node]):
     async def __aexit__(self, *exc: object) -> None:
         if self._node is not None:
             await self._node.close()
+
+    def __enter__(self) -> NoReturn:
+        raise UsageError(f"{_NOT_ENTERED} (a plain `with` was used: the block needs `async with`)")
+
+    def __exit__(self, *exc: object) -> None:
+        """Never reached (``__enter__`` raises); present so ``with`` reaches ``__enter__``."""
 
     def __getattr__(self, name: str) -> NoReturn:
         if name.startswith("__"):  # protocol probes (copy, inspect) expect AttributeError

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from velomux_quic import runtime_info
 from velomux_quic.errors import ConfigurationError
 from velomux_quic.programs.demo.impair import parse_impairment
 
@@ -72,6 +73,12 @@ def test_demo_json_every_token_in_order_slots_back_to_zero(tmp_path: Path) -> No
     # 32 streams per frontend, one token each per pass: a wire write carries many records
     assert row["records_per_write"] > 1
     assert (tmp_path / "certs" / "engine" / "node.key").stat().st_mode & 0o777 == 0o600
+    info = runtime_info()  # the engine and record path every process of the demo ran
+    assert document["runtime"] == {
+        "version": info.version,
+        "engine": f"{info.quic_engine} {info.quic_engine_version}",
+        "record_path": info.record_path,
+    }
 
 
 @pytest.mark.timeout(90)
@@ -155,6 +162,8 @@ def test_demo_summary_for_a_person_without_a_terminal_has_no_live_display(tmp_pa
     assert "\x1b[" not in out  # stdout is a pipe: no progress bars, no escape codes
     assert "1,024 of 1,024 tokens; 64 of 64 streams complete and in order" in out
     assert "2 lanes, flush manual" in out
+    info = runtime_info()
+    assert f"(engine {info.quic_engine} {info.quic_engine_version}, {info.record_path}" in out
     for label in ("tokens/s", "records per write", "datagrams per token", "first token",
                   "inter-token", "CPU per token", "0 live mux slots, 0 live senders"):  # fmt: skip
         assert label in out, label

@@ -16,12 +16,15 @@ import pytest
 from tests.conftest import StartNode
 from tests.integration.test_node_command import CHECKOUT, COMMAND
 from velomux_quic import (
+    AttachRefused,
     ConfigurationError,
     CredentialsError,
     InstanceId,
     NodeConfig,
     NodeCredentials,
     PeerGone,
+    PeerNotRegistered,
+    UnaryTimeout,
     UsageError,
     open_node,
 )
@@ -189,3 +192,53 @@ async def test_a_probe_with_a_running_nodes_configuration_names_the_cause(
         assert str(shared.instance_id) in str(raised.value)
     finally:
         await running.close()
+
+
+def test_instance_id_parse_of_any_text_is_a_configuration_error_showing_the_form() -> None:
+    for wrong in ("some text", "{" + UUID_TEXT + "}", UUID_TEXT.replace("-", "")):
+        with pytest.raises(ConfigurationError) as raised:
+            InstanceId.parse(wrong)
+        assert "hyphenated UUID" in str(raised.value) and "node.json" in str(raised.value)
+        assert isinstance(raised.value, ValueError)  # what callers caught before
+
+
+async def test_open_node_under_a_plain_with_says_async_with(
+    make_credentials: Callable[..., NodeCredentials],
+) -> None:
+    with pytest.raises(UsageError) as raised, open_node(make_credentials("a")):  # type: ignore[attr-defined]
+        pass
+    assert "async with open_node(" in str(raised.value)
+
+
+async def test_a_call_to_an_unregistered_peer_raises_peer_not_registered_naming_the_fix(
+    start_nodes: StartNode, make_credentials: Callable[..., NodeCredentials]
+) -> None:
+    node = await start_nodes("a")
+    stranger = make_credentials("b").instance_id
+    with pytest.raises(PeerNotRegistered) as raised:
+        await node.call(stranger, "anything", timeout=5)
+    assert isinstance(raised.value, PeerGone)  # what a call raised before
+    message = str(raised.value)
+    assert f"node.add_peer(InstanceId.parse('{stranger}'), 'host:port')" in message
+    assert "discovery" in message
+    with pytest.raises(PeerNotRegistered) as raised:
+        await node.send_message(stranger, "anything")
+    assert "add_peer" in str(raised.value)
+
+
+async def test_an_attach_to_a_peer_at_a_wrong_address_fails_after_one_handshake_naming_it(
+    start_nodes: StartNode, make_credentials: Callable[..., NodeCredentials]
+) -> None:
+    consumer = await start_nodes("b")
+    anchor = consumer.create_anchor()
+    producer = await start_nodes("a", transport=TransportConfig(handshake_timeout=0.5))
+    wrong = _free_udp_port()  # nobody listens there
+    producer.add_peer(consumer.instance_id, ("127.0.0.1", wrong))
+    with pytest.raises(AttachRefused) as raised:
+        await producer.attach_anchor(anchor.handle)
+    message = str(raised.value)
+    assert f"127.0.0.1:{wrong}" in message and "_anchor_attach" not in message
+    assert "add_peer" in message
+    # The failed handshake ends the attach: no resend that would wait out attach_timeout.
+    assert not isinstance(raised.value.__cause__, UnaryTimeout), message
+    anchor.cancel()

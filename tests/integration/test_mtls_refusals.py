@@ -101,7 +101,7 @@ async def test_bad_client_certificate_is_refused_before_any_frame(
         assert b.stats.peer_refusals[server_reason] == 1
         # The CONNECTION_CLOSE reason is the code alone: no subject, serial, clock or
         # trust domain of the refusing node reaches a peer it does not trust.
-        assert str(refused.value).endswith(f"refused the handshake: {server_reason}")
+        assert f"refused OUR certificate: {server_reason} (" in str(refused.value)
         detail = [r.getMessage() for r in caplog.records if "refused the client" in r.getMessage()]
         assert len(detail) == 1 and len(detail[0]) > len(server_reason) + 40, detail
     else:

@@ -129,6 +129,7 @@ class Endpoint:
     config: TransportConfig
     address: tuple[str, int]
     peer_address: tuple[str, int]
+    credentials: NodeCredentials
     make: Callable[[bytes], PeerConnection] | None = None
     handler: TransportHandler = field(default_factory=OpeningsHandler)
     stats: TransportStats = field(default_factory=TransportStats)
@@ -205,8 +206,8 @@ def connection_pair(
     """A dialer whose first Initial is queued; :meth:`Wire.run_until` runs the handshake."""
     client_creds, server_creds = make_credentials("client"), make_credentials("server")
     wire = Wire()
-    client = Endpoint(wire, config, CLIENT, SERVER)
-    server = Endpoint(wire, config, SERVER, CLIENT)
+    client = Endpoint(wire, config, CLIENT, SERVER, client_creds)
+    server = Endpoint(wire, config, SERVER, CLIENT, server_creds)
     client.other, server.other = server, client
 
     def factory(creds: NodeCredentials):  # type: ignore[no-untyped-def]

@@ -239,7 +239,7 @@ def test_renew_refuses_a_ca_of_another_trust_domain(
     foreign = tmp_path / "foreign"
     assert _cli("init-ca", "--out", str(foreign), "--trust-domain", "elsewhere.example") == 0
     before = (node_dir / "node.pem").read_bytes()
-    assert _cli("renew", "--ca", str(foreign), "--node-dir", str(node_dir)) == 1
+    assert _cli("renew", "--ca", str(foreign), "--node-dir", str(node_dir)) == 2
     assert "elsewhere.example" in capsys.readouterr().err
     assert (node_dir / "node.pem").read_bytes() == before
 
@@ -272,11 +272,11 @@ def test_trust_adds_and_removes_cas_and_guards_the_issuer(
     assert len(NodeCredentials.load(node_dir).trust_roots) == 2
     capsys.readouterr()
     # Dropping the CA that issued the node's own certificate would strand it.
-    assert _cli("trust", "--node-dir", str(node_dir), "--remove", old_pem) == 1
+    assert _cli("trust", "--node-dir", str(node_dir), "--remove", old_pem) == 2
     assert "issuer" in capsys.readouterr().err
     assert len(NodeCredentials.load(node_dir).trust_roots) == 2
     assert _cli("trust", "--node-dir", str(node_dir), "--remove", new_pem) == 0
     roots = NodeCredentials.load(node_dir).trust_roots
     assert roots == [CertificateAuthority.load(ca_dir).certificate]
-    assert _cli("trust", "--node-dir", str(node_dir), "--remove", old_pem, "--force") == 1
+    assert _cli("trust", "--node-dir", str(node_dir), "--remove", old_pem, "--force") == 2
     assert "no trust roots" in capsys.readouterr().err

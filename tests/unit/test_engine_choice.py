@@ -58,7 +58,7 @@ def test_qh3_chosen_but_not_installed_names_the_extra(monkeypatch: pytest.Monkey
         return real(package)
 
     monkeypatch.setattr(importlib.metadata, "version", without_qh3)
-    with pytest.raises(ConfigurationError, match=r"pip install velomux_quic\[qh3\]"):
+    with pytest.raises(ConfigurationError, match=r"pip install 'velomux_quic\[qh3\]'"):
         engine_features("qh3")
 
 

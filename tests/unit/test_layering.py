@@ -37,13 +37,15 @@ LAYERS = {
     "tracing": 7,
     "__init__": 8,
     "programs": 9,
+    "__main__": 9,
 }
 """Each top-level module or subpackage and its height: a module imports only from layers
 below it or from its own (the root ``__init__`` re-exports the public surface, and the
 programs are built on it)."""
 
-ROOT_MODULES = {"__init__", "errors", "ids", "node", "config"}
-"""The modules at the package root: the public surface's, nothing else."""
+ROOT_MODULES = {"__init__", "errors", "ids", "node", "config", "__main__"}
+"""The modules at the package root: the public surface's, and ``__main__`` (``python -m
+velomux_quic``, the command), nothing else."""
 
 PUBLIC_SURFACE = {
     "velomux_quic",

@@ -52,7 +52,7 @@ def test_init_ca_refuses_to_replace_a_key_without_force(
 ) -> None:
     key = (ca_dir / "ca.key").read_bytes()
     capsys.readouterr()
-    assert main(["certs", "init-ca", "--out", str(ca_dir)]) == 1
+    assert main(["certs", "init-ca", "--out", str(ca_dir)]) == 2
     assert "--force" in capsys.readouterr().err
     assert (ca_dir / "ca.key").read_bytes() == key
     assert main(["certs", "init-ca", "--out", str(ca_dir), "--force"]) == 0
@@ -113,7 +113,7 @@ def test_issue_refuses_to_replace_a_key_and_force_keeps_the_identity(
     first = NodeCredentials.load(out)
     key = (out / "node.key").read_bytes()
     capsys.readouterr()
-    assert main(argv) == 1
+    assert main(argv) == 2
     assert "--force" in capsys.readouterr().err
     assert (out / "node.key").read_bytes() == key
     assert main([*argv, "--force"]) == 0
@@ -137,7 +137,7 @@ def test_issue_can_trust_an_additional_ca(ca_dir: Path, tmp_path: Path) -> None:
 
 def test_issue_reports_a_missing_ca(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["certs", "issue", "--ca", str(tmp_path / "nope"), "--name", "n"]
-    assert main([*argv, "--out", str(tmp_path / "n")]) == 1
+    assert main([*argv, "--out", str(tmp_path / "n")]) == 2
     assert "missing" in capsys.readouterr().err
     assert not (tmp_path / "n").exists()
 
@@ -177,7 +177,7 @@ def test_dev_defaults_to_node_a_and_node_b(tmp_path: Path) -> None:
 
 
 def test_dev_reports_a_bad_node_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["certs", "dev", "--out", str(tmp_path), "--names", "ca"]) == 1
+    assert main(["certs", "dev", "--out", str(tmp_path), "--names", "ca"]) == 2
     assert "invalid node name" in capsys.readouterr().err
 
 

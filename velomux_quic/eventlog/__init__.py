@@ -17,6 +17,14 @@ from collections.abc import Hashable
 
 __all__ = ["EventThrottle", "format_fields", "log_event"]
 
+# The QUIC engines (aioquic, qh3) log to "quic". Without a handler there, a program that
+# configured no logging would get the engine's WARNING lines on stderr through Python's
+# last-resort handler ("Error: 304, reason: untrusted_chain" for every refused
+# handshake), which the library reports itself as typed errors and events. A
+# NullHandler is the library's usual answer: a program that configures logging (a root
+# handler) still receives every record.
+logging.getLogger("quic").addHandler(logging.NullHandler())
+
 
 def format_fields(event: str, fields: dict[str, object]) -> str:
     """``event key=value ...``, quoting values that would not split cleanly."""

@@ -92,7 +92,7 @@ class PendingCalls:
         if call is not None and not call.future.done():
             call.future.set_exception(
                 UnaryTimeout(
-                    f"no answer from {call.peer} to {call.handler!r} within {timeout:g} s",
+                    f"no answer from {call.peer} to {call.handler!r} within {timeout:.3g} s",
                     peer=call.peer,
                     handler=call.handler,
                 )

@@ -40,7 +40,9 @@ from prometheus_client.registry import CollectorRegistry
 from ..discovery import PeerDiscovery, PeerRecord, PeerWatch, peer_address
 from ..errors import (
     CallError,
+    CallPeerNotRegistered,
     ConfigurationError,
+    DialError,
     HandlerFailed,
     MessengerClosed,
     PeerGone,
@@ -609,7 +611,7 @@ class Messenger(TransportHandler):
             try:
                 outcome = self._send(peer, lane, kind, handler, payload, message_id, headers)
             except PeerNotRegistered as exc:
-                raise PeerGone(str(exc), peer=peer, handler=handler) from exc
+                raise CallPeerNotRegistered(str(exc), peer=peer, handler=handler) from exc
             if isinstance(outcome, SendAdmission):
                 # Never admitted (the dial failed, the connection died first): fail now,
                 # not at the timeout.
@@ -618,15 +620,23 @@ class Messenger(TransportHandler):
                         # The address tried, so a wrong one in the configuration shows.
                         address = self.transport.peer_address(peer)
                         where = "" if address is None else f" at {address[0]}:{address[1]}"
-                        self._calls.fail(
-                            peer,
-                            message_id,
-                            PeerGone(
-                                f"{peer}{where} unreachable: {admission.error}",
-                                peer=peer,
-                                handler=handler,
-                            ),
+                        dial_error = admission.error.__cause__
+                        hint = (
+                            "; check the address this node has for it (add_peer, [[peers]] "
+                            "or discovery) and that the peer runs there"
+                            if isinstance(dial_error, DialError)
+                            and dial_error.reason in ("handshake_timeout", "unreachable")
+                            else ""
                         )
+                        gone = PeerGone(
+                            f"{peer}{where} unreachable: {admission.error}{hint}",
+                            peer=peer,
+                            handler=handler,
+                        )
+                        # No connection could be made at all (not one that ended under
+                        # the call): a caller that resends (an attach) tells them apart.
+                        gone.__cause__ = dial_error if isinstance(dial_error, DialError) else None
+                        self._calls.fail(peer, message_id, gone)
 
                 outcome.on_resolved(never_admitted)
             result = await future

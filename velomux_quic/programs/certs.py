@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import ipaddress
 import re
+import secrets
 import sys
 from collections.abc import Callable
 from datetime import timedelta
@@ -98,7 +99,8 @@ class _Refused(Exception):
 
 
 def _reporting(command: str) -> Callable[[Handler], Handler]:
-    """Turn expected failures into one line on stderr and exit status 1, not a traceback."""
+    """Turn expected failures into one line on stderr and exit status 2 (a usage or
+    configuration error, as every velomux command exits on one), not a traceback."""
 
     def wrap(handler: Handler) -> Handler:
         @functools.wraps(handler)
@@ -107,7 +109,7 @@ def _reporting(command: str) -> Callable[[Handler], Handler]:
                 return handler(args)
             except (_Refused, CredentialsError, FileExistsError, ValueError) as exc:
                 print(f"velomux certs {command}: error: {exc}", file=sys.stderr)
-                return 1
+                return 2
 
         return run
 
@@ -124,7 +126,7 @@ def _init_ca(args: argparse.Namespace) -> int:
     out = Path(args.out)
     _refuse_existing_key(out / CA_KEY_FILE, args.force)
     ca = CertificateAuthority.create(
-        name=args.name,
+        name=args.name or f"velomux cluster CA {secrets.token_hex(4)}",
         trust_domain=args.trust_domain,
         valid_for=_days(args.days),
     )
@@ -289,7 +291,11 @@ def add_certs_commands(
         metavar="TD",
         help="SPIFFE trust domain of the cluster",
     )
-    init_ca.add_argument("--name", default="velomux cluster CA", help="the CA's common name")
+    init_ca.add_argument(
+        "--name",
+        help="the CA's common name (default: 'velomux cluster CA' and a short random id, so "
+        "two clusters' CAs differ by name)",
+    )
     init_ca.add_argument(
         "--days", type=_positive_days, default=3650, metavar="N", help="validity in days"
     )
@@ -372,7 +378,13 @@ def add_certs_commands(
         help="create or refresh a local dev cluster",
         description="Create <out>/ca and one directory per node, reusing valid material.",
     )
-    dev.add_argument("--out", required=True, metavar="DIR", help="dev cluster directory")
+    dev.add_argument(
+        "--out",
+        type=Path,
+        default=Path("certs/dev"),
+        metavar="DIR",
+        help="dev cluster directory, the one velomux demo uses by default",
+    )
     dev.add_argument(
         "--names",
         type=_names,

@@ -12,6 +12,7 @@ import textwrap
 from collections.abc import Callable, Iterator, Sequence
 
 from velomux_quic import runtime_info
+from velomux_quic.node import warn_unknown_variables
 from velomux_quic.programs.certs import add_certs_commands
 from velomux_quic.programs.demo import add_demo_commands
 from velomux_quic.programs.probe import add_probe_commands
@@ -98,6 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; returns its exit status (argparse exits 2 on a usage error)."""
     args = build_parser().parse_args(argv)
+    if args.command != "node":  # velomux node warns once its log format is set up
+        warn_unknown_variables()
     handler: Callable[[argparse.Namespace], int] = args.handler
     return handler(args)
 

@@ -15,9 +15,28 @@ import warnings
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-__all__ = ["loop_factory", "run", "show_deprecated_settings"]
+__all__ = [
+    "ENGINE_LOGGERS",
+    "loop_factory",
+    "quiet_engine_loggers",
+    "run",
+    "show_deprecated_settings",
+]
 
 T = TypeVar("T")
+
+ENGINE_LOGGERS = ("quic", "http3")
+"""The loggers aioquic and qh3 log to (both use these names)."""
+
+
+def quiet_engine_loggers(*, debug: bool) -> None:
+    """Keep the QUIC engine's own log records out of a command's output unless asked
+    for debug: aioquic logs several INFO lines per connection, and a WARNING line
+    (``Error: 304, reason: untrusted_chain``) for each handshake refused, which the
+    library already reports as a typed error and its own lifecycle events. Its ERROR
+    records still show."""
+    for name in ENGINE_LOGGERS:
+        logging.getLogger(name).setLevel(logging.DEBUG if debug else logging.ERROR)
 
 
 def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

@@ -41,7 +41,9 @@ from .. import (
     PeerRecord,
     VelomuxError,
 )
-from .runtime import run, show_deprecated_settings
+from ..node import warn_unknown_variables
+from .example_config import EXAMPLE_CONFIG
+from .runtime import quiet_engine_loggers, run, show_deprecated_settings
 from .sink import Sink
 
 __all__ = ["add_node_commands", "format_event"]
@@ -131,10 +133,10 @@ async def serve(config: NodeConfig, drain_timeout: float, ops: str = "127.0.0.1:
         return EXIT_BAD_CONFIG
     ops_address = ""
     if ops != "off":
-        ops_host, _, ops_port = ops.rpartition(":")
+        ops_host, ops_port = ops_address_of(ops)
         try:
-            bound = await node.serve_ops(ops_host or "127.0.0.1", int(ops_port))
-        except (ConfigurationError, ValueError) as error:
+            bound = await node.serve_ops(ops_host, ops_port)
+        except ConfigurationError as error:
             await node.close()
             print(f"velomux node: --ops {ops}: {error}", file=sys.stderr)
             return EXIT_BAD_CONFIG
@@ -164,6 +166,9 @@ async def serve(config: NodeConfig, drain_timeout: float, ops: str = "127.0.0.1:
             mux=sink.mux,
             peers=len(config.peers),
             ops=ops_address or "off",
+            engine=node.build_info["engine"],
+            record_path=node.build_info["record_path"],
+            version=node.build_info["version"],
         )
         unsubscribe = _report_peers(node)
         await stop.wait()
@@ -184,12 +189,43 @@ async def serve(config: NodeConfig, drain_timeout: float, ops: str = "127.0.0.1:
     return 0
 
 
+def ops_address_of(text: str) -> tuple[str, int]:
+    """``--ops HOST:PORT`` (or ``:PORT``, the host 127.0.0.1) as an address; an
+    argparse type, so a malformed one is a usage error naming the form."""
+    host, colon, port = text.rpartition(":")
+    if text == "off":
+        return "off", 0
+    if not colon or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not HOST:PORT with a port 0 to 65535: write e.g. --ops "
+            "127.0.0.1:9100 (port 0: any free port), or --ops off"
+        )
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def _ops_option(text: str) -> str:
+    ops_address_of(text)  # refused at parse time, with exit 2 and the form to use
+    return text
+
+
 def node_main(args: argparse.Namespace) -> int:
     """``velomux node``: load the configuration (exit 2 on a bad one), then serve."""
+    if args.example_config:
+        sys.stdout.write(EXAMPLE_CONFIG)
+        return 0
+    if args.config is None:
+        print(
+            "velomux node: --config TOML is required: 'velomux node --example-config > "
+            "node.toml' writes a commented one to start from",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_CONFIG
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(_KeyValueFormatter())
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), handlers=[handler])
+    quiet_engine_loggers(debug=args.log_level == "debug")
     show_deprecated_settings()
+    warn_unknown_variables()
     try:
         config = NodeConfig.from_toml(args.config)
     except ConfigurationError as error:
@@ -205,18 +241,20 @@ def node_main(args: argparse.Namespace) -> int:
 
 
 DESCRIPTION = """\
-Run one node as a service, from a TOML configuration (examples/node.toml in the
-repository lists every key). Besides the application's traffic it serves the probe:
-its velomux.sink handler hands a producer a fresh anchor (and a zero-RTT ticket when
-the mux runs) and counts what arrives in velomux_sink_records_total and
-velomux_sink_streams_total.
+Run one node as a service, from a TOML configuration: 'velomux node --example-config
+> node.toml' writes one listing every key at its default, commented. Besides the
+application's traffic it serves the probe: its velomux.sink handler hands a producer a
+fresh anchor (and a zero-RTT ticket when the mux runs) and counts what arrives in
+velomux_sink_records_total and velomux_sink_streams_total.
 
 Every event is one key=value line on standard output, flushed at once; library log
-records go to standard error in the same form. SIGTERM or SIGINT drains the open
-streams for --drain-timeout seconds, closes the node and exits 0. SIGHUP reads the
-credentials directory again (renewed certificate, new trust roots) for new
-connections and prints credentials_reloaded or credentials_reload_failed. A bad
-configuration exits 2 with one line saying what is wrong and where.
+records go to standard error in the same form (the QUIC engine's own only at
+--log-level debug, or its errors). The 'listening' line names the QUIC engine and the
+record path. SIGTERM or SIGINT drains the open streams for --drain-timeout seconds,
+closes the node and exits 0. SIGHUP reads the credentials directory again (renewed
+certificate, new trust roots) for new connections and prints credentials_reloaded or
+credentials_reload_failed. A node does not start on an expired or not yet valid
+certificate. A bad configuration exits 2 with one line saying what is wrong and where.
 """
 
 
@@ -227,8 +265,11 @@ def add_node_commands(commands: Any) -> None:
         help="run one node as a service, from a TOML configuration",
         description=DESCRIPTION,
     )
+    parser.add_argument("--config", metavar="TOML", help="the node's configuration file")
     parser.add_argument(
-        "--config", required=True, metavar="TOML", help="the node's configuration file"
+        "--example-config",
+        action="store_true",
+        help="print a commented configuration listing every key at its default, and exit",
     )
     parser.add_argument(
         "--drain-timeout",
@@ -239,6 +280,7 @@ def add_node_commands(commands: Any) -> None:
     )
     parser.add_argument(
         "--ops",
+        type=_ops_option,
         default="127.0.0.1:0",
         metavar="HOST:PORT",
         help="where /metrics, /healthz and /readyz listen (port 0: any free port, which the "

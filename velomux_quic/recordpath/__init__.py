@@ -87,8 +87,8 @@ def _load(name: str) -> ModuleType:
         raise CompiledRecordPathMissing(
             f"the compiled record path ({name}) cannot be imported: {exc}. This installation "
             "was built without its Cython extension, or the extension does not match this "
-            "Python. Rebuild it (`make install`, or `pip install --force-reinstall "
-            "--no-binary velomux_quic velomux_quic` with a C compiler), or run the "
+            "Python. Rebuild it (`pip install --force-reinstall --no-binary velomux_quic "
+            "velomux_quic` with a C compiler), or run the "
             f"pure-Python twin, several times slower per record, with {PURE_PYTHON_ENV}=1."
         ) from exc
 

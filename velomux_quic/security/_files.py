@@ -53,8 +53,9 @@ def read_bytes(path: Path) -> bytes:
         return path.read_bytes()
     except FileNotFoundError as exc:
         raise CredentialsError(
-            f"{path} is missing: create it with 'velomux certs issue' (or 'make certs' for "
-            "the dev cluster), or point the node at the directory that holds it"
+            f"{path} is missing: create it with 'velomux certs issue' (or 'velomux certs "
+            "dev' for a local dev cluster, in certs/dev), or point the node at the directory "
+            "that holds it"
         ) from exc
     except NotADirectoryError as exc:
         raise CredentialsError(

@@ -22,6 +22,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
+import secrets
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -545,7 +546,11 @@ def ensure_dev_cluster(
         ca_dir = root / "ca"
         ca = None if force else _usable_ca(ca_dir, trust_domain, now)
         if ca is None:
-            ca = CertificateAuthority.create(trust_domain=trust_domain)
+            # A short unique id in the name: refusals and `openssl x509` tell this dev
+            # cluster's CA from another's by name, not only by serial.
+            ca = CertificateAuthority.create(
+                f"velomux dev CA {secrets.token_hex(4)}", trust_domain=trust_domain
+            )
             ca.save(ca_dir, overwrite=True)
             _log.info("created dev cluster CA in %s", ca_dir)
         result: dict[str, Path] = {}

@@ -34,6 +34,7 @@ from ..errors import (
     AttachRefused,
     CallError,
     ControlDecodeError,
+    DialError,
     MaxSendersReached,
     PeerGone,
     TicketError,
@@ -218,6 +219,9 @@ class AnchorProducer:
                     attempts += 1
                     if (
                         isinstance(exc, PeerGone)
+                        # No connection could be made at all (a wrong address, a refused
+                        # certificate): a resend would only wait out attach_timeout.
+                        and not isinstance(exc.__cause__, DialError)
                         and attempts < ATTACH_ATTEMPTS
                         and time.monotonic() < deadline
                     ):
@@ -229,6 +233,15 @@ class AnchorProducer:
                     self._metrics.attach_rtt.labels("error", "none").observe(
                         time.monotonic() - started
                     )
+                    if isinstance(exc, UnaryTimeout):
+                        address = self._messenger.transport.peer_address(peer)
+                        where = "" if address is None else f" at {address[0]}:{address[1]}"
+                        raise AttachRefused(
+                            f"attach to {handle} failed: no answer from node {peer}{where} "
+                            f"within the attach timeout ({self._config.attach_timeout:g} s): "
+                            "check that the node runs there and is not overloaded",
+                            handle,
+                        ) from exc
                     raise AttachRefused(f"attach to {handle} failed: {exc}", handle) from exc
         finally:
             self._pending_attaches -= 1

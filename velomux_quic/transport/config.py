@@ -89,6 +89,12 @@ class TransportConfig:
     handshake_timeout: float = 5.0
     """A dial that has not completed its mutual-TLS handshake by then fails."""
 
+    certificate_expiry_warning: float = 14 * 24 * 3600.0
+    """Seconds before its certificate, or a CA it trusts, expires from which a node
+    warns (a ``certificate_expiring`` lifecycle event at WARNING when it starts and when it
+    reloads its credentials), leaving that long to renew before peers refuse it. 0 warns
+    never; ``velo_node_certificate_expiry_seconds`` is exported either way, for alerts."""
+
     max_half_open_handshakes: int = 256
     """Inbound handshakes from validated addresses (an Initial carrying our Retry token)
     that may be in progress at once; further validated Initials are dropped (counted as
@@ -276,6 +282,11 @@ class TransportConfig:
         ):
             if getattr(self, name) <= 0:
                 raise ConfigurationError(f"{name} must be positive")
+        if self.certificate_expiry_warning < 0:
+            raise ConfigurationError(
+                "certificate_expiry_warning must be >= 0 seconds (0: never warn), got "
+                f"{self.certificate_expiry_warning}"
+            )
         if self.keep_alive_interval >= self.idle_timeout:
             raise ConfigurationError("keep_alive_interval must be shorter than idle_timeout")
         if self.lane_window < 4 * KiB or self.stream_window < 4 * KiB or self.send_buffer < 0:

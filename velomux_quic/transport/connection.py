@@ -39,6 +39,8 @@ from typing import Protocol
 from ..errors import ChannelClosed, ConnectionReplaced, DialError
 from ..ids import InstanceId
 from ..security.alerts import parse_refusal_reason
+from ..security.certs import NodeCredentials
+from ..security.startup import own_certificate_refusal
 from .admission import InflightBound, PeerHoldings, PeerLedger, SendOutcome, SharedRoom
 from .config import MAX_LANES, TransportConfig
 from .datagram_size import DatagramSize
@@ -106,6 +108,11 @@ class ConnectionOwner(Protocol):
 
     @property
     def address(self) -> tuple[str, int]: ...
+
+    @property
+    def credentials(self) -> NodeCredentials:
+        """The credentials new connections present (named when a peer refuses them)."""
+        ...
 
     def sendto(self, data: bytes, addr: tuple[str, int]) -> None: ...
 
@@ -262,6 +269,15 @@ class PeerConnection:
             )
             self.close(CloseCode.HANDSHAKE_TIMEOUT, "handshake timeout")
 
+    def _never_connected(self, dial_error: DialError) -> ChannelClosed:
+        """What a frame waiting on a connection whose handshake failed is refused with: the
+        dial's own error as its cause, so a caller can tell "no connection could be made"
+        (a wrong address, a refused certificate: resending will not help) from a
+        connection that ended under it."""
+        error = ChannelClosed(f"no connection to {self._peer_name()}: {dial_error}")
+        error.__cause__ = dial_error
+        return error
+
     def _fail_handshake(self, error: DialError) -> None:
         if not self._handshake_done.is_set():
             self._handshake_error = error
@@ -271,9 +287,12 @@ class PeerConnection:
         """Close now: waiting admissions are refused; unacknowledged data may be lost."""
         if self.state in (ConnectionState.CLOSING, ConnectionState.CLOSED):
             return
+        failed = self._handshake_error
         self._refuse_pending(
             ConnectionReplaced(f"connection to {self._peer_name()} was replaced")
             if code is CloseCode.REPLACED
+            else self._never_connected(failed)
+            if failed is not None and not self.established_once
             else ChannelClosed(f"connection to {self._peer_name()} closed: {reason or code.name}")
         )
         self.state = ConnectionState.CLOSING
@@ -955,8 +974,11 @@ class PeerConnection:
         self._size.forget()
         self._openings.clear()
         reason = event.reason_phrase or f"error {event.error_code:#x}"
-        error = self._close_error or ChannelClosed(
-            f"connection to {self._peer_name()} closed: {reason}"
+        dial_error = None if was_established else self._dial_error(event)
+        error = self._close_error or (
+            ChannelClosed(f"connection to {self._peer_name()} closed: {reason}")
+            if dial_error is None
+            else self._never_connected(dial_error)
         )
         if self.is_client and was_established:
             self._report_unacked(error)
@@ -964,8 +986,8 @@ class PeerConnection:
         self._deliveries.fail()
         self.requests_out.close(ChannelClosed(f"connection closed: {reason}"))
         self.requests_in.close()
-        if not was_established:
-            self._fail_handshake(self._dial_error(event))
+        if dial_error is not None:
+            self._fail_handshake(dial_error)
         for waiter in self._ping_waiters.values():
             if not waiter.done():
                 waiter.set_exception(ChannelClosed(f"connection closed: {reason}"))
@@ -1055,11 +1077,15 @@ class PeerConnection:
         ours = self.quic.verification_error
         if ours is not None:
             self._note_refusal()
-            return DialError(f"refused {self._peer_name()}: {ours}", reason=ours.reason)
+            return DialError(
+                f"this node refused the peer's certificate ({self._peer_name()}): {ours}",
+                reason=ours.reason,
+            )
         if _CRYPTO_ERROR_FIRST <= event.error_code <= _CRYPTO_ERROR_LAST:
             theirs = parse_refusal_reason(event.reason_phrase)
+            why = own_certificate_refusal(self.endpoint.credentials, theirs, event.reason_phrase)
             return DialError(
-                f"{self._peer_name()} refused the handshake: {event.reason_phrase}",
+                f"{self._peer_name()} refused OUR certificate: {why}",
                 reason=f"refused_by_peer:{theirs}" if theirs else "handshake_failed",
             )
         if event.error_code == CloseCode.HANDSHAKE_TIMEOUT:

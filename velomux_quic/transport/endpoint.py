@@ -487,7 +487,11 @@ class QuicTransport(asyncio.DatagramProtocol):
             return connection
         address = self._addresses.get(peer)
         if address is None:
-            raise PeerNotRegistered(f"no address is registered for peer {peer}")
+            raise PeerNotRegistered(
+                f"no address is registered for peer {peer}: give it with "
+                f"node.add_peer(InstanceId.parse('{peer}'), 'host:port') (or a [[peers]] "
+                "entry in the configuration), or configure discovery so the node can find it"
+            )
         quic = self._engines.client(peer, self._address[0], address[0])
         connection = PeerConnection(self, quic, is_client=True, peer=peer)
         quic.cid_minted = lambda cid: self.register_cid(cid, connection)

@@ -75,13 +75,14 @@ def _require_qh3() -> None:
     except importlib.metadata.PackageNotFoundError:
         raise ConfigurationError(
             "the qh3 QUIC engine is not installed: install the extra with "
-            "'pip install velomux_quic[qh3]', or choose engine = \"aioquic\""
+            "pip install 'velomux_quic[qh3]', or choose engine = \"aioquic\" (or unset "
+            "VELOMUX_QUIC_ENGINE)"
         ) from None
     major, minor = (int(part) for part in version.split(".")[:2])
     if (major, minor) != (2, 1):
         raise ConfigurationError(
             f"qh3 {version} is installed, but this velomux_quic is tested with qh3 "
-            f"{QH3_RANGE}: install 'velomux_quic[qh3]' to get a tested version"
+            f"{QH3_RANGE}: pip install 'velomux_quic[qh3]' gets a tested version"
         )
 
 

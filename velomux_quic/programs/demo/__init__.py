@@ -1,6 +1,6 @@
 """``velomux demo``: a decode engine streaming tokens to two frontend processes, measured.
 
-What ``make demo`` runs. This process is the engine; two child processes are frontends
+This process is the engine; two child processes are frontends
 that register 1,024 requests between them (each request's anchor handle and zero-RTT
 ticket inside the request, through the node's request path). The engine streams 256
 tokens to each in paced forward passes (one token per live request every 10 ms, the
@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ... import ConfigurationError, ensure_dev_cluster
+from ... import ConfigurationError, ensure_dev_cluster, runtime_info
 from ..runtime import run
 from .engine import ArmResult, DemoFailure, run_quic_arm
 from .grpc_arm import grpc_unavailable, run_grpc_arm
@@ -61,11 +61,27 @@ def _plans(args: argparse.Namespace) -> list[ArmPlan]:
     ]
 
 
-def _headline(args: argparse.Namespace, impairment: Impairment | None) -> str:
+def _runtime() -> dict[str, str]:
+    """The QUIC engine and record path every process of the demo runs (its children
+    inherit the environment that chooses them), for its text and its JSON."""
+    info = runtime_info()
+    if info.quic_engine is None:
+        raise ConfigurationError(info.quic_engine_problem or "no usable QUIC engine")
+    return {
+        "version": info.version,
+        "engine": f"{info.quic_engine} {info.quic_engine_version}",
+        "record_path": info.record_path,
+    }
+
+
+def _headline(
+    args: argparse.Namespace, impairment: Impairment | None, runtime: dict[str, str]
+) -> str:
     text = (
         f"velomux demo: {args.requests:,} requests x {args.tokens} tokens, one forward pass "
         f"every {args.pace_ms:g} ms, 2 frontend processes, {args.lanes} lane"
-        f"{'s' if args.lanes > 1 else ''}, flush {args.flush}; mutual-TLS QUIC on loopback, "
+        f"{'s' if args.lanes > 1 else ''}, flush {args.flush}; mutual-TLS QUIC on loopback "
+        f"(engine {runtime['engine']}, {runtime['record_path']} record path), "
         f"certificates in {args.certs}"
     )
     if impairment is not None:
@@ -76,11 +92,12 @@ def _headline(args: argparse.Namespace, impairment: Impairment | None) -> str:
 async def _demo(args: argparse.Namespace, impairment: Impairment | None) -> dict[str, Any]:
     """Every arm in turn, in fresh processes; the document ``--json`` prints."""
     started = time.perf_counter()
+    runtime = _runtime()
     nodes = ensure_dev_cluster(args.certs, NODES)
     results: list[ArmResult] = []
     skipped: dict[str, str] = {}
     if not args.json:
-        print(_headline(args, impairment), flush=True)
+        print(_headline(args, impairment, runtime), flush=True)
     with (
         tempfile.TemporaryDirectory(prefix="velomux-demo-") as tmp,
         display_for(not args.json) as display,
@@ -110,6 +127,7 @@ async def _demo(args: argparse.Namespace, impairment: Impairment | None) -> dict
         plot_cdf(results, args.plot, title + (f", {impairment.describe()}" if impairment else ""))
     document: dict[str, Any] = {
         "ok": ok,
+        "runtime": runtime,
         "config": {
             "requests": args.requests,
             "tokens": args.tokens,
@@ -168,7 +186,8 @@ def _checked(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Impai
 
 def _main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Exit 0 when every arm delivered every token in order and left nothing live, 1
-    when one did not or a run failed, 2 on a usage error (argparse's)."""
+    when one did not or a run failed, 2 on a usage or configuration error (an option
+    argparse refuses, an engine named but not installed, unusable certificates)."""
     impairment = _checked(args, parser)
     try:
         document = run(_demo(args, impairment))
@@ -176,7 +195,7 @@ def _main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         if args.json:
             print(json.dumps({"ok": False, "error": str(exc)}))
         print(f"velomux demo FAILED: {exc}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(exc, ConfigurationError) else 1
     if args.json:
         print(json.dumps(document))
     return 0 if document["ok"] else 1
