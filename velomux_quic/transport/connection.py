@@ -51,6 +51,7 @@ from .perstream_send import PerStreamOutbound
 from .pmtu import DatagramMode, PathMtuSearch, plan_path
 from .requests import IncomingRequests, OutgoingRequests
 from .seam import (
+    ENGINE_FAILURE_REASON,
     ConnectionIdIssued,
     ConnectionIdRetired,
     ConnectionTerminated,
@@ -997,6 +998,8 @@ class PeerConnection:
             return
         was_established = self.state is not ConnectionState.HANDSHAKING
         self.state = ConnectionState.CLOSED
+        if event.reason_phrase.startswith(ENGINE_FAILURE_REASON):
+            self.transport.stats.engine_failures += 1
         for handle in (
             self._timer,
             self._transmit_handle,

@@ -42,6 +42,7 @@ class TransportStats:
         "datagrams_out",
         "datagrams_too_big",
         "dials",
+        "engine_failures",
         "frames_in",
         "frames_out",
         "peer_refusals",
@@ -92,6 +93,8 @@ class TransportStats:
         self.pmtu_black_holes = 0
         self.datagrams_too_big = 0
         """Sends the kernel refused as larger than the device's MTU (EMSGSIZE)."""
+        self.engine_failures = 0
+        """Connections ended because their QUIC engine raised (INTERNAL_ERROR sent)."""
 
 
 class TransportCollector(Collector):
@@ -184,6 +187,14 @@ class TransportCollector(Collector):
         )
         dials.add_metric([TRANSPORT_KEY], s.dials)
         yield dials
+        failures = CounterMetricFamily(
+            "velo_transport_engine_failures",
+            "Connections ended at once because their QUIC engine raised (the peer was sent "
+            "CONNECTION_CLOSE with INTERNAL_ERROR)",
+            labels=["transport"],
+        )
+        failures.add_metric([TRANSPORT_KEY], s.engine_failures)
+        yield failures
         active = GaugeMetricFamily(
             "velo_transport_active_connections", "Open QUIC connections", labels=["transport"]
         )

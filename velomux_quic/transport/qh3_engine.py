@@ -42,6 +42,7 @@ never early). ``EngineFeatures`` says so, and the node snapshot reports it.
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
@@ -67,7 +68,11 @@ from ..security.verify import PeerVerificationError, PeerVerifier
 from . import seam
 from .resets import StatelessResets
 
-__all__ = ["QH3_FEATURES", "Qh3Connection"]
+__all__ = ["ENGINE_FAILURE_REASON", "QH3_FEATURES", "Qh3Connection"]
+
+ENGINE_FAILURE_REASON = seam.ENGINE_FAILURE_REASON
+
+logger = logging.getLogger(__name__)
 
 Consumed = Callable[[], int]
 
@@ -84,6 +89,12 @@ QH3_FEATURES = seam.EngineFeatures(
 )
 
 _END_STATES = frozenset({"closing", "draining", "terminated"})
+
+INTERNAL_ERROR = 0x1
+"""QUIC's transport error code INTERNAL_ERROR (RFC 9000 section 20.1)."""
+
+MAX_TRACKED_PINGS = 64
+"""PINGs kept for resending: the checks a transport runs at once on one connection."""
 
 ACK_COALESCE = 0.001
 """How long an owed acknowledgement may wait for the rest of a burst (see
@@ -169,6 +180,22 @@ class Qh3Connection(Qh3QuicConnection):
         self._ack_owed_at: float | None = None
         """``ACK_COALESCE`` after the first datagram that no transmit has answered yet
         arrived (see :meth:`ack_due`)."""
+        self._failure: seam.ConnectionTerminated | None = None
+        """The core raised: the termination to report once the CONNECTION_CLOSE it sent
+        has left with a transmit (see :meth:`_engine_failed`)."""
+        self._farewell: list[tuple[bytes, Any]] = []
+        self._pings: dict[int, None] = {}
+        """PINGs sent and not acknowledged, oldest first (see :meth:`_resend_pings`)."""
+        self._probe_marks = (0, 0)
+        """The core's loss and probe-timeout counts when the PINGs were last (re)sent."""
+        self._deferred: list[tuple[bool, int, int]] = []
+        """STOP_SENDING (True) and RESET_STREAM (False) requests made while the core's
+        events were held, applied once they are all taken (see :meth:`stop_stream`)."""
+        self._ended_streams: set[int] = set()
+        """Streams whose end the adapter took from the core while requests were deferred."""
+        self._now = 0.0
+        """The time of the last call that carried one (a close made outside such a call
+        dates its core's close timer by it)."""
 
     # -- construction hooks (qh3 private, pinned) ------------------------------------------
 
@@ -246,6 +273,7 @@ class Qh3Connection(Qh3QuicConnection):
         normalise the address on every datagram. And on the accepting side, bytes after
         a datagram's last QUIC packet are given to the core with that packet, so they
         count toward the amplification allowance (see the module docstring)."""
+        self._now = now
         if self._ack_owed_at is None:
             self._ack_owed_at = now + ACK_COALESCE
         try:
@@ -260,8 +288,11 @@ class Qh3Connection(Qh3QuicConnection):
                 super().receive_datagram(data, addr, now)
             elif self._core is not None or self._start_from(data, addr, now):
                 self._receive_with_trailing(data, end, addr, now)
-        except QuicConnectionError as exc:
-            self._engine_failed(exc)
+        except Exception as exc:
+            self._engine_failed(exc, now)
+            return
+        if self._pings:
+            self._resend_pings()
 
     @property
     def _cid_length(self) -> int:
@@ -299,8 +330,12 @@ class Qh3Connection(Qh3QuicConnection):
 
     def datagrams_to_send(self, now: float) -> list[tuple[bytes, Any]]:
         """The core's datagrams, taken in one loop (qh3's facade parses every datagram's
-        headers in Python for its logger, which this transport never sets)."""
+        headers in Python for its logger, which this transport never sets). After the core
+        raised, the CONNECTION_CLOSE it was made to send, once, and then the termination."""
+        self._now = now
         core = self._core
+        if self._failure is not None:
+            return self._take_farewell()
         if core is None:
             return []
         datagrams: list[tuple[bytes, Any]] = []
@@ -308,8 +343,9 @@ class Qh3Connection(Qh3QuicConnection):
         try:
             while (transmit := poll(now)) is not None:
                 datagrams.append((transmit[0], transmit[1]))
-        except RuntimeError as exc:
-            self._engine_failed(QuicConnectionError(1, None, str(exc)))
+        except Exception as exc:
+            self._engine_failed(exc, now)
+            return datagrams + self._take_farewell()
         if self._ack_owed_at is not None and datagrams:
             timer = core.get_timer()
             if timer is None or not timer[0].startswith("ack"):
@@ -318,23 +354,65 @@ class Qh3Connection(Qh3QuicConnection):
             self._drain_core()  # connection IDs issued while building: route them now
         return datagrams
 
+    def _take_farewell(self) -> list[tuple[bytes, Any]]:
+        farewell, self._farewell = self._farewell, []
+        failure = self._failure
+        if failure is not None and self._state is not QuicConnectionState.TERMINATED:
+            self._state = QuicConnectionState.TERMINATED
+            self._queue.append(failure)
+        return farewell
+
+    def get_timer(self) -> float | None:
+        """As qh3's, and at once while a failure's termination waits to be taken: the
+        connection's timer callback is what takes it."""
+        if self._failure is not None:
+            return 0.0
+        core = self._core
+        if core is None:
+            return None
+        timer = core.get_timer()
+        return None if timer is None else float(timer[1])
+
     def handle_timer(self, now: float) -> None:
+        self._now = now
+        if self._failure is not None:
+            return
         try:
             super().handle_timer(now)
-        except QuicConnectionError as exc:
-            self._engine_failed(exc)
-
-    def _engine_failed(self, exc: QuicConnectionError) -> None:
-        """qh3's core refused an operation: end the connection with its reason, at once,
-        rather than leave it to hang until a timeout."""
-        if self._state is QuicConnectionState.TERMINATED:
+        except Exception as exc:
+            self._engine_failed(exc, now)
             return
-        self._state = QuicConnectionState.TERMINATED
-        self._queue.append(
-            seam.ConnectionTerminated(
-                int(exc.error_code), exc.frame_type, f"qh3 engine error: {exc.reason_phrase}"
-            )
-        )
+        if self._pings:
+            self._resend_pings()
+
+    def _engine_failed(self, exc: BaseException, now: float) -> None:
+        """qh3's core raised: end the connection at once, telling the peer.
+
+        Whatever the core raised (a ``ValueError`` from its stream bookkeeping as well as
+        the ``RuntimeError`` qh3's facade expects), its state may now be inconsistent: a
+        packet it built may never have been recorded, so the streams it carried would
+        stall for good. The core is told to close with INTERNAL_ERROR; the CONNECTION_CLOSE
+        it builds (a fresh packet, apart from the broken state) leaves with the next
+        transmit, and only then is the termination reported, so the connection sends it
+        before it tears down. The termination's reason starts with
+        :data:`ENGINE_FAILURE_REASON`, which the transport counts."""
+        if self._failure is not None or self._state is QuicConnectionState.TERMINATED:
+            return
+        detail = exc.reason_phrase if isinstance(exc, QuicConnectionError) else str(exc)
+        reason = f"{ENGINE_FAILURE_REASON} (qh3): {type(exc).__name__}: {detail}"
+        self._failure = seam.ConnectionTerminated(INTERNAL_ERROR, None, reason)
+        self._held = None
+        core = self._core
+        if core is None or core.state in _END_STATES:
+            return
+        farewell: list[tuple[bytes, Any]] = []
+        try:
+            core.close(INTERNAL_ERROR, 0, reason.encode("utf8", "replace")[:512])
+            while (transmit := core.poll_transmit(now)) is not None:
+                farewell.append((transmit[0], transmit[1]))
+        except Exception:  # the core cannot even close: end without telling the peer
+            logger.debug("qh3 core could not send CONNECTION_CLOSE", exc_info=True)
+        self._farewell = farewell
 
     # -- events --------------------------------------------------------------------------
 
@@ -351,6 +429,8 @@ class Qh3Connection(Qh3QuicConnection):
         while True:
             native = core.next_event()
             if native is None:
+                if self._deferred:
+                    self._apply_deferred()
                 return
             kind = native[0]
             if kind == "stream_data":
@@ -368,6 +448,8 @@ class Qh3Connection(Qh3QuicConnection):
                 self._credit_changed(native[1], native[2])
             elif kind == "stream_finished":
                 self._stream_finished(native[1])
+                if self._deferred:
+                    self._ended_streams.add(native[1])
             elif kind == "crypto_data":
                 self._crypto(native)
             elif kind == "connection_id_issued":
@@ -378,10 +460,12 @@ class Qh3Connection(Qh3QuicConnection):
             elif kind == "connection_id_retired":
                 append(seam.ConnectionIdRetired(native[1]))
             elif kind == "ping_acknowledged":
+                self._pings.pop(native[1], None)
                 append(seam.PingAcknowledged(native[1]))
             elif kind == "stream_reset":
                 append(seam.StreamReset(native[1], native[2]))
             elif kind == "stop_sending":
+                self._unsettled.discard(native[1])  # the core resets it: never settled
                 append(seam.StopSendingReceived(native[1], native[2]))
             elif kind == "handshake_done":
                 self._handshake_confirmed = True
@@ -408,6 +492,22 @@ class Qh3Connection(Qh3QuicConnection):
                 append(seam.ConnectionTerminated(code, frame, reason))
             elif kind == "new_token":
                 self._peer_token = native[1]
+
+    def _apply_deferred(self) -> None:
+        """Every held event is taken: make the stream requests deferred meanwhile, but
+        for streams whose end was among them (see :meth:`stop_stream`)."""
+        deferred, self._deferred = self._deferred, []
+        ended, self._ended_streams = self._ended_streams, set()
+        for stop, stream_id, error_code in deferred:
+            if stream_id in ended:
+                continue
+            try:
+                if stop:
+                    super().stop_stream(stream_id, error_code)
+                else:
+                    super().reset_stream(stream_id, error_code)
+            except Exception:  # finished or unknown to the core by now: nothing to do
+                logger.debug("deferred request on stream %d dropped", stream_id, exc_info=True)
 
     def _crypto(self, native: tuple[Any, ...]) -> None:
         assert self._core is not None and self._tls is not None
@@ -449,19 +549,68 @@ class Qh3Connection(Qh3QuicConnection):
     def close(
         self, error_code: int = 0, frame_type: int | None = None, reason_phrase: str = ""
     ) -> None:
+        if self._failure is not None:
+            return  # already closing with INTERNAL_ERROR
         try:
             super().close(error_code=error_code, frame_type=frame_type, reason_phrase=reason_phrase)
-        except QuicConnectionError as exc:
-            self._engine_failed(exc)
+        except Exception as exc:
+            self._engine_failed(exc, self._now)
 
     def send_ping(self, uid: int) -> None:
-        if self._ended():
+        """Queue a PING; it is sent again until acknowledged (see :meth:`_resend_pings`)."""
+        if self._ended() or self._failure is not None:
             return  # ending: its termination reports what waited (aioquic ignores it too)
         super().send_ping(uid)
+        pings = self._pings
+        pings.pop(uid, None)
+        pings[uid] = None
+        if len(pings) > MAX_TRACKED_PINGS:
+            del pings[next(iter(pings))]
+        core = self._core
+        if core is not None:
+            self._probe_marks = (core.loss_total, core.pto_total)
+
+    def _resend_pings(self) -> None:
+        """Send the unacknowledged PINGs again after the core lost a packet or sent a probe.
+
+        qh3's core reports a PING only when the packet carrying it is acknowledged, and
+        does not resend a lost one (aioquic does): a health check whose PING fell into a
+        short outage was never answered, however soon the path came back. So each time the
+        core's loss or probe-timeout count moves while PINGs wait, they are queued again,
+        under the same identifiers: the probe the core sends when its timer fires, or the
+        next packet after a loss, carries them, and whichever copy is acknowledged first
+        answers the check."""
+        core = self._core
+        if core is None or core.state in _END_STATES:
+            return
+        marks = (core.loss_total, core.pto_total)
+        if marks == self._probe_marks:
+            return
+        self._probe_marks = marks
+        for uid in self._pings:
+            try:
+                core.send_ping(uid)
+            except Exception as exc:
+                self._engine_failed(exc, self._now)
+                return
 
     def stop_stream(self, stream_id: int, error_code: int) -> None:
-        if not self._ended():
-            super().stop_stream(stream_id, error_code)
+        """STOP_SENDING; deferred while the core's events are held.
+
+        qh3's core builds a stream's frame in two steps, a reservation and its commit
+        once the packet is sent, and keeps a reservation across transmits while the
+        congestion window is full. Taking a stream's end event from the core removes
+        the stream at once; a reservation still open on it then fails the next transmit
+        ("reserved stream is missing"), and the packet it was built into is lost for
+        good. A request for a stream whose end the core has queued, behind events held
+        for a slow reader, is exactly that case: the request is kept here until every
+        held event has been taken, and dropped if the stream's end was among them."""
+        if self._ended() or self._failure is not None:
+            return
+        if self._held is not None:
+            self._deferred.append((True, stream_id, error_code))
+            return
+        super().stop_stream(stream_id, error_code)
 
     def _ended(self) -> bool:
         core = self._core
@@ -481,7 +630,7 @@ class Qh3Connection(Qh3QuicConnection):
         sent, received and processed on both sides; the core's own ACK timer still
         bounds the delay.
         """
-        if not self._handshake_complete or self._core is None:
+        if not self._handshake_complete or self._core is None or self._failure is not None:
             return True
         timer = self._core.get_timer()
         if timer is None or not timer[0].startswith("ack") or timer[1] > now:
@@ -504,8 +653,8 @@ class Qh3Connection(Qh3QuicConnection):
         if timer is not None and timer[0].startswith("ack"):
             try:
                 core.handle_timer(timer[1])
-            except RuntimeError as exc:
-                self._engine_failed(QuicConnectionError(1, None, str(exc)))
+            except Exception as exc:
+                self._engine_failed(exc, timer[1])
 
     # -- identity ------------------------------------------------------------------------
 
@@ -592,9 +741,16 @@ class Qh3Connection(Qh3QuicConnection):
         self._credit[stream_id] = credit
 
     def _stream_finished(self, stream_id: int) -> None:
-        """qh3's core is done with a stream we wrote: stop counting it."""
+        """qh3's core is done with a stream: stop counting it. For a stream we wrote and
+        finished, that is the peer's acknowledgement of every byte and of its FIN (the
+        core ends a sending stream only then, or once its reset is acknowledged, and a
+        reset stream is no longer unsettled): its acknowledged floor is what it wrote, at
+        once, however busy the connection is."""
         self._created_local_stream_ids.discard(stream_id)  # what qh3's facade does
         self._untrack(stream_id)
+        if stream_id in self._unsettled:
+            self._unsettled.discard(stream_id)
+            self._acked_floor[stream_id] = self._written.get(stream_id, 0)
 
     def _untrack(self, stream_id: int) -> None:
         self._untracked.discard(stream_id)
@@ -714,8 +870,12 @@ class Qh3Connection(Qh3QuicConnection):
             return 0
 
     def reset_stream(self, stream_id: int, error_code: int) -> None:
-        if not self._ended():
-            super().reset_stream(stream_id, error_code)
+        """RESET_STREAM; deferred while the core's events are held (see :meth:`stop_stream`)."""
+        if not self._ended() and self._failure is None:
+            if self._held is not None:
+                self._deferred.append((False, stream_id, error_code))
+            else:
+                super().reset_stream(stream_id, error_code)
         self._untrack(stream_id)
         self._unsettled.discard(stream_id)  # what it wrote is abandoned, never settled
 
