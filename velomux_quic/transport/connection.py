@@ -848,6 +848,8 @@ class PeerConnection:
         self.transmit_soon()
 
     def _stream_reset(self, stream_id: int, error_code: int) -> None:
+        if error_code == CloseCode.READER_BEHIND:
+            self.transport.stats.rejections["reader_behind"] += 1
         if self.requests_out.owns(stream_id):
             self.requests_out.reset(stream_id, error_code)
             return

@@ -66,7 +66,9 @@ from ..security.qh3_tls import Qh3VerifyingContext, install_qh3_peer_verificatio
 from ..security.tls import Role
 from ..security.verify import PeerVerificationError, PeerVerifier
 from . import seam
+from .lanes import lane_of_stream
 from .resets import StatelessResets
+from .states import CloseCode
 
 __all__ = ["ENGINE_FAILURE_REASON", "QH3_FEATURES", "Qh3Connection"]
 
@@ -92,6 +94,13 @@ _END_STATES = frozenset({"closing", "draining", "terminated"})
 
 INTERNAL_ERROR = 0x1
 """QUIC's transport error code INTERNAL_ERROR (RFC 9000 section 20.1)."""
+
+READER_LAG_WINDOWS = 16
+"""How many receive windows a per-stream stream's reader may fall behind before the stream
+is cut (see :meth:`Qh3Connection._cut_for_reader`): 1 MiB at the default 64 KiB window."""
+
+MAX_CUT_STREAMS = 4096
+"""Cut streams remembered so their late data is dropped (a stream's end forgets it)."""
 
 MAX_TRACKED_PINGS = 64
 """PINGs kept for resending: the checks a transport runs at once on one connection."""
@@ -191,6 +200,9 @@ class Qh3Connection(Qh3QuicConnection):
         self._deferred: list[tuple[bool, int, int]] = []
         """STOP_SENDING (True) and RESET_STREAM (False) requests made while the core's
         events were held, applied once they are all taken (see :meth:`stop_stream`)."""
+        self._cut: set[int] = set()
+        """Per-stream streams cut because their reader fell too far behind (see
+        :meth:`_cut_for_reader`); their late data and reset are not reported."""
         self._ended_streams: set[int] = set()
         """Streams whose end the adapter took from the core while requests were deferred."""
         self._now = 0.0
@@ -435,19 +447,26 @@ class Qh3Connection(Qh3QuicConnection):
             kind = native[0]
             if kind == "stream_data":
                 stream_id = native[1]
+                if stream_id in self._cut:
+                    continue  # a stream cut for its reader: what was in flight is dropped
                 data = native[2]
                 append(seam.StreamDataReceived(stream_id, data, native[3]))
                 window = managed.get(stream_id)
                 if window is not None:
                     delivered = self._delivered.get(stream_id, 0) + len(data)
                     self._delivered[stream_id] = delivered
-                    if delivered - window[0]() >= window[1]:
-                        self._held = stream_id
-                        return
+                    behind = delivered - window[0]()
+                    if behind >= window[1]:
+                        if lane_of_stream(stream_id) is not None:
+                            self._held = stream_id
+                            return
+                        if behind >= window[1] * READER_LAG_WINDOWS:
+                            self._cut_for_reader(stream_id)
             elif kind == "stream_credit":
                 self._credit_changed(native[1], native[2])
             elif kind == "stream_finished":
                 self._stream_finished(native[1])
+                self._cut.discard(native[1])
                 if self._deferred:
                     self._ended_streams.add(native[1])
             elif kind == "crypto_data":
@@ -463,6 +482,8 @@ class Qh3Connection(Qh3QuicConnection):
                 self._pings.pop(native[1], None)
                 append(seam.PingAcknowledged(native[1]))
             elif kind == "stream_reset":
+                if native[1] in self._cut:
+                    continue  # already reported cut
                 append(seam.StreamReset(native[1], native[2]))
             elif kind == "stop_sending":
                 self._unsettled.discard(native[1])  # the core resets it: never settled
@@ -492,6 +513,28 @@ class Qh3Connection(Qh3QuicConnection):
                 append(seam.ConnectionTerminated(code, frame, reason))
             elif kind == "new_token":
                 self._peer_token = native[1]
+
+    def _cut_for_reader(self, stream_id: int) -> None:
+        """A per-stream stream's reader is ``READER_LAG_WINDOWS`` windows behind: cut it.
+
+        qh3 grants a stream credit as its data is taken from the core's one event queue,
+        so the only way to stop a stream's writer is to stop taking events, which holds
+        every stream of the connection. Lanes still do that (the mux above them has its own
+        credit, so a lane is rarely a window behind), but a per-stream stream's reader is
+        an application's: one that stalls would freeze its neighbours, and the watchdog
+        would then drop them all. So its data keeps being taken, up to this bound, and past
+        it the stream is stopped (STOP_SENDING, ``CloseCode.READER_BEHIND``) and reported
+        reset to the transport, which counts it; its reader keeps what arrived."""
+        self._managed.pop(stream_id, None)
+        self._delivered.pop(stream_id, None)
+        self._cut.add(stream_id)
+        if len(self._cut) > MAX_CUT_STREAMS:
+            self._cut.pop()
+        self._queue.append(seam.StreamReset(stream_id, int(CloseCode.READER_BEHIND)))
+        try:
+            Qh3QuicConnection.stop_stream(self, stream_id, int(CloseCode.READER_BEHIND))
+        except Exception:  # already finished in the core: nothing more will come
+            logger.debug("could not stop stream %d", stream_id, exc_info=True)
 
     def _apply_deferred(self) -> None:
         """Every held event is taken: make the stream requests deferred meanwhile, but

@@ -25,6 +25,9 @@ class CloseCode(enum.IntEnum):
     HANDSHAKE_TIMEOUT = 0x105
     KILLED = 0x106
     """Closed abruptly on request (tests and operators cutting a connection)."""
+    READER_BEHIND = 0x107
+    """A stream stopped because its reader fell too far behind on an engine that cannot
+    hold one stream back alone (qh3; see ``EngineFeatures.receive_backpressure``)."""
 
 
 class ConnectionState(enum.Enum):
