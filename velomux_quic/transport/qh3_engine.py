@@ -294,12 +294,12 @@ class Qh3Connection(Qh3QuicConnection):
                 self._call_core(core.receive_datagram, data, addr, now, None)
                 self._drain_core()
                 self._settle_all()
-                return
-            end = len(data) if self._is_client else _end_of_packets(data, self._cid_length)
-            if end == len(data) or end == 0:
-                super().receive_datagram(data, addr, now)
-            elif self._core is not None or self._start_from(data, addr, now):
-                self._receive_with_trailing(data, end, addr, now)
+            else:
+                end = len(data) if self._is_client else _end_of_packets(data, self._cid_length)
+                if end == len(data) or end == 0:
+                    super().receive_datagram(data, addr, now)
+                elif self._core is not None or self._start_from(data, addr, now):
+                    self._receive_with_trailing(data, end, addr, now)
         except Exception as exc:
             self._engine_failed(exc, now)
             return
