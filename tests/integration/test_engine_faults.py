@@ -22,7 +22,7 @@ from velomux_quic.programs.demo.proxy import Impairment, ImpairmentProxy
 from velomux_quic.streaming.anchor import StreamAnchor
 from velomux_quic.streaming.config import StreamingConfig
 from velomux_quic.streaming.control import PER_STREAM_KEY
-from velomux_quic.streaming.sender import StreamSender
+from velomux_quic.streaming.sender import Retired, StreamSender
 from velomux_quic.transport.config import TransportConfig
 
 
@@ -193,3 +193,57 @@ async def test_on_qh3_a_reader_too_far_behind_has_its_stream_cut_and_counted(
         await neighbour.send([1, number])
     await neighbour.finalize()
     assert [item async for item in other] == [[1, n] for n in range(20)]
+
+
+LOSSY = Impairment(loss=0.02, delay=0.005, seed=7)
+
+
+async def flat_out(sender: StreamSender, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        await sender.send([0, ITEM])
+
+
+@pytest.mark.timeout(90)
+async def test_finalize_resolves_soon_after_the_reader_took_the_stream_under_constant_load(
+    start_nodes: StartNode, engine: str
+) -> None:
+    """A per-stream stream read whole while its neighbours keep a lossy connection busy
+    (2% loss, 5 ms each way): its ``finalize()`` resolves SENT within seconds. qh3 keeps
+    no acknowledged offset per stream; its adapter settles a stream once the core ends it
+    (every byte and its FIN acknowledged), not only once nothing at all is in flight."""
+    options: dict[str, Any] = {
+        "transport": TransportConfig(engine=engine),
+        "mux": MuxConfig(enabled=False),
+    }
+    consumer = await start_nodes("consumer", **options)
+    proxy = await ImpairmentProxy(consumer.address, LOSSY).start()
+    producer = await start_nodes("producer", **options)
+    producer.add_peer(consumer.instance_id, proxy.address)
+    busy_anchors = [consumer.create_anchor() for _ in range(8)]
+    busy = [await producer.attach_anchor(anchor.handle) for anchor in busy_anchors]
+    stop = asyncio.Event()
+    got = [0] * len(busy)
+    changed = asyncio.Event()
+    tasks = [asyncio.ensure_future(flat_out(sender, stop)) for sender in busy]
+    tasks += [
+        asyncio.ensure_future(read(anchor, got, index, changed))
+        for index, anchor in enumerate(busy_anchors)
+    ]
+    try:
+        anchor = consumer.create_anchor()
+        sender = await producer.attach_anchor(anchor.handle)
+        for number in range(50):
+            await sender.send([1, number])
+        retired = sender.finalize()
+        assert [x async for x in anchor] == [[1, n] for n in range(50)]
+        read_at = time.monotonic()
+        assert await asyncio.wait_for(retired, 10) is Retired.SENT
+        assert min(got) > 0 and not stop.is_set()  # the neighbours were busy throughout
+        print(f"\nfinalize-under-load {engine}: SENT {time.monotonic() - read_at:.2f}s after read")
+    finally:
+        stop.set()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await producer.close()
+        proxy.close()
