@@ -26,18 +26,27 @@ against the range in ``pyproject.toml``:
 * **Events and receive credit.** The Rust core grants a stream's receive credit when its
   stream-data event is *taken* from the core's one FIFO event queue: there is no per-stream
   "consumed" call. So this adapter takes the core's events itself (``_drain_core``), turning
-  them into the seam's, and stops taking them while a managed stream is a whole window
-  ahead of its reader; that holds every stream of the connection back (the engine's
-  ``receive_backpressure`` is ``connection``) until :meth:`Qh3Connection.poll_receive_gate`
-  finds the reader caught up. It also reads the peer's per-stream credit
-  (``stream_credit`` events), which the facade drops, for the admission gate.
+  them into the seam's. It stops taking them while a lane is a whole window ahead of its
+  reader, which holds every stream of the connection (the engine's ``receive_backpressure``
+  is ``connection``) until :meth:`Qh3Connection.poll_receive_gate` finds the reader caught
+  up; a per-stream stream is never held, and is cut once its reader is
+  ``READER_LAG_WINDOWS`` behind (:meth:`Qh3Connection._cut_for_reader`). It also reads the
+  peer's per-stream credit (``stream_credit`` events), which the facade drops, for the
+  admission gate.
+* **Core errors.** Anything the core raises while receiving, sending or on a timer ends
+  the connection at once with CONNECTION_CLOSE (:meth:`Qh3Connection._engine_failed`);
+  stream requests made while events are held wait for them (see ``stop_stream``), which
+  keeps the core from committing a reservation on a stream it removed.
+* **Lost PINGs.** The core does not resend a lost PING; the adapter does
+  (:meth:`Qh3Connection._resend_pings`).
 
 What qh3 does not offer and this adapter does not build: changing the datagram size of a
 live connection and probing for a larger one (the size is fixed from the same path plan when
 the connection is made), derived reset tokens beyond the first connection ID, and a
-per-stream acknowledged offset (a stream's bytes count as acknowledged once nothing of it
-is unsent and nothing of the connection is in flight, which is late under constant load,
-never early). ``EngineFeatures`` says so, and the node snapshot reports it.
+per-stream acknowledged offset (a stream counts as acknowledged when the core ends it;
+a lane, which never ends, once nothing of it is unsent and nothing of the connection is in
+flight, which is late under constant load, never early). ``EngineFeatures`` says so, and
+the node snapshot reports it.
 """
 
 from __future__ import annotations
