@@ -397,6 +397,7 @@ def test_a_qh3_core_error_ends_the_connection_at_once_with_connection_close(
     assert len(ended) == 1 and ended[0].error_code == 0x1
     assert ended[0].reason_phrase.startswith(ENGINE_FAILURE_REASON)
     assert "reserved stream is missing" in ended[0].reason_phrase
+    assert server.get_timer() is None  # taken: nothing more to time
     assert server.datagrams_to_send(Clock.now) == []  # once
     for data, _ in farewell:
         client.receive_datagram(data, SERVER, Clock.now)

@@ -202,6 +202,8 @@ class Qh3Connection(Qh3QuicConnection):
         """The core raised: the termination to report once the CONNECTION_CLOSE it sent
         has left with a transmit (see :meth:`_engine_failed`)."""
         self._farewell: list[tuple[bytes, Any]] = []
+        self._failure_taken = False
+        """The failure's termination was taken by :meth:`poll_event`: no timer any more."""
         self._pings: dict[int, None] = {}
         """PINGs sent and not acknowledged, oldest first (see :meth:`_resend_pings`)."""
         self._probe_marks = (0, 0)
@@ -387,7 +389,7 @@ class Qh3Connection(Qh3QuicConnection):
         """As qh3's, and at once while a failure's termination waits to be taken: the
         connection's timer callback is what takes it."""
         if self._failure is not None:
-            return 0.0
+            return None if self._failure_taken else 0.0
         core = self._core
         if core is None:
             return None
@@ -595,6 +597,8 @@ class Qh3Connection(Qh3QuicConnection):
                         event.error_code, event.frame_type, event.reason_phrase
                     )
                 continue  # ProtocolNegotiated and the like: nothing for the transport
+            if event is self._failure:
+                self._failure_taken = True
             return cast(seam.EngineEvent, event)
         return None
 
