@@ -429,3 +429,28 @@ def test_a_lost_ping_is_answered_once_the_path_is_back(
             acknowledged = True
             break
     assert acknowledged
+
+
+@pytest.mark.parametrize("ended", [True, False])
+def test_a_stop_asked_while_qh3_events_are_held_waits_and_skips_an_ended_stream(
+    make_credentials: Callable[..., NodeCredentials], ended: bool
+) -> None:
+    """STOP_SENDING asked for while the qh3 adapter holds the core's events (a lane a
+    window ahead of its reader) waits until they are all taken: for a stream whose end was
+    among them it is dropped (the core removes a stream as its end is taken, and a STOP
+    reserved on it then failed the core's next transmit); for a live one it is sent."""
+    client, server, _, _ = pair(make_credentials, "aioquic", "qh3")
+    exchange(client, server)
+    server.manage_receive_window(2, lambda: 0, WINDOW)  # lane 0's stream, never read
+    client.send_stream_data(2, bytes(3 * WINDOW))
+    exchange(client, server, take_server_events=False)
+    client.send_stream_data(70, b"a per-stream stream", end_stream=ended)
+    exchange(client, server, take_server_events=False)  # its end waits behind the hold
+    server.stop_stream(70, 0x101)
+    exchange(client, server, take_server_events=False)
+    assert not [e for e in drain(client) if isinstance(e, seam.StopSendingReceived)]
+    server.forget_stream(2)  # the lane's reader is gone: the hold ends
+    client.send_ping(1)  # a datagram in: the adapter takes every held event
+    exchange(client, server)
+    stops = [e.stream_id for e in drain(client) if isinstance(e, seam.StopSendingReceived)]
+    assert stops == ([] if ended else [70])
