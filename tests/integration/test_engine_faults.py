@@ -105,8 +105,9 @@ async def test_with_the_mux_off_a_stalled_reader_holds_no_other_stream(
 ) -> None:
     """32 per-stream streams between two nodes (the mux off); one reader stops reading.
     Its 31 neighbours go on at their pace: aioquic holds the stalled stream alone (its
-    receive window), qh3, which cannot, keeps taking its data up to a bound instead of
-    holding the connection (qh3 once froze all 32, and the watchdog then dropped them)."""
+    receive window); qh3, which cannot, holds the connection for at most a second, then
+    keeps taking its data up to a bound (qh3 once froze all 32, and the watchdog then
+    dropped them)."""
     options: dict[str, Any] = {
         "transport": TransportConfig(engine=engine),
         "mux": MuxConfig(enabled=False),

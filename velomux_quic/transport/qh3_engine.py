@@ -29,8 +29,8 @@ against the range in ``pyproject.toml``:
   them into the seam's. It stops taking them while a lane is a whole window ahead of its
   reader, which holds every stream of the connection (the engine's ``receive_backpressure``
   is ``connection``) until :meth:`Qh3Connection.poll_receive_gate` finds the reader caught
-  up; a per-stream stream is never held, and is cut once its reader is
-  ``READER_LAG_WINDOWS`` behind (:meth:`Qh3Connection._cut_for_reader`). It also reads the
+  up; a per-stream stream holds it for at most ``HOLD_GRACE``, and is cut once its reader
+  is ``READER_LAG_WINDOWS`` behind (:meth:`Qh3Connection._cut_for_reader`). It also reads the
   peer's per-stream credit (``stream_credit`` events), which the facade drops, for the
   admission gate.
 * **Core errors.** Anything the core raises while receiving, sending or on a timer ends
@@ -103,6 +103,11 @@ _END_STATES = frozenset({"closing", "draining", "terminated"})
 
 INTERNAL_ERROR = 0x1
 """QUIC's transport error code INTERNAL_ERROR (RFC 9000 section 20.1)."""
+
+HOLD_GRACE = 1.0
+"""Seconds a per-stream stream a window ahead of its reader may hold its connection (as a
+lane does) before its neighbours are let through (see :meth:`Qh3Connection._end_grace`):
+a reader's short pause still pushes back on its writer, a stall holds no other stream."""
 
 READER_LAG_WINDOWS = 16
 """How many receive windows a per-stream stream's reader may fall behind before the stream
@@ -211,6 +216,11 @@ class Qh3Connection(Qh3QuicConnection):
         self._deferred: list[tuple[bool, int, int]] = []
         """STOP_SENDING (True) and RESET_STREAM (False) requests made while the core's
         events were held, applied once they are all taken (see :meth:`stop_stream`)."""
+        self._held_since = 0.0
+        """When the held stream was held (a per-stream stream's hold lasts ``HOLD_GRACE``)."""
+        self._spilling: set[int] = set()
+        """Per-stream streams held for ``HOLD_GRACE`` once: never held again, cut past
+        ``READER_LAG_WINDOWS`` (see :meth:`_cut_for_reader`)."""
         self._cut: set[int] = set()
         """Per-stream streams cut because their reader fell too far behind (see
         :meth:`_cut_for_reader`); their late data and reset are not reported."""
@@ -394,12 +404,36 @@ class Qh3Connection(Qh3QuicConnection):
         if core is None:
             return None
         timer = core.get_timer()
-        return None if timer is None else float(timer[1])
+        deadline = None if timer is None else float(timer[1])
+        grace = self._grace_deadline()
+        if grace is not None and (deadline is None or grace < deadline):
+            return grace
+        return deadline
+
+    def _grace_deadline(self) -> float | None:
+        """When the hold of a per-stream stream ends (None: no such hold)."""
+        held = self._held
+        if held is None or lane_of_stream(held) is not None:
+            return None
+        return self._held_since + HOLD_GRACE
+
+    def _end_grace(self, now: float) -> None:
+        """A per-stream stream held ``HOLD_GRACE``: let its neighbours through, and from now
+        on keep taking its data (up to the cut) instead of holding the connection."""
+        grace = self._grace_deadline()
+        if grace is None or grace > now:
+            return
+        held = self._held
+        assert held is not None
+        self._spilling.add(held)
+        self._held = None
+        self._drain_core()
 
     def handle_timer(self, now: float) -> None:
         self._now = now
         if self._failure is not None:
             return
+        self._end_grace(now)
         try:
             super().handle_timer(now)
         except Exception as exc:
@@ -468,8 +502,9 @@ class Qh3Connection(Qh3QuicConnection):
                     self._delivered[stream_id] = delivered
                     behind = delivered - window[0]()
                     if behind >= window[1]:
-                        if lane_of_stream(stream_id) is not None:
+                        if stream_id not in self._spilling:
                             self._held = stream_id
+                            self._held_since = self._now
                             return
                         if behind >= window[1] * READER_LAG_WINDOWS:
                             self._cut_for_reader(stream_id)
@@ -533,11 +568,13 @@ class Qh3Connection(Qh3QuicConnection):
         every stream of the connection. Lanes still do that (the mux above them has its own
         credit, so a lane is rarely a window behind), but a per-stream stream's reader is
         an application's: one that stalls would freeze its neighbours, and the watchdog
-        would then drop them all. So its data keeps being taken, up to this bound, and past
-        it the stream is stopped (STOP_SENDING, ``CloseCode.READER_BEHIND``) and reported
-        reset to the transport, which counts it; its reader keeps what arrived."""
+        would then drop them all. So its hold ends after ``HOLD_GRACE``, its data keeps
+        being taken from then on, up to this bound, and past it the stream is stopped
+        (STOP_SENDING, ``CloseCode.READER_BEHIND``) and reported reset to the transport,
+        which counts it; its reader keeps what arrived."""
         self._managed.pop(stream_id, None)
         self._delivered.pop(stream_id, None)
+        self._spilling.discard(stream_id)
         self._cut.add(stream_id)
         if len(self._cut) > MAX_CUT_STREAMS:
             self._cut.pop()
@@ -941,6 +978,7 @@ class Qh3Connection(Qh3QuicConnection):
     def forget_stream(self, stream_id: int) -> None:
         self._managed.pop(stream_id, None)
         self._delivered.pop(stream_id, None)
+        self._spilling.discard(stream_id)
         if self._held == stream_id:
             self._held = None
 
