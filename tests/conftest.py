@@ -77,7 +77,9 @@ ENGINE = engine_features(resolve_engine(TransportConfig()))
 
 needs_stream_backpressure = pytest.mark.skipif(
     ENGINE.receive_backpressure != "stream",
-    reason=f"{ENGINE.name} holds a slow reader back per connection, not per stream",
+    reason=f"{ENGINE.name} cannot hold one stream back alone (receive_backpressure "
+    f"{ENGINE.receive_backpressure!r}): a slow lane holds its connection, a per-stream "
+    "reader too far behind has its stream cut",
 )
 needs_mtu_probes = pytest.mark.skipif(
     not ENGINE.mtu_probes, reason=f"{ENGINE.name} cannot probe a path for a larger datagram"

@@ -48,15 +48,24 @@ CONSUMER_GONE = {"ChannelClosed", "StreamEndedByConsumer", "TransportClosed", "P
 """How a producer's sender ends when its consumer died (a send, or the cancel it waited on)."""
 
 
+@pytest.fixture(params=["aioquic", "qh3"])
+def engine(request: pytest.FixtureRequest) -> str:
+    """Every cell runs on both QUIC engines (qh3's where the extra is installed)."""
+    if request.param == "qh3":
+        pytest.importorskip("qh3")
+    return str(request.param)
+
+
 @pytest.fixture
 async def cluster_factory(
-    tmp_path: Path, make_credentials: Callable[..., NodeCredentials]
+    tmp_path: Path, make_credentials: Callable[..., NodeCredentials], engine: str
 ) -> AsyncIterator[Callable[[Settings], Cluster]]:
     uvloop = type(asyncio.get_running_loop()).__module__.startswith("uvloop")
     made: list[Cluster] = []
 
     def make(settings: Settings) -> Cluster:
         settings.uvloop = uvloop
+        settings.engine = engine
         cluster = Cluster(tmp_path, make_credentials, settings)
         made.append(cluster)
         return cluster
@@ -459,4 +468,39 @@ async def test_a_blackhole_past_the_bound_ends_every_stream_and_new_streams_work
         producer_end=producer_latest,
         refused_attaches=refused,
         producer_outcomes=sorted({r["outcome"] for r in ended.values()}),
+    )
+
+
+EIGHT_SECOND_CUT = Settings(heartbeat=6.0, idle_timeout=30.0, health_check=2.0)
+"""An 8 s cut that every stream must survive: 3 windows of 6 s, a 30 s idle timeout, and
+mux health checks every 2 s that wait 14 s for their answer, so a check runs through the
+cut and is answered only once the path is back (its PING was lost: qh3's core never
+resent it, and the check's failure ended every stream to the peer)."""
+EIGHT_SECOND_CUT.health_check_timeout = 14.0
+
+
+@pytest.mark.timeout(120)
+async def test_an_eight_second_blackhole_during_a_health_check_keeps_every_stream(
+    cluster_factory: Callable[[Settings], Cluster], engine: str
+) -> None:
+    settings = Settings(**vars(EIGHT_SECOND_CUT))
+    cluster = cluster_factory(settings)
+    consumer = await cluster.start_consumer()
+    producer = await cluster.start_producer("producer")
+    streams = await cluster.open_streams(consumer, producer, 16, items=None, interval=0.02)
+    await cut(cluster, 8.0)
+    await traffic_resumed(cluster)
+    await producer.ask({"op": "finish"}, 60)
+    assert_delivered(await consumer.wait_ended(streams, 40), await producer.wait_ended(streams, 5))
+    metrics = await consumer_metrics(consumer)
+    assert metrics["velo_streaming_heartbeat_watchdog_firings_total"] == 0
+    produced = (await producer.ask({"op": "metrics"}))["metrics"]
+    failures = produced.get("velo_streaming_mux_health_check_failures_total", 0.0)
+    checks = produced.get("velo_streaming_mux_health_checks_total", 0.0)
+    assert failures == 0
+    report(
+        f"blackhole-8s-{engine}",
+        streams=len(streams),
+        health_checks=checks,
+        delivered=sum(r["items"] for r in consumer.records_of(streams)),
     )

@@ -56,10 +56,14 @@ class NodeProcess:
         self._pump = asyncio.create_task(self._read())
 
     @classmethod
-    async def spawn(cls, name: str, module: str, arguments: list[str], uvloop: bool) -> NodeProcess:
+    async def spawn(
+        cls, name: str, module: str, arguments: list[str], uvloop: bool, engine: str | None = None
+    ) -> NodeProcess:
         env = dict(os.environ)
         if not uvloop:
             env["VELOMUX_NO_UVLOOP"] = "1"
+        if engine is not None:
+            env["VELOMUX_QUIC_ENGINE"] = engine
         process = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
@@ -168,11 +172,16 @@ class Settings:
     heartbeat: float = 0.5
     idle_timeout: float = 2.0
     health_check: float = 1.0
+    health_check_timeout: float | None = None
+    """The mux health check's timeout (None: ``health_check``, its interval)."""
     lanes: int = 1
     staging_threshold: int = 256 * 1024
     """Payloads above it are staged and pulled (rendezvous) instead of sent inline."""
     mux: bool = True
     uvloop: bool = True
+    engine: str | None = None
+    """The QUIC engine of every node (``VELOMUX_QUIC_ENGINE`` in its environment); None: the
+    test process's own choice."""
     impairment: Impairment = field(
         default_factory=lambda: Impairment(
             loss=0.02, delay=0.002, jitter=0.001, reorder=0.01, reorder_hold=0.003, seed=13
@@ -247,12 +256,16 @@ class Cluster:
             str(self.settings.health_check),
             *self.common(),
         ]
+        if self.settings.health_check_timeout is not None:
+            arguments += ["--health-check-timeout", str(self.settings.health_check_timeout)]
         process = await self._spawn(name, "tests.procs.oracle_producer", arguments)
         await process.reply()
         return process
 
     async def _spawn(self, name: str, module: str, arguments: list[str]) -> NodeProcess:
-        process = await NodeProcess.spawn(name, module, arguments, self.settings.uvloop)
+        process = await NodeProcess.spawn(
+            name, module, arguments, self.settings.uvloop, self.settings.engine
+        )
         self.processes.append(process)
         return process
 

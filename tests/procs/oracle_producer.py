@@ -1,7 +1,8 @@
 """A producer node in its own process for the fault matrix: every item carries its oracle.
 
     python -m tests.procs.oracle_producer --credentials DIR --peer UUID@HOST:PORT \
-        [--lanes N] [--idle-timeout S] [--health-check S] [--no-mux]
+        [--lanes N] [--idle-timeout S] [--health-check S]
+        [--health-check-timeout S] [--no-mux]
 
 Each item is ``[stream, seq, crc32(payload), payload]``, so the consumer can tell a lost,
 duplicated, reordered, corrupted or misrouted item from a good one. The test drives it with
@@ -176,7 +177,7 @@ async def main(args: argparse.Namespace) -> int:
     mux = MuxConfig(
         enabled=not args.no_mux,
         health_check_interval=args.health_check,
-        health_check_timeout=args.health_check,
+        health_check_timeout=args.health_check_timeout or args.health_check,
     )
     messenger = MessengerConfig(staging_threshold=args.staging_threshold)
     loop = asyncio.get_running_loop()
@@ -212,5 +213,6 @@ if __name__ == "__main__":
     parser.add_argument("--staging-threshold", type=int, default=256 * 1024)
     parser.add_argument("--idle-timeout", type=float, default=15.0)
     parser.add_argument("--health-check", type=float, default=5.0)
+    parser.add_argument("--health-check-timeout", type=float, default=None)
     parser.add_argument("--no-mux", action="store_true")
     raise SystemExit(run(main(parser.parse_args())))

@@ -18,7 +18,7 @@ from velomux_quic.security.tls import make_quic_configuration
 from velomux_quic.security.verify import PeerVerifier
 from velomux_quic.transport import seam
 from velomux_quic.transport.aioquic_engine import EngineConnection
-from velomux_quic.transport.qh3_engine import Qh3Connection
+from velomux_quic.transport.qh3_engine import ENGINE_FAILURE_REASON, Qh3Connection
 
 CLIENT = ("127.0.0.1", 1111)
 SERVER = ("127.0.0.1", 2222)
@@ -314,3 +314,143 @@ def test_a_burst_is_acknowledged_at_its_end_and_an_ack_waits_at_most_a_milliseco
     assert not server.ack_due(Clock.now + 0.001)
     for data, _ in answer:
         client.receive_datagram(data, SERVER, Clock.now + 0.001)
+
+
+class _FailingCore:
+    """qh3's core, raising what the Rust core raised in an overload soak once armed."""
+
+    def __init__(self, core: Any) -> None:
+        self.core = core
+        self.armed: str | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self.core, name)
+        if name == self.armed:
+
+            def failing(*args: Any) -> Any:
+                self.armed = None  # once: the close the adapter then asks for works
+                raise ValueError("reserved stream is missing")
+
+            return failing
+        return attribute
+
+
+class _FailingQh3(Qh3Connection):
+    """The adapter over a core that raises on demand (a test double of the core only)."""
+
+    failing: _FailingCore | None = None
+
+    def _create_core(self, remote_addr: Any, initial_dcid: bytes, now: float) -> None:
+        super()._create_core(remote_addr, initial_dcid, now)
+        self.failing = _FailingCore(self._core)
+        self._core = self.failing  # type: ignore[assignment]
+
+
+def _failing_pair(
+    make_credentials: Callable[..., NodeCredentials],
+) -> tuple[Any, _FailingQh3, _FailingCore]:
+    client, _unused, _, server_creds = pair(make_credentials, "aioquic", "qh3")
+    settings: dict[str, Any] = {
+        "max_datagram_size": 1452,
+        "idle_timeout": 15.0,
+        "max_stream_data": WINDOW,
+        "max_data": 64 * 1024 * 1024,
+    }
+    failing = _FailingQh3(
+        configuration=make_qh3_configuration(server_creds, is_client=False, **settings),
+        original_destination_connection_id=client.original_destination_connection_id,
+        verifier=PeerVerifier(server_creds.trust_roots, server_creds.trust_domain),
+        peer_role="client",
+        expected_peer=None,
+        max_concurrent_streams=1024,
+    )
+    exchange(client, failing)
+    assert failing.failing is not None and failing.handshake_confirmed is not None
+    return client, failing, failing.failing
+
+
+@pytest.mark.parametrize("armed", ["poll_transmit", "handle_timer", "receive_datagram"])
+def test_a_qh3_core_error_ends_the_connection_at_once_with_connection_close(
+    make_credentials: Callable[..., NodeCredentials], armed: str
+) -> None:
+    """Whatever qh3's core raises (here the ValueError it raised while sending in an
+    overload soak), the adapter ends that connection at once: the peer gets
+    CONNECTION_CLOSE with INTERNAL_ERROR, and the termination follows that datagram."""
+    client, server, core = _failing_pair(make_credentials)
+    client.send_stream_data(2, b"before")
+    exchange(client, server)
+    core.armed = armed
+    if armed == "handle_timer":
+        server.handle_timer(Clock.now)
+    elif armed == "receive_datagram":
+        client.send_ping(1)
+        for data, _ in client.datagrams_to_send(Clock.now):
+            server.receive_datagram(data, CLIENT, Clock.now)
+    else:
+        server.send_stream_data(3, b"reply")
+    assert not any(isinstance(e, seam.ConnectionTerminated) for e in drain(server))
+    assert server.ack_due(Clock.now) or armed == "poll_transmit"
+    farewell = server.datagrams_to_send(Clock.now)
+    assert farewell
+    assert server.get_timer() == 0.0  # the connection's timer takes the termination now
+    ended = [e for e in drain(server) if isinstance(e, seam.ConnectionTerminated)]
+    assert len(ended) == 1 and ended[0].error_code == 0x1
+    assert ended[0].reason_phrase.startswith(ENGINE_FAILURE_REASON)
+    assert "reserved stream is missing" in ended[0].reason_phrase
+    assert server.get_timer() is None  # taken: nothing more to time
+    assert server.datagrams_to_send(Clock.now) == []  # once
+    for data, _ in farewell:
+        client.receive_datagram(data, SERVER, Clock.now)
+    Clock.now += 5.0  # past the peer's draining period
+    client.handle_timer(Clock.now)
+    closed = [e for e in drain(client) if isinstance(e, seam.ConnectionTerminated)]
+    assert len(closed) == 1 and closed[0].error_code == 0x1
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_lost_ping_is_answered_once_the_path_is_back(
+    make_credentials: Callable[..., NodeCredentials], engine: str
+) -> None:
+    """A PING whose packet is lost (a health check during a short outage) is sent again
+    and answered once packets get through: aioquic resends lost PINGs itself, qh3's core
+    does not, so its adapter queues the PING again when the core's probe timer fires."""
+    client, server, _, _ = pair(make_credentials, "aioquic", engine)
+    exchange(client, server)
+    server.send_ping(42)
+    assert server.datagrams_to_send(Clock.now)  # lost: never delivered
+    acknowledged = False
+    for _ in range(200):
+        timer = server.get_timer()
+        assert timer is not None
+        Clock.now = max(Clock.now, timer)
+        server.handle_timer(Clock.now)
+        exchange(client, server, take_server_events=False)
+        if any(isinstance(e, seam.PingAcknowledged) and e.uid == 42 for e in drain(server)):
+            acknowledged = True
+            break
+    assert acknowledged
+
+
+@pytest.mark.parametrize("ended", [True, False])
+def test_a_stop_asked_while_qh3_events_are_held_waits_and_skips_an_ended_stream(
+    make_credentials: Callable[..., NodeCredentials], ended: bool
+) -> None:
+    """STOP_SENDING asked for while the qh3 adapter holds the core's events (a lane a
+    window ahead of its reader) waits until they are all taken: for a stream whose end was
+    among them it is dropped (the core removes a stream as its end is taken, and a STOP
+    reserved on it then failed the core's next transmit); for a live one it is sent."""
+    client, server, _, _ = pair(make_credentials, "aioquic", "qh3")
+    exchange(client, server)
+    server.manage_receive_window(2, lambda: 0, WINDOW)  # lane 0's stream, never read
+    client.send_stream_data(2, bytes(3 * WINDOW))
+    exchange(client, server, take_server_events=False)
+    client.send_stream_data(70, b"a per-stream stream", end_stream=ended)
+    exchange(client, server, take_server_events=False)  # its end waits behind the hold
+    server.stop_stream(70, 0x101)
+    exchange(client, server, take_server_events=False)
+    assert not [e for e in drain(client) if isinstance(e, seam.StopSendingReceived)]
+    server.forget_stream(2)  # the lane's reader is gone: the hold ends
+    client.send_ping(1)  # a datagram in: the adapter takes every held event
+    exchange(client, server)
+    stops = [e.stream_id for e in drain(client) if isinstance(e, seam.StopSendingReceived)]
+    assert stops == ([] if ended else [70])

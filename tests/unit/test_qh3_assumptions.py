@@ -24,6 +24,7 @@ from aioquic.quic.connection import QuicConnection as AioquicConnection  # noqa:
 from cryptography.hazmat.primitives import serialization  # noqa: E402
 from qh3 import tls as qtls  # noqa: E402
 from qh3._hazmat import QuicConnectionCore  # noqa: E402
+from qh3.quic import events as qh3_events  # noqa: E402
 from qh3.quic.configuration import QuicConfiguration  # noqa: E402
 from qh3.quic.connection import QuicConnection, QuicConnectionError  # noqa: E402
 from qh3.quic.tls_bridge import QuicTlsBridge  # noqa: E402
@@ -486,3 +487,61 @@ def test_the_fast_paths_take_what_the_facade_would_give_the_core(
     learn = inspect.getsource(QuicConnection._learn_remote_source_cid)
     assert "if self._handshake_complete" in learn
     assert QuicConfiguration().quic_logger is None
+
+
+def _acknowledged_pings(connection: QuicConnection) -> list[int]:
+    """The uids of the PingAcknowledged events qh3's facade took from its core."""
+    uids = []
+    while (event := connection.next_event()) is not None:
+        if isinstance(event, qh3_events.PingAcknowledged):
+            uids.append(event.uid)
+    return uids
+
+
+def test_a_lost_ping_is_never_resent_by_the_core_and_counts_move(
+    make_credentials: Callable[..., NodeCredentials],
+) -> None:
+    """The defect the adapter works around: the core reports a PING only when the packet
+    carrying it is acknowledged and does not queue it again when that packet is lost. Its
+    ``pto_total`` and ``loss_total`` count probe timeouts and losses (the adapter resends
+    its PINGs when they move), and ``send_ping(uid)`` queues a PING reported by ``uid``."""
+    client, server = _plain_pair(make_credentials)
+    core = client._core
+    assert core is not None
+    before = (core.pto_total, core.loss_total)
+    core.send_ping(7)
+    assert client.datagrams_to_send(_Clock.now)  # lost: never delivered
+    for _ in range(5):  # probe timeouts, each probe delivered and acknowledged
+        timer = core.get_timer()
+        if timer is None or timer[0] != "loss_detection":
+            break  # nothing in flight any more: the PING's packet was declared lost
+        _Clock.now = max(_Clock.now, timer[1])
+        core.handle_timer(_Clock.now)
+        _exchange(client, server, rounds=50)
+    assert 7 not in _acknowledged_pings(client)
+    assert (core.pto_total, core.loss_total) != before
+    core.send_ping(7)
+    _exchange(client, server)
+    assert 7 in _acknowledged_pings(client)
+
+
+def test_a_closing_core_builds_connection_close_apart_from_its_streams(
+    make_credentials: Callable[..., NodeCredentials],
+) -> None:
+    """What the adapter does when the core raised: ``close(code, frame_type, reason)`` with
+    a frame type sends a transport CONNECTION_CLOSE (INTERNAL_ERROR here) from
+    ``poll_transmit``, built apart from the stream state, and the peer reads the code."""
+    client, server = _plain_pair(make_credentials)
+    core = client._core
+    assert core is not None
+    client.send_stream_data(0, b"queued, never sent")
+    core.close(0x1, 0, b"engine error")
+    assert core.state == "closing"
+    datagrams = []
+    while (transmit := core.poll_transmit(_Clock.now)) is not None:
+        datagrams.append(transmit[0])
+    assert datagrams
+    for data in datagrams:
+        server.receive_datagram(data, CLIENT, _Clock.now)
+    closing = server._close_event
+    assert closing is not None and closing.error_code == 0x1, closing

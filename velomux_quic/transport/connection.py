@@ -61,6 +61,7 @@ from .openings import DROP, REFUSED_TIMEOUT, StreamOpenings
 from .perstream_send import PerStreamOutbound
 from .requests import IncomingRequests, OutgoingRequests
 from .seam import (
+    ENGINE_FAILURE_REASON,
     ConnectionIdIssued,
     ConnectionIdRetired,
     ConnectionTerminated,
@@ -806,6 +807,8 @@ class PeerConnection:
         self.transmit_soon()
 
     def _stream_reset(self, stream_id: int, error_code: int) -> None:
+        if error_code == CloseCode.READER_BEHIND:
+            self.endpoint.stats.rejections["reader_behind"] += 1
         if self.requests_out.owns(stream_id):
             self.requests_out.reset(stream_id, error_code)
             return
@@ -964,6 +967,8 @@ class PeerConnection:
             return
         was_established = self.state is not ConnectionState.HANDSHAKING
         self.state = ConnectionState.CLOSED
+        if event.reason_phrase.startswith(ENGINE_FAILURE_REASON):
+            self.endpoint.stats.engine_failures += 1
         self._deadlines.clear()
         self._engine_at = None
         if self._transmit_handle is not None:

@@ -42,6 +42,7 @@ class TransportStats:
         "datagrams_out",
         "datagrams_too_big",
         "dials",
+        "engine_failures",
         "frames_in",
         "frames_out",
         "gro_buffers",
@@ -112,6 +113,8 @@ class TransportStats:
         """Received buffers that held several datagrams (UDP GRO)."""
         self.udp_send_drops = 0
         """Datagrams dropped because the send queue behind a full kernel buffer was full."""
+        self.engine_failures = 0
+        """Connections ended because their QUIC engine raised (INTERNAL_ERROR sent)."""
 
 
 class TransportCollector(Collector):
@@ -220,6 +223,14 @@ class TransportCollector(Collector):
         )
         dials.add_metric([TRANSPORT_KEY], s.dials)
         yield dials
+        failures = CounterMetricFamily(
+            "velo_transport_engine_failures",
+            "Connections ended at once because their QUIC engine raised (the peer was sent "
+            "CONNECTION_CLOSE with INTERNAL_ERROR)",
+            labels=["transport"],
+        )
+        failures.add_metric([TRANSPORT_KEY], s.engine_failures)
+        yield failures
         active = GaugeMetricFamily(
             "velo_transport_active_connections", "Open QUIC connections", labels=["transport"]
         )

@@ -26,22 +26,32 @@ against the range in ``pyproject.toml``:
 * **Events and receive credit.** The Rust core grants a stream's receive credit when its
   stream-data event is *taken* from the core's one FIFO event queue: there is no per-stream
   "consumed" call. So this adapter takes the core's events itself (``_drain_core``), turning
-  them into the seam's, and stops taking them while a managed stream is a whole window
-  ahead of its reader; that holds every stream of the connection back (the engine's
-  ``receive_backpressure`` is ``connection``) until :meth:`Qh3Connection.poll_receive_gate`
-  finds the reader caught up. It also reads the peer's per-stream credit
-  (``stream_credit`` events), which the facade drops, for the admission gate.
+  them into the seam's. It stops taking them while a lane is a whole window ahead of its
+  reader, which holds every stream of the connection (the engine's ``receive_backpressure``
+  is ``connection``) until :meth:`Qh3Connection.poll_receive_gate` finds the reader caught
+  up; a per-stream stream holds it for at most ``HOLD_GRACE``, and is cut once its reader
+  is ``READER_LAG_WINDOWS`` behind (:meth:`Qh3Connection._cut_for_reader`). It also reads the
+  peer's per-stream credit (``stream_credit`` events), which the facade drops, for the
+  admission gate.
+* **Core errors.** Anything the core raises while receiving, sending or on a timer ends
+  the connection at once with CONNECTION_CLOSE (:meth:`Qh3Connection._engine_failed`);
+  stream requests made while events are held wait for them (see ``stop_stream``), which
+  keeps the core from committing a reservation on a stream it removed.
+* **Lost PINGs.** The core does not resend a lost PING; the adapter does
+  (:meth:`Qh3Connection._resend_pings`).
 
 What qh3 does not offer and this adapter does not build: changing the datagram size of a
 live connection and probing for a larger one (the size is fixed from the same path plan when
 the connection is made), derived reset tokens beyond the first connection ID, and a
-per-stream acknowledged offset (a stream's bytes count as acknowledged once nothing of it
-is unsent and nothing of the connection is in flight, which is late under constant load,
-never early). ``EngineFeatures`` says so, and the node snapshot reports it.
+per-stream acknowledged offset (a stream counts as acknowledged when the core ends it;
+a lane, which never ends, once nothing of it is unsent and nothing of the connection is in
+flight, which is late under constant load, never early). ``EngineFeatures`` says so, and
+the node snapshot reports it.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
@@ -65,9 +75,15 @@ from ..security.alerts import Role
 from ..security.qh3_tls import Qh3VerifyingContext, install_qh3_peer_verification
 from ..security.verify import PeerVerificationError, PeerVerifier
 from . import seam
+from .lanes import lane_of_stream
 from .resets import StatelessResets
+from .states import CloseCode
 
-__all__ = ["QH3_FEATURES", "Qh3Connection"]
+__all__ = ["ENGINE_FAILURE_REASON", "QH3_FEATURES", "Qh3Connection"]
+
+ENGINE_FAILURE_REASON = seam.ENGINE_FAILURE_REASON
+
+logger = logging.getLogger(__name__)
 
 Consumed = Callable[[], int]
 
@@ -84,6 +100,24 @@ QH3_FEATURES = seam.EngineFeatures(
 )
 
 _END_STATES = frozenset({"closing", "draining", "terminated"})
+
+INTERNAL_ERROR = 0x1
+"""QUIC's transport error code INTERNAL_ERROR (RFC 9000 section 20.1)."""
+
+HOLD_GRACE = 1.0
+"""Seconds a per-stream stream a window ahead of its reader may hold its connection (as a
+lane does) before its neighbours are let through (see :meth:`Qh3Connection._end_grace`):
+a reader's short pause still pushes back on its writer, a stall holds no other stream."""
+
+READER_LAG_WINDOWS = 16
+"""How many receive windows a per-stream stream's reader may fall behind before the stream
+is cut (see :meth:`Qh3Connection._cut_for_reader`): 1 MiB at the default 64 KiB window."""
+
+MAX_CUT_STREAMS = 4096
+"""Cut streams remembered so their late data is dropped (a stream's end forgets it)."""
+
+MAX_TRACKED_PINGS = 64
+"""PINGs kept for resending: the checks a transport runs at once on one connection."""
 
 ACK_COALESCE = 0.001
 """How long an owed acknowledgement may wait for the rest of a burst (see
@@ -169,6 +203,32 @@ class Qh3Connection(Qh3QuicConnection):
         self._ack_owed_at: float | None = None
         """``ACK_COALESCE`` after the first datagram that no transmit has answered yet
         arrived (see :meth:`ack_due`)."""
+        self._failure: seam.ConnectionTerminated | None = None
+        """The core raised: the termination to report once the CONNECTION_CLOSE it sent
+        has left with a transmit (see :meth:`_engine_failed`)."""
+        self._farewell: list[tuple[bytes, Any]] = []
+        self._failure_taken = False
+        """The failure's termination was taken by :meth:`poll_event`: no timer any more."""
+        self._pings: dict[int, None] = {}
+        """PINGs sent and not acknowledged, oldest first (see :meth:`_resend_pings`)."""
+        self._probe_marks = (0, 0)
+        """The core's loss and probe-timeout counts when the PINGs were last (re)sent."""
+        self._deferred: list[tuple[bool, int, int]] = []
+        """STOP_SENDING (True) and RESET_STREAM (False) requests made while the core's
+        events were held, applied once they are all taken (see :meth:`stop_stream`)."""
+        self._held_since = 0.0
+        """When the held stream was held (a per-stream stream's hold lasts ``HOLD_GRACE``)."""
+        self._spilling: set[int] = set()
+        """Per-stream streams held for ``HOLD_GRACE`` once: never held again, cut past
+        ``READER_LAG_WINDOWS`` (see :meth:`_cut_for_reader`)."""
+        self._cut: set[int] = set()
+        """Per-stream streams cut because their reader fell too far behind (see
+        :meth:`_cut_for_reader`); their late data and reset are not reported."""
+        self._ended_streams: set[int] = set()
+        """Streams whose end the adapter took from the core while requests were deferred."""
+        self._now = 0.0
+        """The time of the last call that carried one (a close made outside such a call
+        dates its core's close timer by it)."""
 
     # -- construction hooks (qh3 private, pinned) ------------------------------------------
 
@@ -246,6 +306,7 @@ class Qh3Connection(Qh3QuicConnection):
         normalise the address on every datagram. And on the accepting side, bytes after
         a datagram's last QUIC packet are given to the core with that packet, so they
         count toward the amplification allowance (see the module docstring)."""
+        self._now = now
         if self._ack_owed_at is None:
             self._ack_owed_at = now + ACK_COALESCE
         try:
@@ -254,14 +315,17 @@ class Qh3Connection(Qh3QuicConnection):
                 self._call_core(core.receive_datagram, data, addr, now, None)
                 self._drain_core()
                 self._settle_all()
-                return
-            end = len(data) if self._is_client else _end_of_packets(data, self._cid_length)
-            if end == len(data) or end == 0:
-                super().receive_datagram(data, addr, now)
-            elif self._core is not None or self._start_from(data, addr, now):
-                self._receive_with_trailing(data, end, addr, now)
-        except QuicConnectionError as exc:
-            self._engine_failed(exc)
+            else:
+                end = len(data) if self._is_client else _end_of_packets(data, self._cid_length)
+                if end == len(data) or end == 0:
+                    super().receive_datagram(data, addr, now)
+                elif self._core is not None or self._start_from(data, addr, now):
+                    self._receive_with_trailing(data, end, addr, now)
+        except Exception as exc:
+            self._engine_failed(exc, now)
+            return
+        if self._pings:
+            self._resend_pings()
 
     @property
     def _cid_length(self) -> int:
@@ -299,8 +363,12 @@ class Qh3Connection(Qh3QuicConnection):
 
     def datagrams_to_send(self, now: float) -> list[tuple[bytes, Any]]:
         """The core's datagrams, taken in one loop (qh3's facade parses every datagram's
-        headers in Python for its logger, which this transport never sets)."""
+        headers in Python for its logger, which this transport never sets). After the core
+        raised, the CONNECTION_CLOSE it was made to send, once, and then the termination."""
+        self._now = now
         core = self._core
+        if self._failure is not None:
+            return self._take_farewell()
         if core is None:
             return []
         datagrams: list[tuple[bytes, Any]] = []
@@ -308,8 +376,9 @@ class Qh3Connection(Qh3QuicConnection):
         try:
             while (transmit := poll(now)) is not None:
                 datagrams.append((transmit[0], transmit[1]))
-        except RuntimeError as exc:
-            self._engine_failed(QuicConnectionError(1, None, str(exc)))
+        except Exception as exc:
+            self._engine_failed(exc, now)
+            return datagrams + self._take_farewell()
         if self._ack_owed_at is not None and datagrams:
             timer = core.get_timer()
             if timer is None or not timer[0].startswith("ack"):
@@ -318,23 +387,89 @@ class Qh3Connection(Qh3QuicConnection):
             self._drain_core()  # connection IDs issued while building: route them now
         return datagrams
 
+    def _take_farewell(self) -> list[tuple[bytes, Any]]:
+        farewell, self._farewell = self._farewell, []
+        failure = self._failure
+        if failure is not None and self._state is not QuicConnectionState.TERMINATED:
+            self._state = QuicConnectionState.TERMINATED
+            self._queue.append(failure)
+        return farewell
+
+    def get_timer(self) -> float | None:
+        """As qh3's, and at once while a failure's termination waits to be taken: the
+        connection's timer callback is what takes it."""
+        if self._failure is not None:
+            return None if self._failure_taken else 0.0
+        core = self._core
+        if core is None:
+            return None
+        timer = core.get_timer()
+        deadline = None if timer is None else float(timer[1])
+        grace = self._grace_deadline()
+        if grace is not None and (deadline is None or grace < deadline):
+            return grace
+        return deadline
+
+    def _grace_deadline(self) -> float | None:
+        """When the hold of a per-stream stream ends (None: no such hold)."""
+        held = self._held
+        if held is None or lane_of_stream(held) is not None:
+            return None
+        return self._held_since + HOLD_GRACE
+
+    def _end_grace(self, now: float) -> None:
+        """A per-stream stream held ``HOLD_GRACE``: let its neighbours through, and from now
+        on keep taking its data (up to the cut) instead of holding the connection."""
+        grace = self._grace_deadline()
+        if grace is None or grace > now:
+            return
+        held = self._held
+        assert held is not None
+        self._spilling.add(held)
+        self._held = None
+        self._drain_core()
+
     def handle_timer(self, now: float) -> None:
+        self._now = now
+        if self._failure is not None:
+            return
+        self._end_grace(now)
         try:
             super().handle_timer(now)
-        except QuicConnectionError as exc:
-            self._engine_failed(exc)
-
-    def _engine_failed(self, exc: QuicConnectionError) -> None:
-        """qh3's core refused an operation: end the connection with its reason, at once,
-        rather than leave it to hang until a timeout."""
-        if self._state is QuicConnectionState.TERMINATED:
+        except Exception as exc:
+            self._engine_failed(exc, now)
             return
-        self._state = QuicConnectionState.TERMINATED
-        self._queue.append(
-            seam.ConnectionTerminated(
-                int(exc.error_code), exc.frame_type, f"qh3 engine error: {exc.reason_phrase}"
-            )
-        )
+        if self._pings:
+            self._resend_pings()
+
+    def _engine_failed(self, exc: BaseException, now: float) -> None:
+        """qh3's core raised: end the connection at once, telling the peer.
+
+        Whatever the core raised (a ``ValueError`` from its stream bookkeeping as well as
+        the ``RuntimeError`` qh3's facade expects), its state may now be inconsistent: a
+        packet it built may never have been recorded, so the streams it carried would
+        stall for good. The core is told to close with INTERNAL_ERROR; the CONNECTION_CLOSE
+        it builds (a fresh packet, apart from the broken state) leaves with the next
+        transmit, and only then is the termination reported, so the connection sends it
+        before it tears down. The termination's reason starts with
+        :data:`ENGINE_FAILURE_REASON`, which the transport counts."""
+        if self._failure is not None or self._state is QuicConnectionState.TERMINATED:
+            return
+        detail = exc.reason_phrase if isinstance(exc, QuicConnectionError) else str(exc)
+        reason = f"{ENGINE_FAILURE_REASON} (qh3): {type(exc).__name__}: {detail}"
+        self._failure = seam.ConnectionTerminated(INTERNAL_ERROR, None, reason)
+        self._held = None
+        core = self._core
+        if core is None or core.state in _END_STATES:
+            return
+        farewell: list[tuple[bytes, Any]] = []
+        try:
+            core.close(INTERNAL_ERROR, 0, reason.encode("utf8", "replace")[:512])
+            while (transmit := core.poll_transmit(now)) is not None:
+                farewell.append((transmit[0], transmit[1]))
+        except Exception:  # the core cannot even close: end without telling the peer
+            logger.debug("qh3 core could not send CONNECTION_CLOSE", exc_info=True)
+        self._farewell = farewell
 
     # -- events --------------------------------------------------------------------------
 
@@ -351,23 +486,35 @@ class Qh3Connection(Qh3QuicConnection):
         while True:
             native = core.next_event()
             if native is None:
+                if self._deferred:
+                    self._apply_deferred()
                 return
             kind = native[0]
             if kind == "stream_data":
                 stream_id = native[1]
+                if stream_id in self._cut:
+                    continue  # a stream cut for its reader: what was in flight is dropped
                 data = native[2]
                 append(seam.StreamDataReceived(stream_id, data, native[3]))
                 window = managed.get(stream_id)
                 if window is not None:
                     delivered = self._delivered.get(stream_id, 0) + len(data)
                     self._delivered[stream_id] = delivered
-                    if delivered - window[0]() >= window[1]:
-                        self._held = stream_id
-                        return
+                    behind = delivered - window[0]()
+                    if behind >= window[1]:
+                        if stream_id not in self._spilling:
+                            self._held = stream_id
+                            self._held_since = self._now
+                            return
+                        if behind >= window[1] * READER_LAG_WINDOWS:
+                            self._cut_for_reader(stream_id)
             elif kind == "stream_credit":
                 self._credit_changed(native[1], native[2])
             elif kind == "stream_finished":
                 self._stream_finished(native[1])
+                self._cut.discard(native[1])
+                if self._deferred:
+                    self._ended_streams.add(native[1])
             elif kind == "crypto_data":
                 self._crypto(native)
             elif kind == "connection_id_issued":
@@ -378,10 +525,14 @@ class Qh3Connection(Qh3QuicConnection):
             elif kind == "connection_id_retired":
                 append(seam.ConnectionIdRetired(native[1]))
             elif kind == "ping_acknowledged":
+                self._pings.pop(native[1], None)
                 append(seam.PingAcknowledged(native[1]))
             elif kind == "stream_reset":
+                if native[1] in self._cut:
+                    continue  # already reported cut
                 append(seam.StreamReset(native[1], native[2]))
             elif kind == "stop_sending":
+                self._unsettled.discard(native[1])  # the core resets it: never settled
                 append(seam.StopSendingReceived(native[1], native[2]))
             elif kind == "handshake_done":
                 self._handshake_confirmed = True
@@ -408,6 +559,46 @@ class Qh3Connection(Qh3QuicConnection):
                 append(seam.ConnectionTerminated(code, frame, reason))
             elif kind == "new_token":
                 self._peer_token = native[1]
+
+    def _cut_for_reader(self, stream_id: int) -> None:
+        """A per-stream stream's reader is ``READER_LAG_WINDOWS`` windows behind: cut it.
+
+        qh3 grants a stream credit as its data is taken from the core's one event queue,
+        so the only way to stop a stream's writer is to stop taking events, which holds
+        every stream of the connection. Lanes still do that (the mux above them has its own
+        credit, so a lane is rarely a window behind), but a per-stream stream's reader is
+        an application's: one that stalls would freeze its neighbours, and the watchdog
+        would then drop them all. So its hold ends after ``HOLD_GRACE``, its data keeps
+        being taken from then on, up to this bound, and past it the stream is stopped
+        (STOP_SENDING, ``CloseCode.READER_BEHIND``) and reported reset to the transport,
+        which counts it; its reader keeps what arrived."""
+        self._managed.pop(stream_id, None)
+        self._delivered.pop(stream_id, None)
+        self._spilling.discard(stream_id)
+        self._cut.add(stream_id)
+        if len(self._cut) > MAX_CUT_STREAMS:
+            self._cut.pop()
+        self._queue.append(seam.StreamReset(stream_id, int(CloseCode.READER_BEHIND)))
+        try:
+            Qh3QuicConnection.stop_stream(self, stream_id, int(CloseCode.READER_BEHIND))
+        except Exception:  # already finished in the core: nothing more will come
+            logger.debug("could not stop stream %d", stream_id, exc_info=True)
+
+    def _apply_deferred(self) -> None:
+        """Every held event is taken: make the stream requests deferred meanwhile, but
+        for streams whose end was among them (see :meth:`stop_stream`)."""
+        deferred, self._deferred = self._deferred, []
+        ended, self._ended_streams = self._ended_streams, set()
+        for stop, stream_id, error_code in deferred:
+            if stream_id in ended:
+                continue
+            try:
+                if stop:
+                    super().stop_stream(stream_id, error_code)
+                else:
+                    super().reset_stream(stream_id, error_code)
+            except Exception:  # finished or unknown to the core by now: nothing to do
+                logger.debug("deferred request on stream %d dropped", stream_id, exc_info=True)
 
     def _crypto(self, native: tuple[Any, ...]) -> None:
         assert self._core is not None and self._tls is not None
@@ -443,25 +634,76 @@ class Qh3Connection(Qh3QuicConnection):
                         event.error_code, event.frame_type, event.reason_phrase
                     )
                 continue  # ProtocolNegotiated and the like: nothing for the transport
+            if event is self._failure:
+                self._failure_taken = True
             return cast(seam.EngineEvent, event)
         return None
 
     def close(
         self, error_code: int = 0, frame_type: int | None = None, reason_phrase: str = ""
     ) -> None:
+        if self._failure is not None:
+            return  # already closing with INTERNAL_ERROR
         try:
             super().close(error_code=error_code, frame_type=frame_type, reason_phrase=reason_phrase)
-        except QuicConnectionError as exc:
-            self._engine_failed(exc)
+        except Exception as exc:
+            self._engine_failed(exc, self._now)
 
     def send_ping(self, uid: int) -> None:
-        if self._ended():
+        """Queue a PING; it is sent again until acknowledged (see :meth:`_resend_pings`)."""
+        if self._ended() or self._failure is not None:
             return  # ending: its termination reports what waited (aioquic ignores it too)
         super().send_ping(uid)
+        pings = self._pings
+        pings.pop(uid, None)
+        pings[uid] = None
+        if len(pings) > MAX_TRACKED_PINGS:
+            del pings[next(iter(pings))]
+        core = self._core
+        if core is not None:
+            self._probe_marks = (core.loss_total, core.pto_total)
+
+    def _resend_pings(self) -> None:
+        """Send the unacknowledged PINGs again after the core lost a packet or sent a probe.
+
+        qh3's core reports a PING only when the packet carrying it is acknowledged, and
+        does not resend a lost one (aioquic does): a health check whose PING fell into a
+        short outage was never answered, however soon the path came back. So each time the
+        core's loss or probe-timeout count moves while PINGs wait, they are queued again,
+        under the same identifiers: the probe the core sends when its timer fires, or the
+        next packet after a loss, carries them, and whichever copy is acknowledged first
+        answers the check."""
+        core = self._core
+        if core is None or core.state in _END_STATES:
+            return
+        marks = (core.loss_total, core.pto_total)
+        if marks == self._probe_marks:
+            return
+        self._probe_marks = marks
+        for uid in self._pings:
+            try:
+                core.send_ping(uid)
+            except Exception as exc:
+                self._engine_failed(exc, self._now)
+                return
 
     def stop_stream(self, stream_id: int, error_code: int) -> None:
-        if not self._ended():
-            super().stop_stream(stream_id, error_code)
+        """STOP_SENDING; deferred while the core's events are held.
+
+        qh3's core builds a stream's frame in two steps, a reservation and its commit
+        once the packet is sent, and keeps a reservation across transmits while the
+        congestion window is full. Taking a stream's end event from the core removes
+        the stream at once; a reservation still open on it then fails the next transmit
+        ("reserved stream is missing"), and the packet it was built into is lost for
+        good. A request for a stream whose end the core has queued, behind events held
+        for a slow reader, is exactly that case: the request is kept here until every
+        held event has been taken, and dropped if the stream's end was among them."""
+        if self._ended() or self._failure is not None:
+            return
+        if self._held is not None:
+            self._deferred.append((True, stream_id, error_code))
+            return
+        super().stop_stream(stream_id, error_code)
 
     def _ended(self) -> bool:
         core = self._core
@@ -481,7 +723,7 @@ class Qh3Connection(Qh3QuicConnection):
         sent, received and processed on both sides; the core's own ACK timer still
         bounds the delay.
         """
-        if not self._handshake_complete or self._core is None:
+        if not self._handshake_complete or self._core is None or self._failure is not None:
             return True
         timer = self._core.get_timer()
         if timer is None or not timer[0].startswith("ack") or timer[1] > now:
@@ -504,8 +746,8 @@ class Qh3Connection(Qh3QuicConnection):
         if timer is not None and timer[0].startswith("ack"):
             try:
                 core.handle_timer(timer[1])
-            except RuntimeError as exc:
-                self._engine_failed(QuicConnectionError(1, None, str(exc)))
+            except Exception as exc:
+                self._engine_failed(exc, timer[1])
 
     # -- identity ------------------------------------------------------------------------
 
@@ -592,9 +834,16 @@ class Qh3Connection(Qh3QuicConnection):
         self._credit[stream_id] = credit
 
     def _stream_finished(self, stream_id: int) -> None:
-        """qh3's core is done with a stream we wrote: stop counting it."""
+        """qh3's core is done with a stream: stop counting it. For a stream we wrote and
+        finished, that is the peer's acknowledgement of every byte and of its FIN (the
+        core ends a sending stream only then, or once its reset is acknowledged, and a
+        reset stream is no longer unsettled): its acknowledged floor is what it wrote, at
+        once, however busy the connection is."""
         self._created_local_stream_ids.discard(stream_id)  # what qh3's facade does
         self._untrack(stream_id)
+        if stream_id in self._unsettled:
+            self._unsettled.discard(stream_id)
+            self._acked_floor[stream_id] = self._written.get(stream_id, 0)
 
     def _untrack(self, stream_id: int) -> None:
         self._untracked.discard(stream_id)
@@ -714,8 +963,12 @@ class Qh3Connection(Qh3QuicConnection):
             return 0
 
     def reset_stream(self, stream_id: int, error_code: int) -> None:
-        if not self._ended():
-            super().reset_stream(stream_id, error_code)
+        """RESET_STREAM; deferred while the core's events are held (see :meth:`stop_stream`)."""
+        if not self._ended() and self._failure is None:
+            if self._held is not None:
+                self._deferred.append((False, stream_id, error_code))
+            else:
+                super().reset_stream(stream_id, error_code)
         self._untrack(stream_id)
         self._unsettled.discard(stream_id)  # what it wrote is abandoned, never settled
 
@@ -725,6 +978,7 @@ class Qh3Connection(Qh3QuicConnection):
     def forget_stream(self, stream_id: int) -> None:
         self._managed.pop(stream_id, None)
         self._delivered.pop(stream_id, None)
+        self._spilling.discard(stream_id)
         if self._held == stream_id:
             self._held = None
 

@@ -29,6 +29,7 @@ from ..ids import InstanceId
 from ..security.verify import PeerVerificationError
 
 __all__ = [
+    "ENGINE_FAILURE_REASON",
     "ENGINE_NAMES",
     "ConnectionIdIssued",
     "ConnectionIdRetired",
@@ -47,6 +48,10 @@ __all__ = [
 
 EngineName = Literal["aioquic", "qh3"]
 ENGINE_NAMES: tuple[EngineName, ...] = ("aioquic", "qh3")
+
+ENGINE_FAILURE_REASON = "engine error"
+"""How the reason of a :class:`ConnectionTerminated` begins when the engine itself failed
+(its internal state broke, not the peer or the path): the transport counts those."""
 
 NetworkAddress = tuple[str, int]
 Consumed = Callable[[], int]

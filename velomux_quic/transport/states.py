@@ -27,6 +27,9 @@ class CloseCode(enum.IntEnum):
     """Closed abruptly on request (tests and operators cutting a connection)."""
     UNACKNOWLEDGED = 0x107
     """The peer kept the connection alive without acknowledging what it was sent."""
+    READER_BEHIND = 0x108
+    """A stream stopped because its reader fell too far behind on an engine that cannot
+    hold one stream back alone (qh3; see ``EngineFeatures.receive_backpressure``)."""
 
 
 class ConnectionState(enum.Enum):
