@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,17 +26,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_pythons import VERSIONS, interpreter
+from test_pythons import run as run_step
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def run(command: Sequence[str | Path], cwd: Path, env: dict[str, str] | None = None) -> None:
-    started = time.monotonic()
-    shown = " ".join(str(part) for part in command[:5])
-    result = subprocess.run([str(p) for p in command], cwd=cwd, env=env, check=False)
-    if result.returncode != 0:
-        raise SystemExit(f"dist FAILED: `{shown} ...` exited {result.returncode}")
-    print(f"  ok ({time.monotonic() - started:.0f} s): {shown} ...", flush=True)
+    run_step(command, cwd, env, task="dist", shown_words=5)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

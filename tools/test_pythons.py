@@ -63,12 +63,20 @@ def interpreter(version: str) -> Path | None:
     return Path(found) if found else None
 
 
-def run(command: Sequence[str | Path], cwd: Path, env: dict[str, str] | None = None) -> None:
+def run(
+    command: Sequence[str | Path],
+    cwd: Path,
+    env: dict[str, str] | None = None,
+    *,
+    task: str = "test-pythons",
+    shown_words: int = 4,
+) -> None:
+    """Run one step, print how long it took, and end the whole task on its failure."""
     started = time.monotonic()
-    shown = " ".join(str(part) for part in command[:4])
+    shown = " ".join(str(part) for part in command[:shown_words])
     result = subprocess.run([str(p) for p in command], cwd=cwd, env=env, check=False)
     if result.returncode != 0:
-        raise SystemExit(f"test-pythons FAILED: `{shown} ...` exited {result.returncode}")
+        raise SystemExit(f"{task} FAILED: `{shown} ...` exited {result.returncode}")
     print(f"  ok ({time.monotonic() - started:.0f} s): {shown} ...", flush=True)
 
 
