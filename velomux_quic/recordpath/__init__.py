@@ -75,7 +75,11 @@ class CompiledRecordPathMissing(ImportError):
     exception tree is usable); its message says how to fix it."""
 
 
-COMPILED_MODULES: Final = ("velomux_quic.streaming.inbox",)
+COMPILED_MODULES: Final = (
+    "velomux_quic.streaming.frames",
+    "velomux_quic.streaming.inbox",
+    "velomux_quic.streaming.sender",
+)
 """The modules written once and compiled as they are where built (each has a ``.pxd``
 beside it, and an extension of the same name in setup.py)."""
 

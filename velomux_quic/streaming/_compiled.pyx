@@ -18,16 +18,7 @@ from velomux_quic.streaming.inbox cimport Inbox
 cdef Py_ssize_t PREFIX_SIZE = 6
 cdef bytes ITEM_PREFIX = b"\x81\xa4Item"
 
-cdef object _sender = None
 cdef object _frames = None
-
-
-cdef object sender_module():
-    global _sender
-    if _sender is None:
-        from velomux_quic.streaming import sender as module
-        _sender = module
-    return _sender
 
 
 cdef object frames_module():
@@ -38,27 +29,7 @@ cdef object frames_module():
     return _frames
 
 
-cdef inline bytes _item_frame(bytes packed):
-    """``ITEM_PREFIX + packed`` in one allocation."""
-    cdef Py_ssize_t size = PyBytes_GET_SIZE(packed)
-    cdef bytes frame = PyBytes_FromStringAndSize(NULL, PREFIX_SIZE + size)
-    cdef char* at = PyBytes_AS_STRING(frame)
-    memcpy(at, PyBytes_AS_STRING(ITEM_PREFIX), PREFIX_SIZE)
-    memcpy(at + PREFIX_SIZE, PyBytes_AS_STRING(packed), size)
-    return frame
-
-
-# -- sender.py: the fields every record's send reads, in C ---------------------------------
-
-
-cdef class SenderStateFields:
-    """Twin of :class:`velomux_quic.streaming.sender.SenderStateFields` (fields declared in
-    ``_compiled.pxd``)."""
-
-
-cdef class StreamSenderFields:
-    """Twin of :class:`velomux_quic.streaming.sender.StreamSenderFields` (its field is
-    declared in ``_compiled.pxd``)."""
+# -- the channel the mux's compiled loops stage into -------------------------------
 
 
 cdef class StagingChannel:
@@ -68,75 +39,6 @@ cdef class StagingChannel:
 
     cdef int stage(self, object body) except -1:
         raise NotImplementedError
-
-
-cdef inline object _state_of(object sender):
-    """``sender._state``: a C field read for a StreamSender, a lookup for anything else."""
-    if isinstance(sender, StreamSenderFields):
-        return (<StreamSenderFields>sender)._state
-    return sender._state
-
-
-cdef inline int _try_send(object channel, object body) except -1:
-    """``channel.try_send(body)``, in C for a compiled channel."""
-    if isinstance(channel, StagingChannel):
-        return (<StagingChannel>channel).stage(body)
-    return 1 if channel.try_send(body) else 0
-
-
-def _stage_pass(pairs, dict failed, list left):
-    """Twin of ``velomux_quic.streaming.sender._stage_pass``."""
-    module = sender_module()
-    frames = frames_module()
-    cdef Py_ssize_t packer_buffer = frames.PACKER_BUFFER
-    cdef set blocked = set()
-    cdef Py_ssize_t taken = 0
-    cdef Py_ssize_t index = -1
-    cdef bint grew = False
-    cdef SenderStateFields fields
-    packer = frames.ItemPacker()
-    pack = packer.pack
-    try:
-        # Unpacked in the for statement, so a lazy ``zip(senders, items)`` can reuse its
-        # pair tuple: a pass then allocates no tracked object per pair.
-        for sender, item in pairs:
-            index += 1
-            state = _state_of(sender)
-            fields = <SenderStateFields?>state
-            if fields.terminal_sent:
-                failed[index] = module._closed_error(state)
-                continue
-            try:
-                packed = pack(item)
-            except (TypeError, ValueError, OverflowError) as exc:
-                failed[index] = packer.failed(item, exc)
-                pack = packer.pack
-                continue
-            if type(packed) is bytes:
-                if PyBytes_GET_SIZE(packed) > packer_buffer:
-                    grew = True
-                body = _item_frame(<bytes>packed)
-            else:
-                if len(packed) > packer_buffer:
-                    grew = True
-                body = ITEM_PREFIX + packed
-            if blocked and id(state) in blocked:
-                left.append((index, state, body))
-                state.metrics.producer_send_backpressure += 1
-                continue
-            channel = fields.channel
-            if _try_send(channel, body):
-                taken += 1
-                continue
-            if channel.closed:
-                failed[index] = module.ChannelClosed("the stream's channel is closed")
-                continue
-            blocked.add(id(state))
-            left.append((index, state, body))
-            state.metrics.producer_send_backpressure += 1
-    finally:
-        packer.release(grew)
-    return taken
 
 
 def StreamAnchor__take_items(self, list items, Py_ssize_t limit):
@@ -186,64 +88,6 @@ def StreamAnchor__take_items(self, list items, Py_ssize_t limit):
         elif kind is not heartbeat_kind:
             inbox.push_front(peek[0], body)
             return
-
-
-# -- frames.py --------------------------------------------------------------------------
-
-
-cdef object _pool = None
-cdef object _Packer = None
-cdef Py_ssize_t _PACKER_BUFFER = 0
-cdef Py_ssize_t _POOL_MAX = 0
-cdef object _serialization_error = None
-
-
-cdef int _bind_frames() except -1:
-    global _pool, _Packer, _PACKER_BUFFER, _POOL_MAX, _serialization_error
-    frames = frames_module()
-    _pool = frames._packer_pool
-    _Packer = frames._Packer
-    _PACKER_BUFFER = frames.PACKER_BUFFER
-    _POOL_MAX = frames.POOL_MAX
-    _serialization_error = frames._serialization_error
-    return 0
-
-
-def encode_item(item):
-    """Twin of :func:`velomux_quic.streaming.frames.encode_item`."""
-    if _pool is None:
-        _bind_frames()
-    cdef list pool = <list>_pool
-    if pool:
-        packer = pool.pop()
-    else:
-        packer = _Packer(buf_size=_PACKER_BUFFER)
-    try:
-        packed = packer.pack(item)
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise _serialization_error(item, exc) from exc
-    if len(packed) <= _PACKER_BUFFER and len(pool) < _POOL_MAX:
-        pool.append(packer)
-    if type(packed) is bytes:
-        return _item_frame(<bytes>packed)
-    return ITEM_PREFIX + packed
-
-
-# -- sender.py --------------------------------------------------------------------------
-
-
-async def StreamSender_send(self, item, *, timeout=None):
-    """Twin of ``StreamSender.send``: the common send (room now) without the interpreter;
-    a send that has to wait goes to the pure ``_send_when_room``."""
-    state = _state_of(self)
-    cdef SenderStateFields fields = <SenderStateFields?>state
-    if fields.terminal_sent:
-        raise sender_module().ChannelClosed(
-            "the stream was cancelled" if state.cancelled.is_set() else "the stream has ended"
-        )
-    body = encode_item(item)
-    if not _try_send(fields.channel, body):
-        await sender_module()._send_when_room(state, body, timeout)
 
 
 # -- anchor.py --------------------------------------------------------------------------
