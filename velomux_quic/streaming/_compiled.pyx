@@ -29,18 +29,6 @@ cdef object frames_module():
     return _frames
 
 
-# -- the channel the mux's compiled loops stage into -------------------------------
-
-
-cdef class StagingChannel:
-    """A producer channel whose ``stage`` (``try_send`` without the method call) the loops
-    here call in C. Not a twin of a pure class: the compiled channels derive from it (the
-    mux's ``MuxChannel``); any other channel is called through ``try_send``."""
-
-    cdef int stage(self, object body) except -1:
-        raise NotImplementedError
-
-
 def StreamAnchor__take_items(self, list items, Py_ssize_t limit):
     """Twin of ``StreamAnchor._take_items``."""
     frames = frames_module()

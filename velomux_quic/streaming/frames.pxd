@@ -3,5 +3,8 @@
 velomux_quic.recordpath): the per-record encode, callable from C by the modules that
 cimport it."""
 
+cimport cython
 
+
+@cython.locals(pool=list)
 cpdef bytes encode_item(object item)

@@ -5,6 +5,9 @@ the pass loop read, and the pass loop's counters as C variables."""
 
 cimport cython
 
+from velomux_quic.streaming.channels cimport StagingChannel
+from velomux_quic.streaming.frames cimport encode_item
+
 
 cdef class SenderState:
     cdef public object channel
@@ -30,6 +33,10 @@ cdef class StreamSender:
     cdef public SenderState _state
     cdef public object _finalizer
     cdef object __weakref__
+
+
+@cython.locals(staging=StagingChannel)
+cdef bint _try_send(object channel, object body) except -1
 
 
 @cython.locals(state=SenderState, taken=Py_ssize_t, grew=bint, index=Py_ssize_t)

@@ -36,7 +36,7 @@ from typing import Any, Literal, Protocol
 
 from ..errors import ChannelClosed, SendTimeout, SerializationError, UsageError
 from ..ids import InstanceId, StreamAnchorHandle
-from .channels import ProducerChannel
+from .channels import ProducerChannel, StagingChannel
 from .frames import (
     DETACHED,
     DROPPED,
@@ -337,8 +337,7 @@ class StreamSender:
                 "the stream was cancelled" if state.cancelled.is_set() else "the stream has ended"
             )
         body = encode_item(item)  # SerializationError for what MessagePack cannot hold
-        channel = state.channel
-        if not channel.try_send(body):
+        if not _try_send(state.channel, body):
             await _send_when_room(state, body, timeout)
 
     def try_send(self, item: Any) -> bool:
@@ -412,6 +411,14 @@ class StreamSender:
         (:attr:`Retired.SENT`), or once it is known that it never will (see
         :class:`Retired` for what each path promises)."""
         return await asyncio.shield(self._state.retired)
+
+
+def _try_send(channel: ProducerChannel, body: bytes) -> bool:
+    """``channel.try_send(body)``; compiled, a C call for a :class:`StagingChannel`."""
+    if isinstance(channel, StagingChannel):
+        staging = channel
+        return staging.try_send(body)
+    return channel.try_send(body)
 
 
 async def _send_when_room(state: SenderState, body: bytes, timeout: float | None) -> None:
@@ -540,7 +547,7 @@ def _stage_pass(
                 state.metrics.producer_send_backpressure += 1
                 continue
             channel = state.channel
-            if channel.try_send(body):
+            if _try_send(channel, body):
                 taken += 1
                 continue
             if channel.closed:
