@@ -1,17 +1,18 @@
 # cython: language_level=3
-"""The compiled twin of the streaming layer's per-record loops (see velomux_quic.recordpath).
+"""The hand-written compiled twin of the consumer's take (see velomux_quic.recordpath).
 
-It twins ``sender._stage_pass`` (a whole forward pass staged without waiting, the loop of
-``send_pass``) and ``StreamAnchor._take_items`` (the consumer's take of every item already
-buffered). The rules are the pure code's, line for line, with the same errors and counters;
-a rare path (a failed pack, a closed stream, a record that is not an item) calls the same
-pure helpers. The package's own modules are imported when first needed: this module is
-loaded while the pure modules that select it are still being defined.
+It twins ``StreamAnchor._take_items`` (the consumer's take of every item already buffered)
+and ``StreamAnchor.__anext__`` (an awaitable instead of a coroutine per item). The rules are
+the pure code's, line for line, with the same errors and counters; a rare path (a record
+that is not an item) calls the same pure helpers. The rest of the streaming layer's record
+path (the inbox, the frames, the sender) is compiled from its own modules instead. The
+package's own modules are imported when first needed: this module is loaded while the pure
+anchor module that selects it is still being defined.
 """
 
 cimport cython
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
-from libc.string cimport memcmp, memcpy
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from libc.string cimport memcmp
 
 from velomux_quic.streaming.inbox cimport Inbox
 

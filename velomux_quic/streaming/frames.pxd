@@ -6,5 +6,5 @@ cimport it."""
 cimport cython
 
 
-@cython.locals(pool=list)
+@cython.locals(pool=list, packed=bytes)
 cpdef bytes encode_item(object item)

@@ -39,5 +39,7 @@ cdef class StreamSender:
 cdef bint _try_send(object channel, object body) except -1
 
 
-@cython.locals(state=SenderState, taken=Py_ssize_t, grew=bint, index=Py_ssize_t)
+@cython.locals(
+    state=SenderState, taken=Py_ssize_t, grew=bint, index=Py_ssize_t, packed=bytes, prefix=bytes
+)
 cpdef Py_ssize_t _stage_pass(object pairs, dict failed, list left) except -1
