@@ -149,6 +149,10 @@ def load_module(name: str, implementation: RecordPath) -> ModuleType:
     """One of :data:`COMPILED_MODULES` as ``implementation`` runs it, whichever this
     process selected: the module itself for the selected one, and for the other a copy
     of its own, kept apart from ``sys.modules`` (for tests that run both in one process).
+
+    The copy imports the other modules as this process runs them: a compiled module that
+    cimports another (the sender cimports the channels and the frames) loads apart only
+    where the compiled path runs, since its C declarations need the compiled classes.
     """
     if name not in COMPILED_MODULES:
         raise ValueError(f"{name} is not one of the compiled modules: {COMPILED_MODULES}")

@@ -11,6 +11,7 @@ from velomux_quic.streaming.frames cimport encode_item
 
 cdef class SenderState:
     cdef public object channel
+    cdef StagingChannel staging
     cdef public bint terminal_sent
     cdef public object cancelled
     cdef public object handle
@@ -33,10 +34,6 @@ cdef class StreamSender:
     cdef public SenderState _state
     cdef public object _finalizer
     cdef object __weakref__
-
-
-@cython.locals(staging=StagingChannel)
-cdef bint _try_send(object channel, object body) except -1
 
 
 @cython.locals(

@@ -122,6 +122,7 @@ class SenderState:
         "retired",
         "sender_id",
         "sender_stream_id",
+        "staging",
         "state",
         "stop_requested",
         "target",
@@ -149,6 +150,9 @@ class SenderState:
         self.metrics = metrics
         self.handle = handle
         self.channel = channel
+        self.staging = channel if isinstance(channel, StagingChannel) else None
+        """The channel again where it is a :class:`StagingChannel`, which the per-record
+        sends call as one (compiled, a C call); None for any other channel."""
         self.sender_stream_id = sender_stream_id
         self.transport_key = transport_key
         self.target = target
@@ -337,7 +341,8 @@ class StreamSender:
                 "the stream was cancelled" if state.cancelled.is_set() else "the stream has ended"
             )
         body = encode_item(item)  # SerializationError for what MessagePack cannot hold
-        if not _try_send(state.channel, body):
+        staging = state.staging
+        if not (staging.try_send(body) if staging is not None else state.channel.try_send(body)):
             await _send_when_room(state, body, timeout)
 
     def try_send(self, item: Any) -> bool:
@@ -411,14 +416,6 @@ class StreamSender:
         (:attr:`Retired.SENT`), or once it is known that it never will (see
         :class:`Retired` for what each path promises)."""
         return await asyncio.shield(self._state.retired)
-
-
-def _try_send(channel: ProducerChannel, body: bytes) -> bool:
-    """``channel.try_send(body)``; compiled, a C call for a :class:`StagingChannel`."""
-    if isinstance(channel, StagingChannel):
-        staging = channel
-        return staging.try_send(body)
-    return channel.try_send(body)
 
 
 async def _send_when_room(state: SenderState, body: bytes, timeout: float | None) -> None:
@@ -547,7 +544,8 @@ def _stage_pass(
                 state.metrics.producer_send_backpressure += 1
                 continue
             channel = state.channel
-            if _try_send(channel, body):
+            staging = state.staging
+            if staging.try_send(body) if staging is not None else channel.try_send(body):
                 taken += 1
                 continue
             if channel.closed:
