@@ -37,6 +37,7 @@ cdef class StreamSender:
 
 
 @cython.locals(
-    state=SenderState, taken=Py_ssize_t, grew=bint, index=Py_ssize_t, packed=bytes, prefix=bytes
+    state=SenderState, taken=Py_ssize_t, grew=bint, index=Py_ssize_t, packed=bytes, prefix=bytes,
+    packer_buffer=Py_ssize_t, blocked=set,
 )
 cpdef Py_ssize_t _stage_pass(object pairs, dict failed, list left) except -1

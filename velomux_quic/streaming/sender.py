@@ -523,6 +523,7 @@ def _stage_pass(
     packer = ItemPacker()  # encode_item inline: one packer for the pass
     pack = packer.pack
     prefix = ITEM_PREFIX
+    packer_buffer = PACKER_BUFFER
     grew = False
     try:
         for index, (sender, item) in enumerate(pairs):
@@ -536,7 +537,7 @@ def _stage_pass(
                 failed[index] = packer.failed(item, exc)
                 pack = packer.pack  # a fresh packer: a failed one is not used again
                 continue
-            if len(packed) > PACKER_BUFFER:
+            if len(packed) > packer_buffer:
                 grew = True
             body = prefix + packed
             if blocked and id(state) in blocked:
