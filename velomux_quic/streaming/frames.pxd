@@ -5,6 +5,9 @@ cimport it."""
 
 cimport cython
 
+cdef Py_ssize_t _packer_buffer
+cdef Py_ssize_t _pool_max
+
 
 @cython.locals(pool=list, packed=bytes)
 cpdef bytes encode_item(object item)

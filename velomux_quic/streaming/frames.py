@@ -143,6 +143,10 @@ _ITEM_PREFIX_OBJ: Final[object] = ITEM_PREFIX
 # is dropped rather than pooled, and the pool holds at most a few.
 PACKER_BUFFER: Final = 256 << 10
 POOL_MAX: Final = 16
+# The two again, as C integers where this module is compiled (frames.pxd): encode_item
+# compares a record's size with them once per record.
+_packer_buffer: Final = PACKER_BUFFER
+_pool_max: Final = POOL_MAX
 _packer_pool: Final[list[Any]] = [_Packer(buf_size=PACKER_BUFFER)]
 
 
@@ -204,7 +208,7 @@ def encode_item(item: object) -> bytes:
     except (TypeError, ValueError, OverflowError) as exc:
         # The failed packer is not returned: a fresh one costs little on this rare path.
         raise _serialization_error(item, exc) from exc
-    if len(packed) <= PACKER_BUFFER and len(pool) < POOL_MAX:
+    if len(packed) <= _packer_buffer and len(pool) < _pool_max:
         pool.append(packer)
     return ITEM_PREFIX + packed
 
