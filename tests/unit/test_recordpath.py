@@ -26,6 +26,8 @@ from velomux_quic.recordpath import (
     load_module,
 )
 
+from .twins import LEAF_MODULES
+
 ROOT = Path(__file__).resolve().parents[2]
 
 PURE_ASKED = os.environ.get(PURE_PYTHON_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
@@ -78,15 +80,6 @@ def test_each_compiled_module_is_loaded_from_the_file_the_switch_chose() -> None
             assert loaded.endswith(".py"), loaded
         else:
             assert loaded.endswith((".so", ".pyd")), loaded
-
-
-LEAF_MODULES = (
-    "velomux_quic.streaming.channels",
-    "velomux_quic.streaming.frames",
-    "velomux_quic.streaming.inbox",
-)
-"""The compiled modules that cimport no other: their compiled form loads apart on the pure
-path too (see :func:`load_module`)."""
 
 
 def test_the_other_implementation_of_a_compiled_module_loads_apart() -> None:
