@@ -12,8 +12,10 @@ PYTEST_ARGS ?=
 # editable install is an import hook, which mypy cannot see, so a user program's
 # `import velomux_quic` failed to type-check (import-not-found). The install also builds
 # the compiled record path (setup.py) in place, so it runs again when a .pyx changes; a
-# compile error fails it.
-COMPILED_SOURCES := $(wildcard velomux_quic/*/_compiled.pyx velomux_quic/*/_compiled.pxd)
+# compile error fails it. A compiled module is the .py beside each .pxd.
+COMPILED_DECLARATIONS := $(wildcard velomux_quic/*/*.pxd)
+COMPILED_SOURCES := $(wildcard velomux_quic/*/*.pyx) $(COMPILED_DECLARATIONS) \
+	$(wildcard $(COMPILED_DECLARATIONS:.pxd=.py))
 
 $(STAMP): pyproject.toml setup.py Makefile $(COMPILED_SOURCES)
 	$(PYTHON) -m venv $(VENV)

@@ -18,9 +18,19 @@ import os
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
+COMPILED_MODULES = [
+    # Written once as plain Python, with their C declarations in the .pxd beside them:
+    # the same file is the pure-Python path (velomux_quic.recordpath's COMPILED_MODULES).
+    "velomux_quic.streaming.channels",
+    "velomux_quic.streaming.frames",
+    "velomux_quic.streaming.inbox",
+    "velomux_quic.streaming.sender",
+]
+
 EXTENSIONS = [
     Extension("velomux_quic.mux._compiled", ["velomux_quic/mux/_compiled.pyx"]),
     Extension("velomux_quic.streaming._compiled", ["velomux_quic/streaming/_compiled.pyx"]),
+    *(Extension(name, [name.replace(".", "/") + ".py"]) for name in COMPILED_MODULES),
 ]
 
 # Appended after the interpreter's own flags, so -g0 wins over its -g.
@@ -41,6 +51,10 @@ setup(
             "cdivision": False,
             "embedsignature": True,
             "binding": True,
+            # The compiled modules' annotations are for the type checker: Cython's reading
+            # of them (``int`` and ``bool`` as exact types) would reject what the pure
+            # module accepts. Their C types are in their .pxd files.
+            "annotation_typing": False,
         },
     ),
 )

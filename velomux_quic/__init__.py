@@ -28,6 +28,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+# First: its finder chooses the file each compiled module of the record path loads from.
+from . import recordpath as _recordpath  # noqa: F401
 from .config import NodeConfig
 from .discovery import (
     DirectoryPeers,

@@ -18,7 +18,15 @@ import pytest
 import velomux_quic.node  # noqa: F401  (imports every twinned module)
 from velomux_quic import runtime_info
 from velomux_quic.programs.cli import version_text
-from velomux_quic.recordpath import IMPLEMENTATION, PURE_PYTHON_ENV, TWINNED
+from velomux_quic.recordpath import (
+    COMPILED_MODULES,
+    IMPLEMENTATION,
+    PURE_PYTHON_ENV,
+    TWINNED,
+    load_module,
+)
+
+from .twins import LEAF_MODULES
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,13 +48,7 @@ TWINNED_NAMES = {
     "velomux_quic.mux.ingress.IngressTable._reconcile",
     "velomux_quic.mux.ingress.IngressTable._reconcile_dirty",
     "velomux_quic.streaming.anchor.StreamAnchor._take_items",
-    "velomux_quic.streaming.sender.SenderStateFields",
-    "velomux_quic.streaming.sender.StreamSenderFields",
-    "velomux_quic.streaming.sender._stage_pass",
-    "velomux_quic.streaming.sender.StreamSender.send",
     "velomux_quic.streaming.anchor.StreamAnchor.__anext__",
-    "velomux_quic.streaming.frames.encode_item",
-    "velomux_quic.streaming.inbox.Inbox",
 }
 """The definitions the compiled record path twins: the brief's loops (stage, pack, a whole
 pass, walk a batch, deliver with credit, take), the state they work on, and the fields of
@@ -67,6 +69,34 @@ def test_the_record_path_asked_for_is_the_one_loaded() -> None:
             assert module.endswith("._compiled"), (twin.name, module)
             extension = sys.modules[module].__file__ or ""
             assert extension.endswith((".so", ".pyd")), extension
+
+
+def test_each_compiled_module_is_loaded_from_the_file_the_switch_chose() -> None:
+    for name in COMPILED_MODULES:
+        module = sys.modules[name]
+        assert module is load_module(name, IMPLEMENTATION)
+        loaded = module.__file__ or ""
+        if PURE_ASKED:
+            assert loaded.endswith(".py"), loaded
+        else:
+            assert loaded.endswith((".so", ".pyd")), loaded
+
+
+def test_the_other_implementation_of_a_compiled_module_loads_apart() -> None:
+    """Tests that compare the two in one process get the other one without it replacing
+    the module the library runs."""
+    other = "compiled" if PURE_ASKED else "pure-python"
+    for name in COMPILED_MODULES if other == "pure-python" else LEAF_MODULES:
+        module = load_module(name, other)
+        assert module is not sys.modules[name]
+        assert module is load_module(name, other)
+        loaded = module.__file__ or ""
+        assert loaded.endswith((".so", ".pyd") if PURE_ASKED else ".py"), loaded
+
+
+def test_a_module_outside_the_record_path_is_refused() -> None:
+    with pytest.raises(ValueError, match="not one of the compiled modules"):
+        load_module("velomux_quic.node", "pure-python")
 
 
 def test_compiled_classes_expose_the_pure_api() -> None:
@@ -103,10 +133,19 @@ BLOCK_EXTENSION = (
 )
 """A process whose mux extension cannot be imported (as after a build that lost it)."""
 
+NO_EXTENSIONS = (
+    "import importlib.machinery; importlib.machinery.EXTENSION_SUFFIXES.clear()\n"
+    "import velomux_quic\n"
+    "from velomux_quic.recordpath import IMPLEMENTATION; print(IMPLEMENTATION)\n"
+)
+"""A process in which no compiled module has an extension built for this Python."""
 
-def _run_without_extension(pure: str) -> subprocess.CompletedProcess[str]:
+
+def _run_without_extension(
+    pure: str, script: str = BLOCK_EXTENSION
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-c", BLOCK_EXTENSION],
+        [sys.executable, "-c", script],
         capture_output=True,
         text=True,
         timeout=60,
@@ -123,6 +162,22 @@ def test_a_missing_extension_fails_the_import_loudly() -> None:
     assert "pip install --force-reinstall --no-binary velomux_quic" in result.stderr
     assert "make install" not in result.stderr  # a pip user has no checkout
     assert f"{PURE_PYTHON_ENV}=1" in result.stderr
+
+
+def test_a_compiled_module_without_its_extension_fails_the_import_loudly() -> None:
+    """Python would load the module's source instead, silently: the finder refuses."""
+    result = _run_without_extension("0", NO_EXTENSIONS)
+    assert result.returncode != 0
+    assert "CompiledRecordPathMissing" in result.stderr
+    assert any(name in result.stderr for name in COMPILED_MODULES)
+    assert "make install" in result.stderr
+    assert f"{PURE_PYTHON_ENV}=1" in result.stderr
+
+
+def test_the_switch_runs_pure_python_without_any_extension() -> None:
+    result = _run_without_extension("1", NO_EXTENSIONS)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "pure-python"
 
 
 def test_the_switch_runs_the_pure_twin_without_the_extension() -> None:

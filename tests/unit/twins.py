@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from velomux_quic.recordpath import TWINNED
+from velomux_quic.recordpath import COMPILED_MODULES, IMPLEMENTATION, TWINNED, load_module
 
 IMPLEMENTATIONS = ("pure-python", "compiled")
 
@@ -25,10 +25,37 @@ IMPLEMENTATIONS = ("pure-python", "compiled")
 def twin(module: str, name: str, implementation: str) -> Any:
     """``module.name`` as the pure twin defines it, or its compiled twin."""
     if implementation == "compiled":
-        extension = importlib.import_module(module.rsplit(".", 1)[0] + "._compiled")
-        return getattr(extension, name)
+        return getattr(_extension(module.rsplit(".", 1)[0] + "._compiled"), name)
     (found,) = [t for t in TWINNED if t.name == f"{module}.{name}"]
     return found.pure
+
+
+LEAF_MODULES = (
+    "velomux_quic.streaming.channels",
+    "velomux_quic.streaming.frames",
+    "velomux_quic.streaming.inbox",
+)
+"""The compiled modules a twin extension cimports (none of them cimports another)."""
+
+
+def _extension(name: str) -> Any:
+    """A layer's extension of hand-written twins. On the pure path its C declarations still
+    need the compiled classes of the modules it cimports (``StagingChannel``), so those
+    stand in ``sys.modules`` while it is first imported, and the pure ones again after."""
+    if IMPLEMENTATION == "compiled" or name in sys.modules:
+        return importlib.import_module(name)
+    assert set(LEAF_MODULES) <= set(COMPILED_MODULES)
+    selected = {leaf: sys.modules.get(leaf) for leaf in LEAF_MODULES}
+    try:
+        for leaf in LEAF_MODULES:
+            sys.modules[leaf] = load_module(leaf, "compiled")
+        return importlib.import_module(name)
+    finally:
+        for leaf, module in selected.items():
+            if module is None:
+                sys.modules.pop(leaf, None)
+            else:
+                sys.modules[leaf] = module
 
 
 def each_twin(module: str, *names: str) -> Callable[..., Iterator[str]]:

@@ -24,7 +24,7 @@ from cpython.dict cimport PyDict_SetDefault
 from libc.stdint cimport uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy
 
-from velomux_quic.streaming._compiled cimport StagingChannel
+from velomux_quic.streaming.channels cimport StagingChannel
 
 
 cdef extern from "Python.h":

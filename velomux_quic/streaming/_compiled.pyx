@@ -1,33 +1,25 @@
 # cython: language_level=3
-"""The compiled twin of the streaming layer's per-record loops (see velomux_quic.recordpath).
+"""The hand-written compiled twin of the consumer's take (see velomux_quic.recordpath).
 
-It twins ``sender._stage_pass`` (a whole forward pass staged without waiting, the loop of
-``send_pass``) and ``StreamAnchor._take_items`` (the consumer's take of every item already
-buffered). The rules are the pure code's, line for line, with the same errors and counters;
-a rare path (a failed pack, a closed stream, a record that is not an item) calls the same
-pure helpers. The package's own modules are imported when first needed: this module is
-loaded while the pure modules that select it are still being defined.
+It twins ``StreamAnchor._take_items`` (the consumer's take of every item already buffered)
+and ``StreamAnchor.__anext__`` (an awaitable instead of a coroutine per item). The rules are
+the pure code's, line for line, with the same errors and counters; a rare path (a record
+that is not an item) calls the same pure helpers. The rest of the streaming layer's record
+path (the inbox, the frames, the sender) is compiled from its own modules instead. The
+package's own modules are imported when first needed: this module is loaded while the pure
+anchor module that selects it is still being defined.
 """
 
 cimport cython
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
-from libc.string cimport memcmp, memcpy
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from libc.string cimport memcmp
 
-from collections import deque
+from velomux_quic.streaming.inbox cimport Inbox
 
 cdef Py_ssize_t PREFIX_SIZE = 6
 cdef bytes ITEM_PREFIX = b"\x81\xa4Item"
 
-cdef object _sender = None
 cdef object _frames = None
-
-
-cdef object sender_module():
-    global _sender
-    if _sender is None:
-        from velomux_quic.streaming import sender as module
-        _sender = module
-    return _sender
 
 
 cdef object frames_module():
@@ -36,107 +28,6 @@ cdef object frames_module():
         from velomux_quic.streaming import frames as module
         _frames = module
     return _frames
-
-
-cdef inline bytes _item_frame(bytes packed):
-    """``ITEM_PREFIX + packed`` in one allocation."""
-    cdef Py_ssize_t size = PyBytes_GET_SIZE(packed)
-    cdef bytes frame = PyBytes_FromStringAndSize(NULL, PREFIX_SIZE + size)
-    cdef char* at = PyBytes_AS_STRING(frame)
-    memcpy(at, PyBytes_AS_STRING(ITEM_PREFIX), PREFIX_SIZE)
-    memcpy(at + PREFIX_SIZE, PyBytes_AS_STRING(packed), size)
-    return frame
-
-
-# -- sender.py: the fields every record's send reads, in C ---------------------------------
-
-
-cdef class SenderStateFields:
-    """Twin of :class:`velomux_quic.streaming.sender.SenderStateFields` (fields declared in
-    ``_compiled.pxd``)."""
-
-
-cdef class StreamSenderFields:
-    """Twin of :class:`velomux_quic.streaming.sender.StreamSenderFields` (its field is
-    declared in ``_compiled.pxd``)."""
-
-
-cdef class StagingChannel:
-    """A producer channel whose ``stage`` (``try_send`` without the method call) the loops
-    here call in C. Not a twin of a pure class: the compiled channels derive from it (the
-    mux's ``MuxChannel``); any other channel is called through ``try_send``."""
-
-    cdef int stage(self, object body) except -1:
-        raise NotImplementedError
-
-
-cdef inline object _state_of(object sender):
-    """``sender._state``: a C field read for a StreamSender, a lookup for anything else."""
-    if isinstance(sender, StreamSenderFields):
-        return (<StreamSenderFields>sender)._state
-    return sender._state
-
-
-cdef inline int _try_send(object channel, object body) except -1:
-    """``channel.try_send(body)``, in C for a compiled channel."""
-    if isinstance(channel, StagingChannel):
-        return (<StagingChannel>channel).stage(body)
-    return 1 if channel.try_send(body) else 0
-
-
-def _stage_pass(pairs, dict failed, list left):
-    """Twin of ``velomux_quic.streaming.sender._stage_pass``."""
-    module = sender_module()
-    frames = frames_module()
-    cdef Py_ssize_t packer_buffer = frames.PACKER_BUFFER
-    cdef set blocked = set()
-    cdef Py_ssize_t taken = 0
-    cdef Py_ssize_t index = -1
-    cdef bint grew = False
-    cdef SenderStateFields fields
-    packer = frames.ItemPacker()
-    pack = packer.pack
-    try:
-        # Unpacked in the for statement, so a lazy ``zip(senders, items)`` can reuse its
-        # pair tuple: a pass then allocates no tracked object per pair.
-        for sender, item in pairs:
-            index += 1
-            state = _state_of(sender)
-            fields = <SenderStateFields?>state
-            if fields.terminal_sent:
-                failed[index] = module._closed_error(state)
-                continue
-            try:
-                packed = pack(item)
-            except (TypeError, ValueError, OverflowError) as exc:
-                failed[index] = packer.failed(item, exc)
-                pack = packer.pack
-                continue
-            if type(packed) is bytes:
-                if PyBytes_GET_SIZE(packed) > packer_buffer:
-                    grew = True
-                body = _item_frame(<bytes>packed)
-            else:
-                if len(packed) > packer_buffer:
-                    grew = True
-                body = ITEM_PREFIX + packed
-            if blocked and id(state) in blocked:
-                left.append((index, state, body))
-                state.metrics.producer_send_backpressure += 1
-                continue
-            channel = fields.channel
-            if _try_send(channel, body):
-                taken += 1
-                continue
-            if channel.closed:
-                failed[index] = module.ChannelClosed("the stream's channel is closed")
-                continue
-            blocked.add(id(state))
-            left.append((index, state, body))
-            state.metrics.producer_send_backpressure += 1
-    finally:
-        packer.release(grew)
-    return taken
 
 
 def StreamAnchor__take_items(self, list items, Py_ssize_t limit):
@@ -186,64 +77,6 @@ def StreamAnchor__take_items(self, list items, Py_ssize_t limit):
         elif kind is not heartbeat_kind:
             inbox.push_front(peek[0], body)
             return
-
-
-# -- frames.py --------------------------------------------------------------------------
-
-
-cdef object _pool = None
-cdef object _Packer = None
-cdef Py_ssize_t _PACKER_BUFFER = 0
-cdef Py_ssize_t _POOL_MAX = 0
-cdef object _serialization_error = None
-
-
-cdef int _bind_frames() except -1:
-    global _pool, _Packer, _PACKER_BUFFER, _POOL_MAX, _serialization_error
-    frames = frames_module()
-    _pool = frames._packer_pool
-    _Packer = frames._Packer
-    _PACKER_BUFFER = frames.PACKER_BUFFER
-    _POOL_MAX = frames.POOL_MAX
-    _serialization_error = frames._serialization_error
-    return 0
-
-
-def encode_item(item):
-    """Twin of :func:`velomux_quic.streaming.frames.encode_item`."""
-    if _pool is None:
-        _bind_frames()
-    cdef list pool = <list>_pool
-    if pool:
-        packer = pool.pop()
-    else:
-        packer = _Packer(buf_size=_PACKER_BUFFER)
-    try:
-        packed = packer.pack(item)
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise _serialization_error(item, exc) from exc
-    if len(packed) <= _PACKER_BUFFER and len(pool) < _POOL_MAX:
-        pool.append(packer)
-    if type(packed) is bytes:
-        return _item_frame(<bytes>packed)
-    return ITEM_PREFIX + packed
-
-
-# -- sender.py --------------------------------------------------------------------------
-
-
-async def StreamSender_send(self, item, *, timeout=None):
-    """Twin of ``StreamSender.send``: the common send (room now) without the interpreter;
-    a send that has to wait goes to the pure ``_send_when_room``."""
-    state = _state_of(self)
-    cdef SenderStateFields fields = <SenderStateFields?>state
-    if fields.terminal_sent:
-        raise sender_module().ChannelClosed(
-            "the stream was cancelled" if state.cancelled.is_set() else "the stream has ended"
-        )
-    body = encode_item(item)
-    if not _try_send(fields.channel, body):
-        await sender_module()._send_when_room(state, body, timeout)
 
 
 # -- anchor.py --------------------------------------------------------------------------
@@ -424,205 +257,3 @@ cdef class _AnchorNext:
     cdef inline void _finish(self) except *:
         self._release()
         self._done = True
-
-
-# -- inbox.py ---------------------------------------------------------------------------
-
-
-cdef object _ChannelClosed = None
-cdef object _get_running_loop = None
-
-
-cdef int _bind_inbox() except -1:
-    global _ChannelClosed, _get_running_loop
-    import asyncio
-    from velomux_quic.errors import ChannelClosed
-
-    _ChannelClosed = ChannelClosed
-    _get_running_loop = asyncio.get_running_loop
-    return 0
-
-
-cdef class Inbox:
-    """Twin of :class:`velomux_quic.streaming.inbox.Inbox`: the reader's ``take`` and
-    ``wait`` and the writers' ``wake`` without the interpreter."""
-
-    cdef Py_ssize_t _capacity
-    cdef bint _ordered
-    cdef object _channel
-    cdef dict _feeds
-    cdef list _feed_order
-    cdef object _head
-    cdef object _head_id
-    cdef Py_ssize_t _next_feed
-    cdef Py_ssize_t _barrier
-    cdef object _waiter
-    cdef object _loop
-    cdef object _space
-    cdef bint _closed
-
-    def __init__(self, capacity=256, *, ordered=False):
-        if _get_running_loop is None:
-            _bind_inbox()
-        self._capacity = capacity
-        self._ordered = ordered
-        self._channel = deque()
-        self._feeds = {}
-        self._feed_order = []
-        self._head = None
-        self._head_id = 0
-        self._next_feed = 0
-        self._barrier = 0
-        self._waiter = None
-        self._loop = None
-        self._space = deque()
-        self._closed = False
-
-    @property
-    def closed(self):
-        return self._closed
-
-    @property
-    def space(self):
-        if self._closed:
-            return 0
-        free = self._capacity - len(self._channel)
-        return free if free > 0 else 0
-
-    def try_put(self, body, sender_id=0):
-        if self._closed or len(self._channel) >= self._capacity:
-            return False
-        self._channel.append((sender_id, body))
-        self.wake()
-        return True
-
-    async def put(self, body, sender_id=0):
-        while not self.try_put(body, sender_id):
-            if self._closed:
-                raise _ChannelClosed("the anchor is gone")
-            space = _get_running_loop().create_future()
-            self._space.append(space)
-            try:
-                await space
-            finally:
-                if not space.done():
-                    space.cancel()
-
-    def inject(self, body, sender_id=0):
-        if self._closed:
-            return
-        self._channel.append((sender_id, body))
-        self.wake()
-
-    def install_feed(self, feed, sender_id=0):
-        self._barrier = len(self._channel)
-        self._feeds[sender_id] = feed
-        if sender_id not in self._feed_order:
-            self._feed_order.append(sender_id)
-        self._find_head()
-        self.wake()
-
-    def withdraw_feed(self, sender_id=0):
-        feed = self._feeds.pop(sender_id, None)
-        if feed is not None:
-            self._feed_order.remove(sender_id)
-            self._find_head()
-            feed.withdraw()
-            self.wake()
-
-    cdef void _find_head(self) except *:
-        order = self._feed_order
-        if self._ordered and order:
-            self._head_id = order[0]
-            self._head = self._feeds[order[0]]
-        else:
-            self._head = None
-
-    def feed(self, sender_id=0):
-        return self._feeds.get(sender_id)
-
-    cpdef object take(self):
-        channel = self._channel
-        if self._barrier and channel:
-            self._barrier -= 1
-            return self._taken(channel.popleft())
-        head = self._head
-        cdef Py_ssize_t count, step, index
-        if head is not None:
-            body = head.take()
-            if body is not None:
-                return self._head_id, body
-        elif self._feed_order:
-            order = self._feed_order
-            count = len(order)
-            for step in range(count):
-                index = (self._next_feed + step) % count
-                sender_id = order[index]
-                body = self._feeds[sender_id].take()
-                if body is not None:
-                    self._next_feed = (index + 1) % count
-                    return sender_id, body
-        if channel:
-            return self._taken(channel.popleft())
-        return None
-
-    def first_feed(self):
-        head = self._head
-        if head is None or (self._barrier and self._channel):
-            return None
-        return self._head_id, head
-
-    def push_front(self, sender_id, body):
-        self._channel.appendleft((sender_id, body))
-        self._barrier += 1
-
-    cpdef bint any_feed_exhausted(self) except -1:
-        for feed in self._feeds.values():
-            if feed.exhausted:
-                return True
-        return False
-
-    def feeds(self):
-        return [(sender_id, self._feeds[sender_id]) for sender_id in self._feed_order]
-
-    cdef object _taken(self, item):
-        space_waiters = self._space
-        while space_waiters:
-            space = space_waiters.popleft()
-            if not space.done():
-                space.set_result(None)
-                break
-        return item
-
-    cpdef void wake(self) except *:
-        waiter = self._waiter
-        if waiter is not None:
-            self._waiter = None
-            if not waiter.done():
-                waiter.set_result(None)
-
-    cpdef object wait(self):
-        waiter = self._waiter
-        if waiter is None or waiter.done():
-            loop = self._loop
-            if loop is None:
-                loop = self._loop = _get_running_loop()
-            waiter = self._waiter = loop.create_future()
-        return waiter
-
-    def close(self):
-        self._closed = True
-        for sender_id in list(self._feeds):
-            self.withdraw_feed(sender_id)
-        while self._space:
-            space = self._space.popleft()
-            if not space.done():
-                space.set_result(None)
-        self.wake()
-
-    def clear(self):
-        self._channel.clear()
-        self._barrier = 0
-
-    def __len__(self):
-        return len(self._channel)

@@ -4,6 +4,9 @@ Two kinds exist today: :class:`InboxChannel` for a sender on the anchor's own no
 go straight into the anchor's inbox: no transport, no heartbeats), and
 :class:`~velomux_quic.streaming.perstream.PerStreamChannel` for the per-stream QUIC path.
 The mux adds a third. A sender only needs the small interface below.
+
+This module is one of the record path's compiled modules (velomux_quic.recordpath), for
+:class:`StagingChannel`: where built, this same file is compiled, with ``channels.pxd``.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import Protocol
 from ..errors import ChannelClosed
 from .inbox import Inbox
 
-__all__ = ["InboxChannel", "ProducerChannel"]
+__all__ = ["InboxChannel", "ProducerChannel", "StagingChannel"]
 
 
 class ProducerChannel(Protocol):
@@ -48,6 +51,18 @@ class ProducerChannel(Protocol):
 
     def abort(self) -> None:
         """Close at once without a terminal (the consumer cancelled)."""
+
+
+class StagingChannel:
+    """A base of the channels a sender's per-record loops stage into the most: compiled,
+    its ``try_send`` is a C method, which those loops call without a lookup (the mux's
+    compiled channel derives from it). Any other channel is called as a
+    :class:`ProducerChannel`. Defines nothing else; a subclass is a whole channel."""
+
+    __slots__ = ()
+
+    def try_send(self, body: bytes) -> bool:
+        raise NotImplementedError
 
 
 class InboxChannel:

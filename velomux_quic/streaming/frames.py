@@ -29,6 +29,10 @@ its bytes start with the ``Item`` prefix.
 Frames come from peers, so :func:`decode_frame` reports every defect as
 :class:`FrameDecodeError` and nothing else: the consumer ends the anchor with a
 deserialization error on that one exception without hiding its own bugs.
+
+Every record passes through here, so this module is one of the record path's compiled
+modules (velomux_quic.recordpath): where built, this same file is compiled, with the C
+declarations of ``frames.pxd``; otherwise it runs as it is.
 """
 
 from __future__ import annotations
@@ -40,7 +44,6 @@ from typing import Any, Final
 import msgpack  # type: ignore[import-untyped]
 
 from ..errors import FrameDecodeError, SerializationError
-from ..recordpath import Twins
 
 __all__ = [
     "DETACHED",
@@ -86,9 +89,6 @@ TERMINAL_KINDS: Final = frozenset(
 )
 """Kinds that end a slot's stream: the slot spends its reserved credit on one and closes."""
 
-
-_twins: Final = Twins("velomux_quic.streaming._compiled")
-"""The compiled twin of :func:`encode_item` (or none): see velomux_quic.recordpath."""
 
 _packb: Final = msgpack.packb
 _unpackb: Final = msgpack.unpackb
@@ -143,6 +143,10 @@ _ITEM_PREFIX_OBJ: Final[object] = ITEM_PREFIX
 # is dropped rather than pooled, and the pool holds at most a few.
 PACKER_BUFFER: Final = 256 << 10
 POOL_MAX: Final = 16
+# The two again, as C integers where this module is compiled (frames.pxd): encode_item
+# compares a record's size with them once per record.
+_packer_buffer: Final = PACKER_BUFFER
+_pool_max: Final = POOL_MAX
 _packer_pool: Final[list[Any]] = [_Packer(buf_size=PACKER_BUFFER)]
 
 
@@ -186,7 +190,6 @@ class ItemPacker:
             _packer_pool.append(self._packer)
 
 
-@_twins.of
 def encode_item(item: object) -> bytes:
     """The ``Item`` frame of ``item``: :data:`ITEM_PREFIX` followed by ``item`` in MessagePack.
 
@@ -205,7 +208,7 @@ def encode_item(item: object) -> bytes:
     except (TypeError, ValueError, OverflowError) as exc:
         # The failed packer is not returned: a fresh one costs little on this rare path.
         raise _serialization_error(item, exc) from exc
-    if len(packed) <= PACKER_BUFFER and len(pool) < POOL_MAX:
+    if len(packed) <= _packer_buffer and len(pool) < _pool_max:
         pool.append(packer)
     return ITEM_PREFIX + packed
 

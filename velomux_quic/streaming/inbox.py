@@ -17,6 +17,10 @@ Order rules:
   a sender that attached after a detach is read only once its predecessor is drained.
 
 Every item is ``(sender_id, body)``; single-sender anchors use sender id 0.
+
+The reader's ``take`` and ``wait`` run once per record, so this module is one of the record
+path's compiled modules (velomux_quic.recordpath): where built, this same file is compiled,
+with the C types of ``inbox.pxd``; otherwise it runs as it is.
 """
 
 # "The chapter" in this file is the Batched streaming chapter of the velo book, the
@@ -26,10 +30,9 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import Final, Protocol
+from typing import Protocol
 
 from ..errors import ChannelClosed
-from ..recordpath import Twins
 
 __all__ = ["Feed", "Inbox"]
 
@@ -50,16 +53,9 @@ class Feed(Protocol):
 
 Item = tuple[int, bytes]
 
-_twins: Final = Twins("velomux_quic.streaming._compiled")
-"""The compiled twin of :class:`Inbox` (or none): see velomux_quic.recordpath."""
 
-
-@_twins.of
 class Inbox:
-    """See the module docstring. Not thread-safe: everything runs on the event loop.
-
-    The reader's ``take`` and ``wait`` run once per record, so the class has a compiled
-    twin (velomux_quic.recordpath)."""
+    """See the module docstring. Not thread-safe: everything runs on the event loop."""
 
     __slots__ = (
         "_barrier",

@@ -12,6 +12,11 @@ The consumer's cancel and graceful stop reach the producer as two read-only cond
 
 :func:`send_pass` hands a whole forward pass over in one call: one record to each of many
 streams, under the rules ``send()`` follows, reporting per pair what it could not take.
+
+``send()`` and the pass loop run once per token, so this module is one of the record path's
+compiled modules (velomux_quic.recordpath): where built, this same file is compiled, with
+the C declarations of ``sender.pxd`` (the fields every record's send reads, kept in C);
+otherwise it runs as it is.
 """
 
 # "The chapter" in this file is the Batched streaming chapter of the velo book, the
@@ -27,12 +32,11 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Final, Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from ..errors import ChannelClosed, SendTimeout, SerializationError, UsageError
 from ..ids import InstanceId, StreamAnchorHandle
-from ..recordpath import Twins
-from .channels import ProducerChannel
+from .channels import ProducerChannel, StagingChannel
 from .frames import (
     DETACHED,
     DROPPED,
@@ -57,9 +61,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-_twins: Final = Twins("velomux_quic.streaming._compiled")
-"""The compiled twin of the pass loop (or none): see velomux_quic.recordpath."""
 
 SenderStateName = Literal["open", "finished", "detached", "dropped", "cancelled"]
 """Where a sender is in its life: sending (``open``) or how its stream ended here."""
@@ -101,26 +102,17 @@ class SenderOwner(Protocol):
         """The sender handed over its terminal or was cancelled: forget it, no heartbeats."""
 
 
-@_twins.of
-class SenderStateFields:
-    """The two fields of a :class:`SenderState` that every record's send reads: whether the
-    stream took its terminal, and the channel the record goes into. They are the base of
-    SenderState so that the compiled twin keeps them in C: its pass loop and ``send()``
-    then read them without an attribute lookup per record."""
-
-    __slots__ = ("channel", "terminal_sent")
-
-    channel: ProducerChannel
-    terminal_sent: bool
-
-
-class SenderState(SenderStateFields):
+class SenderState:
     """Everything a sender's lifetime needs, apart from the sender object itself, so that
-    ``weakref.finalize`` can end a dropped sender's stream without keeping it alive."""
+    ``weakref.finalize`` can end a dropped sender's stream without keeping it alive.
+
+    Every record's send reads ``terminal_sent`` (the stream took its terminal) and
+    ``channel`` (where the record goes); compiled, all the fields are C fields."""
 
     __slots__ = (
         "__weakref__",
         "cancelled",
+        "channel",
         "handle",
         "heartbeat_interval",
         "loop",
@@ -130,11 +122,16 @@ class SenderState(SenderStateFields):
         "retired",
         "sender_id",
         "sender_stream_id",
+        "staging",
         "state",
         "stop_requested",
         "target",
+        "terminal_sent",
         "transport_key",
     )
+
+    channel: ProducerChannel
+    terminal_sent: bool
 
     def __init__(
         self,
@@ -153,6 +150,9 @@ class SenderState(SenderStateFields):
         self.metrics = metrics
         self.handle = handle
         self.channel = channel
+        self.staging = channel if isinstance(channel, StagingChannel) else None
+        """The channel again where it is a :class:`StagingChannel`, which the per-record
+        sends call as one (compiled, a C call); None for any other channel."""
         self.sender_stream_id = sender_stream_id
         self.transport_key = transport_key
         self.target = target
@@ -254,19 +254,11 @@ class SenderState(SenderStateFields):
             self.loop.call_soon_threadsafe(self.terminal, DROPPED)
 
 
-@_twins.of
-class StreamSenderFields:
-    """The field of a :class:`StreamSender` its sends read first, its state: the base of
-    StreamSender so that the compiled twin keeps it in C (see :class:`SenderStateFields`)."""
-
-    __slots__ = ("_state",)
-
-    _state: SenderState
-
-
-class StreamSender(StreamSenderFields):
+class StreamSender:
     """A producer attached to one anchor. Create with ``AnchorManager.attach_anchor``
     (or ``attach_mpsc_anchor``, or ``open_anchor_stream`` with a ticket)."""
+
+    __slots__ = ("__weakref__", "_finalizer", "_state")
 
     def __init__(self, state: SenderState) -> None:
         self._state = state
@@ -334,7 +326,6 @@ class StreamSender(StreamSenderFields):
         slot, or written to the QUIC stream and not transmitted)."""
         return self._state.channel.queued_bytes
 
-    @_twins.method
     async def send(self, item: Any, *, timeout: float | None = None) -> None:
         """Send one item, waiting while the stream has no room (the backpressure).
 
@@ -350,8 +341,8 @@ class StreamSender(StreamSenderFields):
                 "the stream was cancelled" if state.cancelled.is_set() else "the stream has ended"
             )
         body = encode_item(item)  # SerializationError for what MessagePack cannot hold
-        channel = state.channel
-        if not channel.try_send(body):
+        staging = state.staging
+        if not (staging.try_send(body) if staging is not None else state.channel.try_send(body)):
             await _send_when_room(state, body, timeout)
 
     def try_send(self, item: Any) -> bool:
@@ -430,7 +421,7 @@ class StreamSender(StreamSenderFields):
 async def _send_when_room(state: SenderState, body: bytes, timeout: float | None) -> None:
     """The rest of a ``send()`` whose record found no room: fail if the channel closed,
     else count the backpressure and wait for room (at most ``timeout``). Apart from
-    ``send()`` because its compiled twin hands this (rare) case over to it."""
+    ``send()`` so that the common send stays short."""
     channel = state.channel
     if channel.closed:
         raise ChannelClosed("the stream's channel is closed")
@@ -517,7 +508,6 @@ def _restage(
     return taken, left
 
 
-@_twins.of
 def _stage_pass(
     pairs: Iterable[tuple[StreamSender, Any]],
     failed: dict[int, ChannelClosed | SerializationError],
@@ -526,12 +516,14 @@ def _stage_pass(
     """The pass without waiting: each pair's record encoded and staged as ``send()`` would,
     what failed into ``failed``, what found no room (and every later pair of its stream)
     into ``left``, each of those counted once as backpressure. Returns how many were taken.
-    The loop runs once per token, so it has a compiled twin (velomux_quic.recordpath)."""
+    The loop runs once per token: compiled, its counters and the sender's state are C
+    variables (``sender.pxd``)."""
     blocked: set[int] = set()
     taken = 0
     packer = ItemPacker()  # encode_item inline: one packer for the pass
     pack = packer.pack
     prefix = ITEM_PREFIX
+    packer_buffer = PACKER_BUFFER
     grew = False
     try:
         for index, (sender, item) in enumerate(pairs):
@@ -545,7 +537,7 @@ def _stage_pass(
                 failed[index] = packer.failed(item, exc)
                 pack = packer.pack  # a fresh packer: a failed one is not used again
                 continue
-            if len(packed) > PACKER_BUFFER:
+            if len(packed) > packer_buffer:
                 grew = True
             body = prefix + packed
             if blocked and id(state) in blocked:
@@ -553,7 +545,8 @@ def _stage_pass(
                 state.metrics.producer_send_backpressure += 1
                 continue
             channel = state.channel
-            if channel.try_send(body):
+            staging = state.staging
+            if staging.try_send(body) if staging is not None else channel.try_send(body):
                 taken += 1
                 continue
             if channel.closed:
