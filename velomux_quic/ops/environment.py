@@ -21,6 +21,7 @@ from ..config import DEPRECATED_VARIABLES, ENV_PREFIX, NodeConfig
 from ..mux.config import DISABLE_ENV
 from ..recordpath import PURE_PYTHON_ENV
 from ..tracing import ENV_SWITCH as TRACING_ENV
+from ..transport.batched_udp import GSO_ENVIRONMENT
 from ..transport.engine_choice import ENGINE_ENVIRONMENT
 
 __all__ = ["known_variables", "unknown_variables", "warn_unknown_variables"]
@@ -31,13 +32,22 @@ SWITCHES = frozenset(
         PURE_PYTHON_ENV,
         TRACING_ENV,
         ENGINE_ENVIRONMENT,
+        GSO_ENVIRONMENT,
         "VELOMUX_NO_UVLOOP",
+        "VELOMUX_DEBUG_BUILD",  # read by the build (setup.py), harmless at run time
         *DEPRECATED_VARIABLES,
     }
 )
 """Variables read where they act, not by the configuration loader."""
 
-TOOLING = ("VELOMUX_TEST_", "VELOMUX_FUZZ_", "VELOMUX_TWIN_", "VELOMUX_PROFILE_", "VELOMUX_ETCD")
+TOOLING = (
+    "VELOMUX_TEST_",
+    "VELOMUX_FUZZ_",
+    "VELOMUX_TWIN_",
+    "VELOMUX_PROFILE_",
+    "VELOMUX_PERF_",
+    "VELOMUX_ETCD",
+)
 """Prefixes of variables the project's own tests and benchmarks read; never warned about."""
 
 _warned = False
