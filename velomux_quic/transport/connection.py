@@ -314,9 +314,9 @@ class PeerConnection:
         what waits on it fails as on any lost connection.
 
         A connection draining after the peer's own CONNECTION_CLOSE ends with that close:
-        the reset only says the peer's closing period is over (a few probe timeouts, a
-        few milliseconds on a fast path), which a packet this node sent before the close
-        arrived outlived. A server that refuses a client's certificate closes in the
+        the reset only says the peer's closing period is over (a few probe timeouts,
+        short on a fast path), which a packet this node sent before the close arrived
+        outlived. A server that refuses a client's certificate closes in the
         handshake with the reason, and its reset of the client's next packet must not
         turn "refused_by_peer:<reason>" into a reason-less failure (RFC 9000 section
         10.3.1: a reset moves a connection to draining, and it was draining already)."""
