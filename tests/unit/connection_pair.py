@@ -201,20 +201,30 @@ class Pair:
 
 
 def connection_pair(
-    make_credentials: Callable[..., NodeCredentials], config: TransportConfig
+    make_credentials: Callable[..., NodeCredentials],
+    config: TransportConfig,
+    *,
+    client_credentials: NodeCredentials | None = None,
+    server_config: TransportConfig | None = None,
 ) -> Pair:
-    """A dialer whose first Initial is queued; :meth:`Wire.run_until` runs the handshake."""
-    client_creds, server_creds = make_credentials("client"), make_credentials("server")
+    """A dialer whose first Initial is queued; :meth:`Wire.run_until` runs the handshake.
+
+    ``client_credentials``: the dialer's, when they are not the cluster's own (a client
+    the server refuses); ``server_config``: the acceptor's, when it differs (another
+    engine)."""
+    client_creds = client_credentials or make_credentials("client")
+    server_creds = make_credentials("server")
     wire = Wire()
     client = Endpoint(wire, config, CLIENT, SERVER, client_creds)
-    server = Endpoint(wire, config, SERVER, CLIENT, server_creds)
+    server_config = server_config or config
+    server = Endpoint(wire, server_config, SERVER, CLIENT, server_creds)
     client.other, server.other = server, client
 
-    def factory(creds: NodeCredentials):  # type: ignore[no-untyped-def]
+    def factory(creds: NodeCredentials, settings: TransportConfig):  # type: ignore[no-untyped-def]
         verifier = PeerVerifier(creds.trust_roots, creds.trust_domain)
-        return make_engine_factory(creds, config, verifier, StatelessResets())
+        return make_engine_factory(creds, settings, verifier, StatelessResets())
 
-    server_engines = factory(server_creds)
+    server_engines = factory(server_creds, server_config)
 
     def accept(original_cid: bytes) -> PeerConnection:
         quic = server_engines.server(original_cid, None, SERVER[0], CLIENT[0])
@@ -223,7 +233,7 @@ def connection_pair(
         return connection
 
     server.make = accept
-    quic = factory(client_creds).client(server_creds.instance_id, CLIENT[0], SERVER[0])
+    quic = factory(client_creds, config).client(server_creds.instance_id, CLIENT[0], SERVER[0])
     dialer = PeerConnection(
         client, quic, is_client=True, peer=server_creds.instance_id, clock=client.clock
     )

@@ -579,3 +579,25 @@ def test_an_unfinished_request_stream_costs_no_more_than_it_is_charged() -> None
     buffer_size = sys.getsizeof(bytearray(b"ab"))
     print(f"an unfinished request stream holds {per_stream:.0f} bytes")
     assert per_stream <= REQUEST_STREAM_COST + buffer_size
+
+
+def test_the_peer_close_drains_and_is_kept_as_the_close_event(
+    make_credentials: Callable[..., NodeCredentials],
+) -> None:
+    """``EngineConnection.peer_close`` reads ``_state`` and ``_close_event``: aioquic drains
+    only on the peer's CONNECTION_CLOSE (its own close makes it CLOSING) and keeps that
+    close, unreported until the draining period ends, as ``_close_event``."""
+    client, server = _plain_pair(make_credentials)
+    client.close(error_code=0x130, frame_type=6, reason_phrase="untrusted_chain")
+    for data, _ in client.datagrams_to_send(now=Clock.now):
+        server.receive_datagram(data, CLIENT, now=Clock.now)
+    assert client._state is quic_connection.QuicConnectionState.CLOSING
+    assert server._state is quic_connection.QuicConnectionState.DRAINING
+    closing = server._close_event
+    assert closing is not None
+    assert (closing.error_code, closing.frame_type, closing.reason_phrase) == (
+        0x130,
+        6,
+        "untrusted_chain",
+    )
+    assert not any(isinstance(event, events.ConnectionTerminated) for event in drain(server))

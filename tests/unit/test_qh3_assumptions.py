@@ -545,3 +545,24 @@ def test_a_closing_core_builds_connection_close_apart_from_its_streams(
         server.receive_datagram(data, CLIENT, _Clock.now)
     closing = server._close_event
     assert closing is not None and closing.error_code == 0x1, closing
+
+
+def test_the_peer_close_arrives_as_a_peer_closed_event_and_the_core_drains(
+    make_credentials: Callable[..., NodeCredentials],
+) -> None:
+    """What ``Qh3Connection.peer_close`` reads: the peer's CONNECTION_CLOSE is the core's
+    ``peer_closed`` event (application flag, code, frame type, reason bytes), the core
+    drains, and its ``connection_terminated`` comes only at the end of the draining
+    period (a stateless reset arriving meanwhile finds the peer's close already taken)."""
+    client, server = _plain_pair(make_credentials)
+    assert client._core is not None and server._core is not None
+    seen: dict[str, tuple[Any, ...]] = {}
+    core = server._core
+    client._core.close(0x130, 6, b"untrusted_chain")
+    for data, _ in client.datagrams_to_send(_Clock.now):
+        core.receive_datagram(data, CLIENT, _Clock.now, None)
+    while (event := core.next_event()) is not None:
+        seen.setdefault(event[0], event)
+    _, application, code, frame, reason = seen["peer_closed"]
+    assert (application, code, frame, reason) == (False, 0x130, 6, b"untrusted_chain")
+    assert core.state == "draining" and "connection_terminated" not in seen

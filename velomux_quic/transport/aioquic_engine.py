@@ -60,6 +60,7 @@ from aioquic.quic.connection import (
     Limit,
     NetworkAddress,
     QuicConnection,
+    QuicConnectionState,
     QuicReceiveContext,
 )
 from aioquic.quic.packet import (
@@ -253,6 +254,17 @@ class EngineConnection(QuicConnection):
         tokens = [cid.stateless_reset_token for cid in self._peer_cid_available]
         tokens.append(self._peer_cid.stateless_reset_token)
         return [token for token in tokens if token]
+
+    @property
+    def peer_close(self) -> seam.ConnectionTerminated | None:
+        """The peer's CONNECTION_CLOSE: aioquic drains (rather than closes) only on the
+        peer's, and keeps it as the termination it will report."""
+        closing = self._close_event
+        if self._state is not QuicConnectionState.DRAINING or closing is None:
+            return None
+        return seam.ConnectionTerminated(
+            closing.error_code, closing.frame_type, closing.reason_phrase
+        )
 
     # -- identity ------------------------------------------------------------------------
 

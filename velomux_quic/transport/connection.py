@@ -195,6 +195,8 @@ class PeerConnection:
         self._next_ping = 1
         self._close_error: ChannelClosed | ConnectionReplaced | None = None
         self._refusal_counted = False
+        self._reset_in_handshake = False
+        """A stateless reset ended the handshake (see :meth:`reset_by_peer`)."""
         self.requests_out = OutgoingRequests(quic, self.transmit_soon)
         self.requests_in = IncomingRequests(
             quic,
@@ -309,11 +311,23 @@ class PeerConnection:
         """The peer sent a stateless reset: it has no state for this connection any more
         (its idle timer fired while this node was stopped, say). End it here at once,
         without a word on the wire (the peer would only answer with another reset);
-        what waits on it fails as on any lost connection."""
+        what waits on it fails as on any lost connection.
+
+        A connection draining after the peer's own CONNECTION_CLOSE ends with that close:
+        the reset only says the peer's closing period is over (a few probe timeouts,
+        short on a fast path), which a packet this node sent before the close arrived
+        outlived. A server that refuses a client's certificate closes in the
+        handshake with the reason, and its reset of the client's next packet must not
+        turn "refused_by_peer:<reason>" into a reason-less failure (RFC 9000 section
+        10.3.1: a reset moves a connection to draining, and it was draining already)."""
         if self.state is ConnectionState.CLOSED:
             return
+        peer_close = self.quic.peer_close
+        if peer_close is None and self.state is ConnectionState.HANDSHAKING:
+            self._reset_in_handshake = True
         self._terminated(
-            ConnectionTerminated(
+            peer_close
+            or ConnectionTerminated(
                 error_code=int(CloseCode.SHUTDOWN),
                 frame_type=None,
                 reason_phrase="stateless reset: the peer no longer has this connection",
@@ -1085,6 +1099,14 @@ class PeerConnection:
             return DialError(
                 f"this node refused the peer's certificate ({self._peer_name()}): {ours}",
                 reason=ours.reason,
+            )
+        if self._reset_in_handshake:
+            # Before the crypto range check: the reset's SHUTDOWN code falls in it.
+            return DialError(
+                f"{self._peer_name()} answered the handshake with a stateless reset: it has"
+                " no state for this connection (it restarted, or already let it go); the"
+                " next send dials again",
+                reason="reset_by_peer",
             )
         if _CRYPTO_ERROR_FIRST <= event.error_code <= _CRYPTO_ERROR_LAST:
             theirs = parse_refusal_reason(event.reason_phrase)

@@ -229,6 +229,8 @@ class Qh3Connection(Qh3QuicConnection):
         self._now = 0.0
         """The time of the last call that carried one (a close made outside such a call
         dates its core's close timer by it)."""
+        self._peer_close: seam.ConnectionTerminated | None = None
+        """The peer's CONNECTION_CLOSE, from the core's ``peer_closed`` event."""
 
     # -- construction hooks (qh3 private, pinned) ------------------------------------------
 
@@ -537,11 +539,13 @@ class Qh3Connection(Qh3QuicConnection):
             elif kind == "handshake_done":
                 self._handshake_confirmed = True
                 core.handshake_confirmed()
-            elif kind in ("peer_closed", "protocol_error"):
-                if kind == "peer_closed":
-                    code, frame, reason = native[2], native[3], native[4].decode("utf8", "replace")
-                else:
-                    code, frame, reason = native[1], native[2], str(native[3])
+            elif kind == "peer_closed":
+                code, frame, reason = native[2], native[3], native[4].decode("utf8", "replace")
+                if self._close_event is None:  # the peer closed first: it drains (as aioquic)
+                    self._peer_close = seam.ConnectionTerminated(code, frame, reason)
+                self._close_event = qh3_events.ConnectionTerminated(code, frame, reason)
+            elif kind == "protocol_error":
+                code, frame, reason = native[1], native[2], str(native[3])
                 self._close_event = qh3_events.ConnectionTerminated(code, frame, reason)
             elif kind == "connection_terminated":
                 self._state = QuicConnectionState.TERMINATED
@@ -794,6 +798,10 @@ class Qh3Connection(Qh3QuicConnection):
     def adopt_resettable_peer_cid(self) -> bool:
         """Nothing to adopt: qh3 does not tell which peer connection IDs carry tokens."""
         return True
+
+    @property
+    def peer_close(self) -> seam.ConnectionTerminated | None:
+        return self._peer_close
 
     # -- streams -------------------------------------------------------------------------
 

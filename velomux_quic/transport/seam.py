@@ -224,6 +224,12 @@ class QuicEngine(Protocol):
 
     def peer_reset_tokens(self) -> list[bytes]: ...
 
+    @property
+    def peer_close(self) -> ConnectionTerminated | None:
+        """The CONNECTION_CLOSE the peer sent, once taken: the connection drains until its
+        termination reports it, and a stateless reset that arrives meanwhile only says the
+        peer has let go of its closing state (it must not replace the peer's reason)."""
+
     def adopt_resettable_peer_cid(self) -> bool: ...
 
     # -- streams -------------------------------------------------------------------------
