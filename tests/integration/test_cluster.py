@@ -338,7 +338,11 @@ async def check_cluster(cluster: Cluster, *, every_pair: bool) -> None:
     cluster.services["b"].process.send_signal(signal.SIGKILL)
     service = cluster.services["a"]
     await service.until("b lapses", lambda _e: ids["b"] not in service.peers(), SHORT_TTL + 15)
-    assert time.monotonic() - killed_at >= SHORT_TTL - 1.0
+    # Not withdrawn (that is heard within milliseconds, as c's was) but lapsed: b renewed its
+    # lease every SHORT_TTL / 3 s, so at the kill at least SHORT_TTL - SHORT_TTL / 3 s were
+    # left, less however late a renewal of a process starved of CPU ran; SHORT_TTL / 3 keeps
+    # a second of that lateness (a bound of SHORT_TTL - 1 s failed on a loaded machine).
+    assert time.monotonic() - killed_at >= SHORT_TTL / 3
 
 
 etcd_server = etcd_fixtures.etcd_server
