@@ -244,3 +244,32 @@ async def test_a_read_that_timed_out_leaves_the_next_read_able_to_wait_and_wake(
     feed.bodies.append(encode_item("after"))
     inbox.wake()
     assert await asyncio.wait_for(reader, 5) == "after"
+
+
+@pytest.mark.timeout(10)
+async def test_an_item_read_by_await_or_stepped_by_hand_is_the_same() -> None:
+    """``await`` resumes the read through the interpreter's send path (the compiled
+    awaitable answers it from a C slot, with no StopIteration); an interpreter that does
+    not use that slot (a tracing one, a newer one) steps it with ``send`` and ``__next__``
+    instead, and StopIteration carries the item: both give the same items and waits."""
+    anchor, owner = anchor_over(encode_item([1, 2]), encode_item(None), encode_item("c"))
+    assert await anchor.__anext__() == [1, 2]
+    with pytest.raises(StopIteration) as stop:
+        anchor.__anext__().__await__().send(None)
+    assert stop.value.value is None
+    with pytest.raises(StopIteration) as stop:
+        next(anchor.__anext__().__await__())
+    assert stop.value.value == "c"
+    ((_, feed),) = owner.entry.inbox.feeds()
+    assert isinstance(feed, ListFeed)
+    step = anchor.__anext__().__await__()
+    waiter = step.send(None)  # nothing to read: the inbox's waiter, as an await yields it
+    assert isinstance(waiter, asyncio.Future) and not waiter.done()
+    feed.bodies.append(encode_item(("t", 3)))
+    owner.entry.inbox.wake()
+    assert waiter.done()
+    with pytest.raises(StopIteration) as stop:
+        step.send(None)
+    assert stop.value.value == ["t", 3]
+    feed.bodies.append(encode_item({"k": 1}))
+    assert await anchor.__anext__() == {"k": 1}

@@ -12,6 +12,7 @@ anchor module that selects it is still being defined.
 
 cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.object cimport PyObject
 from libc.string cimport memcmp
 
 from velomux_quic.streaming.inbox cimport Inbox
@@ -138,7 +139,8 @@ cdef class _AnchorNext:
     ``__await__`` returns, each allocated, set up and freed for every item a task reads;
     this object comes from a free list and is its own iterator. Its steps are the
     coroutine's: the reading flag is taken at the first step, an item ends the await
-    (``StopIteration(item)``), a sentinel raises what the coroutine raises, and while
+    (returned by the ``am_send`` slot below, or as ``StopIteration(item)`` by ``__next__``
+    and ``send``), a sentinel raises what the coroutine raises, and while
     nothing is readable it yields the inbox's waiter future to the task. ``throw`` and
     ``close`` (a cancelled or closed awaiting coroutine) release the flag, as the
     coroutine's ``finally`` does. An item is decoded here (the ``Item`` prefix, then
@@ -155,10 +157,16 @@ cdef class _AnchorNext:
         return self
 
     def __next__(self):
-        return self._step()
+        value = self._step()
+        if self._done:
+            raise StopIteration(value)
+        return value
 
     def send(self, value):
-        return self._step()
+        value = self._step()
+        if self._done:
+            raise StopIteration(value)
+        return value
 
     def throw(self, typ, value=None, traceback=None):
         self._release()
@@ -179,6 +187,8 @@ cdef class _AnchorNext:
             self._anchor._reading = False
 
     cdef object _step(self):
+        """One step of the read: the item (the await is over: ``_done`` is set) or the
+        waiter future to yield (``_done`` is not); an error is raised as it is."""
         module = _anchor
         anchor = self._anchor
         if self._done:
@@ -206,7 +216,7 @@ cdef class _AnchorNext:
                             anchor._end("a record did not decode")
                             raise module.DeserializationError(str(error)) from error
                         self._finish()
-                        raise StopIteration(value)
+                        return value
                     try:
                         kind, value = frames_module().decode_frame(body)
                     except module.FrameDecodeError as exc:
@@ -214,7 +224,7 @@ cdef class _AnchorNext:
                         raise module.DeserializationError(str(exc)) from exc
                     if kind is _ITEM:
                         self._finish()
-                        raise StopIteration(value)
+                        return value
                     if kind is _HEARTBEAT:
                         continue
                     if kind is _SENDER_ERROR:
@@ -248,8 +258,6 @@ cdef class _AnchorNext:
                 waiter = (<Inbox>inbox).wait() if compiled else inbox.wait()
                 waiter._asyncio_future_blocking = True
                 return waiter
-        except StopIteration:
-            raise
         except BaseException:
             self._finish()
             raise
@@ -257,3 +265,51 @@ cdef class _AnchorNext:
     cdef inline void _finish(self) except *:
         self._release()
         self._done = True
+
+
+# -- the awaitable's send slot -----------------------------------------------------------
+#
+# An awaiting coroutine resumes an awaitable that is not a coroutine through the
+# interpreter's PyIter_Send, which calls the type's ``am_send`` slot where it has one, and
+# otherwise ``__next__``, whose return value is a StopIteration: an exception object, and
+# a traceback entry for each compiled function it passes, for every item read. The slot
+# returns the item as a value instead. An interpreter that does not call the slot (a
+# newer one, or one tracing) still reads ``__next__``, with the same results.
+
+cdef extern from "Python.h":
+    ctypedef enum PySendResult:
+        PYGEN_RETURN
+        PYGEN_ERROR
+        PYGEN_NEXT
+    ctypedef PySendResult (*sendfunc)(PyObject*, PyObject*, PyObject**)
+    ctypedef struct PyAsyncMethods:
+        sendfunc am_send
+    ctypedef struct _TypeWithAsync "PyTypeObject":
+        PyAsyncMethods* tp_as_async
+
+
+ctypedef PyObject* (*_raw_step_fn)(PyObject*) noexcept
+
+
+cdef object _step_of(object step):
+    return (<_AnchorNext>step)._step()
+
+
+cdef _raw_step_fn _raw_step = <_raw_step_fn>_step_of
+"""``_step_of`` as the C function it is: a new reference, or NULL with the error set (a
+call Cython makes would handle that error instead of giving it back to the slot)."""
+
+
+cdef PySendResult _anchor_next_send(PyObject* step, PyObject* arg, PyObject** result) noexcept:
+    cdef PyObject* value = _raw_step(step)
+    result[0] = value
+    if value is NULL:
+        return PYGEN_ERROR
+    if (<_AnchorNext>step)._done:
+        return PYGEN_RETURN
+    return PYGEN_NEXT
+
+
+cdef _TypeWithAsync* _anchor_next_type = <_TypeWithAsync*>_AnchorNext
+if _anchor_next_type.tp_as_async is not NULL:
+    _anchor_next_type.tp_as_async.am_send = _anchor_next_send
