@@ -117,6 +117,13 @@ class TransportStats:
         """Connections ended because their QUIC engine raised (INTERNAL_ERROR sent)."""
 
 
+def _transport_counter(name: str, documentation: str, value: float) -> CounterMetricFamily:
+    """One counter of the endpoint's, labelled with the transport's key."""
+    family = CounterMetricFamily(name, documentation, labels=["transport"])
+    family.add_metric([TRANSPORT_KEY], value)
+    return family
+
+
 class TransportCollector(Collector):
     """Exports a :class:`TransportStats` as the ``velo_transport_*`` series."""
 
@@ -151,29 +158,23 @@ class TransportCollector(Collector):
         datagrams.add_metric([TRANSPORT_KEY, "inbound"], s.datagrams_in)
         datagrams.add_metric([TRANSPORT_KEY, "outbound"], s.datagrams_out)
         yield datagrams
-        backpressure = CounterMetricFamily(
+        yield _transport_counter(
             "velo_transport_send_backpressure",
             "Sends that returned Pending (the lane was full)",
-            labels=["transport"],
+            s.send_backpressure,
         )
-        backpressure.add_metric([TRANSPORT_KEY], s.send_backpressure)
-        yield backpressure
-        capped = CounterMetricFamily(
+        yield _transport_counter(
             "velo_transport_unacked_cap_reached",
             "Times a connection's (or its peer's) unacknowledged bytes reached this node's"
             " cap (max_unacked_bytes, max_unacked_bytes_per_peer) and its sends waited",
-            labels=["transport"],
+            s.unacked_cap_reached,
         )
-        capped.add_metric([TRANSPORT_KEY], s.unacked_cap_reached)
-        yield capped
-        turns = CounterMetricFamily(
+        yield _transport_counter(
             "velo_transport_peer_turns_waited",
             "Times a connection's lane data waited for its peer's next turn of the event loop"
             " (peer_turn_bytes spent: other peers are served first)",
-            labels=["transport"],
+            s.turns_waited,
         )
-        turns.add_metric([TRANSPORT_KEY], s.turns_waited)
-        yield turns
         rejections = CounterMetricFamily(
             "velo_transport_rejections",
             "Inbound input dropped or refused, by reason",
@@ -223,14 +224,12 @@ class TransportCollector(Collector):
         )
         dials.add_metric([TRANSPORT_KEY], s.dials)
         yield dials
-        failures = CounterMetricFamily(
+        yield _transport_counter(
             "velo_transport_engine_failures",
             "Connections ended at once because their QUIC engine raised (the peer was sent "
             "CONNECTION_CLOSE with INTERNAL_ERROR)",
-            labels=["transport"],
+            s.engine_failures,
         )
-        failures.add_metric([TRANSPORT_KEY], s.engine_failures)
-        yield failures
         active = GaugeMetricFamily(
             "velo_transport_active_connections", "Open QUIC connections", labels=["transport"]
         )
@@ -269,50 +268,38 @@ class TransportCollector(Collector):
         for outcome in ("sent", "acked", "lost"):
             probes.add_metric([TRANSPORT_KEY, outcome], s.pmtu_probes[outcome])
         yield probes
-        holes = CounterMetricFamily(
+        yield _transport_counter(
             "velo_transport_pmtu_black_holes",
             "Connections that fell back to the base datagram size: full-size packets were lost",
-            labels=["transport"],
+            s.pmtu_black_holes,
         )
-        holes.add_metric([TRANSPORT_KEY], s.pmtu_black_holes)
-        yield holes
-        too_big = CounterMetricFamily(
+        yield _transport_counter(
             "velo_transport_datagrams_too_big",
             "Datagrams the kernel refused to send as larger than the device MTU (EMSGSIZE)",
-            labels=["transport"],
+            s.datagrams_too_big,
         )
-        too_big.add_metric([TRANSPORT_KEY], s.datagrams_too_big)
-        yield too_big
-        trains = CounterMetricFamily(
+        yield _transport_counter(
             "velo_transport_gso_trains",
             "sendmsg calls that carried several datagrams to one peer (UDP GSO)",
-            labels=["transport"],
+            s.gso_trains,
         )
-        trains.add_metric([TRANSPORT_KEY], s.gso_trains)
-        yield trains
-        fallbacks = CounterMetricFamily(
+        yield _transport_counter(
             "velo_transport_gso_fallbacks",
             "Destinations for which the kernel refused UDP GSO; they are sent one datagram "
             "per call since",
-            labels=["transport"],
+            s.gso_fallbacks,
         )
-        fallbacks.add_metric([TRANSPORT_KEY], s.gso_fallbacks)
-        yield fallbacks
-        gro = CounterMetricFamily(
+        yield _transport_counter(
             "velo_transport_gro_buffers",
             "Received buffers in which the kernel coalesced several datagrams (UDP GRO)",
-            labels=["transport"],
+            s.gro_buffers,
         )
-        gro.add_metric([TRANSPORT_KEY], s.gro_buffers)
-        yield gro
-        drops = CounterMetricFamily(
+        yield _transport_counter(
             "velo_transport_udp_send_drops",
             "Datagrams dropped because the queue behind a full socket send buffer was full "
             "(QUIC's loss recovery resends them)",
-            labels=["transport"],
+            s.udp_send_drops,
         )
-        drops.add_metric([TRANSPORT_KEY], s.udp_send_drops)
-        yield drops
 
     @classmethod
     def register(
