@@ -15,7 +15,6 @@ This test guards the bound that holds (``SLOWDOWN_BOUND``) on a shared two-core 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import statistics
 import sys
 import time
@@ -26,7 +25,13 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import StartNode
-from tests.integration.test_hostile_memory import ROOT, Victim, legitimate_stream, victim_process
+from tests.integration.test_hostile_memory import (
+    ROOT,
+    Victim,
+    end_child,
+    legitimate_stream,
+    victim_process,
+)
 from velomux_quic.node import Node
 from velomux_quic.security.certs import NodeCredentials
 
@@ -64,14 +69,7 @@ async def flooder_process(credentials: Path, victim: Victim) -> AsyncIterator[No
         assert line.strip() == b"flooding", line
         yield
     finally:
-        if process.stdin is not None:
-            process.stdin.close()  # the flooder exits when its stdin closes
-        try:
-            await asyncio.wait_for(process.wait(), 15)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                process.kill()
-            await process.wait()
+        await end_child(process)  # the flooder exits when its stdin closes
 
 
 async def _median_stream_seconds(good: Node, victim: Victim) -> float:

@@ -103,14 +103,20 @@ async def victim_process(credentials: Path, engine: str | None = None) -> AsyncI
         hello = json.loads(await asyncio.wait_for(process.stdout.readline(), 30))
         yield Victim(process, InstanceId.parse(hello["instance"]), (hello["host"], hello["port"]))
     finally:
-        if process.stdin is not None:
-            process.stdin.close()  # the victim exits when its stdin closes
-        try:
-            await asyncio.wait_for(process.wait(), 15)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                process.kill()
-            await process.wait()
+        await end_child(process)  # the victim exits when its stdin closes
+
+
+async def end_child(process: asyncio.subprocess.Process) -> None:
+    """End a child that exits when its standard input closes: close it, wait, and kill the
+    child if it has not exited within 15 s, so no test leaves it running."""
+    if process.stdin is not None:
+        process.stdin.close()
+    try:
+        await asyncio.wait_for(process.wait(), 15)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+        await process.wait()
 
 
 def _rejections(reason: str) -> str:
