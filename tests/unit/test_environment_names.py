@@ -10,9 +10,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import velomux_quic
 from velomux_quic.ops.environment import known_variables, unknown_variables
 
-PACKAGE = Path(__file__).resolve().parents[2] / "velomux_quic"
+PACKAGE = Path(velomux_quic.__file__).resolve().parent
+"""The package this run imports: the checkout's, or the installed wheel's under
+``make test-pythons`` (whose tree has no source beside the tests)."""
 # A whole name in quotes: a variable the code reads, not a prefix it builds names from.
 NAME_IN_CODE = re.compile(r"""["'](VELOMUX_[A-Z0-9_]*[A-Z0-9])["']""")
 
