@@ -143,7 +143,10 @@ class Endpoint:
     def __post_init__(self) -> None:
         self.clock = FakeClock(self.wire)
         self.peer_ledger = PeerLedger(
-            self.config.max_unacked_bytes_per_peer, self.config.peer_turn_bytes, self.clock.soon
+            self.config.max_unacked_bytes_per_peer,
+            self.config.peer_turn_bytes,
+            self.clock.soon,
+            self.clock.time,
         )
         self.wire.endpoints.append(self)
 

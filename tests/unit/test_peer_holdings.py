@@ -9,7 +9,12 @@ import pytest
 
 from velomux_quic.errors import ConfigurationError
 from velomux_quic.transport import TransportConfig
-from velomux_quic.transport.admission import InflightBound, PeerHoldings, PeerLedger
+from velomux_quic.transport.admission import (
+    CONTENTION_WINDOW,
+    InflightBound,
+    PeerHoldings,
+    PeerLedger,
+)
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -76,6 +81,35 @@ def test_a_peers_turn_is_spent_then_refilled_after_what_the_loop_runs_now() -> N
     scheduled.pop()()
     assert resumed == [100]
     assert holdings.take_turn(100)
+
+
+def test_a_peer_alone_on_the_loop_keeps_its_burst_whole() -> None:
+    scheduled: list[Callable[[], None]] = []
+    ledger = PeerLedger(10, turn_bytes=100, call_soon=scheduled.append, clock=lambda: 5.0)
+    alone = ledger.join("alone", lambda: None)
+    assert all(alone.take_turn(60) for _ in range(10))  # nobody else: shares renew on the spot
+    assert len(scheduled) == 1  # one refill, as for any turn
+
+
+def test_shares_apply_while_another_peer_had_data_within_the_window() -> None:
+    now = [10.0]
+    ledger = PeerLedger(10, turn_bytes=100, call_soon=lambda _: None, clock=lambda: now[0])
+    flooder = ledger.join("flooder", lambda: None)
+    other = ledger.join("other", lambda: None)
+    assert other.take_turn(10)
+    assert flooder.take_turn(100)
+    assert not flooder.take_turn(1)  # the other peer is here
+    now[0] += CONTENTION_WINDOW / 2
+    assert not flooder.take_turn(1)  # ... and was lately
+    now[0] += CONTENTION_WINDOW
+    assert flooder.take_turn(100)  # it has been quiet for a window: shares renew
+    assert flooder.take_turn(100)
+
+
+def test_without_a_clock_every_share_holds() -> None:
+    holdings = PeerLedger(10, turn_bytes=100).join("peer", lambda: None)
+    assert holdings.take_turn(100)
+    assert not holdings.take_turn(1)
 
 
 @pytest.mark.parametrize(

@@ -26,6 +26,7 @@ from ..errors import AdmissionCancelled, AdmissionError
 
 __all__ = [
     "ADMITTED",
+    "CONTENTION_WINDOW",
     "UNBOUNDED",
     "AdmissionState",
     "Admitted",
@@ -354,6 +355,10 @@ class SharedRoom:
         self._saturated = False
 
 
+CONTENTION_WINDOW: Final = 1.0
+"""Seconds since another peer last had lane data within which a peer's turn share holds."""
+
+
 class PeerHoldings:
     """What all of one peer's connections hold, together: the per-peer side of two bounds.
 
@@ -367,8 +372,10 @@ class PeerHoldings:
     __slots__ = (
         "_call_soon",
         "_deferred",
+        "_ledger",
         "_refill_armed",
         "_wakers",
+        "active_at",
         "partial_bytes",
         "peer_limit",
         "turn_bytes",
@@ -381,6 +388,7 @@ class PeerHoldings:
         peer_limit: int,
         turn_bytes: int = UNBOUNDED,
         call_soon: Callable[[Callable[[], None]], object] | None = None,
+        ledger: PeerLedger | None = None,
     ) -> None:
         self.peer_limit = peer_limit
         self.unacked = 0
@@ -394,6 +402,9 @@ class PeerHoldings:
         self._call_soon = call_soon
         self._refill_armed = False
         self._deferred: list[Callable[[], None]] = []
+        self._ledger = ledger
+        self.active_at = -CONTENTION_WINDOW
+        """When (the ledger's clock) this peer's lane data was last first charged in a turn."""
 
     # -- turns: a bounded share of each loop turn per peer -------------------------------
 
@@ -405,15 +416,28 @@ class PeerHoldings:
         runs after everything the loop is doing now: every other peer's datagrams of this
         turn get their share before this peer gets more. Lane data held back is not
         consumed, so the peer's receive window stops growing and its sending slows to
-        its share; a peer alone on the node loses only a loop turn per share.
+        its share.
+
+        A share is only spent against someone: while no other peer of the ledger has had
+        lane data charged within :data:`CONTENTION_WINDOW`, a spent share is renewed on the
+        spot. Splitting a lone peer's burst over loop turns would serve nobody, and costs
+        its consumers a wait and a wake-up for each split. The window is long beside a
+        request's round trip so that a peer sending now and then still counts as present:
+        a window of a loop turn or two let a flooder take whole turns between a
+        legitimate peer's datagrams, which then waited behind them.
         """
         left = self.turn_left
         if left <= 0:
-            return False
+            ledger = self._ledger
+            if ledger is None or ledger.contended(self):
+                return False
+            left = self.turn_bytes  # nobody else to yield to: a fresh share
         self.turn_left = left - size
         if not self._refill_armed and self._call_soon is not None:
             self._refill_armed = True
             self._call_soon(self._refill)
+            if self._ledger is not None:
+                self._ledger.charged(self)
         return True
 
     def defer(self, resume: Callable[[], None]) -> None:
@@ -448,20 +472,39 @@ class PeerHoldings:
 
 
 class PeerLedger:
-    """One :class:`PeerHoldings` per peer with a live connection (entries go with the last)."""
+    """One :class:`PeerHoldings` per peer with a live connection (entries go with the last),
+    and who had lane data lately, so a peer's share is only enforced while another peer
+    competes for the loop."""
 
-    __slots__ = ("_call_soon", "_peers", "peer_limit", "turn_bytes")
+    __slots__ = ("_call_soon", "_clock", "_peers", "peer_limit", "turn_bytes")
 
     def __init__(
         self,
         peer_limit: int,
         turn_bytes: int = UNBOUNDED,
         call_soon: Callable[[Callable[[], None]], object] | None = None,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self.peer_limit = peer_limit
         self.turn_bytes = turn_bytes
         self._call_soon = call_soon
+        self._clock = clock
         self._peers: dict[object, PeerHoldings] = {}
+
+    def charged(self, holdings: PeerHoldings) -> None:
+        """``holdings``' first charge of a loop turn: it is competing now."""
+        if self._clock is not None:
+            holdings.active_at = self._clock()
+
+    def contended(self, holdings: PeerHoldings) -> bool:
+        """Whether another peer had lane data within :data:`CONTENTION_WINDOW` (always,
+        without a clock to tell)."""
+        if self._clock is None:
+            return True
+        recent = self._clock() - CONTENTION_WINDOW
+        return any(
+            other is not holdings and other.active_at >= recent for other in self._peers.values()
+        )
 
     def __len__(self) -> int:
         return len(self._peers)
@@ -470,7 +513,7 @@ class PeerLedger:
         holdings = self._peers.get(peer)
         if holdings is None:
             holdings = self._peers[peer] = PeerHoldings(
-                self.peer_limit, self.turn_bytes, self._call_soon
+                self.peer_limit, self.turn_bytes, self._call_soon, self
             )
         holdings.join(wake)
         return holdings

@@ -140,7 +140,10 @@ class QuicTransport(asyncio.DatagramProtocol):
         self.loop = asyncio.get_running_loop()
         self.stats = TransportStats()
         self.peer_ledger = PeerLedger(
-            self.config.max_unacked_bytes_per_peer, self.config.peer_turn_bytes, self.loop.call_soon
+            self.config.max_unacked_bytes_per_peer,
+            self.config.peer_turn_bytes,
+            self.loop.call_soon,
+            self.loop.time,
         )
         """What each peer's connections hold together (unacknowledged, unfinished frames)."""
         self.buffer_sizes = BufferSizes((0, 0))
