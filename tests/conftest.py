@@ -21,7 +21,7 @@ from velomux_quic.security.certs import (
     issue_node_certificate,
 )
 from velomux_quic.transport.config import TransportConfig
-from velomux_quic.transport.endpoint import QuicTransport, TransportHandler
+from velomux_quic.transport.endpoint import QuicEndpoint, TransportHandler
 from velomux_quic.transport.engine_choice import engine_features, resolve_engine
 
 if TYPE_CHECKING:
@@ -153,7 +153,7 @@ class Recorder(TransportHandler):
                 await self._changed.wait()
 
 
-NodeFactory = Callable[..., Awaitable[tuple[QuicTransport, Recorder]]]
+NodeFactory = Callable[..., Awaitable[tuple[QuicEndpoint, Recorder]]]
 
 
 @pytest.fixture
@@ -168,9 +168,9 @@ async def start_node(
             *,
             credentials: NodeCredentials | None = None,
             config: TransportConfig | None = None,
-        ) -> tuple[QuicTransport, Recorder]:
+        ) -> tuple[QuicEndpoint, Recorder]:
             recorder = Recorder()
-            transport = await QuicTransport.start(
+            transport = await QuicEndpoint.start(
                 credentials or make_credentials(name), config=config, handler=recorder
             )
             stack.push_async_callback(transport.close)

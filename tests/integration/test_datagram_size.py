@@ -19,7 +19,7 @@ from prometheus_client import generate_latest
 from tests.conftest import NodeFactory, Recorder, needs_mtu_probes, wait_admitted
 from velomux_quic.ids import InstanceId
 from velomux_quic.programs.demo.proxy import Impairment, ImpairmentProxy
-from velomux_quic.transport import QuicTransport
+from velomux_quic.transport import QuicEndpoint
 from velomux_quic.transport.config import TransportConfig
 from velomux_quic.transport.snapshot import ConnectionSnapshot
 
@@ -33,7 +33,7 @@ def body(index: int, size: int) -> bytes:
 
 
 async def exchange(
-    a: QuicTransport, b: QuicTransport, b_seen: Recorder, *, frames: int, size: int
+    a: QuicEndpoint, b: QuicEndpoint, b_seen: Recorder, *, frames: int, size: int
 ) -> None:
     """``a`` sends ``frames`` frames of ``size`` bytes to ``b``; all arrive whole, in order."""
     a.register_peer(b.instance_id, b.address)
@@ -43,13 +43,13 @@ async def exchange(
     assert received == [body(i, size) for i in range(frames)]
 
 
-def outbound(transport: QuicTransport, peer: InstanceId) -> ConnectionSnapshot:
+def outbound(transport: QuicEndpoint, peer: InstanceId) -> ConnectionSnapshot:
     connection = transport.snapshot().to(peer)
     assert connection is not None
     return connection
 
 
-def inbound(transport: QuicTransport, peer: InstanceId) -> ConnectionSnapshot:
+def inbound(transport: QuicEndpoint, peer: InstanceId) -> ConnectionSnapshot:
     (connection,) = transport.snapshot().inbound_from(peer)
     return connection
 
@@ -97,7 +97,7 @@ async def test_the_base_size_when_both_are_pinned_to_it(start_node: NodeFactory)
     assert inbound(b, a.instance_id).datagram_size == 1452
 
 
-async def wait_for_search(transport: QuicTransport, peer: InstanceId) -> ConnectionSnapshot:
+async def wait_for_search(transport: QuicEndpoint, peer: InstanceId) -> ConnectionSnapshot:
     """Until the search on the connection to ``peer`` ended. No event reports that to a
     test (only the snapshot shows it), so this is a bounded poll of the snapshot."""
     async with asyncio.timeout(20):
@@ -137,7 +137,7 @@ async def test_discovery_through_a_narrow_path_settles_below_its_limit(
 
 
 async def exchange_via(
-    a: QuicTransport, b: QuicTransport, b_seen: Recorder, *, frames: int, size: int
+    a: QuicEndpoint, b: QuicEndpoint, b_seen: Recorder, *, frames: int, size: int
 ) -> None:
     """As :func:`exchange`, to a peer already registered (through the proxy)."""
     await wait_admitted([a.send(b.instance_id, 0, body(i, size)) for i in range(frames)])
@@ -145,7 +145,7 @@ async def exchange_via(
 
 
 async def more(
-    a: QuicTransport, b: QuicTransport, b_seen: Recorder, *, frames: int, size: int
+    a: QuicEndpoint, b: QuicEndpoint, b_seen: Recorder, *, frames: int, size: int
 ) -> None:
     before = b_seen.count(a.instance_id)
     await wait_admitted([a.send(b.instance_id, 0, body(i, size)) for i in range(frames)])

@@ -48,7 +48,7 @@ from velomux_quic.security.testing import (
 from velomux_quic.streaming.control import MESSENGER_MUX_KEY, StreamOpenTicket
 from velomux_quic.transport import TransportConfig
 from velomux_quic.transport.admission import SendAdmission
-from velomux_quic.transport.endpoint import QuicTransport
+from velomux_quic.transport.endpoint import QuicEndpoint
 
 ENGINES = ("aioquic", "qh3")
 PAIRS = [(client, server) for client in ENGINES for server in ENGINES]
@@ -236,7 +236,7 @@ async def test_lanes_and_requests_cross_engines_both_ways(
 
     b, b_seen = await start_node("b", config=engine(server_engine, lanes=4))
     a_seen = Server()
-    a = await QuicTransport.start(
+    a = await QuicEndpoint.start(
         make_credentials("a"), config=engine(client_engine, lanes=4), handler=a_seen
     )
     try:
@@ -356,7 +356,7 @@ async def test_a_restarted_peer_of_either_engine_resets_the_connection_at_once(
     peer_dir = make_credentials("restarted").save(tmp_path / "restarted")
     watcher = Watcher()
     config = engine(ours, idle_timeout=60.0, keep_alive_interval=0.2)
-    async with await QuicTransport.start(
+    async with await QuicEndpoint.start(
         make_credentials("survivor"), config=config, handler=watcher
     ) as survivor:
         host, _ = survivor.address

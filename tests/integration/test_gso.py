@@ -18,7 +18,7 @@ from prometheus_client import generate_latest
 from tests.conftest import NodeFactory
 from tests.integration.test_datagram_size import exchange, inbound, outbound
 from velomux_quic import runtime_info
-from velomux_quic.transport import QuicTransport
+from velomux_quic.transport import QuicEndpoint
 from velomux_quic.transport.batched_udp import batching_available
 from velomux_quic.transport.config import TransportConfig
 
@@ -37,7 +37,7 @@ ENGINES = [
 KERNEL_BATCHES = batching_available() == (True, True)
 
 
-def counter(transport: QuicTransport, name: str) -> float:
+def counter(transport: QuicEndpoint, name: str) -> float:
     text = generate_latest(transport.registry).decode()
     prefix = f'velo_transport_{name}_total{{transport="quic"}} '
     (line,) = [line for line in text.splitlines() if line.startswith(prefix)]

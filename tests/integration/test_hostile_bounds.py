@@ -36,7 +36,7 @@ from velomux_quic.messenger.envelope import Kind, encode_envelope
 from velomux_quic.node import Node
 from velomux_quic.security.certs import NodeCredentials
 from velomux_quic.transport import TransportConfig, TransportHandler
-from velomux_quic.transport.endpoint import QuicTransport
+from velomux_quic.transport.endpoint import QuicEndpoint
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.one_loop]
 
@@ -59,7 +59,7 @@ def _request(message_id: int, payload: bytes = PAYLOAD) -> bytes:
     return encode_envelope(Kind.REQUEST, handler="echo", message_id=message_id, payload=payload)
 
 
-async def _flood(sender: QuicTransport, victim: InstanceId, seconds: float) -> int:
+async def _flood(sender: QuicEndpoint, victim: InstanceId, seconds: float) -> int:
     """Requests of 1 KB as fast as the victim takes them, for ``seconds``; returns the count."""
     sent = 0
     deadline = time.monotonic() + seconds
@@ -90,7 +90,7 @@ async def _unacknowledging_member(
         # address; the member's handshake completes, then it stops acknowledging.
         await victim.ask(f"dial {hostile.instance_id} {host} {port}")
         await server.first_connection()
-        sender = await QuicTransport.start(hostile)
+        sender = await QuicEndpoint.start(hostile)
         stack.push_async_callback(sender.close)
         sender.register_peer(victim.instance_id, victim.address)
         sent = await _flood(sender, victim.instance_id, seconds)
@@ -167,7 +167,7 @@ async def test_a_connection_held_at_the_cap_past_unacked_timeout_is_closed_and_c
             dialed = victim.messenger.transport.outbound_connection(hostile.instance_id)
             assert dialed is not None
             await server.first_connection()
-            sender = await QuicTransport.start(hostile)
+            sender = await QuicEndpoint.start(hostile)
             stack.push_async_callback(sender.close)
             sender.register_peer(victim.instance_id, victim.address)
             flood = asyncio.ensure_future(_flood(sender, victim.instance_id, 60.0))
@@ -207,7 +207,7 @@ async def test_an_honest_burst_before_the_return_dial_completes_loses_no_reply(
     requests = 50_000
     answers = _Answers(requests)
     async with victim_process(tmp_path / "victim", engine) as victim, AsyncExitStack() as stack:
-        peer = await QuicTransport.start(make_credentials("honest"), handler=answers)
+        peer = await QuicEndpoint.start(make_credentials("honest"), handler=answers)
         stack.push_async_callback(peer.close)
         peer.register_peer(victim.instance_id, victim.address)
         # All at once: the victim has no connection to this peer yet, so it dials back

@@ -14,7 +14,7 @@ from tests.polling import poll_until
 from velomux_quic.node import Node
 from velomux_quic.security.certs import NodeCredentials
 from velomux_quic.transport import TransportConfig
-from velomux_quic.transport.endpoint import QuicTransport
+from velomux_quic.transport.endpoint import QuicEndpoint
 
 _HEADER = struct.Struct(">I")
 _FIRST_STREAM = 66
@@ -52,7 +52,7 @@ async def test_a_peer_holds_at_most_its_connection_bound_and_the_newest_one_work
 ) -> None:
     victim, seen = await start_node("victim", config=TransportConfig(max_connections_per_peer=2))
     credentials = make_credentials("hostile")
-    dialers: list[QuicTransport] = []
+    dialers: list[QuicEndpoint] = []
     for number in range(5):  # one certificate, five endpoints, each dialing the victim
         dialer, _ = await start_node(credentials=credentials)
         dialer.register_peer(victim.instance_id, victim.address)

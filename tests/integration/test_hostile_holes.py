@@ -44,7 +44,7 @@ from velomux_quic.messenger.envelope import Kind, StagedDescriptor, encode_envel
 from velomux_quic.node import Node
 from velomux_quic.security.certs import NodeCredentials
 from velomux_quic.transport import TransportConfig, TransportHandler
-from velomux_quic.transport.endpoint import QuicTransport
+from velomux_quic.transport.endpoint import QuicEndpoint
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.one_loop]
 
@@ -125,7 +125,7 @@ async def test_oversized_staged_descriptors_cost_a_bounded_number_of_releases(
         calm = await _median_seconds(_calls(good, victim))
         before = await victim.ask("report")
         silent = _SilentPeer()
-        hostile = await QuicTransport.start(make_credentials("hostile"), handler=silent)
+        hostile = await QuicEndpoint.start(make_credentials("hostile"), handler=silent)
         stack.push_async_callback(hostile.close)
         stack.callback(silent.release.set)
         hostile.register_peer(victim.instance_id, victim.address)
@@ -160,7 +160,7 @@ async def test_oversized_staged_descriptors_cost_a_bounded_number_of_releases(
 
 async def _dial_once(credentials: NodeCredentials, victim: Victim) -> float | None:
     """A fresh node dials the victim; seconds to an established connection, None if not."""
-    dialer = await QuicTransport.start(credentials)
+    dialer = await QuicEndpoint.start(credentials)
     try:
         dialer.register_peer(victim.instance_id, victim.address)
         began = time.perf_counter()
@@ -275,7 +275,7 @@ async def test_replies_a_peer_never_reads_are_charged_what_they_hold(
         good = await _good_peer(start_nodes, victim)
         calm = await _median_seconds(_calls(good, victim))
         before = await victim.ask("report")
-        hostile = await QuicTransport.start(
+        hostile = await QuicEndpoint.start(
             make_credentials("hostile"), config=TransportConfig(lane_window=64 * 1024)
         )
         stack.push_async_callback(hostile.close)

@@ -42,7 +42,7 @@ from velomux_quic.mux.protocol import (
 from velomux_quic.node import Node
 from velomux_quic.security.certs import NodeCredentials
 from velomux_quic.transport import TransportHandler
-from velomux_quic.transport.endpoint import QuicTransport
+from velomux_quic.transport.endpoint import QuicEndpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 MiB = 1024 * 1024
@@ -171,7 +171,7 @@ class _StallingPeer(TransportHandler):
         raise LookupError("nothing was ever staged")
 
 
-async def staged_descriptors(hostile: QuicTransport, victim: Victim, count: int) -> None:
+async def staged_descriptors(hostile: QuicEndpoint, victim: Victim, count: int) -> None:
     hostile.register_peer(victim.instance_id, victim.address)
     outcomes: list[object] = [
         hostile.send(
@@ -233,7 +233,7 @@ async def _attack(
             )
             await victim.until(_rejections("stream_openings"), streams - 256, timeout=60)
         stalling = _StallingPeer()
-        stalling_transport = await QuicTransport.start(
+        stalling_transport = await QuicEndpoint.start(
             make_credentials("hostile-pulls"), handler=stalling
         )
         stack.push_async_callback(stalling_transport.close)

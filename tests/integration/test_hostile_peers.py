@@ -19,10 +19,10 @@ from velomux_quic.messenger.envelope import Kind, StagedDescriptor, encode_envel
 from velomux_quic.messenger.messenger import REPLY_OVERHEAD
 from velomux_quic.security.certs import NodeCredentials
 from velomux_quic.transport import TransportConfig, TransportHandler
-from velomux_quic.transport.endpoint import QuicTransport
+from velomux_quic.transport.endpoint import QuicEndpoint
 
 
-def _partial_requests(transport: QuicTransport) -> int:
+def _partial_requests(transport: QuicEndpoint) -> int:
     return sum(c.partial_requests for c in transport.snapshot().connections)
 
 
@@ -70,7 +70,7 @@ async def test_a_flood_of_staged_descriptors_is_held_to_the_pull_bound(
         )
         stack.push_async_callback(victim.close)
         stalling = _StallingPeer()
-        hostile = await QuicTransport.start(make_credentials("hostile"), handler=stalling)
+        hostile = await QuicEndpoint.start(make_credentials("hostile"), handler=stalling)
         stack.push_async_callback(hostile.close)
         stack.callback(stalling.release.set)
         good = await Messenger.start(make_credentials("good"))
@@ -123,7 +123,7 @@ async def test_replies_to_a_peer_that_stops_reading_are_bounded_then_dropped(
             transport_config=TransportConfig(send_buffer=0),
         )
         stack.push_async_callback(victim.close)
-        hostile = await QuicTransport.start(
+        hostile = await QuicEndpoint.start(
             make_credentials("hostile"), config=TransportConfig(lane_window=64 * 1024)
         )
         stack.push_async_callback(hostile.close)

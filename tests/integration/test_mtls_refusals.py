@@ -24,14 +24,14 @@ from velomux_quic.security.certs import (
 )
 from velomux_quic.security.testing import issue_expired, self_signed_copy, with_mismatched_key
 from velomux_quic.transport.admission import SendAdmission
-from velomux_quic.transport.endpoint import QuicTransport
+from velomux_quic.transport.endpoint import QuicEndpoint
 
 BadCredentials = Callable[
     [CertificateAuthority, CertificateAuthority, NodeCredentials], NodeCredentials
 ]
 
 
-async def assert_still_serves(b: QuicTransport, b_seen: Recorder, start_node: NodeFactory) -> None:
+async def assert_still_serves(b: QuicEndpoint, b_seen: Recorder, start_node: NodeFactory) -> None:
     good, _ = await start_node("good")
     good.register_peer(b.instance_id, b.address)
     await wait_admitted([good.send(b.instance_id, 0, b"good")])

@@ -32,7 +32,7 @@ from velomux_quic.transport import (
     ConnectionSnapshot,
     PeerLink,
     PerStreamOutbound,
-    QuicTransport,
+    QuicEndpoint,
     SendAdmission,
     StreamData,
     TransportConfig,
@@ -237,10 +237,10 @@ class Sink(TransportHandler):
 @pytest.fixture
 async def transports(
     make_credentials: Callable[..., NodeCredentials],
-) -> AsyncIterator[tuple[QuicTransport, QuicTransport]]:
+) -> AsyncIterator[tuple[QuicEndpoint, QuicEndpoint]]:
     """(sender a with a 1,000-byte per-stream bound per connection, receiver b)."""
-    b = await QuicTransport.start(make_credentials("b"), handler=Sink())
-    a = await QuicTransport.start(
+    b = await QuicEndpoint.start(make_credentials("b"), handler=Sink())
+    a = await QuicEndpoint.start(
         make_credentials("a"),
         config=TransportConfig(streams_send_buffer=1000),
         handler=TransportHandler(),
@@ -256,7 +256,7 @@ async def transports(
 
 
 async def test_the_connection_bound_queues_streams_in_turn_and_a_close_refuses_them(
-    transports: tuple[QuicTransport, QuicTransport],
+    transports: tuple[QuicEndpoint, QuicEndpoint],
 ) -> None:
     a, b = transports
     one, two, three = (a.open_stream(b.instance_id) for _ in range(3))

@@ -38,7 +38,7 @@ CHILD = textwrap.dedent(
     from velomux_quic.ids import new_instance_id
     from velomux_quic.security.certs import CertificateAuthority, issue_node_certificate
     from velomux_quic.transport.config import TransportConfig
-    from velomux_quic.transport.endpoint import QuicTransport, TransportHandler
+    from velomux_quic.transport.endpoint import QuicEndpoint, TransportHandler
 
 
     class Received(TransportHandler):
@@ -57,8 +57,8 @@ CHILD = textwrap.dedent(
         config = TransportConfig(engine="qh3", retry_threshold=0)  # every dial is retried
         handler = Received()
         async with (
-            await QuicTransport.start(dialer_creds, config=config) as dialer,
-            await QuicTransport.start(acceptor_creds, config=config, handler=handler) as acceptor,
+            await QuicEndpoint.start(dialer_creds, config=config) as dialer,
+            await QuicEndpoint.start(acceptor_creds, config=config, handler=handler) as acceptor,
         ):
             dialer.register_peer(acceptor.instance_id, acceptor.address)
             await asyncio.wait_for(dialer.connect(acceptor.instance_id), 10)

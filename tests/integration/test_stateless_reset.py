@@ -26,7 +26,7 @@ from tests.conftest import needs_derived_reset_tokens
 from tests.procs.resettable import Watcher
 from velomux_quic.ids import InstanceId
 from velomux_quic.security.certs import NodeCredentials
-from velomux_quic.transport import QuicTransport, TransportConfig
+from velomux_quic.transport import QuicEndpoint, TransportConfig
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 
@@ -69,7 +69,7 @@ async def test_a_peer_restarted_without_state_resets_the_connection_at_once(
     peer_dir = make_credentials("restarted").save(tmp_path / "restarted")
     watcher = Watcher()
     config = TransportConfig(idle_timeout=60.0, keep_alive_interval=0.2)
-    async with await QuicTransport.start(
+    async with await QuicEndpoint.start(
         make_credentials("survivor"), config=config, handler=watcher
     ) as survivor:
         host, port = survivor.address

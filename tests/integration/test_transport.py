@@ -25,7 +25,7 @@ from velomux_quic.security.certs import NodeCredentials
 from velomux_quic.transport import (
     CloseCode,
     PeerLink,
-    QuicTransport,
+    QuicEndpoint,
     StreamData,
     StreamReset,
     StreamStopped,
@@ -239,14 +239,14 @@ def _open_fds() -> set[str]:
 async def test_closed_transports_leave_no_task_timer_or_socket(
     make_credentials: object,
 ) -> None:
-    from velomux_quic.transport.endpoint import QuicTransport
+    from velomux_quic.transport.endpoint import QuicEndpoint
 
     creds = make_credentials  # fixture factory
     assert callable(creds)
     fds_before = _open_fds()
     tasks_before = asyncio.all_tasks()
-    b = await QuicTransport.start(creds("b"))
-    a = await QuicTransport.start(creds("a"), config=TransportConfig(lanes=3))
+    b = await QuicEndpoint.start(creds("b"))
+    a = await QuicEndpoint.start(creds("a"), config=TransportConfig(lanes=3))
     a.register_peer(b.instance_id, b.address)
     await wait_admitted([a.send(b.instance_id, lane, b"x" * 100) for lane in range(3)])
     await a.check_health(b.instance_id)
@@ -281,11 +281,11 @@ async def test_request_stream_pulls_from_the_dialer_without_touching_lanes(
     start_node: NodeFactory, make_credentials: object
 ) -> None:
     from velomux_quic.errors import RequestRefused, ResponseTooLarge
-    from velomux_quic.transport.endpoint import QuicTransport
+    from velomux_quic.transport.endpoint import QuicEndpoint
 
     b, b_seen = await start_node("b")
     server = Server()
-    a = await QuicTransport.start(make_credentials("a"), handler=server)  # type: ignore[operator]
+    a = await QuicEndpoint.start(make_credentials("a"), handler=server)  # type: ignore[operator]
     try:
         a.register_peer(b.instance_id, b.address)
         with pytest.raises(ChannelClosed):  # a has not dialed b yet: nothing to ask on
@@ -346,9 +346,9 @@ async def test_non_lane_streams_reach_the_handler_as_transport_events_with_one_l
     make_credentials: Callable[..., NodeCredentials],
 ) -> None:
     b_seen = StreamRecorder()
-    b = await QuicTransport.start(make_credentials("b"), handler=b_seen)
+    b = await QuicEndpoint.start(make_credentials("b"), handler=b_seen)
     a_seen = StreamRecorder()
-    a = await QuicTransport.start(make_credentials("a"), handler=a_seen)
+    a = await QuicEndpoint.start(make_credentials("a"), handler=a_seen)
     try:
         a.register_peer(b.instance_id, b.address)
         first, second = a.open_stream(b.instance_id), a.open_stream(b.instance_id)

@@ -18,12 +18,12 @@ from velomux_quic.messenger.envelope import Kind, encode_envelope
 from velomux_quic.programs.runtime import run
 from velomux_quic.security.certs import NodeCredentials
 from velomux_quic.transport.admission import SendAdmission
-from velomux_quic.transport.endpoint import QuicTransport
+from velomux_quic.transport.endpoint import QuicEndpoint
 
 _PAYLOAD = bytes(1000)
 
 
-async def flood(transport: QuicTransport, victim: InstanceId) -> None:
+async def flood(transport: QuicEndpoint, victim: InstanceId) -> None:
     sent = 0
     announced = False
     while True:
@@ -49,7 +49,7 @@ async def flood(transport: QuicTransport, victim: InstanceId) -> None:
 
 async def main(args: argparse.Namespace) -> int:
     credentials = NodeCredentials.load(args.credentials)
-    transport = await QuicTransport.start(credentials)
+    transport = await QuicEndpoint.start(credentials)
     try:
         victim = InstanceId.parse(args.victim)
         transport.register_peer(victim, (args.host, args.port))

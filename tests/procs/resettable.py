@@ -18,7 +18,7 @@ import sys
 from velomux_quic.ids import InstanceId
 from velomux_quic.programs.runtime import run
 from velomux_quic.security.certs import NodeCredentials
-from velomux_quic.transport import QuicTransport, TransportHandler
+from velomux_quic.transport import QuicEndpoint, TransportHandler
 
 
 class Watcher(TransportHandler):
@@ -42,7 +42,7 @@ def say(**fields: object) -> None:
 
 async def main(args: argparse.Namespace) -> int:
     credentials = NodeCredentials.load(args.credentials)
-    async with await QuicTransport.start(credentials, port=args.port) as transport:
+    async with await QuicEndpoint.start(credentials, port=args.port) as transport:
         say(instance=str(transport.instance_id), address=list(transport.address))
         if args.dial:
             peer = InstanceId.parse(args.dial[0])

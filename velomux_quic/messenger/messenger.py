@@ -57,7 +57,7 @@ from ..ids import InstanceId
 from ..security.certs import NodeCredentials
 from ..transport import (
     PeerLink,
-    QuicTransport,
+    QuicEndpoint,
     SendAdmission,
     SendOutcome,
     StreamData,
@@ -156,7 +156,7 @@ class Messenger(TransportHandler):
             refuse=self._refuse_caller,
             keep=self._background_task,
         )
-        self._transport: QuicTransport | None = None
+        self._transport: QuicEndpoint | None = None
         self._dispatcher = OrderedDispatcher(
             self._run,
             max_backlog=config.max_ordered_backlog,
@@ -216,7 +216,7 @@ class Messenger(TransportHandler):
         """
         registry = registry or CollectorRegistry()
         messenger = cls(config or MessengerConfig(), registry, peers or PeerRegistry())
-        messenger._transport = await QuicTransport.start(
+        messenger._transport = await QuicEndpoint.start(
             credentials,
             host=host,
             port=port,
@@ -254,7 +254,7 @@ class Messenger(TransportHandler):
         await self.close()
 
     @property
-    def transport(self) -> QuicTransport:
+    def transport(self) -> QuicEndpoint:
         """The node's QUIC transport; MessengerClosed before :meth:`start` set it."""
         if self._transport is None:
             raise MessengerClosed("the messenger has not been started: use Messenger.start()")

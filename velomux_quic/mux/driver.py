@@ -48,7 +48,7 @@ _twins: Final = Twins("velomux_quic.mux._compiled")
 
 DeliveryWatch = Callable[[InstanceId, int, Callable[[bool], None]], None]
 """``watch(peer, lane, told)``: ``told(True)`` once the peer acknowledged every byte sent
-so far on that lane, ``told(False)`` if it never will (``QuicTransport.on_delivered``)."""
+so far on that lane, ``told(False)`` if it never will (``QuicEndpoint.on_delivered``)."""
 
 
 class DeliveryGuard:

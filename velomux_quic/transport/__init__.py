@@ -2,15 +2,18 @@
 
 Everything engine-specific stays in its adapter (:mod:`.aioquic_engine`,
 :mod:`.qh3_engine`) and the TLS hooks of ``velomux_quic.security``; the layers above see
-:class:`QuicTransport`, :class:`TransportHandler`, the admission types, the stream events
+:class:`QuicEndpoint`, :class:`TransportHandler`, the admission types, the stream events
 of :mod:`.events` with their :class:`PeerLink`, the per-stream path's
 :class:`PerStreamOutbound` and the :class:`TransportSnapshot` of
-:meth:`QuicTransport.snapshot`.
+:meth:`QuicEndpoint.snapshot`.
 """
+
+import warnings
+from typing import TYPE_CHECKING
 
 from .admission import ADMITTED, AdmissionState, Admitted, SendAdmission, SendOutcome
 from .config import MAX_LANES, TransportConfig
-from .endpoint import Address, QuicTransport
+from .endpoint import Address, QuicEndpoint
 from .events import PeerLink, StreamData, StreamReset, StreamStopped
 from .framing import FrameDecoder
 from .handler import TransportHandler
@@ -31,7 +34,7 @@ __all__ = [
     "FrameDecoder",
     "PeerLink",
     "PerStreamOutbound",
-    "QuicTransport",
+    "QuicEndpoint",
     "SendAdmission",
     "SendOutcome",
     "StreamData",
@@ -42,3 +45,22 @@ __all__ = [
     "TransportSnapshot",
     "lane_of_stream",
 ]
+
+if TYPE_CHECKING:
+    QuicTransport = QuicEndpoint
+    """Deprecated: the endpoint's old name."""
+else:
+
+    def __getattr__(name: str) -> object:
+        # The old name warns where it is used; hidden from type checkers, to which a
+        # module __getattr__ would make every misspelt name of the package an Any.
+        if name == "QuicTransport":
+            warnings.warn(
+                "velomux_quic.transport.QuicTransport is now QuicEndpoint (the node's UDP "
+                "endpoint; 'transport' names the layer and the chapter's frame transports); "
+                "the old name goes in the next release",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            return QuicEndpoint
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

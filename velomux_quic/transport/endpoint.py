@@ -67,7 +67,7 @@ from .snapshot import ConnectionSnapshot, TransportSnapshot
 from .states import CloseCode, ConnectionState
 from .udp import BufferSizes, open_udp_socket
 
-__all__ = ["Address", "QuicTransport", "TransportHandler"]
+__all__ = ["Address", "QuicEndpoint", "TransportHandler"]
 
 logger = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ def _bind_failure(host: str, port: int, error: OSError) -> str:
     return f"cannot listen on UDP {where}: {error.strerror or error}"
 
 
-class QuicTransport(asyncio.DatagramProtocol):
+class QuicEndpoint(asyncio.DatagramProtocol):
     """Mutually authenticated QUIC between nodes, with ordered lanes and admission gates.
 
     Create with :meth:`start`; close with :meth:`close` (or ``async with``).
@@ -199,7 +199,7 @@ class QuicTransport(asyncio.DatagramProtocol):
         config: TransportConfig | None = None,
         handler: TransportHandler | None = None,
         registry: CollectorRegistry | None = None,
-    ) -> QuicTransport:
+    ) -> QuicEndpoint:
         """Bind the node's UDP endpoint and start accepting mutually authenticated peers."""
         config = config or TransportConfig()
         transport = cls(
@@ -265,7 +265,7 @@ class QuicTransport(asyncio.DatagramProtocol):
         )
         return summary
 
-    async def __aenter__(self) -> QuicTransport:
+    async def __aenter__(self) -> QuicEndpoint:
         """``async with`` closes the transport however the block ends."""
         return self
 

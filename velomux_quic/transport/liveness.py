@@ -24,7 +24,7 @@ import logging
 from collections.abc import Callable, Iterable
 
 from ..ids import InstanceId
-from .endpoint import QuicTransport
+from .endpoint import QuicEndpoint
 
 __all__ = ["StaticPeerLiveness"]
 
@@ -36,7 +36,7 @@ class StaticPeerLiveness:
 
     def __init__(
         self,
-        transport: QuicTransport,
+        transport: QuicEndpoint,
         peers: Iterable[InstanceId],
         *,
         lost: Callable[[InstanceId], None] = lambda peer: None,

@@ -1,6 +1,6 @@
 """A read-only picture of a transport's connections, for operators and tests.
 
-:meth:`QuicTransport.snapshot <velomux_quic.transport.endpoint.QuicTransport.snapshot>`
+:meth:`QuicEndpoint.snapshot <velomux_quic.transport.endpoint.QuicEndpoint.snapshot>`
 builds one on demand (it walks every connection, so it is not for the hot path). The
 values are copies: holding a snapshot keeps nothing alive and changes nothing.
 """
