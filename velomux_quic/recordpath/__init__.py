@@ -76,6 +76,7 @@ class CompiledRecordPathMissing(ImportError):
 
 
 COMPILED_MODULES: Final = (
+    "velomux_quic.mux.credit",
     "velomux_quic.streaming.channels",
     "velomux_quic.streaming.frames",
     "velomux_quic.streaming.inbox",
