@@ -36,9 +36,6 @@ TWINNED_NAMES = {
     "velomux_quic.mux.protocol.decode_batch_owned",
     "velomux_quic.mux.protocol.BatchBuilder",
     "velomux_quic.mux.slots.EgressSlot",
-    "velomux_quic.mux.credit.PeerBudget",
-    "velomux_quic.mux.credit.DirtySet",
-    "velomux_quic.mux.credit.IngressSlot",
     "velomux_quic.mux.egress.BatcherFields",
     "velomux_quic.mux.egress.EgressBatcher.offer",
     "velomux_quic.mux.egress.EgressBatcher._pack_ready",
@@ -173,6 +170,24 @@ def test_a_compiled_module_without_its_extension_fails_the_import_loudly() -> No
     assert "pip install --force-reinstall --no-binary velomux_quic" in result.stderr
     assert "make install" not in result.stderr  # a pip user has no checkout
     assert f"{PURE_PYTHON_ENV}=1" in result.stderr
+
+
+NO_CREDIT_EXTENSION = (
+    "import pathlib\n"
+    "is_file = pathlib.Path.is_file\n"
+    "pathlib.Path.is_file = lambda path: not path.name.startswith('credit.') and is_file(path)\n"
+    "import velomux_quic\n"
+)
+"""A process in which only the mux's credit module has no extension (the mux's twins
+cimport it, so it is missing while their extension is imported)."""
+
+
+def test_a_module_a_twin_extension_cimports_is_named_missing_once() -> None:
+    result = _run_without_extension("0", NO_CREDIT_EXTENSION)
+    assert result.returncode != 0
+    assert "CompiledRecordPathMissing" in result.stderr
+    assert "(velomux_quic.mux.credit) cannot be imported" in result.stderr
+    assert result.stderr.count("cannot be imported") == 1, result.stderr
 
 
 def test_the_switch_runs_pure_python_without_any_extension() -> None:

@@ -1,9 +1,10 @@
 """Both twins of a twinned definition, for tests that run against each in one process.
 
-A sans-IO unit test of a twinned class or function (``IngressSlot``, ``DirtySet``,
-``decode_batch_owned``, ...) takes the fixture made by :func:`each_twin`: it swaps the test
-module's own names for the pure-Python definitions in one run of every test and for the
-compiled ones in the other, whatever ``VELOMUX_PURE_PYTHON`` selected for the library. A
+A sans-IO unit test of a twinned class or function (``decode_batch_owned``, ...), or of one
+of a compiled module's (``IngressSlot``, ``DirtySet``, ...), takes the fixture made by
+:func:`each_twin`: it swaps the test module's own names for the pure-Python definitions in
+one run of every test and for the compiled ones in the other, whatever
+``VELOMUX_PURE_PYTHON`` selected for the library. A
 test that drives a whole table or batcher uses what the library selected (the pure pass of
 ``.ci/run`` runs it the other way).
 """
@@ -17,13 +18,22 @@ from typing import Any
 
 import pytest
 
-from velomux_quic.recordpath import COMPILED_MODULES, IMPLEMENTATION, TWINNED, load_module
+from velomux_quic.recordpath import (
+    COMPILED_MODULES,
+    IMPLEMENTATION,
+    TWINNED,
+    RecordPath,
+    load_module,
+)
 
 IMPLEMENTATIONS = ("pure-python", "compiled")
 
 
-def twin(module: str, name: str, implementation: str) -> Any:
-    """``module.name`` as the pure twin defines it, or its compiled twin."""
+def twin(module: str, name: str, implementation: RecordPath) -> Any:
+    """``module.name`` as the pure twin defines it, or its compiled twin; for a definition
+    of a compiled module (written once), as that module runs on each path."""
+    if module in COMPILED_MODULES:
+        return getattr(load_module(module, implementation), name)
     if implementation == "compiled":
         return getattr(_extension(module.rsplit(".", 1)[0] + "._compiled"), name)
     (found,) = [t for t in TWINNED if t.name == f"{module}.{name}"]
@@ -31,6 +41,7 @@ def twin(module: str, name: str, implementation: str) -> Any:
 
 
 LEAF_MODULES = (
+    "velomux_quic.mux.credit",
     "velomux_quic.streaming.channels",
     "velomux_quic.streaming.frames",
     "velomux_quic.streaming.inbox",
@@ -40,8 +51,9 @@ LEAF_MODULES = (
 
 def _extension(name: str) -> Any:
     """A layer's extension of hand-written twins. On the pure path its C declarations still
-    need the compiled classes of the modules it cimports (``StagingChannel``), so those
-    stand in ``sys.modules`` while it is first imported, and the pure ones again after."""
+    need the compiled classes of the modules it cimports (``StagingChannel``,
+    ``IngressSlot``), so those stand in ``sys.modules`` while it is first imported, and the
+    pure ones again after."""
     if IMPLEMENTATION == "compiled" or name in sys.modules:
         return importlib.import_module(name)
     assert set(LEAF_MODULES) <= set(COMPILED_MODULES)

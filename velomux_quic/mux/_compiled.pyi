@@ -5,10 +5,10 @@ tests/unit/test_recordpath.py checks that the compiled classes expose the same p
 """
 
 from collections import deque
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from .credit import PendingRefusal
+from .credit import IngressSlot
 from .protocol import BatchHeader, BytesLike, OwnedRecord, Record
 from .slots import OutgoingBatch, QueuedRecord, SlotEvent, SlotOwner, SlotState
 
@@ -66,73 +66,6 @@ class EgressSlot:
     def sendable(self) -> bool: ...
     def has_room(self) -> bool: ...
 
-class PeerBudget:
-    limit: int
-    used: int
-    def __init__(self, limit: int) -> None: ...
-    def room(self, size: int) -> bool: ...
-    def charge(self, size: int) -> None: ...
-    def release(self, size: int) -> None: ...
-
-class DirtySet:
-    def __init__(self, capacity: int, doorbell: Callable[[], None] | None = None) -> None: ...
-    @property
-    def capacity(self) -> int: ...
-    def mark(self, index: int) -> bool: ...
-    def drain(self) -> list[int]: ...
-    def __contains__(self, index: int) -> bool: ...
-    def __len__(self) -> int: ...
-
-class IngressSlot:
-    bytes_buffered: int
-    capacity: int
-    closed: bool
-    credit: int
-    data_delivered: int
-    drained: int
-    gap_waiting: bool
-    granted: int
-    held_bytes: int
-    held_data: int
-    held_records: int
-    index: int
-    last_arrival: float
-    on_end: Callable[[], None] | None
-    on_terminal: Callable[[bytes], None] | None
-    opened: bool
-    refusals: dict[tuple[Hashable, int], PendingRefusal] | None
-    return_below: int
-    slot_byte_budget: int
-    slot_id: int
-    terminal: bool
-    withdrawn: bool
-    def __init__(
-        self,
-        credit: int,
-        slot_byte_budget: int,
-        *,
-        wake: Callable[[], None] | None = None,
-        return_below: int | None = None,
-    ) -> None: ...
-    def open(
-        self, slot_id: int, dirty: DirtySet, peer_budget: PeerBudget | None, now: float
-    ) -> None: ...
-    def deliver(self, body: bytes) -> bool: ...
-    def deliver_terminal(self, body: bytes) -> bool: ...
-    def end(self, inject: bytes | None = None) -> None: ...
-    def reconcile(self) -> int: ...
-    @property
-    def withheld_credit(self) -> int: ...
-    @property
-    def outstanding_credit(self) -> int: ...
-    @property
-    def sender_has_credit(self) -> bool: ...
-    def __len__(self) -> int: ...
-    def take(self) -> bytes | None: ...
-    @property
-    def exhausted(self) -> bool: ...
-    def withdraw(self) -> None: ...
-
 class BatcherFields:
     _room: int
     _ready: dict[int, EgressSlot]
@@ -186,16 +119,13 @@ class MuxChannel:
 
 __all__ = [
     "BatchBuilder",
-    "DirtySet",
     "EgressBatcher__pack_ready",
     "EgressBatcher_offer",
     "EgressSlot",
-    "IngressSlot",
     "IngressTable__reconcile",
     "IngressTable__reconcile_dirty",
     "IngressTable_handle_batch",
     "MuxChannel",
-    "PeerBudget",
     "_Route",
     "decode_batch_owned",
 ]

@@ -3,11 +3,12 @@
 
 Each name here twins a definition of the pure-Python modules, which stay the reference:
 :class:`BatchBuilder` and :func:`decode_batch_owned` (``protocol.py``), :class:`EgressSlot`
-(``slots.py``), :class:`PeerBudget`, :class:`DirtySet` and :class:`IngressSlot`
-(``credit.py``), ``EgressBatcher.offer`` and ``EgressBatcher._pack_ready`` (``egress.py``),
+(``slots.py``), ``EgressBatcher.offer`` and ``EgressBatcher._pack_ready`` (``egress.py``),
 :class:`Route` and ``IngressTable.handle_batch`` / ``_reconcile`` / ``_reconcile_dirty``
 (``ingress.py``), and :class:`MuxChannel` (``driver.py``). A method twin is a module-level
-function named ``<Class>_<method>`` that takes the instance first.
+function named ``<Class>_<method>`` that takes the instance first. The ingress slot, the
+dirty set and the peer budget are written once, in ``credit.py`` (compiled as it is, with
+``credit.pxd``): the twins here cimport them and read their fields in C.
 
 The rules are the pure code's, line for line, with the same errors, bounds and counters; only
 the representation differs: the per-record state (slots, routes, budgets, the dirty bitmap)
@@ -24,6 +25,7 @@ from cpython.dict cimport PyDict_SetDefault
 from libc.stdint cimport uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy
 
+from velomux_quic.mux.credit cimport DirtySet, IngressSlot
 from velomux_quic.streaming.channels cimport StagingChannel
 
 
@@ -403,320 +405,6 @@ cdef class EgressSlot:
         return self.queued_bytes < self.budget
 
 
-# -- credit.py --------------------------------------------------------------------------
-
-
-cdef class PeerBudget:
-    """Twin of :class:`velomux_quic.mux.credit.PeerBudget`."""
-
-    cdef public long long limit
-    cdef public long long used
-
-    def __init__(self, limit):
-        if limit <= 0:
-            raise ValueError("a peer byte budget must be positive")
-        self.limit = limit
-        self.used = 0
-
-    def room(self, size):
-        return self.used + size <= self.limit
-
-    def charge(self, size):
-        self.used += size
-
-    def release(self, size):
-        self.used -= size
-
-
-cdef class DirtySet:
-    """Twin of :class:`velomux_quic.mux.credit.DirtySet`."""
-
-    cdef bytearray _bits
-    cdef list _listed
-    cdef object _doorbell
-
-    def __init__(self, capacity, doorbell=None):
-        if capacity <= 0:
-            raise ValueError("a dirty set needs room for at least one index")
-        self._bits = bytearray((capacity + 7) >> 3)
-        self._listed = []
-        self._doorbell = doorbell
-
-    @property
-    def capacity(self):
-        return len(self._bits) << 3
-
-    cdef bint _mark(self, Py_ssize_t index) except -1:
-        if index < 0 or (index >> 3) >= PyByteArray_GET_SIZE(self._bits):
-            self._bits[index >> 3]  # IndexError, as the pure code raises
-        cdef unsigned char* bits = <unsigned char*>PyByteArray_AS_STRING(self._bits)
-        cdef unsigned char mask = 1 << (index & 7)
-        cdef unsigned char current = bits[index >> 3]
-        if current & mask:
-            return False
-        bits[index >> 3] = current | mask
-        self._listed.append(index)
-        doorbell = self._doorbell
-        if doorbell is not None:
-            doorbell()
-        return True
-
-    def mark(self, Py_ssize_t index):
-        return self._mark(index)
-
-    cdef list _drain(self):
-        cdef list listed = self._listed
-        if not listed:
-            return listed
-        self._listed = []
-        cdef unsigned char* bits = <unsigned char*>PyByteArray_AS_STRING(self._bits)
-        cdef Py_ssize_t index
-        for index in listed:
-            bits[index >> 3] = 0
-        return listed
-
-    def drain(self):
-        return self._drain()
-
-    def __contains__(self, Py_ssize_t index):
-        return bool(self._bits[index >> 3] & (1 << (index & 7)))
-
-    def __len__(self):
-        return len(self._listed)
-
-
-cdef class IngressSlot:
-    """Twin of :class:`velomux_quic.mux.credit.IngressSlot`."""
-
-    cdef object _buffer
-    cdef object _dirty
-    cdef object _peer
-    cdef object _wake
-    cdef public long long _withheld
-    cdef public long long bytes_buffered
-    cdef public Py_ssize_t capacity
-    cdef public bint closed
-    cdef public long long credit
-    cdef public long long data_delivered
-    cdef public long long drained
-    cdef public bint gap_waiting
-    cdef public long long granted
-    cdef public long long held_bytes
-    cdef public long long held_data
-    cdef public long long held_records
-    cdef public Py_ssize_t index
-    cdef public double last_arrival
-    cdef public object on_end
-    cdef public object on_terminal
-    cdef public bint opened
-    cdef public object refusals
-    cdef public long long return_below
-    cdef public long long slot_byte_budget
-    cdef public Py_ssize_t slot_id
-    cdef public bint terminal
-    cdef public bint withdrawn
-
-    def __init__(self, credit, slot_byte_budget, *, wake=None, return_below=None):
-        if credit <= 0:
-            raise ValueError("a mux slot needs a positive credit window")
-        if slot_byte_budget <= 0:
-            raise ValueError("a mux slot needs a positive byte budget")
-        self.credit = credit
-        self.return_below = credit if return_below is None else max(1, min(return_below, credit))
-        self.capacity = credit + 1
-        self.slot_byte_budget = slot_byte_budget
-        self._buffer = deque()
-        self._wake = wake
-        self._dirty = None
-        self._peer = None
-        self._withheld = 0
-        self.index = -1
-        self.slot_id = -1
-        self.opened = False
-        self.drained = 0
-        self.granted = credit
-        self.data_delivered = 0
-        self.held_data = 0
-        self.held_records = 0
-        self.held_bytes = 0
-        self.bytes_buffered = 0
-        self.gap_waiting = False
-        self.terminal = False
-        self.closed = False
-        self.withdrawn = False
-        self.last_arrival = 0.0
-        self.on_terminal = None
-        self.on_end = None
-        self.refusals = None
-
-    def open(self, slot_id, dirty, peer_budget, now):
-        if self.opened:
-            raise UsageError("an ingress slot is opened once; a second OpenSlot needs a new bind")
-        self.opened = True
-        self.slot_id = slot_id
-        self.index = slot_id >> 8
-        self._dirty = dirty
-        self._peer = peer_budget
-        self.last_arrival = now
-
-    cdef inline void _charge(self, long long size) except *:
-        peer = self._peer
-        if peer is None:
-            return
-        if type(peer) is PeerBudget:
-            (<PeerBudget>peer).used += size
-        else:
-            peer.used += size
-
-    cdef bint _deliver(self, bytes body) except -1:
-        buffer = self._buffer
-        if self.withdrawn:
-            self.data_delivered += 1
-            return True
-        if len(buffer) >= self.credit or self.closed or self.terminal:
-            return False
-        buffer.append(body)
-        self.data_delivered += 1
-        cdef Py_ssize_t size = PyBytes_GET_SIZE(body)
-        self.bytes_buffered += size
-        self._charge(size)
-        if len(buffer) == 1:
-            wake = self._wake
-            if wake is not None:
-                wake()
-        return True
-
-    def deliver(self, body):
-        if type(body) is not bytes:
-            # The pure code takes any sized body here; keep its behaviour.
-            return self._deliver_object(body)
-        return self._deliver(body)
-
-    def _deliver_object(self, body):
-        buffer = self._buffer
-        if self.withdrawn:
-            self.data_delivered += 1
-            return True
-        if len(buffer) >= self.credit or self.closed or self.terminal:
-            return False
-        buffer.append(body)
-        self.data_delivered += 1
-        size = len(body)
-        self.bytes_buffered += size
-        self._charge(size)
-        if len(buffer) == 1:
-            wake = self._wake
-            if wake is not None:
-                wake()
-        return True
-
-    def deliver_terminal(self, body):
-        if self.terminal or self.closed:
-            return False
-        self.terminal = True
-        if self.on_terminal is not None:
-            self.on_terminal(body)
-        if self.withdrawn:
-            return True
-        self._buffer.append(body)
-        size = len(body)
-        self.bytes_buffered += size
-        self._charge(size)
-        wake = self._wake
-        if wake is not None:
-            wake()
-        return True
-
-    def end(self, inject=None):
-        if self.closed:
-            return
-        if inject is not None and not self.terminal:
-            self.deliver_terminal(inject)
-        self.closed = True
-        on_end, self.on_end = self.on_end, None
-        if on_end is not None:
-            on_end()
-        self.gap_waiting = False
-        wake = self._wake
-        if wake is not None:
-            wake()
-
-    cdef long long _reconcile(self):
-        cdef long long owed = self._withheld + self.drained
-        self.drained = 0
-        if not owed:
-            return 0
-        if self.closed or self.terminal or self.withdrawn:
-            self._withheld = 0
-            return 0
-        if (
-            self.bytes_buffered + self.held_bytes > self.slot_byte_budget
-            or self.granted - self.data_delivered - self.held_data >= self.return_below
-        ):
-            self._withheld = owed
-            return 0
-        self._withheld = 0
-        self.granted += owed
-        return owed
-
-    def reconcile(self):
-        return self._reconcile()
-
-    @property
-    def withheld_credit(self):
-        return self._withheld + self.drained
-
-    @property
-    def outstanding_credit(self):
-        if self.terminal or self.closed:
-            return 0
-        return max(0, self.granted - self.data_delivered - self.held_data)
-
-    @property
-    def sender_has_credit(self):
-        return self.outstanding_credit > 0
-
-    def __len__(self):
-        return len(self._buffer)
-
-    cdef object _take(self):
-        buffer = self._buffer
-        if not buffer:
-            return None
-        body = buffer.popleft()
-        cdef Py_ssize_t size = len(body)
-        self.bytes_buffered -= size
-        self._charge(-size)
-        if (buffer or not self.terminal) and not self.closed:
-            self.drained += 1
-            dirty = self._dirty
-            if dirty is not None and self.granted - self.data_delivered - self.held_data < self.return_below:
-                if type(dirty) is DirtySet:
-                    (<DirtySet>dirty)._mark(self.index)
-                else:
-                    dirty.mark(self.index)
-        return body
-
-    def take(self):
-        return self._take()
-
-    @property
-    def exhausted(self):
-        return self.withdrawn or (self.closed and not self._buffer)
-
-    def withdraw(self):
-        if self.withdrawn:
-            return
-        self.withdrawn = True
-        freed = self.bytes_buffered
-        self._buffer.clear()
-        self.bytes_buffered = 0
-        self._charge(-freed)
-        dirty = self._dirty
-        if dirty is not None and not self.closed:
-            dirty.mark(self.index)
-
-
 # -- egress.py --------------------------------------------------------------------------
 
 
@@ -986,7 +674,7 @@ def IngressTable_handle_batch(self, header, records, now):
                 ):
                     route.expected = seq + 1
                     slot.last_arrival = at
-                    if not slot._deliver(data):
+                    if not slot.deliver(data):
                         stats.reader_stall += 1
                         self._fail(route, "mux reader stall: the slot buffer had no room")
                     continue
@@ -1012,7 +700,7 @@ cdef void _visit(object table, _Route route) except *:
         if not slot.terminal:
             table._consumer_gone(route)
         return
-    cdef long long grant = slot._reconcile()
+    cdef long long grant = slot.reconcile()
     if grant:
         table._replies.credit(route.slot_id, grant)
 
@@ -1048,7 +736,7 @@ def IngressTable__reconcile(self, touched):
 def IngressTable__reconcile_dirty(self):
     """Twin of ``IngressTable._reconcile_dirty``."""
     dirty = self.dirty
-    cdef list listed = (<DirtySet>dirty)._drain() if type(dirty) is DirtySet else dirty.drain()
+    cdef list listed = (<DirtySet>dirty).drain() if type(dirty) is DirtySet else dirty.drain()
     cdef list routes = self._routes
     cdef Py_ssize_t size = len(routes)
     cdef Py_ssize_t index

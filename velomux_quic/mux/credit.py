@@ -24,6 +24,12 @@ on bytes (see :mod:`.ingress`). Bytes are charged to the slot and to the
 Everything here runs on one event loop: the consumer's ``take`` and the ingress handler
 never run at the same time, so the drain count and the bitmap need no lock, and the
 consumer's path takes none and allocates nothing per record.
+
+A slot's ``deliver`` and ``take``, the mark a take makes and a visit's ``reconcile`` run
+once per record, so this module is one of the record path's compiled modules
+(velomux_quic.recordpath): where built, this same file is compiled, with the C types of
+``credit.pxd``, and the mux's compiled ingress reads the slots' fields in C; otherwise it
+runs as it is.
 """
 
 # "The chapter" in this file is the Batched streaming chapter of the velo book, the
@@ -33,25 +39,20 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
 
 from ..errors import UsageError
-from ..recordpath import Twins
 
 if TYPE_CHECKING:
     from ..streaming.inbox import Feed
 
 __all__ = ["DirtySet", "IngressSlot", "PeerBudget", "PendingRefusal"]
 
-_twins: Final = Twins("velomux_quic.mux._compiled")
-"""The compiled twins of the three classes here (or none): see velomux_quic.recordpath."""
-
 PendingRefusal = tuple[int, int, str]
 """A staged refusal waiting on a bind (:attr:`IngressSlot.refusals`): (sender epoch, full
 slot id, the consumer's error message). See :mod:`.singleton`."""
 
 
-@_twins.of
 class PeerBudget:
     """The bytes one peer's ingress holds, across all its lanes (``peer_byte_budget``).
 
@@ -80,7 +81,6 @@ class PeerBudget:
         self.used -= size
 
 
-@_twins.of
 class DirtySet:
     """The slot indices of one (peer, lane) table whose consumers took records since the
     last visit: the drain side of the credit return.
@@ -146,7 +146,6 @@ class DirtySet:
         return len(self._listed)
 
 
-@_twins.of
 class IngressSlot:
     """The C + 1 deep buffer of one bound stream, and the anchor's feed for it.
 

@@ -76,6 +76,7 @@ class CompiledRecordPathMissing(ImportError):
 
 
 COMPILED_MODULES: Final = (
+    "velomux_quic.mux.credit",
     "velomux_quic.streaming.channels",
     "velomux_quic.streaming.frames",
     "velomux_quic.streaming.inbox",
@@ -190,6 +191,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 def _load(name: str) -> ModuleType:
     try:
         return importlib.import_module(name)
+    except CompiledRecordPathMissing:
+        # A compiled module the extension cimports is the one missing: its own message
+        # names it and says how to fix it, which wrapping it again would only repeat.
+        raise
     except ImportError as exc:
         raise _missing(name, str(exc)) from exc
 
