@@ -1,9 +1,12 @@
 """Both twins of a twinned definition, for tests that run against each in one process.
 
-A sans-IO unit test of a twinned class or function (``IngressSlot``, ``DirtySet``,
-``decode_batch_owned``, ...) takes the fixture made by :func:`each_twin`: it swaps the test
-module's own names for the pure-Python definitions in one run of every test and for the
-compiled ones in the other, whatever ``VELOMUX_PURE_PYTHON`` selected for the library. A
+A sans-IO unit test of a twinned class or function (``IngressSlot``, ``DirtySet``, ...), or
+of one defined in a compiled module (``BatchBuilder``, the walk under
+``decode_batch_owned``), takes the
+fixture made by :func:`each_twin`: it swaps the test module's own names for the pure-Python
+definitions in one run of every test and for the compiled ones in the other, whatever
+``VELOMUX_PURE_PYTHON`` selected for the library (a compiled module's other implementation
+is loaded apart, by :func:`~velomux_quic.recordpath.load_module`). A
 test that drives a whole table or batcher uses what the library selected (the pure pass of
 ``.ci/run`` runs it the other way).
 """
@@ -23,7 +26,10 @@ IMPLEMENTATIONS = ("pure-python", "compiled")
 
 
 def twin(module: str, name: str, implementation: str) -> Any:
-    """``module.name`` as the pure twin defines it, or its compiled twin."""
+    """``module.name`` as the pure twin defines it, or its compiled twin; for a compiled
+    module, as the implementation asked for runs it."""
+    if module in COMPILED_MODULES:
+        return getattr(load_module(module, implementation), name)
     if implementation == "compiled":
         return getattr(_extension(module.rsplit(".", 1)[0] + "._compiled"), name)
     (found,) = [t for t in TWINNED if t.name == f"{module}.{name}"]
@@ -31,6 +37,8 @@ def twin(module: str, name: str, implementation: str) -> Any:
 
 
 LEAF_MODULES = (
+    "velomux_quic.mux.batch_codec",
+    "velomux_quic.mux.slots",
     "velomux_quic.streaming.channels",
     "velomux_quic.streaming.frames",
     "velomux_quic.streaming.inbox",
@@ -58,15 +66,16 @@ def _extension(name: str) -> Any:
                 sys.modules[leaf] = module
 
 
-def each_twin(module: str, *names: str) -> Callable[..., Iterator[str]]:
+def each_twin(module: str, *names: str, into: str | None = None) -> Callable[..., Iterator[str]]:
     """A fixture, parametrized over both twins, that swaps ``names`` (imported from
-    ``module`` by the test module) for the twin of each run."""
+    ``module`` by the test module, or by the library module ``into``, whose own functions
+    then run on each twin) for the twin of each run."""
 
     @pytest.fixture(params=IMPLEMENTATIONS)
     def swap(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-        test_module = sys.modules[request.module.__name__]
+        target = sys.modules[into or request.module.__name__]
         for name in names:
-            monkeypatch.setattr(test_module, name, twin(module, name, request.param))
+            monkeypatch.setattr(target, name, twin(module, name, request.param))
         yield request.param
 
     return swap
