@@ -41,8 +41,10 @@ from velomux_quic.mux.protocol import (
 from .twins import each_twin
 
 pytestmark = pytest.mark.usefixtures("decoder_twin")
-decoder_twin = each_twin("velomux_quic.mux.protocol", "decode_batch_owned")
-"""Every test here runs against both twins of the ingress decoder."""
+decoder_twin = each_twin(
+    "velomux_quic.mux.batch_codec", "_owned_records", into="velomux_quic.mux.protocol"
+)
+"""Every test here runs against both implementations of the ingress decoder's walk."""
 
 _BODIES = {
     int(RecordType.OPEN_SLOT): open_slot_body(7, 9),

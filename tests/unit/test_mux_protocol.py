@@ -60,7 +60,7 @@ from velomux_quic.mux.protocol import (
 
 from .twins import each_twin
 
-builder_twin = each_twin("velomux_quic.mux.protocol", "BatchBuilder")
+builder_twin = each_twin("velomux_quic.mux.batch_codec", "BatchBuilder")
 """The builder tests run against both twins of the record path."""
 
 U32 = 2**32 - 1

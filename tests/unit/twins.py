@@ -1,10 +1,11 @@
 """Both twins of a twinned definition, for tests that run against each in one process.
 
-A sans-IO unit test of a twinned class or function (``decode_batch_owned``, ...), or of one
-of a compiled module's (``IngressSlot``, ``DirtySet``, ...), takes the fixture made by
-:func:`each_twin`: it swaps the test module's own names for the pure-Python definitions in
-one run of every test and for the compiled ones in the other, whatever
-``VELOMUX_PURE_PYTHON`` selected for the library. A
+A sans-IO unit test of a twinned class or function, or of one defined in a compiled module
+(``BatchBuilder``, the walk under ``decode_batch_owned``, ``IngressSlot``, ``DirtySet``,
+...), takes the fixture made by :func:`each_twin`: it swaps the test module's own names for
+the pure-Python definitions in one run of every test and for the compiled ones in the
+other, whatever ``VELOMUX_PURE_PYTHON`` selected for the library (a compiled module's other
+implementation is loaded apart, by :func:`~velomux_quic.recordpath.load_module`). A
 test that drives a whole table or batcher uses what the library selected (the pure pass of
 ``.ci/run`` runs it the other way).
 """
@@ -41,7 +42,9 @@ def twin(module: str, name: str, implementation: RecordPath) -> Any:
 
 
 LEAF_MODULES = (
+    "velomux_quic.mux.batch_codec",
     "velomux_quic.mux.credit",
+    "velomux_quic.mux.slots",
     "velomux_quic.streaming.channels",
     "velomux_quic.streaming.frames",
     "velomux_quic.streaming.inbox",
@@ -70,15 +73,16 @@ def _extension(name: str) -> Any:
                 sys.modules[leaf] = module
 
 
-def each_twin(module: str, *names: str) -> Callable[..., Iterator[str]]:
+def each_twin(module: str, *names: str, into: str | None = None) -> Callable[..., Iterator[str]]:
     """A fixture, parametrized over both twins, that swaps ``names`` (imported from
-    ``module`` by the test module) for the twin of each run."""
+    ``module`` by the test module, or by the library module ``into``, whose own functions
+    then run on each twin) for the twin of each run."""
 
     @pytest.fixture(params=IMPLEMENTATIONS)
     def swap(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-        test_module = sys.modules[request.module.__name__]
+        target = sys.modules[into or request.module.__name__]
         for name in names:
-            monkeypatch.setattr(test_module, name, twin(module, name, request.param))
+            monkeypatch.setattr(target, name, twin(module, name, request.param))
         yield request.param
 
     return swap

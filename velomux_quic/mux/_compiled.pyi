@@ -4,67 +4,12 @@ Each name has the API of the pure-Python definition it twins (see velomux_quic.r
 tests/unit/test_recordpath.py checks that the compiled classes expose the same public names.
 """
 
-from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
 from .credit import IngressSlot
-from .protocol import BatchHeader, BytesLike, OwnedRecord, Record
-from .slots import OutgoingBatch, QueuedRecord, SlotEvent, SlotOwner, SlotState
-
-class BatchBuilder:
-    def __init__(self, cap: int) -> None: ...
-    @property
-    def cap(self) -> int: ...
-    @property
-    def size(self) -> int: ...
-    @property
-    def count(self) -> int: ...
-    def fits(self, body_len: int) -> bool: ...
-    def add(self, record_type: int, slot: int, frame_seq: int, body: BytesLike) -> None: ...
-    def add_data(self, slot: int, frame_seq: int, body: bytes) -> None: ...
-    def add_data_if_fits(self, slot: int, frame_seq: int, body: bytes) -> bool: ...
-    def add_credit(self, slot: int, delta: int) -> None: ...
-    @property
-    def buffer(self) -> bytearray: ...
-    def added(self, records: int) -> None: ...
-    def finish(self, lane: int, peer_epoch: int, batch_seq: int) -> bytes: ...
-    def reset(self) -> None: ...
-
-def decode_batch_owned(data: BytesLike) -> tuple[BatchHeader, list[OwnedRecord]]: ...
-
-class EgressSlot:
-    anchor_id: int
-    budget: int
-    credit: int
-    exhausted_once: bool
-    fenced: bool
-    generation: int
-    guard: Any
-    @property
-    def index(self) -> int: ...
-    next_seq: int
-    owner: SlotOwner | None
-    @property
-    def queue(self) -> deque[QueuedRecord]: ...
-    queued_bytes: int
-    reserve: int
-    session_id: int
-    slot_id: int
-    state: SlotState
-    def __init__(
-        self, index: int, generation: int, anchor_id: int, session_id: int, credit: int, budget: int
-    ) -> None: ...
-    def advance(self, event: SlotEvent) -> SlotState: ...
-    @property
-    def live(self) -> bool: ...
-    @property
-    def open_pending(self) -> bool: ...
-    @property
-    def terminal_queued(self) -> bool: ...
-    @property
-    def sendable(self) -> bool: ...
-    def has_room(self) -> bool: ...
+from .protocol import BatchHeader, OwnedRecord, Record
+from .slots import EgressSlot, OutgoingBatch, SlotOwner
 
 class BatcherFields:
     _room: int
@@ -118,14 +63,11 @@ class MuxChannel:
     def abort(self) -> None: ...
 
 __all__ = [
-    "BatchBuilder",
     "EgressBatcher__pack_ready",
     "EgressBatcher_offer",
-    "EgressSlot",
     "IngressTable__reconcile",
     "IngressTable__reconcile_dirty",
     "IngressTable_handle_batch",
     "MuxChannel",
     "_Route",
-    "decode_batch_owned",
 ]

@@ -2,110 +2,72 @@
 """The compiled twin of the mux's per-record paths (selected by velomux_quic.recordpath).
 
 Each name here twins a definition of the pure-Python modules, which stay the reference:
-:class:`BatchBuilder` and :func:`decode_batch_owned` (``protocol.py``), :class:`EgressSlot`
-(``slots.py``), ``EgressBatcher.offer`` and ``EgressBatcher._pack_ready`` (``egress.py``),
-:class:`Route` and ``IngressTable.handle_batch`` / ``_reconcile`` / ``_reconcile_dirty``
-(``ingress.py``), and :class:`MuxChannel` (``driver.py``). A method twin is a module-level
-function named ``<Class>_<method>`` that takes the instance first. The ingress slot, the
-dirty set and the peer budget are written once, in ``credit.py`` (compiled as it is, with
-``credit.pxd``): the twins here cimport them and read their fields in C.
+``EgressBatcher.offer`` and ``EgressBatcher._pack_ready`` (``egress.py``), :class:`Route`
+and ``IngressTable.handle_batch`` / ``_reconcile`` / ``_reconcile_dirty`` (``ingress.py``),
+and :class:`MuxChannel` (``driver.py``). A method twin is a module-level function named
+``<Class>_<method>`` that takes the instance first.
 
 The rules are the pure code's, line for line, with the same errors, bounds and counters; only
-the representation differs: the per-record state (slots, routes, budgets, the dirty bitmap)
-lives in C fields, and the per-record loops read and write them without the interpreter.
-Everything a twin does not do per record it does by calling the pure code (the general
-rules of a record that is not the common one, every refusal, every snapshot), so a rare path
-exists once. The package's own modules are imported when first needed, not at import: this
-module is loaded while the pure modules that select it are still being defined.
+the representation differs: the per-record state (routes, the batcher's fields) lives in C
+fields, and the per-record loops read and write them without the interpreter. Everything a
+twin does not do per record it does by calling the pure code (the general rules of a record
+that is not the common one, every refusal, every snapshot), so a rare path exists once.
+
+The state the twins work on is written once, in compiled modules: the batch codec
+(``batch_codec.py``), the egress slot (``slots.py``), and the ingress slot, dirty set and
+peer budget (``credit.py``). Their C declarations are cimported from their ``.pxd`` files,
+and those modules are imported with this one. The package's other modules are imported
+when first needed, not at import: this module is loaded while the pure modules that
+select it are still being defined.
 """
 
-from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE, PyByteArray_Resize
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.dict cimport PyDict_SetDefault
-from libc.stdint cimport uint32_t, uint64_t
-from libc.string cimport memcmp, memcpy
+from libc.string cimport memcmp
 
 from velomux_quic.mux.credit cimport DirtySet, IngressSlot
+from velomux_quic.mux.batch_codec cimport BatchBuilder, _append_data
+from velomux_quic.mux.slots cimport EgressSlot
 from velomux_quic.streaming.channels cimport StagingChannel
 
-
-cdef extern from "Python.h":
-    void PyObject_GC_UnTrack(object)
-
-
-cdef inline object _untracked(tuple atoms):
-    """``atoms`` (a tuple of bytes, ints and bools: it can never be part of a cycle) taken
-    out of the cyclic collector's lists, as the collector itself would do at its next pass.
-    Records decoded by the thousand would otherwise be traversed, and survive into older
-    generations, in every collection that runs while they wait."""
-    PyObject_GC_UnTrack(atoms)
-    return atoms
-
-import struct
 from collections import deque
 
 from velomux_quic.errors import UsageError
 
-cdef Py_ssize_t BATCH_HEADER_SIZE = 16
 cdef Py_ssize_t RECORD_HEADER_SIZE = 13
 cdef Py_ssize_t MAX_RECORDS = 0xFFFF
-cdef Py_ssize_t MIN_BATCH_CAP = 29
-cdef Py_ssize_t WHOLE_COPY_MAX = 64 * 1024
 cdef int DATA = 0
 cdef int OPEN_SLOT = 1
 cdef int CLOSE_SLOT = 2
 cdef int CREDIT_UPDATE = 3
 cdef int SLOT_HEARTBEAT = 4
-cdef uint64_t U32_MAX = 0xFFFFFFFF
 cdef bytes ITEM_PREFIX = b"\x81\xa4Item"
 
-_record_header = struct.Struct(">BIII")
-_credit_record = struct.Struct(">BIIII")
-
-# Bound on first use (see the module docstring).
+# Bound on first use (see the module docstring); the slot states at import (_bind_slots).
 cdef object _OPENING = None
 cdef object _OPEN = None
-cdef object _ENDING = None
-cdef object _ENDING_UNOPENED = None
 cdef object _CLOSED = None
 cdef object _TERMINAL = None  # slots.QueuedTerminal: the type of a queued terminal
-cdef object _next_slot_state = None
-cdef object _protocol = None
 cdef object _frames = None
-cdef object _records = None
 cdef object _ingress = None
 cdef object _driver = None
 
 
 cdef int _bind_slots() except -1:
-    global _OPENING, _OPEN, _ENDING, _ENDING_UNOPENED, _CLOSED, _TERMINAL, _next_slot_state
+    global _OPENING, _OPEN, _CLOSED, _TERMINAL
     from velomux_quic.mux import slots
 
     state = slots.SlotState
     _OPENING = state.OPENING
     _OPEN = state.OPEN
-    _ENDING = state.ENDING
-    _ENDING_UNOPENED = state.ENDING_UNOPENED
     _CLOSED = state.CLOSED
     _TERMINAL = slots.QueuedTerminal
-    _next_slot_state = slots.next_slot_state
     return 0
 
 
-cdef object protocol():
-    global _protocol
-    if _protocol is None:
-        from velomux_quic.mux import protocol as module
-        _protocol = module
-    return _protocol
-
-
-cdef object records_module():
-    global _records
-    if _records is None:
-        from velomux_quic.mux import records as module
-        _records = module
-    return _records
+# The slots module is imported already: its EgressSlot is cimported above.
+_bind_slots()
 
 
 cdef object frames():
@@ -132,277 +94,6 @@ cdef object driver_module():
     return _driver
 
 
-cdef inline void _put_u32(char* at, uint32_t value) noexcept:
-    at[0] = <char>(value >> 24)
-    at[1] = <char>(value >> 16)
-    at[2] = <char>(value >> 8)
-    at[3] = <char>value
-
-
-cdef inline uint32_t _get_u32(const unsigned char* at) noexcept:
-    return (<uint32_t>at[0] << 24) | (<uint32_t>at[1] << 16) | (<uint32_t>at[2] << 8) | at[3]
-
-
-cdef int _append_data(bytearray buf, uint64_t slot, uint64_t seq, object body) except -1:
-    """Append a Data record's header and body: what ``buf += RECORD_HEADER.pack(DATA, slot,
-    seq, len(body)); buf += body`` does, with struct's own error for a field past a u32."""
-    if type(body) is not bytes:  # any other bytes-like body, as the pure code takes it
-        buf += _record_header.pack(DATA, slot, seq, len(body))
-        buf += body
-        return 0
-    cdef Py_ssize_t length = PyBytes_GET_SIZE(body)
-    if slot > U32_MAX or seq > U32_MAX or <uint64_t>length > U32_MAX:
-        _record_header.pack(DATA, slot, seq, length)  # raises struct.error, as the pure code
-    cdef Py_ssize_t start = PyByteArray_GET_SIZE(buf)
-    PyByteArray_Resize(buf, start + RECORD_HEADER_SIZE + length)
-    cdef char* at = PyByteArray_AS_STRING(buf) + start
-    at[0] = DATA
-    _put_u32(at + 1, <uint32_t>slot)
-    _put_u32(at + 5, <uint32_t>seq)
-    _put_u32(at + 9, <uint32_t>length)
-    memcpy(at + RECORD_HEADER_SIZE, PyBytes_AS_STRING(body), length)
-    return 0
-
-
-# -- protocol.py ------------------------------------------------------------------------
-
-
-cdef class BatchBuilder:
-    """Twin of :class:`velomux_quic.mux.protocol.BatchBuilder`."""
-
-    cdef bytearray _buf
-    cdef Py_ssize_t _cap
-    cdef Py_ssize_t _count
-
-    def __init__(self, cap):
-        if cap < MIN_BATCH_CAP:
-            raise ValueError(f"batch cap {cap} is below the minimum of {MIN_BATCH_CAP} bytes")
-        self._cap = cap
-        self._buf = bytearray(BATCH_HEADER_SIZE)
-        self._count = 0
-
-    @property
-    def cap(self):
-        return self._cap
-
-    @property
-    def size(self):
-        return PyByteArray_GET_SIZE(self._buf)
-
-    @property
-    def count(self):
-        return self._count
-
-    def fits(self, body_len):
-        return PyByteArray_GET_SIZE(self._buf) + RECORD_HEADER_SIZE + body_len <= self._cap and (
-            self._count < MAX_RECORDS
-        )
-
-    def add(self, record_type, slot, frame_seq, body):
-        if self._count >= MAX_RECORDS:
-            raise ValueError(f"a batch holds at most {MAX_RECORDS} records")
-        if record_type != DATA or type(body) is memoryview:
-            length = protocol()._check_record(record_type, body)
-        else:
-            length = len(body)
-        try:
-            record_header = _record_header.pack(record_type, slot, frame_seq, length)
-        except struct.error as exc:
-            raise ValueError(f"field out of range: {exc}") from None
-        buf = self._buf
-        start = len(buf)
-        try:
-            buf += record_header
-            buf += body
-        except BaseException:
-            del buf[start:]
-            raise
-        self._count += 1
-
-    def add_data(self, slot, frame_seq, body):
-        _append_data(self._buf, slot, frame_seq, body)
-        self._count += 1
-
-    def add_data_if_fits(self, slot, frame_seq, body):
-        cdef Py_ssize_t length = len(body)
-        if (
-            PyByteArray_GET_SIZE(self._buf) + RECORD_HEADER_SIZE + length > self._cap
-            or self._count >= MAX_RECORDS
-        ):
-            return False
-        _append_data(self._buf, slot, frame_seq, body)
-        self._count += 1
-        return True
-
-    def add_credit(self, slot, delta):
-        if not (type(slot) is int and type(delta) is int and 0 <= slot <= U32_MAX and 0 <= delta <= U32_MAX):
-            _credit_record.pack(CREDIT_UPDATE, slot, 0, 4, delta)  # struct's own error, as the pure code
-        cdef uint64_t slot_value = slot
-        cdef uint64_t delta_value = delta
-        cdef Py_ssize_t start = PyByteArray_GET_SIZE(self._buf)
-        PyByteArray_Resize(self._buf, start + RECORD_HEADER_SIZE + 4)
-        cdef char* at = PyByteArray_AS_STRING(self._buf) + start
-        at[0] = CREDIT_UPDATE
-        _put_u32(at + 1, <uint32_t>slot_value)
-        _put_u32(at + 5, 0)
-        _put_u32(at + 9, 4)
-        _put_u32(at + 13, <uint32_t>delta_value)
-        self._count += 1
-
-    @property
-    def buffer(self):
-        return self._buf
-
-    def added(self, Py_ssize_t records):
-        self._count += records
-
-    def finish(self, lane, peer_epoch, batch_seq):
-        module = protocol()
-        module._check_lane(lane)
-        buf = self._buf
-        try:
-            module.BATCH_HEADER.pack_into(
-                buf, 0, module.MUX_VERSION, lane, self._count, peer_epoch, batch_seq
-            )
-        except struct.error as exc:
-            raise ValueError(f"field out of range: {exc}") from None
-        return bytes(buf)
-
-    def reset(self):
-        del self._buf[BATCH_HEADER_SIZE:]
-        self._count = 0
-
-
-def decode_batch_owned(data):
-    """Twin of :func:`velomux_quic.mux.protocol.decode_batch_owned`: the same records, the
-    same refusals (any defect goes to the pure ``decode_batch``, which raises it)."""
-    module = protocol()
-    cdef bytes raw
-    if type(data) is bytes:
-        raw = data
-    else:
-        view = module._as_bytes_view(data)
-        if len(view) > WHOLE_COPY_MAX:
-            header, viewed = module.decode_batch(view)
-            return header, [(kind, slot, seq, bytes(body)) for kind, slot, seq, body in viewed]
-        raw = bytes(view)
-    header = module._parse_header(memoryview(raw))
-    cdef const unsigned char* base = <const unsigned char*>PyBytes_AS_STRING(raw)
-    cdef Py_ssize_t end = PyBytes_GET_SIZE(raw)
-    cdef Py_ssize_t pos = BATCH_HEADER_SIZE
-    cdef Py_ssize_t count = header.record_count
-    cdef Py_ssize_t i
-    cdef int record_type
-    cdef uint32_t length
-    cdef bint whole = True
-    records = []
-    control_error = None
-    for i in range(count):
-        if pos + RECORD_HEADER_SIZE > end:
-            whole = False
-            break
-        record_type = base[pos]
-        length = _get_u32(base + pos + 9)
-        if <uint64_t>pos + RECORD_HEADER_SIZE + length > <uint64_t>end:
-            whole = False
-            break
-        body = PyBytes_FromStringAndSize(<const char*>base + pos + RECORD_HEADER_SIZE, length)
-        if record_type:
-            if control_error is None:
-                control_error = records_module()._control_body_error
-            if control_error(record_type, body) is not None:
-                whole = False
-                break
-        records.append(
-            _untracked((record_type, _get_u32(base + pos + 1), _get_u32(base + pos + 5), body))
-        )
-        pos += RECORD_HEADER_SIZE + length
-    if whole and pos == end:
-        return header, records
-    module.decode_batch(raw)  # raises the refusal this batch earns
-    raise AssertionError("decode_batch accepted a batch decode_batch_owned refused")
-
-
-# -- slots.py ---------------------------------------------------------------------------
-
-
-cdef class EgressSlot:
-    """Twin of :class:`velomux_quic.mux.slots.EgressSlot`."""
-
-    cdef public object anchor_id
-    cdef public Py_ssize_t budget
-    cdef public long long credit
-    cdef public bint exhausted_once
-    cdef public bint fenced
-    cdef public int generation
-    cdef public object guard
-    cdef readonly Py_ssize_t index
-    cdef public unsigned long long next_seq
-    cdef public object owner
-    cdef readonly object queue
-    cdef public Py_ssize_t queued_bytes
-    cdef public int reserve
-    cdef public object session_id
-    cdef public Py_ssize_t slot_id
-    cdef public object state
-    # Bound once, used per record: the index as the ready set's key (an int object, so a
-    # lookup allocates none), and the queue's two methods the record path calls. ``index``
-    # and ``queue`` never change after construction (read-only here).
-    cdef object _key
-    cdef object _append
-    cdef object _popleft
-
-    def __init__(self, index, generation, anchor_id, session_id, credit, budget):
-        if _OPENING is None:
-            _bind_slots()
-        self.index = index
-        self._key = self.index
-        self.generation = generation
-        self.slot_id = protocol().slot_id(index, generation)
-        self.anchor_id = anchor_id
-        self.session_id = session_id
-        self.credit = credit
-        self.reserve = 1
-        self.budget = budget
-        self.next_seq = 1
-        self.queue = deque()
-        self._append = self.queue.append
-        self._popleft = self.queue.popleft
-        self.queued_bytes = 0
-        self.state = _OPENING
-        self.exhausted_once = False
-        self.guard = None
-        self.owner = None
-        self.fenced = False
-
-    def advance(self, event):
-        state = self.state = _next_slot_state(self.state, event)
-        return state
-
-    @property
-    def live(self):
-        return self.state is not _CLOSED
-
-    @property
-    def open_pending(self):
-        state = self.state
-        return state is _OPENING or state is _ENDING_UNOPENED
-
-    @property
-    def terminal_queued(self):
-        return self.state > _OPEN
-
-    @property
-    def sendable(self):
-        if not self.queue or self.fenced:
-            return False
-        state = self.state
-        if state is not _OPEN and state is not _ENDING:
-            return False
-        return type(self.queue[0]) is _TERMINAL or self.credit > 0
-
-    def has_room(self):
-        return self.queued_bytes < self.budget
 
 
 # -- egress.py --------------------------------------------------------------------------

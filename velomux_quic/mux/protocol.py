@@ -39,7 +39,10 @@ into the ``bytes`` the consumer reads, with the same checks and refusals.
 Encoding appends every record to one reusable ``bytearray`` (:class:`BatchBuilder`)
 and writes the header in place at the end, so a batch of a thousand records keeps
 no per-record objects alive and leaves the builder as one copy. Records are plain
-tuples, not objects, for the same reason.
+tuples, not objects, for the same reason. The loops that run per record (the
+builder, and the walk under :func:`decode_batch_owned`) are :mod:`.batch_codec`'s, one
+of the record path's compiled modules, with the layout they write and read (the version,
+the headers, the caps); this module re-exports them.
 
 This module owns that framing: the batch and record headers, the lanes and caps
 of a batch, ``batch_seq`` serial arithmetic, :func:`encode_batch`,
@@ -62,8 +65,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Final
 
-from ..recordpath import Twins
 from ..transport.config import MAX_LANES
+from .batch_codec import (
+    BATCH_HEADER,
+    BATCH_HEADER_SIZE,
+    MAX_RECORDS,
+    MIN_BATCH_CAP,
+    MUX_VERSION,
+    RECORD_HEADER,
+    RECORD_HEADER_SIZE,
+    BatchBuilder,
+    _check_lane,
+    _check_record,
+    _owned_records,
+)
 from .records import (
     _CONTROL_BODY_SIZES,
     _DATA,
@@ -138,29 +153,12 @@ __all__ = [
     "slot_index",
 ]
 
-_twins: Final = Twins("velomux_quic.mux._compiled")
-"""The compiled twins of :class:`BatchBuilder` and :func:`decode_batch_owned` (or none)."""
-
 # -- constants ------------------------------------------------------------------
 
-MUX_VERSION: Final = 2
-"""The ``mux_version`` byte of every batch; anything else is refused."""
-
-BATCH_HEADER: Final = struct.Struct(">BBHQI")
-"""mux_version, flags, record_count, peer_epoch, batch_seq."""
-
-RECORD_HEADER: Final = struct.Struct(">BIII")
-"""record_type, slot, frame_seq, len."""
-
-BATCH_HEADER_SIZE: Final = BATCH_HEADER.size  # 16
-RECORD_HEADER_SIZE: Final = RECORD_HEADER.size  # 13
-
-MAX_RECORDS: Final = 0xFFFF
-"""``record_count`` is a u16, so a batch holds at most this many records."""
-
-MIN_BATCH_CAP: Final = BATCH_HEADER_SIZE + RECORD_HEADER_SIZE  # 29
-"""A batch header plus one empty record. No cap may go below it, so a control
-record (close, credit, heartbeat) always fits an eager batch of its own."""
+# The version, the batch and record headers, and the caps of a batch (MUX_VERSION,
+# BATCH_HEADER, RECORD_HEADER, BATCH_HEADER_SIZE, RECORD_HEADER_SIZE, MAX_RECORDS,
+# MIN_BATCH_CAP) are defined in .batch_codec, beside the loops that write and walk them,
+# and imported above.
 
 COALESCE_THRESHOLD: Final = 64 * 1024
 """The largest frame the coalescing writer packs into one buffered write; a
@@ -174,14 +172,9 @@ _LANE_MASK: Final = MAX_LANES - 1
 _SERIAL_HALF: Final = 1 << 31
 _SERIAL_SPAN: Final = 1 << 32
 
-_pack_header_into: Final = BATCH_HEADER.pack_into
 _unpack_header_from: Final = BATCH_HEADER.unpack_from
 _pack_record: Final = RECORD_HEADER.pack
 _unpack_record_from: Final = RECORD_HEADER.unpack_from
-_CREDIT_RECORD: Final = struct.Struct(">BIIII")
-"""A whole CreditUpdate record: its header (type, slot, frame_seq 0, length 4) and body."""
-_pack_credit_record: Final = _CREDIT_RECORD.pack
-_CREDIT_RECORD_TYPE: Final = int(RecordType.CREDIT_UPDATE)
 
 
 Record = tuple[int, int, int, memoryview]
@@ -382,7 +375,6 @@ default eager batch (``max_batch_bytes`` 60 KiB) fits; a larger one (a staged si
 a raised ``max_batch_bytes``) holds few records, and is decoded as views instead."""
 
 
-@_twins.of
 def decode_batch_owned(data: BytesLike) -> tuple[BatchHeader, list[OwnedRecord]]:
     """:func:`decode_batch` with every body copied out as ``bytes``: the ingress path.
 
@@ -396,13 +388,11 @@ def decode_batch_owned(data: BytesLike) -> tuple[BatchHeader, list[OwnedRecord]]
     ``decode_frame`` is fastest on ``bytes``), so slicing a zero-copy
     ``memoryview`` per record and then copying it cost two objects where one will
     do. Here the batch is copied once (a ``memcpy`` of at most one batch) and each
-    body is sliced from that copy straight into its final object. The loop also
-    leaves the bounds to Python: ``unpack_from`` raises on a truncated record
-    header, a body past the end comes out short and leaves ``pos`` past ``end``,
-    and either sends the batch to the strict decoder for its exact refusal, so the
-    common (well-formed) batch pays no per-record bounds checks. Control records
-    (rare) have their bodies checked as they are met. A batch larger than an eager
-    batch can be (a staged singleton) is decoded as views and only its bodies copied.
+    body is sliced from that copy straight into its final object, by the walk of
+    :mod:`.batch_codec` (compiled where built), which checks only what keeps it inside
+    the batch and leaves any batch it cannot walk whole to the strict decoder for its
+    exact refusal. A batch larger than an eager batch can be (a staged singleton) is
+    decoded as views and only its bodies copied.
     """
     if type(data) is bytes:
         raw = data
@@ -415,48 +405,11 @@ def decode_batch_owned(data: BytesLike) -> tuple[BatchHeader, list[OwnedRecord]]
             return header, [(kind, slot, seq, bytes(body)) for kind, slot, seq, body in viewed]
         raw = bytes(view)
     header = _parse_header(memoryview(raw))
-    end = len(raw)
-    pos = BATCH_HEADER_SIZE
-    records: list[OwnedRecord] = []
-    append = records.append
-    unpack_record = _unpack_record_from
-    size = RECORD_HEADER_SIZE
-    try:
-        for _ in range(header.record_count):
-            record_type, slot, frame_seq, length = unpack_record(raw, pos)
-            pos += size
-            stop = pos + length
-            body = raw[pos:stop]
-            if record_type and _control_body_error(record_type, body) is not None:
-                break  # refused below, by the strict decoder
-            append((record_type, slot, frame_seq, body))
-            pos = stop
-        else:
-            if pos == end:
-                return header, records
-    except struct.error:
-        pass  # a record header past the end: refused below
-    decode_batch(raw)  # raises the refusal this batch earns
-    raise AssertionError("decode_batch accepted a batch decode_batch_owned refused")
-
-
-def _check_lane(lane: int) -> None:
-    if not 0 <= lane < MAX_LANES:
-        raise ValueError(f"lane must be in 0..{MAX_LANES - 1}, got {lane}")
-
-
-def _check_record(record_type: int, body: BytesLike) -> int:
-    """Validate a record to encode and return its body length in bytes."""
-    if type(body) is memoryview and (body.format != "B" or body.ndim != 1):
-        body = body.cast("B")
-    if record_type != _DATA:
-        reason = _control_body_error(record_type, body)
-        if reason is not None:
-            raise ValueError(reason)
-    length = len(body)
-    if length > _U32:
-        raise ValueError(f"record body of {length} bytes exceeds a u32 length")
-    return length
+    records = _owned_records(raw, header.record_count)
+    if records is None:
+        decode_batch(raw)  # raises the refusal this batch earns
+        raise AssertionError("decode_batch accepted a batch decode_batch_owned refused")
+    return header, records
 
 
 def encode_batch(header: BatchHeader, records: Sequence[EncodableRecord]) -> bytes:
@@ -481,153 +434,3 @@ def encode_batch(header: BatchHeader, records: Sequence[EncodableRecord]) -> byt
     except struct.error as exc:
         raise ValueError(f"field out of range: {exc}") from None
     return b"".join(parts)
-
-
-@_twins.of
-class BatchBuilder:
-    """Packs records into one reusable ``bytearray``: the egress hot path.
-
-    The batch header's 16 bytes are reserved up front, each :meth:`add` appends
-    a record header and its body, and :meth:`finish` writes the header in place
-    with ``struct.pack_into`` and returns the batch with a single copy.
-    :meth:`reset` empties the builder for the next batch; a batcher keeps one
-    builder for its whole life.
-
-    Records are appended rather than packed at an offset into a buffer sized
-    to the cap: in CPython, copying a body to an offset of an existing buffer
-    goes through generic slice assignment and costs about twice as much per
-    record as appending it (see ``perf/mux_codec_bench.py``).
-
-    ``cap`` is the batch byte cap, header included (see :func:`batch_cap`).
-    :meth:`fits` is the batcher's question "does one more record go in this
-    batch?", answered against ``cap`` and :data:`MAX_RECORDS`. :meth:`add`
-    itself enforces only the record count: a single record larger than the cap
-    is legal alone in its own batch (it travels by rendezvous).
-    """
-
-    __slots__ = ("_buf", "_cap", "_count")
-
-    def __init__(self, cap: int) -> None:
-        if cap < MIN_BATCH_CAP:
-            raise ValueError(f"batch cap {cap} is below the minimum of {MIN_BATCH_CAP} bytes")
-        self._cap = cap
-        self._buf = bytearray(BATCH_HEADER_SIZE)
-        self._count = 0
-
-    @property
-    def cap(self) -> int:
-        """The byte cap :meth:`fits` checks against, header included."""
-        return self._cap
-
-    @property
-    def size(self) -> int:
-        """Bytes the batch holds so far, its 16-byte header included."""
-        return len(self._buf)
-
-    @property
-    def count(self) -> int:
-        """Records added since the last :meth:`reset`."""
-        return self._count
-
-    def fits(self, body_len: int) -> bool:
-        """Whether a record with a body of ``body_len`` bytes keeps the batch within its caps."""
-        return len(self._buf) + RECORD_HEADER_SIZE + body_len <= self._cap and (
-            self._count < MAX_RECORDS
-        )
-
-    def add(self, record_type: int, slot: int, frame_seq: int, body: BytesLike) -> None:
-        """Append one record.
-
-        Raises ``ValueError`` when the batch already holds :data:`MAX_RECORDS`
-        records, for an out-of-range field or unknown record type, or for a
-        control body the decoder would refuse. A failed add leaves the batch
-        as it was.
-        """
-        if self._count >= MAX_RECORDS:
-            raise ValueError(f"a batch holds at most {MAX_RECORDS} records")
-        if record_type != _DATA or type(body) is memoryview:
-            length = _check_record(record_type, body)
-        else:
-            length = len(body)
-        try:
-            record_header = _pack_record(record_type, slot, frame_seq, length)
-        except struct.error as exc:
-            raise ValueError(f"field out of range: {exc}") from None
-        buf = self._buf
-        start = len(buf)
-        try:
-            buf += record_header
-            buf += body
-        except BaseException:
-            del buf[start:]
-            raise
-        self._count += 1
-
-    def add_data(self, slot: int, frame_seq: int, body: bytes) -> None:
-        """Append one Data record on the egress hot path, unchecked.
-
-        The caller guarantees what :meth:`add` would check: :meth:`fits` said yes (so the
-        record count is within :data:`MAX_RECORDS`), ``slot`` and ``frame_seq`` are u32s
-        it allocated, and ``body`` is ``bytes``.
-        """
-        buf = self._buf
-        buf += _pack_record(_DATA, slot, frame_seq, len(body))
-        buf += body
-        self._count += 1
-
-    def add_data_if_fits(self, slot: int, frame_seq: int, body: bytes) -> bool:
-        """:meth:`fits` and :meth:`add_data` in one call: the egress loop asks this once per
-        record, so one Python call instead of two is a measurable share of its cost.
-        False (nothing added) when the record would break a cap."""
-        buf = self._buf
-        length = len(body)
-        if len(buf) + RECORD_HEADER_SIZE + length > self._cap or self._count >= MAX_RECORDS:
-            return False
-        buf += _pack_record(_DATA, slot, frame_seq, length)
-        buf += body
-        self._count += 1
-        return True
-
-    def add_credit(self, slot: int, delta: int) -> None:
-        """Append one CreditUpdate record, unchecked: the receiver's reply to its own slots.
-
-        The caller guarantees what :meth:`add` would check: :meth:`fits` said yes for a
-        4-byte body, ``slot`` is a u32 (a slot id the peer sent), and ``delta`` a u32. A
-        consumer that keeps up returns credit every few records of each stream, so these
-        replies are a few percent of a frontend's records; :meth:`add`'s generic
-        validation of a control body cost more than the rest of the record together.
-        """
-        self._buf += _pack_credit_record(_CREDIT_RECORD_TYPE, slot, 0, 4, delta)
-        self._count += 1
-
-    @property
-    def buffer(self) -> bytearray:
-        """The batch being built, for a packer that appends Data records inline (the
-        batcher's loop): it appends ``RECORD_HEADER.pack(DATA, slot, seq, len(body))``
-        and ``body`` itself within :attr:`cap` and :data:`MAX_RECORDS` (counting
-        :attr:`count` in), then reports them with :meth:`added` before any other call
-        on the builder. One Python call per record less than :meth:`add_data_if_fits`."""
-        return self._buf
-
-    def added(self, records: int) -> None:
-        """``records`` Data records were appended to :attr:`buffer` inline."""
-        self._count += records
-
-    def finish(self, lane: int, peer_epoch: int, batch_seq: int) -> bytes:
-        """Write the header and return the batch as ``bytes``.
-
-        The builder keeps its records until :meth:`reset`, so ``size`` and
-        ``count`` stay readable for metrics after the batch is handed off.
-        """
-        _check_lane(lane)
-        buf = self._buf
-        try:
-            _pack_header_into(buf, 0, MUX_VERSION, lane, self._count, peer_epoch, batch_seq)
-        except struct.error as exc:
-            raise ValueError(f"field out of range: {exc}") from None
-        return bytes(buf)
-
-    def reset(self) -> None:
-        """Empty the builder for the next batch."""
-        del self._buf[BATCH_HEADER_SIZE:]
-        self._count = 0

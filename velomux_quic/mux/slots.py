@@ -20,6 +20,11 @@ changes, and an event the table does not list for the current state raises
 The fence of a staged singleton is not a state: it pauses a slot's later records while
 leaving its lifecycle where it is (an OPEN slot and an ENDING one can both be fenced), so
 it stays a flag beside the state.
+
+Every record staged and packed reads and writes its slot, so this module is one of the
+record path's compiled modules (velomux_quic.recordpath): where built, this same file is
+compiled, and :class:`EgressSlot`'s fields are the C fields of ``slots.pxd``, which the
+compiled batcher's loops (``mux/_compiled.pyx``) cimport; otherwise it runs as it is.
 """
 
 from __future__ import annotations
@@ -32,10 +37,7 @@ from types import MappingProxyType
 from typing import Any, Final, Protocol
 
 from ..errors import SlotsExhausted, UsageError
-from ..recordpath import Twins
 from .protocol import slot_id
-
-_twins: Final = Twins("velomux_quic.mux._compiled")
 
 __all__ = [
     "RECORDS_PER_BATCH_BUCKETS",
@@ -192,11 +194,13 @@ QueuedRecord = bytes | QueuedTerminal
 """An entry of an :class:`EgressSlot`'s queue: a data record's body, or the terminal."""
 
 
-@_twins.of
 class EgressSlot:
     """One stream on this (peer, lane), as the producer's node sees it."""
 
     __slots__ = (
+        "_append",
+        "_key",
+        "_popleft",
         "anchor_id",
         "budget",
         "credit",
@@ -229,6 +233,12 @@ class EgressSlot:
         self.next_seq = 1
         self.queue: deque[QueuedRecord] = deque()
         self.queued_bytes = 0
+        # Bound once for the compiled batcher, which stages and packs through them once per
+        # record: the index as an int object (a ready-set key that allocates nothing) and
+        # the queue's two methods. Neither the index nor the queue changes after this.
+        self._key = index
+        self._append = self.queue.append
+        self._popleft = self.queue.popleft
         self.state = SlotState.OPENING
         """Where the slot is in its life; moved only by :meth:`advance`."""
         self.exhausted_once = False

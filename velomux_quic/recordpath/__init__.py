@@ -76,7 +76,9 @@ class CompiledRecordPathMissing(ImportError):
 
 
 COMPILED_MODULES: Final = (
+    "velomux_quic.mux.batch_codec",
     "velomux_quic.mux.credit",
+    "velomux_quic.mux.slots",
     "velomux_quic.streaming.channels",
     "velomux_quic.streaming.frames",
     "velomux_quic.streaming.inbox",

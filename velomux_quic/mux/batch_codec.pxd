@@ -1,0 +1,43 @@
+# cython: language_level=3
+"""The C declarations of :mod:`velomux_quic.mux.batch_codec` where it is compiled (see
+velomux_quic.recordpath): the builder's fields, the walk's positions as C integers, and
+``at`` as a pointer into the batch. The compiled egress loop (``mux/_compiled.pyx``)
+cimports the builder and :func:`_append_data` from here."""
+
+cimport cython
+from libc.stdint cimport uint32_t
+
+# A received batch's bytes, read in place; a batch being built, written in place.
+ctypedef const unsigned char* batch_bytes
+ctypedef unsigned char* batch_buffer
+
+cdef Py_ssize_t _batch_header_size
+cdef Py_ssize_t _record_header_size
+cdef Py_ssize_t _max_records
+cdef long long _u32_max
+cdef bytes _DATA_HEADER
+cdef bytes _CREDIT_TEMPLATE
+
+
+@cython.locals(high=uint32_t)
+cdef uint32_t _u32_at(batch_bytes at, Py_ssize_t index) noexcept
+
+cdef void _put_u32(batch_buffer at, Py_ssize_t index, uint32_t value) noexcept
+
+@cython.locals(data=bytes, length=Py_ssize_t, start=Py_ssize_t, at=batch_buffer)
+cdef int _append_data(bytearray buf, long long slot, long long seq, object body) except -1
+
+@cython.locals(start=Py_ssize_t, at=batch_buffer)
+cdef int _append_credit(bytearray buf, uint32_t slot, uint32_t delta) except -1
+
+@cython.locals(
+    at=batch_bytes, end=Py_ssize_t, pos=Py_ssize_t, _index=Py_ssize_t, start=Py_ssize_t,
+    stop=Py_ssize_t, record_type=int, records=list,
+)
+cpdef list _owned_records(bytes raw, Py_ssize_t count)
+
+
+cdef class BatchBuilder:
+    cdef bytearray _buf
+    cdef Py_ssize_t _cap
+    cdef Py_ssize_t _count
