@@ -265,29 +265,14 @@ async def stop_the_producer_past_the_idle_timeout(
     return consumer, producer, figures
 
 
-RESUMED_PRODUCER_ON_QH3 = (
-    "open defect: the consumer's notices that it dropped the streams leave on its own"
-    " connection while the producer is stopped and die with it at the idle timeout (a slot is"
-    " answered once); the resumed producer's streams end only if some of their records were"
-    " unacknowledged when the connection died. qh3 acknowledges each burst at once, so often"
-    " none were, and the streams go on into the dropped slots on the next connection"
-)
-"""Why the producer-resume cells may fail on qh3 (docs/reliability.md); kept running, not
-skipped, so a fix shows as XPASS."""
-
-
-def expect_the_resume_defect(engine: str, request: pytest.FixtureRequest) -> None:
-    if engine == "qh3":
-        request.applymarker(pytest.mark.xfail(reason=RESUMED_PRODUCER_ON_QH3, strict=False))
-
-
 @pytest.mark.timeout(90)
 async def test_sigstop_of_the_producer_past_the_idle_timeout_then_sigcont(
-    cluster_factory: Callable[[Settings], Cluster], engine: str, request: pytest.FixtureRequest
+    cluster_factory: Callable[[Settings], Cluster],
 ) -> None:
     """The consumer's watchdogs end every stream within 3 to 4 windows of the stop; the
-    resumed producer's senders end at once with an error, never SENT."""
-    expect_the_resume_defect(engine, request)
+    resumed producer's senders end at once with an error, never SENT: the consumer's
+    notices that it dropped them may have died with its connections while the producer
+    was stopped, so it answers the records the producer sends on after it resumes."""
     settings = Settings()
     cluster = cluster_factory(settings)
     _, _, figures = await stop_the_producer_past_the_idle_timeout(cluster, settings, 16)
@@ -296,9 +281,8 @@ async def test_sigstop_of_the_producer_past_the_idle_timeout_then_sigcont(
 
 @pytest.mark.timeout(90)
 async def test_a_producer_resumed_past_the_idle_timeout_attaches_new_streams_at_once(
-    cluster_factory: Callable[[Settings], Cluster], engine: str, request: pytest.FixtureRequest
+    cluster_factory: Callable[[Settings], Cluster],
 ) -> None:
-    expect_the_resume_defect(engine, request)
     settings = Settings()
     cluster = cluster_factory(settings)
     consumer, producer, _ = await stop_the_producer_past_the_idle_timeout(cluster, settings, 4)

@@ -244,6 +244,7 @@ def ingress(config: dict[str, Any], binds: int, steps: list[list[Any]]) -> Json:
         control=_Control(out),
         peer_budget=PeerBudget(mux.peer_byte_budget),
         doorbell=lambda: doorbells.__setitem__(0, doorbells[0] + 1),
+        clock=lambda: now,  # the scenario's time, so both twins time drop notices alike
     )
     now = 0.0
     for step in steps:

@@ -123,10 +123,25 @@ class MuxConfig:
     reject_lane_cap: int = 8_192
     max_refused_slots: int = 4_096
     """Refused slot ids one (peer, lane) table remembers, so that the refused stream's
-    later records are dropped as ``unknown_slot`` (the chapter answers a slot once). The
-    indices are the peer's choice, up to 2**24 per table: past this many the oldest is
-    forgotten (counted in ``velo_streaming_mux_refusals_forgotten_total``), and a late
-    record of it is dropped as ``closed_slot`` instead, which changes nothing else."""
+    later records are dropped as ``unknown_slot``. The indices are the peer's choice, up
+    to 2**24 per table: past this many the oldest is forgotten (counted in
+    ``velo_streaming_mux_refusals_forgotten_total``), and a late record of it is dropped as
+    ``closed_slot`` instead. It also bounds the slot ids a table remembers having told
+    the sender about (``drop_notice_limit``)."""
+    drop_notice_limit: int = 5
+    """Drop notices (``CloseSlot`` UnknownSlot, or the reason the slot was refused with)
+    one slot id gets at most: the close or rejection that ended it, then answers to the
+    records its sender still sends. A notice can be lost with the connection it left on
+    (a sender stopped past the idle timeout acknowledges nothing), and a sender that
+    never hears it streams on into a slot nobody has; the bound keeps a peer that
+    hammers a dropped slot from drawing answers without limit (the records past it are
+    counted in ``velo_streaming_mux_drop_notices_total{outcome="limited"}``)."""
+    drop_notice_interval: float = 1.0
+    """Seconds from a drop notice to the earliest answer that repeats it; each later
+    answer waits twice as long as the one before (1, 2, 4, 8 s: the five notices of the
+    default limit span the 15 s QUIC idle timeout, within which a connection that took
+    a notice down with it is replaced). Records of that slot meanwhile are dropped
+    unanswered: the notice they would repeat may still be on its way."""
     health_check_interval: float = 5.0
     """While a batcher has live slots, ask its peer's messenger this often (0: never)."""
     health_check_timeout: float = 5.0
@@ -169,6 +184,11 @@ class MuxConfig:
             raise ConfigurationError("reply_linger >= 0 and batcher_idle_ttl > 0")
         if self.max_refused_slots < 1:
             raise ConfigurationError("max_refused_slots must be at least 1")
+        if self.drop_notice_limit < 1 or self.drop_notice_interval < 0:
+            raise ConfigurationError(
+                "drop_notice_limit must be at least 1 (the notice that ended the slot) and"
+                " drop_notice_interval >= 0"
+            )
         if not 1 <= self.max_slots_per_table <= 1 << 24:
             raise ConfigurationError("max_slots_per_table must be 1 to 2**24 (the u24 slot index)")
         if self.initial_credit >= 1 << 32 or self.slot_byte_budget >= 1 << 32:

@@ -21,6 +21,7 @@ from .credit import IngressSlot
 from .protocol import CloseReason, LifecycleAction
 
 __all__ = [
+    "DROP_NOTICE_OUTCOMES",
     "DROP_REASONS",
     "REFUSAL_OUTCOMES",
     "BindRegistry",
@@ -45,6 +46,12 @@ DROP_REASONS: Final = (
 """The ``reason`` labels of ``velo_streaming_mux_records_dropped_total``. ``withheld_overflow``
 is kept for dashboards and never counted; ``stale_singleton`` counts the records of a staged
 singleton that resolved after its slot had ended."""
+
+DROP_NOTICE_OUTCOMES: Final = ("answered", "limited")
+"""The ``outcome`` labels of ``velo_streaming_mux_drop_notices_total``: records of a slot the
+table does not have (never opened here, or ended here) that were answered with a drop notice
+(``answered``), or dropped unanswered because that slot's notices reached
+``drop_notice_limit`` or the last one is younger than its backoff (``limited``)."""
 
 REFUSAL_OUTCOMES: Final = ("applied", "waiting", "stale", "malformed")
 """The ``outcome`` labels of ``velo_streaming_mux_staged_refusals_total``.
@@ -71,6 +78,7 @@ class MuxIngressStats:
         "batches_received",
         "control_refused",
         "drain_visits",
+        "drop_notices",
         "drops",
         "generation_mismatch",
         "held_records",
@@ -109,6 +117,9 @@ class MuxIngressStats:
         """Refused slot ids forgotten past ``max_refused_slots`` (oldest first)."""
         self.lifecycle_received = 0
         """LifecycleSlot records (stop or cancel) about this side's own slots."""
+        self.drop_notices: dict[str, int] = dict.fromkeys(DROP_NOTICE_OUTCOMES, 0)
+        """Records of a slot the table does not have, answered with a drop notice again or
+        left unanswered by its bound (see :data:`DROP_NOTICE_OUTCOMES`)."""
         self.refusals: dict[str, int] = dict.fromkeys(REFUSAL_OUTCOMES, 0)
         """Staged singletons this node refused for their size, by what came of it."""
         self.held_records = 0

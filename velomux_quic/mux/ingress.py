@@ -25,7 +25,10 @@ What a batch goes through, in order:
    close) takes the next; below the expected number is a duplicate, above it waits in the
    hold until the gap closes. Replies about this side's own slots (CreditUpdate,
    LifecycleSlot, CloseSlot UnknownSlot/MalformedBatch) carry ``frame_seq`` 0, are not
-   sequenced, and go to :class:`EgressControl`.
+   sequenced, and go to :class:`EgressControl`. A record of a slot this table does not
+   have is dropped, counted by why, and its sender told the slot is gone, again while it
+   keeps sending, a bounded number of times (:meth:`IngressTable._answer`): the notice
+   it had may have died with the connection that carried it.
 5. **Replies.** The slots the batch delivered into and the slots the consumers drained
    (the dirty set) are reconciled, and their credit goes to the :class:`ReplySink`.
 
@@ -68,6 +71,7 @@ the stream's bind until the OpenSlot claims it (see :mod:`.singleton`).
 # https://github.com/ai-dynamo/velo/blob/main/docs/src/concepts/batched-streaming.md
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Hashable, Sequence
 from typing import Final
 
@@ -171,6 +175,23 @@ _UNKNOWN_SLOT: Final = CloseReason.UNKNOWN_SLOT
 _PROTOCOL_ERROR: Final = CloseReason.PROTOCOL_ERROR
 
 
+class _Notice:
+    """What one slot id this table ended (or never had) was told: how many drop notices,
+    the earliest time another may go, and the reason they carry.
+
+    ``withdrawn``: the slot was live here and its consumer withdrew, so a record of it is a
+    record the sender should not send any more (``unknown_slot``), not a late one.
+    """
+
+    __slots__ = ("count", "next_at", "reason", "withdrawn")
+
+    def __init__(self, reason: CloseReason, withdrawn: bool) -> None:
+        self.count = 0
+        self.next_at = 0.0
+        self.reason = reason
+        self.withdrawn = withdrawn
+
+
 # -- the table ----------------------------------------------------------------------------
 
 
@@ -199,7 +220,12 @@ class IngressTable:
         peer_budget: PeerBudget,
         stats: MuxIngressStats | None = None,
         doorbell: Callable[[], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``clock`` times the drop notices only (a rare path): the arrival loop and its
+        compiled twin pass ``now`` to the paths that need it per record, and the miss of
+        a dropped slot is not one of them, so it reads the clock itself rather than have
+        the twin's loop carry one more argument. The node passes its event loop's clock."""
         self.peer = peer
         self.lane = lane
         self.config = config
@@ -216,10 +242,15 @@ class IngressTable:
         self._refused: dict[int, int] = {}
         """Refused slot index -> slot id, oldest first, at most ``max_refused_slots``."""
         self._max_refused = config.max_refused_slots
-        self._withdrawn: dict[int, int] = {}
-        """Slot index -> slot id of slots whose consumer withdrew while the sender was still
-        live (it was sent a close), oldest first, at most ``max_refused_slots``: a record of
-        one of them later means the close may never have reached the sender."""
+        self._clock = clock
+        self._notices: dict[int, _Notice] = {}
+        """Slot id -> the drop notices it was sent (the close or rejection that ended it,
+        then answers to its records), least recently told first, at most
+        ``max_refused_slots``: a notice can be lost with the connection it left on, so a
+        record of such a slot is answered again, within ``drop_notice_limit`` and its
+        backoff (:meth:`_answer`)."""
+        self._notice_limit = config.drop_notice_limit
+        self._notice_interval = config.drop_notice_interval
         self._live = 0
         self._epoch: int | None = None
         self._high_water: int | None = None
@@ -414,22 +445,70 @@ class IngressTable:
             drops["stale_singleton"] += 1
         elif self._refused.get(sid >> 8) == sid:
             drops["unknown_slot"] += 1
+            self._answer(sid)
         elif occupant is not None:
             drops["generation"] += 1
             self.stats.generation_mismatch += 1
-        elif self._withdrawn and self._withdrawn.get(sid >> 8) == sid:
-            # Its consumer withdrew and the sender was told, yet it still sends: the close
-            # may have been lost with its connection (the sender stopped past the idle
-            # timeout, say). Tell it once more, on the reject lane, or it never learns;
-            # its later records are then dropped as refused.
-            del self._withdrawn[sid >> 8]
-            drops["unknown_slot"] += 1
-            self._reject(sid, _UNKNOWN_SLOT)
         else:
-            # Never opened in this epoch, or already closed. The chapter counts a record
-            # that overtook its OpenSlot here too: "finds no slot ... dropped as closed_slot".
-            drops["closed_slot"] += 1
+            notice = self._notices.get(sid) if self._notices else None
+            if notice is not None and notice.withdrawn:
+                # Its consumer withdrew and the sender was told, yet it still sends.
+                drops["unknown_slot"] += 1
+            else:
+                # Never opened in this epoch, or already closed. The chapter counts a
+                # record that overtook its OpenSlot here too: "finds no slot ... dropped
+                # as closed_slot". An ordered lane has no such overtaking: an OpenSlot
+                # that is not here was lost with the connection that carried it.
+                drops["closed_slot"] += 1
+            self._answer(sid)
         return None
+
+    def _answer(self, sid: int) -> None:
+        """A record of a slot this table does not have: tell its sender the slot is gone,
+        on the capped reject lane, unless this slot's notices are spent or too recent.
+
+        Whatever told the sender before (the close when its consumer withdrew, the
+        rejection of its OpenSlot, nothing at all when the OpenSlot was lost) may have
+        been lost with the connection it left on: a sender stopped past the idle timeout
+        acknowledges nothing, and its connections die with what they held. A sender that
+        never hears streams on into a slot nobody has and waits for credit that never
+        comes, so its records are answered again; at most ``drop_notice_limit`` notices
+        per slot id, each later one at least twice as long after the last (from
+        ``drop_notice_interval``), so a peer that hammers a dropped slot gets a few
+        answers, never one per record. A sender that closed the slot itself drops the
+        answer (a retired generation), so it costs it nothing.
+        """
+        notice = self._notices.get(sid) if self._notices else None
+        outcomes = self.stats.drop_notices
+        if notice is not None and (
+            notice.count >= self._notice_limit or self._clock() < notice.next_at
+        ):
+            outcomes["limited"] += 1
+            return
+        reason = _UNKNOWN_SLOT if notice is None else notice.reason
+        if self._replies.reject(sid, reason):
+            outcomes["answered"] += 1
+            self._noticed(sid, reason, withdrawn=notice is not None and notice.withdrawn)
+        else:
+            self.stats.control_refused += 1
+
+    def _noticed(self, sid: int, reason: CloseReason, *, withdrawn: bool = False) -> None:
+        """The sender of ``sid`` was just told the slot is gone (``reason``): count the
+        notice and set when another may follow. Kept newest last, the least recently told
+        forgotten past ``max_refused_slots`` (a forgotten slot's record is answered as one
+        never told: the ids are the peer's choice and must not grow this table)."""
+        notices = self._notices
+        notice = notices.pop(sid, None)
+        if notice is None:
+            if len(notices) >= self._max_refused:
+                del notices[next(iter(notices))]
+            notice = _Notice(reason, withdrawn)
+        else:  # told again: the count goes on, so the bound holds whatever told it
+            notice.reason = reason
+            notice.withdrawn = withdrawn
+        notice.count += 1
+        notice.next_at = self._clock() + self._notice_interval * (1 << (notice.count - 1))
+        notices[sid] = notice
 
     def _apply(self, route: _Route, record_type: int, body: BytesLike, now: float) -> bool:
         """Apply the record at ``route.expected``; False when it ended the slot."""
@@ -622,8 +701,8 @@ class IngressTable:
             return
         if self._refused.pop(index, None) is not None:
             stats.refused_slots -= 1
-        if self._withdrawn:
-            self._withdrawn.pop(index, None)
+        if self._notices:
+            self._notices.pop(sid, None)
         slot.open(sid, self.dirty, self._peer_budget, now)
         route = _Route(sid, slot, seq + 1, session_id)
         if index >= len(routes):
@@ -638,7 +717,9 @@ class IngressTable:
         """An OpenSlot that was never admitted: its records will be dropped as
         ``unknown_slot``, and the sender hears why on the capped reject lane."""
         self._remember_refusal(sid)
-        if not self._replies.reject(sid, reason):
+        if self._replies.reject(sid, reason):
+            self._noticed(sid, reason)
+        else:
             self.stats.control_refused += 1
 
     def _remember_refusal(self, sid: int) -> None:
@@ -732,6 +813,7 @@ class IngressTable:
         naming the violation. Other slots and the lane continue."""
         self.stats.protocol_errors += 1
         self._replies.close(route.slot_id, _PROTOCOL_ERROR)
+        self._noticed(route.slot_id, _PROTOCOL_ERROR)
         inject = DROPPED if message is None else encode_transport_error(message)
         self._retire(route, inject)
 
@@ -741,11 +823,7 @@ class IngressTable:
         terminal was delivered, or its close is here), and retire the slot."""
         if not route.slot.terminal and route.close_seq < 0:
             self._replies.close(route.slot_id, _UNKNOWN_SLOT)
-            withdrawn = self._withdrawn
-            withdrawn.pop(route.slot_id >> 8, None)
-            if len(withdrawn) >= self._max_refused:
-                del withdrawn[next(iter(withdrawn))]
-            withdrawn[route.slot_id >> 8] = route.slot_id
+            self._noticed(route.slot_id, _UNKNOWN_SLOT, withdrawn=True)
         self._retire(route, None)
 
     def retire_all(self) -> int:
@@ -762,7 +840,7 @@ class IngressTable:
         self._routes = []
         self.stats.refused_slots -= len(self._refused)
         self._refused.clear()
-        self._withdrawn.clear()
+        self._notices.clear()
         self.dirty.drain()
         return retired
 

@@ -348,6 +348,7 @@ class MuxTransport(Collector):
                 peer_budget=budget,
                 stats=self.ingress,
                 doorbell=partial(self._doorbell, peer, lane),
+                clock=self._loop.time,
             )
         return table
 
@@ -512,6 +513,15 @@ class MuxTransport(Collector):
         for reason, count in sorted(ing.drops.items()):
             dropped.add_metric([reason], count)
         yield dropped
+        notices = CounterMetricFamily(
+            "velo_streaming_mux_drop_notices",
+            "Records of a slot this node does not have: answered again with a drop notice,"
+            " or left unanswered by drop_notice_limit and its backoff",
+            labels=["outcome"],
+        )
+        for outcome, count in ing.drop_notices.items():
+            notices.add_metric([outcome], count)
+        yield notices
         for name, value, documentation in (
             ("reader_stall", ing.reader_stall, "Deliveries into reserved space that failed (bug)"),
             ("generation_mismatch", ing.generation_mismatch, "Records for another generation"),
