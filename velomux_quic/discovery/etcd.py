@@ -627,8 +627,19 @@ class EtcdPeers:
                 # the task is freed, a record whose traceback would keep the client.
                 if task.done() and not task.cancelled() and (lost := task.exception()):
                     _release_frames(lost)
+        ended: BaseException | None = None
         for task in done & workers:
-            task.result()  # raises what ended the session, if anything did
+            # Both workers may have ended in the same turn (the channel went): every
+            # exception is retrieved here, the first raised, the others released, so none
+            # is left for asyncio to log with a traceback that keeps the client alive.
+            if task.cancelled() or (failure := task.exception()) is None:
+                continue
+            if ended is None:
+                ended = failure
+            else:
+                _release_frames(failure)
+        if ended is not None:
+            raise ended  # what ended the session
 
     async def _consume(self, watch: Any) -> None:
         async for event in watch:
