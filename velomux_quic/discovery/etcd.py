@@ -213,6 +213,13 @@ async def _cancel_and_wait(
     return running
 
 
+def _observe_failure(task: asyncio.Task[Any]) -> None:
+    """Mark a session worker's failure as retrieved, releasing its frames (the session
+    raises or has logged it; see :func:`_release_frames`)."""
+    if not task.cancelled() and (failure := task.exception()) is not None:
+        _release_frames(failure)
+
+
 def _release_frames(exc: BaseException) -> None:
     """Clear the locals of the finished frames an exception's tracebacks hold, through its
     causes and contexts.
@@ -606,6 +613,12 @@ class EtcdPeers:
             loop.create_task(self._consume(watch)),
             loop.create_task(self._keep_alive(client)),
         }
+        for worker in workers:
+            # Retrieved when it ends, whatever this coroutine is doing then: a cancel of
+            # the session that lands while the workers are stopping skips the retrieval
+            # below, and asyncio would log the failure with a traceback that keeps the
+            # client, and gRPC's poller thread, alive.
+            worker.add_done_callback(_observe_failure)
         stopping = loop.create_task(self._stopping.wait())
         done: set[asyncio.Task[Any]] = set()
         try:
