@@ -20,9 +20,10 @@ processes; a failed run is reported as failed and the others go on:
 * ``mux-auto-pure``, ``mux-pass-pure``: those two with every node (engine and frontends) on
   the pure-Python twin of the record path (``VELOMUX_PURE_PYTHON=1``), the other arms on the
   compiled one: the "before" of the compiled record path, measured in the same invocation;
-* ``mux-auto-base``, ``mux-pass-base``: those two arms of another checkout of the repository
-  (``--baseline-tree PATH``: its ``perf/tokens.py`` and its ``velomux_quic``), so code from
-  before a change runs beside the code after it in one invocation (never in the default set);
+* ``mux-auto-base``, ``mux-pass-base``, ``mux-auto-pure-base``: ``mux-auto``, ``mux-pass``
+  and ``mux-auto-pure`` of another checkout of the repository (``--baseline-tree PATH``: its
+  ``perf/tokens.py`` and its ``velomux_quic``), so code from before a change runs beside the
+  code after it in one invocation, on either record path (never in the default set);
 * ``per-stream``: the engine offers only ``quic-stream-v1``, so every stream is its own QUIC
   stream whatever else the nodes could negotiate;
 * ``grpc``: grpc.aio, the engine a gRPC server, each frontend one channel and one
@@ -753,7 +754,7 @@ class Launch:
         if tree is None:
             raise BenchFailure(f"{self.impl} runs another tree's code: give --baseline-tree")
         label = baseline if engine is None else f"{baseline}@{engine}"
-        return tree / "perf" / "tokens.py", label, {"PYTHONPATH": str(tree)}
+        return tree / "perf" / "tokens.py", label, arm.environment() | {"PYTHONPATH": str(tree)}
 
     async def spawn_frontends(self, extra: Callable[[int], dict[str, Any]]) -> list[Child]:
         script, impl, env = self._child()
@@ -1223,6 +1224,9 @@ ARMS: dict[str, Arm] = {
         NodeArm("mux-pass-pure", MESSENGER_MUX_KEY, whole_pass=True, pure_python=True),
         NodeArm("mux-auto-base", MESSENGER_MUX_KEY, baseline_of="mux-auto"),
         NodeArm("mux-pass-base", MESSENGER_MUX_KEY, whole_pass=True, baseline_of="mux-pass"),
+        NodeArm(
+            "mux-auto-pure-base", MESSENGER_MUX_KEY, pure_python=True, baseline_of="mux-auto-pure"
+        ),
         # per-stream offers only the per-stream path, so the attach settles on it whatever
         # else the nodes could negotiate; the mux arms offer the default set.
         NodeArm("per-stream", PER_STREAM_KEY, offer=[PER_STREAM_KEY]),
@@ -1233,7 +1237,7 @@ ARMS: dict[str, Arm] = {
 }
 """Every implementation by its ``--impl`` name, in the report's order."""
 IMPLS = tuple(ARMS)
-BASELINE_IMPLS = ("mux-auto-base", "mux-pass-base")
+BASELINE_IMPLS = ("mux-auto-base", "mux-pass-base", "mux-auto-pure-base")
 """Arms that run another checkout's code (``--baseline-tree``); never in the default set."""
 MUX_IMPLS = tuple(name for name, arm in ARMS.items() if isinstance(arm, NodeArm) and arm.mux)
 QUIC_IMPLS = tuple(name for name, arm in ARMS.items() if isinstance(arm, NodeArm | BareArm))
@@ -1532,7 +1536,7 @@ def summarise(
     name = split_label(impl)[0]
     wanted = "pure-python" if ARMS[name].environment()[PURE_PYTHON_ENV] == "1" else "compiled"
     paths = {sent.get("record_path"), *(part.get("record_path") for part in received)}
-    if name in BASELINE_IMPLS:
+    if name in BASELINE_IMPLS and wanted == "compiled":
         # The other tree's default, whichever it is: none before the record path existed
         # (reported as "baseline"), compiled since; never a mix.
         wanted = "compiled" if paths == {"compiled"} else "baseline"
@@ -1990,8 +1994,8 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
         "--baseline-tree",
         type=Path,
         help="a checkout of the code before a change (its perf/tokens.py and velomux_quic): "
-        "the mux-auto-base and mux-pass-base arms run their children from it, beside the "
-        "other arms of the same invocation",
+        "the mux-auto-base, mux-pass-base and mux-auto-pure-base arms run their children from "
+        "it, beside the other arms of the same invocation",
     )
     parser.add_argument(
         "--engine",
