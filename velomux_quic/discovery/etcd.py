@@ -614,10 +614,10 @@ class EtcdPeers:
             loop.create_task(self._keep_alive(client)),
         }
         for worker in workers:
-            # Retrieved when it ends, whatever this coroutine is doing then: a cancel of
-            # the session that lands while the workers are stopping skips the retrieval
-            # below, and asyncio would log the failure with a traceback that keeps the
-            # client, and gRPC's poller thread, alive.
+            # Every worker's failure is retrieved as it ends, whatever this coroutine is
+            # doing then (a cancel of the session may land while the workers stop), so
+            # asyncio never logs one with a traceback that keeps the client, and gRPC's
+            # poller thread, alive. Both often end with the same failure (the channel went).
             worker.add_done_callback(_observe_failure)
         stopping = loop.create_task(self._stopping.wait())
         done: set[asyncio.Task[Any]] = set()
@@ -634,23 +634,14 @@ class EtcdPeers:
                     _CHILD_STOP_TIMEOUT,
                     _where(task),
                 )
-            for task in workers - done:
-                # The other worker often ends with the same failure (the channel went)
-                # rather than its cancel. Retrieved here, it is not logged by asyncio when
-                # the task is freed, a record whose traceback would keep the client.
-                if task.done() and not task.cancelled() and (lost := task.exception()):
-                    _release_frames(lost)
-        ended: BaseException | None = None
-        for task in done & workers:
-            # Both workers may have ended in the same turn (the channel went): every
-            # exception is retrieved here, the first raised, the others released, so none
-            # is left for asyncio to log with a traceback that keeps the client alive.
-            if task.cancelled() or (failure := task.exception()) is None:
-                continue
-            if ended is None:
-                ended = failure
-            else:
-                _release_frames(failure)
+        ended = next(
+            (
+                failure
+                for task in done & workers
+                if not task.cancelled() and (failure := task.exception()) is not None
+            ),
+            None,
+        )
         if ended is not None:
             raise ended  # what ended the session
 
