@@ -21,6 +21,7 @@ from setuptools import Extension, setup
 COMPILED_MODULES = [
     # Written once as plain Python, with their C declarations in the .pxd beside them:
     # the same file is the pure-Python path (velomux_quic.recordpath's COMPILED_MODULES).
+    "velomux_quic.mux.arrival",
     "velomux_quic.mux.batch_codec",
     "velomux_quic.mux.credit",
     "velomux_quic.mux.slots",

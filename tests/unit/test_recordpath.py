@@ -37,10 +37,6 @@ TWINNED_NAMES = {
     "velomux_quic.mux.egress.EgressBatcher.offer",
     "velomux_quic.mux.egress.EgressBatcher._pack_ready",
     "velomux_quic.mux.driver.MuxChannel",
-    "velomux_quic.mux.ingress._Route",
-    "velomux_quic.mux.ingress.IngressTable.handle_batch",
-    "velomux_quic.mux.ingress.IngressTable._reconcile",
-    "velomux_quic.mux.ingress.IngressTable._reconcile_dirty",
     "velomux_quic.streaming.anchor.StreamAnchor._take_items",
     "velomux_quic.streaming.anchor.StreamAnchor.__anext__",
 }

@@ -19,13 +19,21 @@ The loops are written for the compiler as much as for the interpreter: a batch's
 read, and a record header is written, a byte at a time through ``at`` (the batch itself
 here; a C pointer into it where compiled), and every bound is checked before a read. So the
 compiled loops call nothing per record beyond making the record itself, and the source
-stays plain Python that both implementations run.
+stays plain Python that both implementations run. The one exception is the walk's read of
+a record header: a byte at a time is what the interpreter does worst, so where the source
+runs uncompiled the walk takes its other branch (``cython.compiled``), which reads a header
+with one ``struct`` call.
 """
 
 from __future__ import annotations
 
 import struct
 from typing import Final
+
+try:
+    import cython  # type: ignore[import-not-found, unused-ignore]
+except ModuleNotFoundError:  # run as source, where Cython (needed only to build) is absent
+    from ..recordpath import shadow as cython  # type: ignore[no-redef, unused-ignore]
 
 from ..transport.config import MAX_LANES
 from .records import _DATA, _U32, BytesLike, RecordType, _control_body_error
@@ -62,6 +70,7 @@ record (close, credit, heartbeat) always fits an eager batch of its own."""
 
 _pack_header_into: Final = BATCH_HEADER.pack_into
 _pack_record: Final = RECORD_HEADER.pack
+_unpack_record_from: Final = RECORD_HEADER.unpack_from
 _CREDIT_RECORD: Final = struct.Struct(">BIIII")
 """A whole CreditUpdate record: its header (type, slot, frame_seq 0, length 4) and body."""
 _pack_credit_record: Final = _CREDIT_RECORD.pack
@@ -153,24 +162,47 @@ def _owned_records(raw: bytes, count: int) -> list[tuple[int, int, int, bytes]] 
 
     The walk checks only what keeps it inside the batch (a record header past the end, a
     body past the end, bytes left over) and each control body as it meets one (they are
-    rare), so a well-formed batch pays no other check per record."""
-    at = raw  # compiled: a pointer to the batch's bytes, which ``raw`` keeps alive
+    rare), so a well-formed batch pays no other check per record.
+
+    Compiled, it reads each header a byte at a time through a pointer, which is a few C
+    loads. Run as source, that costs the interpreter an operation per byte, so there it
+    reads a header with one ``struct`` call instead and leaves the bounds to Python: the
+    unpack raises on a header past the end, and a body past the end comes out short and
+    leaves ``pos`` past ``end``; either way the batch is refused, as above."""
     end = len(raw)
     pos = _batch_header_size
     records: list[tuple[int, int, int, bytes]] = []
-    for _index in range(count):
-        start = pos + _record_header_size
-        if start > end:
+    if cython.compiled:
+        at = raw  # a pointer to the batch's bytes, which ``raw`` keeps alive
+        for _index in range(count):
+            start = pos + _record_header_size
+            if start > end:
+                return None  # a record header past the end
+            stop = start + _u32_at(at, pos + 9)
+            if stop > end:
+                return None  # a body past the end
+            body = at[start:stop]
+            record_type = at[pos]
+            if record_type and _control_body_error(record_type, body) is not None:
+                return None
+            records.append((record_type, _u32_at(at, pos + 1), _u32_at(at, pos + 5), body))
+            pos = stop
+    else:
+        append = records.append
+        unpack = _unpack_record_from
+        size = _record_header_size
+        try:
+            for _index in range(count):
+                kind, slot, seq, length = unpack(raw, pos)
+                pos += size
+                stop = pos + length
+                data = raw[pos:stop]
+                if kind and _control_body_error(kind, data) is not None:
+                    return None
+                append((kind, slot, seq, data))
+                pos = stop
+        except struct.error:
             return None  # a record header past the end
-        stop = start + _u32_at(at, pos + 9)
-        if stop > end:
-            return None  # a body past the end
-        body = at[start:stop]
-        record_type = at[pos]
-        if record_type and _control_body_error(record_type, body) is not None:
-            return None
-        records.append((record_type, _u32_at(at, pos + 1), _u32_at(at, pos + 5), body))
-        pos = stop
     return records if pos == end else None
 
 

@@ -38,7 +38,10 @@ lane, the refusal of a staged singleton, the ways a slot ends, the retirement of
 epoch's slots) and returns the credit (step 5, on the three paths it names). The arrival
 rules end slots and the life of a slot reads the arrival's sequencing state, so they share
 ``_Route`` (the sequencing state of one live slot) and the table's fields; a split would
-pass all of it across an interface.
+pass all of it across an interface. Only the per-record kernel lives in a module of its
+own, :mod:`.arrival` (the route, the arrival loop and the credit walks), because it is
+compiled: the table binds its functions as its methods, so they work on its fields as the
+table's own code does, and the rules they do not apply inline stay here.
 
 The hot path, in its inline form on purpose: the common record (the next item of an open
 slot, in order, within its credit) is applied in the loop of
@@ -52,8 +55,8 @@ the touched slots that may owe the sender a grant are visited (see :meth:`_recon
 A memoryview slice and a ``bytes`` copy per record, and a credit visit of every touched
 slot, were what this loop cost before (``perf/ingress_bench.py``; the figures are in
 docs/performance.md): keep it free of extra calls and attribute lookups. The loop and the
-two reconcile walks have a compiled twin (velomux_quic.recordpath) that applies these rules
-line for line in C; this Python stays the reference.
+two reconcile walks are written once, in :mod:`.arrival`, which the record path compiles
+(velomux_quic.recordpath).
 
 A slot's failure never touches another slot or the lane: a sender over its credit, a
 hold past its byte budget, or a reader stall closes that slot alone (CloseSlot
@@ -75,8 +78,9 @@ import time
 from collections.abc import Callable, Hashable, Sequence
 from typing import Final
 
-from ..recordpath import Twins
 from ..streaming.frames import DROPPED, ITEM_PREFIX, encode_transport_error, is_terminal_sentinel
+from . import arrival as _arrival
+from .arrival import _Route
 from .config import MuxConfig
 from .contracts import (
     DROP_REASONS,
@@ -118,57 +122,13 @@ __all__ = [
 ]
 
 _DATA: Final = int(RecordType.DATA)
-_OPEN_SLOT: Final = int(RecordType.OPEN_SLOT)
 _CLOSE_SLOT: Final = int(RecordType.CLOSE_SLOT)
 _CREDIT_UPDATE: Final = int(RecordType.CREDIT_UPDATE)
 _SLOT_HEARTBEAT: Final = int(RecordType.SLOT_HEARTBEAT)
 _LIFECYCLE_SLOT: Final = int(RecordType.LIFECYCLE_SLOT)
 _TERMINAL_SENT: Final = CloseReason.TERMINAL_SENT
-_PEER_GONE: Final = CloseReason.PEER_GONE
-_OWNER_CLOSE_BYTES: Final = frozenset({int(_TERMINAL_SENT), int(_PEER_GONE)})
-
-_twins: Final = Twins("velomux_quic.mux._compiled")
-"""The compiled twins of ``_Route`` and the arrival loop (or none): see velomux_quic.recordpath."""
-
 
 # -- per-slot ingress state ---------------------------------------------------------------
-
-
-@_twins.of
-class _Route:
-    """The sequencing state of one live slot: what ``frame_seq`` comes next, the records
-    that arrived ahead of it, and a close that arrived ahead of it.
-
-    One per stream, not per record. The hold is created on the first gap only.
-    """
-
-    __slots__ = (
-        "close_reason",
-        "close_seq",
-        "expected",
-        "held_terminal",
-        "hold",
-        "hold_bytes",
-        "index",
-        "session_id",
-        "slot",
-        "slot_id",
-        "touched",
-    )
-
-    def __init__(self, slot_id: int, slot: IngressSlot, expected: int, session_id: int) -> None:
-        self.slot_id = slot_id
-        self.index = slot_id >> 8
-        self.slot = slot
-        self.expected = expected
-        self.session_id = session_id
-        self.hold: dict[int, tuple[int, bytes]] | None = None
-        self.hold_bytes = 0
-        self.held_terminal = False
-        self.close_seq = -1
-        """The ``frame_seq`` of a close that arrived ahead of its turn (-1: none yet)."""
-        self.close_reason = _TERMINAL_SENT
-        self.touched = -1
 
 
 _UNKNOWN_SLOT: Final = CloseReason.UNKNOWN_SLOT
@@ -222,10 +182,10 @@ class IngressTable:
         doorbell: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``clock`` times the drop notices only (a rare path): the arrival loop and its
-        compiled twin pass ``now`` to the paths that need it per record, and the miss of
-        a dropped slot is not one of them, so it reads the clock itself rather than have
-        the twin's loop carry one more argument. The node passes its event loop's clock."""
+        """``clock`` times the drop notices only (a rare path): the arrival loop passes
+        ``now`` to the paths that need it per record, and the miss of a dropped slot is not
+        one of them, so it reads the clock itself rather than have the loop carry one more
+        argument. The node passes its event loop's clock."""
         self.peer = peer
         self.lane = lane
         self.config = config
@@ -317,88 +277,9 @@ class IngressTable:
 
     # -- arrival: one batch, record by record ------------------------------------------------
 
-    @_twins.method
-    def handle_batch(
-        self, header: BatchHeader, records: Sequence[Record | OwnedRecord], now: float
-    ) -> None:
-        """Apply one batch, in order, then reconcile what it touched and what was drained."""
-        stats = self.stats
-        count = len(records)
-        stats.batches_received += 1
-        stats.records_received += count
-        if header.lane != self.lane:
-            stats.drops["lane_mismatch"] += count
-            return
-        epoch = header.peer_epoch
-        if self._epoch is None or epoch > self._epoch:
-            if self._epoch is not None:
-                self.retire_all()
-            self._epoch = epoch
-            self._high_water = None
-        elif epoch < self._epoch:
-            stats.drops["stale_epoch"] += count
-            return
-        if not self._staged:  # a staged singleton takes no place in the lane's numbering
-            self._meter(header.batch_seq)
-        self._batches += 1
-        stamp = self._batches
-        touched: list[_Route] = []
-        append_touched = touched.append
-        routes = self._routes
-        data_type = _DATA
-        item_prefix = ITEM_PREFIX
-        to_bytes = bytes
-        for record_type, sid, seq, body in records:
-            if record_type != data_type:
-                if record_type == _CLOSE_SLOT:
-                    if len(body) != 1 or body[0] not in _OWNER_CLOSE_BYTES:
-                        self._peer_close(sid, body)
-                        continue
-                elif record_type == _OPEN_SLOT:
-                    self._open(sid, seq, body, now)
-                    continue
-                elif record_type != _SLOT_HEARTBEAT:
-                    self._egress_control(record_type, sid, body)
-                    continue
-            try:
-                route = routes[sid >> 8]
-            except IndexError:  # an index past every slot opened so far
-                route = None
-            if route is None or route.slot_id != sid:
-                route = self._miss(sid, route)
-                if route is None:
-                    continue
-            if seq == route.expected:
-                if route.touched != stamp:
-                    route.touched = stamp
-                    append_touched(route)
-                if record_type == data_type and route.close_seq < 0 and not route.hold:
-                    # The common record, inlined: the next item of an open slot, in order,
-                    # within its credit. Everything else takes the general rules below.
-                    slot = route.slot
-                    data = to_bytes(body)  # the same object when the body is bytes already
-                    if (
-                        slot.data_delivered < slot.granted
-                        and not slot.withdrawn
-                        and not slot.terminal
-                        and data.startswith(item_prefix)
-                    ):
-                        route.expected = seq + 1
-                        slot.last_arrival = now
-                        if not slot.deliver(data):
-                            stats.reader_stall += 1
-                            self._fail(route, "mux reader stall: the slot buffer had no room")
-                        continue
-                if self._apply(route, record_type, body, now) and (
-                    route.hold or route.close_seq >= 0
-                ):
-                    self._release_hold(route, now)
-            elif seq < route.expected:
-                stats.drops["duplicate"] += 1
-            else:
-                self._hold(route, record_type, seq, body)
-        self._reconcile(touched)
-        self._reconcile_dirty()
+    handle_batch = _arrival.handle_batch
+    """Apply one batch, in order, then reconcile what it touched and what was drained (the
+    arrival loop of :mod:`.arrival`, bound as this method)."""
 
     def handle_staged_batch(
         self, header: BatchHeader, records: Sequence[Record | OwnedRecord], now: float
@@ -846,49 +727,11 @@ class IngressTable:
 
     # -- credit return -----------------------------------------------------------------------
 
-    def _visit(self, route: _Route) -> None:
-        slot = route.slot
-        if slot.withdrawn:
-            if not slot.terminal:
-                self._consumer_gone(route)
-            return
-        grant = slot.reconcile()
-        if grant:
-            self._replies.credit(route.slot_id, grant)
-
-    @_twins.method
-    def _reconcile(self, touched: list[_Route]) -> None:
-        """Visit the slots a batch delivered into that may owe the sender something now.
-
-        Once per touched slot per batch, so the common answer (nothing to do) is decided
-        here without a call: a live slot whose sender still holds ``return_below``
-        credits or more would only have its drained count moved into the withheld count
-        by :meth:`IngressSlot.reconcile` (a later visit grants the same sum), and a slot
-        nothing was taken from since its last visit has nothing to grant.
-        """
-        routes = self._routes
-        for route in touched:
-            slot = route.slot
-            if slot.granted - slot.data_delivered - slot.held_data >= slot.return_below and not (
-                slot.withdrawn or slot.terminal or slot.closed
-            ):
-                continue  # the sender holds enough credit: any grant waits (see above)
-            if not (slot.drained or slot.withdrawn or slot.withheld_credit):
-                continue  # nothing taken since the last visit: nothing to grant or tell
-            index = route.index
-            if index < len(routes) and routes[index] is route:
-                self._visit(route)
-
-    @_twins.method
-    def _reconcile_dirty(self) -> int:
-        listed = self.dirty.drain()
-        routes = self._routes
-        size = len(routes)
-        for index in listed:
-            route = routes[index] if index < size else None
-            if route is not None:
-                self._visit(route)
-        return len(listed)
+    # The visit of one slot, and the two walks that choose which slots to visit: once per
+    # touched slot per batch, and once per slot a consumer drained (see :mod:`.arrival`).
+    _visit = _arrival.visit
+    _reconcile = _arrival.reconcile
+    _reconcile_dirty = _arrival.reconcile_dirty
 
     def visit_dirty(self, now: float) -> bool:
         """The doorbell path: reconcile the slots the consumers drained.

@@ -76,6 +76,7 @@ class CompiledRecordPathMissing(ImportError):
 
 
 COMPILED_MODULES: Final = (
+    "velomux_quic.mux.arrival",
     "velomux_quic.mux.batch_codec",
     "velomux_quic.mux.credit",
     "velomux_quic.mux.slots",
