@@ -23,6 +23,7 @@ COMPILED_MODULES = [
     # the same file is the pure-Python path (velomux_quic.recordpath's COMPILED_MODULES).
     "velomux_quic.mux.batch_codec",
     "velomux_quic.mux.credit",
+    "velomux_quic.mux.egress",
     "velomux_quic.mux.slots",
     "velomux_quic.streaming.channels",
     "velomux_quic.streaming.frames",

@@ -9,17 +9,7 @@ from typing import Any
 
 from .credit import IngressSlot
 from .protocol import BatchHeader, OwnedRecord, Record
-from .slots import EgressSlot, OutgoingBatch, SlotOwner
-
-class BatcherFields:
-    _room: int
-    _ready: dict[int, EgressSlot]
-    _staged_since: float | None
-
-def EgressBatcher_offer(self: Any, slot: EgressSlot, body: bytes, now: float) -> bool: ...
-def EgressBatcher__pack_ready(
-    self: Any, out: list[OutgoingBatch], guards: list[Any], carries_data: bool
-) -> tuple[list[Any], bool]: ...
+from .slots import EgressSlot, SlotOwner
 
 class _Route:
     close_reason: int
@@ -63,8 +53,6 @@ class MuxChannel:
     def abort(self) -> None: ...
 
 __all__ = [
-    "EgressBatcher__pack_ready",
-    "EgressBatcher_offer",
     "IngressTable__reconcile",
     "IngressTable__reconcile_dirty",
     "IngressTable_handle_batch",
