@@ -24,6 +24,7 @@ COMPILED_MODULES = [
     "velomux_quic.mux.arrival",
     "velomux_quic.mux.batch_codec",
     "velomux_quic.mux.credit",
+    "velomux_quic.mux.egress",
     "velomux_quic.mux.slots",
     "velomux_quic.streaming.channels",
     "velomux_quic.streaming.frames",

@@ -38,6 +38,7 @@ _DUMP_STATS_AT = _BASE + 3
 _START_INSTRUMENTATION = _BASE + 4
 _STOP_INSTRUMENTATION = _BASE + 5
 _ZERO_STATS = _BASE + 1
+_TOGGLE_COLLECT = _BASE + 2
 _RUNNING_ON_VALGRIND = 0x1001
 
 # rdi: the request's six words (request code, five arguments); rsi: the default result.
@@ -88,6 +89,12 @@ class ClientRequests:
         instrumenting."""
         self._request(_DUMP_STATS_AT, ctypes.addressof(self._tag))
         self._request(_STOP_INSTRUMENTATION)
+
+    def toggle(self) -> None:
+        """Stop counting, or count again, within a window: a benchmark whose measured step
+        alternates with others (setting up the next one) counts that step alone, without
+        instrumenting the code again at every turn as :meth:`start` and :meth:`stop` would."""
+        self._request(_TOGGLE_COLLECT)
 
 
 def command(out_dir: Path) -> list[str]:

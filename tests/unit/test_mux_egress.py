@@ -192,6 +192,26 @@ def test_linger_window_holds_until_the_oldest_record_is_w_old() -> None:
     assert types(batch) == [RecordType.DATA]
 
 
+def test_a_clock_given_for_now_is_read_only_when_a_record_starts_the_linger_window() -> None:
+    b = batcher(flush_policy=AutoFlush(on_admission=False, max_linger=0.002))
+    a, c = opened(b, 2)
+    reads: list[float] = []
+
+    def clock() -> float:
+        reads.append(5.0)
+        return 5.0
+
+    assert b.offer(a, TOKEN, clock)
+    assert b.offer(c, TOKEN, clock)  # the window is open already: no read
+    assert b.offer(a, TOKEN, clock)
+    assert reads == [5.0]
+    assert b.next_deadline() == pytest.approx(5.002)
+    (batch,) = b.poll(5.002)
+    assert batch.records == 3
+    assert b.offer(c, TOKEN, clock)  # a new window after the write
+    assert reads == [5.0, 5.0]
+
+
 def test_on_complete_writes_a_complete_batch_but_not_within_a_window_of_the_last_data() -> None:
     policy = AutoFlush(on_admission=False, max_linger=0.010, on_complete=True)
     b = batcher(flush_policy=policy)

@@ -33,16 +33,13 @@ ROOT = Path(__file__).resolve().parents[2]
 PURE_ASKED = os.environ.get(PURE_PYTHON_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
 
 TWINNED_NAMES = {
-    "velomux_quic.mux.egress.BatcherFields",
-    "velomux_quic.mux.egress.EgressBatcher.offer",
-    "velomux_quic.mux.egress.EgressBatcher._pack_ready",
     "velomux_quic.mux.driver.MuxChannel",
     "velomux_quic.streaming.anchor.StreamAnchor._take_items",
     "velomux_quic.streaming.anchor.StreamAnchor.__anext__",
 }
-"""The definitions the compiled record path twins: the brief's loops (stage, pack, a whole
-pass, walk a batch, deliver with credit, take), the state they work on, and the fields of
-the batcher and the sender those loops read per record (kept in C by the compiled twin)."""
+"""The definitions the compiled record path still twins by hand: the brief's loops (stage
+into a mux channel, walk a batch, deliver with credit, take) and the state they work on.
+The batcher's offer and packing, and the pass loop, are compiled modules' own now."""
 
 
 def test_the_record_path_asked_for_is_the_one_loaded() -> None:

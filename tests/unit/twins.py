@@ -49,20 +49,25 @@ LEAF_MODULES = (
     "velomux_quic.streaming.frames",
     "velomux_quic.streaming.inbox",
 )
-"""The compiled modules a twin extension cimports (none of them cimports another)."""
+"""The compiled modules a twin extension cimports that cimport no other."""
+
+CIMPORTING_MODULES = ("velomux_quic.mux.egress",)
+"""The compiled modules a twin extension cimports that cimport leaves of their own (the
+batcher cimports the egress slot and the builder), so they load after those."""
 
 
 def _extension(name: str) -> Any:
     """A layer's extension of hand-written twins. On the pure path its C declarations still
     need the compiled classes of the modules it cimports (``StagingChannel``,
-    ``IngressSlot``), so those stand in ``sys.modules`` while it is first imported, and the
-    pure ones again after."""
+    ``IngressSlot``, ``EgressBatcher``), so those stand in ``sys.modules`` while it is first
+    imported, leaves first, and the pure ones again after."""
     if IMPLEMENTATION == "compiled" or name in sys.modules:
         return importlib.import_module(name)
-    assert set(LEAF_MODULES) <= set(COMPILED_MODULES)
-    selected = {leaf: sys.modules.get(leaf) for leaf in LEAF_MODULES}
+    cimported = (*LEAF_MODULES, *CIMPORTING_MODULES)
+    assert set(cimported) <= set(COMPILED_MODULES)
+    selected = {leaf: sys.modules.get(leaf) for leaf in cimported}
     try:
-        for leaf in LEAF_MODULES:
+        for leaf in cimported:
             sys.modules[leaf] = load_module(leaf, "compiled")
         return importlib.import_module(name)
     finally:

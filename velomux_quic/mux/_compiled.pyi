@@ -6,17 +6,7 @@ tests/unit/test_recordpath.py checks that the compiled classes expose the same p
 
 from typing import Any
 
-from .slots import EgressSlot, OutgoingBatch, SlotOwner
-
-class BatcherFields:
-    _room: int
-    _ready: dict[int, EgressSlot]
-    _staged_since: float | None
-
-def EgressBatcher_offer(self: Any, slot: EgressSlot, body: bytes, now: float) -> bool: ...
-def EgressBatcher__pack_ready(
-    self: Any, out: list[OutgoingBatch], guards: list[Any], carries_data: bool
-) -> tuple[list[Any], bool]: ...
+from .slots import EgressSlot, SlotOwner
 
 class MuxChannel:
     def __init__(self, driver: Any, slot: EgressSlot) -> None: ...
@@ -40,7 +30,5 @@ class MuxChannel:
     def abort(self) -> None: ...
 
 __all__ = [
-    "EgressBatcher__pack_ready",
-    "EgressBatcher_offer",
     "MuxChannel",
 ]

@@ -1,8 +1,9 @@
 # cython: language_level=3
 """The C declarations of :mod:`velomux_quic.mux.batch_codec` where it is compiled (see
 velomux_quic.recordpath): the builder's fields, the walk's positions as C integers, and
-``at`` as a pointer into the batch. The compiled egress loop (``mux/_compiled.pyx``)
-cimports the builder and :func:`_append_data` from here."""
+``at`` as a pointer into the batch. The compiled batcher (``egress.pxd``) cimports the
+builder and :func:`_append_data` from here; the append is ``cpdef`` so that the batcher's
+source imports it by name as well, where either module runs as plain Python."""
 
 cimport cython
 from libc.stdint cimport uint32_t
@@ -25,7 +26,7 @@ cdef uint32_t _u32_at(batch_bytes at, Py_ssize_t index) noexcept
 cdef void _put_u32(batch_buffer at, Py_ssize_t index, uint32_t value) noexcept
 
 @cython.locals(data=bytes, length=Py_ssize_t, start=Py_ssize_t, at=batch_buffer)
-cdef int _append_data(bytearray buf, long long slot, long long seq, object body) except -1
+cpdef int _append_data(bytearray buf, long long slot, long long seq, object body) except -1
 
 @cython.locals(start=Py_ssize_t, at=batch_buffer)
 cdef int _append_credit(bytearray buf, uint32_t slot, uint32_t delta) except -1

@@ -5,8 +5,8 @@ received batch into the records ingress delivers.
 
 Both run once per record on every stream, so this module is one of the record path's
 compiled modules (velomux_quic.recordpath): where built, this same file is compiled, with
-the C types of ``batch_codec.pxd``; otherwise it runs as it is. The compiled egress loop
-(``mux/_compiled.pyx``) cimports the builder's fields and :func:`_append_data` from there.
+the C types of ``batch_codec.pxd``; otherwise it runs as it is. The compiled batcher
+(``mux/egress.py``) cimports the builder's fields and :func:`_append_data` from there.
 
 The rest of the framing (the header as a value, the strict decoder and its refusals, the
 one-call encoder) is :mod:`.protocol`'s, which builds on this module and re-exports its

@@ -355,7 +355,7 @@ class MuxChannel:
         state = slot.state
         if state is not _OPEN and state is not _OPENING:  # self.closed, inlined
             return False
-        if not self._offer(slot, body, self._clock()):
+        if not self._offer(slot, body, self._clock):  # the clock, read only if it is needed
             return False
         driver = self._driver
         if driver._wake is None:  # most sends find the wake already scheduled

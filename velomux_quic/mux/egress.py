@@ -26,9 +26,16 @@ once per poll, instead of going through :meth:`EgressBatcher._pack_slot` or a bu
 per record: the profiles of ``perf/tokens.py`` put these two among the largest costs of
 the engine's thread, and every call or attribute lookup removed from them showed there
 (the figures are in docs/performance.md). For the same reason slot states are compared
-by identity on these paths (``state is _OPEN``), not by ordering. Both methods have a
-compiled twin (velomux_quic.recordpath) that follows these rules line for line in C;
-the Python here stays the reference, and the differential tests hold the two equal.
+by identity on these paths (``state is _OPEN``), not by ordering.
+
+Since both run once per record, this module is one of the record path's compiled modules
+(velomux_quic.recordpath): where built, this same file is compiled, and the batcher's
+fields are the C fields of ``egress.pxd``, so those two loops read and write them, and the
+slots' and the builder's, without the interpreter; otherwise it runs as it is. The one
+place the two runs differ is how the packing loop appends a record to the batch and takes
+it off its queue (a branch on ``cython.compiled``): in C the header is written in place by
+the batch codec's own append and the queue's ``popleft`` is the one bound on the slot,
+where the interpreter is faster with a packed header and the queue's method looked up.
 
 The rules, from the Batched streaming chapter:
 
@@ -76,6 +83,11 @@ The rules, from the Batched streaming chapter:
 # https://github.com/ai-dynamo/velo/blob/main/docs/src/concepts/batched-streaming.md
 from __future__ import annotations
 
+try:
+    import cython  # type: ignore[import-not-found, unused-ignore]
+except ModuleNotFoundError:  # Cython is a build requirement, not a dependency
+    from ..recordpath import shadow as cython  # type: ignore[no-redef, unused-ignore]
+
 import itertools
 import time
 from collections import deque
@@ -84,7 +96,7 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from ..errors import UsageError
-from ..recordpath import Twins
+from .batch_codec import _append_data
 from .config import AutoFlush, Manual, MuxConfig
 from .protocol import (
     COALESCE_THRESHOLD,
@@ -140,14 +152,15 @@ _TERMINAL_CLOSE: Final = close_slot_body(CloseReason.TERMINAL_SENT)
 _TERMINAL_CLOSE_SIZE: Final = 14
 """Room a terminal's CloseSlot takes in a batch: its 13-byte record header and the reason."""
 
+# Bound once, compared by identity on the per-record paths (C globals where compiled, as
+# QueuedTerminal is). _CLOSED is typed as the enum, not as its member, so the packing
+# loop's check at the top of a visit does not hide from the type checker that _pack_slot
+# may close the slot before the check at its end.
 _OPEN: Final = SlotState.OPEN
 _OPENING: Final = SlotState.OPENING
+_CLOSED: Final[SlotState] = SlotState.CLOSED
 _DATA: Final = int(RecordType.DATA)
 _pack_record: Final = RECORD_HEADER.pack
-_CLOSED: Final = SlotState.CLOSED
-
-_twins: Final = Twins("velomux_quic.mux._compiled")
-"""The compiled twins of ``offer`` and ``_pack_ready`` (or none): see velomux_quic.recordpath."""
 
 _CREDIT_BODY_SIZE: Final = 4
 """A CreditUpdate's body: the u32 delta."""
@@ -169,31 +182,12 @@ def _closed_slot(slot: EgressSlot) -> UsageError:
     )
 
 
-@_twins.of
-class BatcherFields:
-    """The fields of an :class:`EgressBatcher` that staging a record writes: the lane queue
-    bound's room, the ready set and the linger clock. They are the batcher's base so that
-    the compiled twin keeps them in C, where ``offer`` (once per record) reads and writes
-    them without an attribute lookup; the batcher's own code uses them as its other fields."""
-
-    __slots__ = ("_ready", "_room", "_staged_since")
-
-    _room: int
-    """``queue_limit`` less the bytes of every record queued in this batcher's slots
-    (the sum of the slots' ``queued_bytes``, kept as they move): one field, so ``offer``
-    pays one load, one compare and one store for the bound."""
-    _ready: dict[int, EgressSlot]
-    """The sendable slots by index: an insertion-ordered set."""
-    _staged_since: float | None
-    """When the first record not yet written was staged (the linger window's start)."""
-
-
-class EgressBatcher(BatcherFields):
+class EgressBatcher:
     """One per (peer, lane). See the module docstring."""
 
     # Slots, not a dict: ``offer`` and the poll read and write the batcher's fields once per
     # record or per slot, and a slot is one descriptor read where a dict is a hash lookup
-    # (from the interpreter and from the compiled twin alike).
+    # (compiled, they are the C fields of egress.pxd).
     __slots__ = (
         "_builder",
         "_by_session",
@@ -209,11 +203,14 @@ class EgressBatcher(BatcherFields):
         "_last_data_write",
         "_live",
         "_opens",
+        "_ready",
         "_reply_close",
         "_reply_credit",
         "_reply_lifecycle",
         "_reply_since",
+        "_room",
         "_slots",
+        "_staged_since",
         "_urgent",
         "batch_seq",
         "byte_cap",
@@ -267,18 +264,23 @@ class EgressBatcher(BatcherFields):
         self.queue_limit = config.peer_queue_bytes
         """Bytes all slots may hold together before ``offer`` refuses a non-empty slot."""
         self._room = self.queue_limit
+        """``queue_limit`` less the bytes of every record queued in this batcher's slots
+        (the sum of the slots' ``queued_bytes``, kept as they move): one field, so ``offer``
+        pays one load, one compare and one store for the bound."""
         self._slots: list[EgressSlot | None] = []
         self._generations: list[int] = []
         self._free: list[int] = []
         self._by_session: dict[int, EgressSlot] = {}
         self._opens: deque[EgressSlot] = deque()
-        self._ready = {}
+        self._ready: dict[int, EgressSlot] = {}
+        """The sendable slots by index: an insertion-ordered set."""
         self._live = 0
         self._reply_credit: dict[int, int] = {}
         self._reply_close: dict[int, int] = {}
         self._reply_lifecycle: dict[int, int] = {}  # session -> action (cancel beats stop)
         self._reply_since: float | None = None
-        self._staged_since = None
+        self._staged_since: float | None = None
+        """When the first record not yet written was staged (the linger window's start)."""
         self._last_data_write = float("-inf")
         self._kick = False
         self._urgent = False
@@ -370,8 +372,7 @@ class EgressBatcher(BatcherFields):
 
     # -- producers -----------------------------------------------------------------------
 
-    @_twins.method
-    def offer(self, slot: EgressSlot, body: bytes, now: float) -> bool:
+    def offer(self, slot: EgressSlot, body: bytes, now: float | Callable[[], float]) -> bool:
         """Stage one record; False when the slot's byte budget is full (the producer waits).
 
         The budget is checked against what is already queued, not with the new record
@@ -379,6 +380,10 @@ class EgressBatcher(BatcherFields):
         below it (otherwise a 4 MiB item could never be sent on a 1 MiB slot). The lane
         queue bound (``peer_queue_bytes``) is checked the same way, and only for a slot
         that already holds records: a slot holding nothing always takes one.
+
+        ``now`` is the time, or the clock that tells it: a producer's channel passes its
+        loop's clock, which is read only when the record starts a linger window (once per
+        flush), not once per record.
         """
         state = slot.state
         if state is not _OPEN and state is not _OPENING:
@@ -391,7 +396,7 @@ class EgressBatcher(BatcherFields):
             self.stats.queue_full += 1
             return False
         size = len(body)
-        slot.queue.append(body)
+        slot._append(body)
         slot.queued_bytes = queued + size
         self._room = room - size
         # What _enqueued does for a data record, inlined (this runs once per record). The
@@ -399,14 +404,12 @@ class EgressBatcher(BatcherFields):
         if slot.credit > 0:
             if state is _OPEN:
                 if not slot.fenced:  # sendable: the common case, an open slot with credit
-                    ready = self._ready
-                    if slot.index not in ready:
-                        ready[slot.index] = slot
+                    self._ready.setdefault(slot._key, slot)
                     if self._staged_since is None:
-                        self._staged_since = now
+                        self._staged_since = now() if callable(now) else now
             elif self._staged_since is None:
                 # OpenSlot not written yet: ready once it is, its linger window starts now.
-                self._staged_since = now
+                self._staged_since = now() if callable(now) else now
         elif state is _OPEN and not slot.exhausted_once:
             slot.exhausted_once = True
             self.stats.credit_exhausted += 1
@@ -683,7 +686,6 @@ class EgressBatcher(BatcherFields):
 
     # -- packing: what one poll writes, record by record ---------------------------------
 
-    @_twins.method
     def _pack_ready(
         self, out: list[OutgoingBatch], guards: list[Any], carries_data: bool
     ) -> tuple[list[Any], bool]:
@@ -737,15 +739,20 @@ class EgressBatcher(BatcherFields):
                     sid = slot.slot_id
                     while True:
                         body = queue[0]
-                        if isinstance(body, QueuedTerminal):
+                        if type(body) is QueuedTerminal:
                             break
                         length = len(body)
                         if len(buf) + length > cap or pending >= room:
                             break
-                        buf += pack_header(_DATA, sid, seq, length)
-                        buf += body
+                        if cython.compiled:
+                            # The header written in place; the queue's popleft bound once.
+                            _append_data(buf, sid, seq, body)
+                            slot._popleft()
+                        else:
+                            buf += pack_header(_DATA, sid, seq, length)
+                            buf += body
+                            queue.popleft()
                         pending += 1
-                        queue.popleft()
                         taken += length
                         seq += 1
                         credit -= 1
@@ -770,7 +777,7 @@ class EgressBatcher(BatcherFields):
                     room = MAX_RECORDS - builder.count
                     taken += more
                 budget -= taken
-                if not queue or not slot.live or slot.fenced:
+                if not queue or slot.state is _CLOSED or slot.fenced:
                     continue
                 if slot.credit <= 0 and type(queue[0]) is not QueuedTerminal:
                     if not slot.exhausted_once:
@@ -785,8 +792,8 @@ class EgressBatcher(BatcherFields):
         self._count_data += packed
         if slots:
             for slot in slots:
-                if slot.live:
-                    ready[slot.index] = slot
+                if slot.state is not _CLOSED:
+                    ready[slot._key] = slot
             self._kick = True  # the rest goes at the next poll, whatever the policy
         return guards, carries_data
 

@@ -1,7 +1,7 @@
 # cython: language_level=3
 """The C declarations of :mod:`velomux_quic.mux.slots` where it is compiled (see
 velomux_quic.recordpath): an egress slot's fields, which the compiled batcher's offer and
-packing loops (``mux/_compiled.pyx``) cimport and read and write per record in C."""
+packing loops (``egress.pxd``) cimport and read and write per record in C."""
 
 
 cdef class EgressSlot:

@@ -13,7 +13,9 @@ Two forms exist while the record path moves to the second:
   module, with its C types declared beside it in an augmenting ``.pxd`` of the same name;
   the build compiles that very file into an extension of the same name. The finder this
   module installs decides which of the two files an import of it loads: the extension on
-  the compiled path, the ``.py`` source on the pure path.
+  the compiled path, the ``.py`` source on the pure path. Where a representation that is
+  fast in C is slow interpreted, the module branches on ``cython.compiled`` (Cython
+  decides it at build time); where Cython is not installed, :mod:`.shadow` stands in.
 * A *twinned definition* has a hand-written Cython twin in a layer's ``_compiled.pyx``,
   selected with :meth:`Twins.of` where the pure one is defined.
 
@@ -79,6 +81,7 @@ COMPILED_MODULES: Final = (
     "velomux_quic.mux.arrival",
     "velomux_quic.mux.batch_codec",
     "velomux_quic.mux.credit",
+    "velomux_quic.mux.egress",
     "velomux_quic.mux.slots",
     "velomux_quic.streaming.channels",
     "velomux_quic.streaming.frames",
@@ -234,8 +237,8 @@ class Twins:
 
     def method(self, definition: F) -> F:
         """As :meth:`of`, for a method: the compiled twin is a module-level function of the
-        class's name and the method's (``EgressBatcher_offer``), taking the instance first,
-        which binds as a method because Cython functions are descriptors."""
+        class's name and the method's (``IngressTable_handle_batch``), taking the instance
+        first, which binds as a method because Cython functions are descriptors."""
         where = f"{definition.__module__}.{definition.__qualname__}"
         if self.module is None:
             TWINNED.append(Twin(where, definition, definition))
