@@ -36,13 +36,10 @@ TWINNED_NAMES = {
     "velomux_quic.mux.egress.BatcherFields",
     "velomux_quic.mux.egress.EgressBatcher.offer",
     "velomux_quic.mux.egress.EgressBatcher._pack_ready",
-    "velomux_quic.mux.driver.MuxChannel",
     "velomux_quic.mux.ingress._Route",
     "velomux_quic.mux.ingress.IngressTable.handle_batch",
     "velomux_quic.mux.ingress.IngressTable._reconcile",
     "velomux_quic.mux.ingress.IngressTable._reconcile_dirty",
-    "velomux_quic.streaming.anchor.StreamAnchor._take_items",
-    "velomux_quic.streaming.anchor.StreamAnchor.__anext__",
 }
 """The definitions the compiled record path twins: the brief's loops (stage, pack, a whole
 pass, walk a batch, deliver with credit, take), the state they work on, and the fields of
@@ -178,6 +175,29 @@ def test_a_missing_extension_fails_the_import_loudly() -> None:
     assert "pip install --force-reinstall --no-binary velomux_quic" in result.stderr
     assert "make install" not in result.stderr  # a pip user has no checkout
     assert f"{PURE_PYTHON_ENV}=1" in result.stderr
+
+
+NO_COMPANION = (
+    "import sys; sys.modules['velomux_quic.streaming._reader_send'] = None\n"
+    "import velomux_quic.node\n"
+    "from velomux_quic.recordpath import IMPLEMENTATION; print(IMPLEMENTATION)\n"
+)
+"""A process whose read's companion extension (its awaitable's ``am_send`` slot) cannot be
+imported: the read would still work, through ``__next__``, but slower, in silence."""
+
+
+def test_a_missing_companion_fails_the_import_loudly() -> None:
+    result = _run_without_extension("0", NO_COMPANION)
+    assert result.returncode != 0
+    assert "CompiledRecordPathMissing" in result.stderr
+    assert "velomux_quic.streaming._reader_send" in result.stderr
+    assert _run_without_extension("1", NO_COMPANION).stdout.strip() == "pure-python"
+
+
+def test_the_companion_loads_with_the_compiled_read_only() -> None:
+    import velomux_quic.streaming.reader  # noqa: F401  (imports its companion, if any)
+
+    assert ("velomux_quic.streaming._reader_send" in sys.modules) is not PURE_ASKED
 
 
 def test_a_compiled_module_without_its_extension_fails_the_import_loudly() -> None:

@@ -3,9 +3,9 @@
 
 Each name here twins a definition of the pure-Python modules, which stay the reference:
 ``EgressBatcher.offer`` and ``EgressBatcher._pack_ready`` (``egress.py``), :class:`Route`
-and ``IngressTable.handle_batch`` / ``_reconcile`` / ``_reconcile_dirty`` (``ingress.py``),
-and :class:`MuxChannel` (``driver.py``). A method twin is a module-level function named
-``<Class>_<method>`` that takes the instance first.
+and ``IngressTable.handle_batch`` / ``_reconcile`` / ``_reconcile_dirty`` (``ingress.py``).
+A method twin is a module-level function named ``<Class>_<method>`` that takes the
+instance first.
 
 The rules are the pure code's, line for line, with the same errors, bounds and counters; only
 the representation differs: the per-record state (routes, the batcher's fields) lives in C
@@ -29,7 +29,6 @@ from libc.string cimport memcmp
 from velomux_quic.mux.credit cimport DirtySet, IngressSlot
 from velomux_quic.mux.batch_codec cimport BatchBuilder, _append_data
 from velomux_quic.mux.slots cimport EgressSlot
-from velomux_quic.streaming.channels cimport StagingChannel
 
 from collections import deque
 
@@ -51,7 +50,6 @@ cdef object _CLOSED = None
 cdef object _TERMINAL = None  # slots.QueuedTerminal: the type of a queued terminal
 cdef object _frames = None
 cdef object _ingress = None
-cdef object _driver = None
 
 
 cdef int _bind_slots() except -1:
@@ -84,14 +82,6 @@ cdef object ingress_module():
         from velomux_quic.mux import ingress as module
         _ingress = module
     return _ingress
-
-
-cdef object driver_module():
-    global _driver
-    if _driver is None:
-        from velomux_quic.mux import driver as module
-        _driver = module
-    return _driver
 
 
 
@@ -436,112 +426,3 @@ def IngressTable__reconcile_dirty(self):
         if found is not None:
             _visit(self, <_Route?>found)
     return len(listed)
-
-
-# -- driver.py --------------------------------------------------------------------------
-
-
-cdef class MuxChannel(StagingChannel):
-    """Twin of :class:`velomux_quic.mux.driver.MuxChannel`: ``try_send`` stages a record
-    without leaving C (the batcher's offer twin is called directly), and the streaming
-    layer's loops call it as a :class:`StagingChannel`, without a method lookup."""
-
-    cdef object _driver
-    cdef EgressSlot _slot
-    cdef object _batcher
-    cdef BatcherFields _fields
-    cdef object _clock
-    cdef bint _fast
-
-    def __init__(self, driver, slot):
-        self._driver = driver
-        self._slot = slot
-        self._batcher = driver.batcher
-        self._clock = driver._loop.time
-        # The offer twin is called in C only when it is the batcher's offer.
-        self._fast = getattr(type(self._batcher), "offer", None) is EgressBatcher_offer and (
-            "offer" not in getattr(self._batcher, "__dict__", {})
-        )
-        if self._fast:
-            self._fields = <BatcherFields?>self._batcher
-
-    @property
-    def slot(self):
-        return self._slot
-
-    @property
-    def session_id(self):
-        return self._slot.session_id
-
-    @property
-    def credit(self):
-        slot = self._slot
-        return slot.credit if slot.state is not _CLOSED else 0
-
-    @property
-    def queued_bytes(self):
-        return self._slot.queued_bytes
-
-    @property
-    def lane(self):
-        return self._driver.batcher.lane
-
-    def watch(self, owner):
-        self._slot.owner = owner
-
-    @property
-    def closed(self):
-        return self._slot.state > _OPEN
-
-    cpdef bint try_send(self, object body) except -1:
-        return self.stage(body) == 1
-
-    cdef int stage(self, object body) except -1:
-        slot = self._slot
-        state = slot.state
-        if state is not _OPEN and state is not _OPENING:
-            return 0
-        if self._fast:
-            if not _offer(self._fields, slot, body, None, self._clock):
-                return 0
-        elif not self._batcher.offer(slot, body, self._clock()):
-            return 0
-        driver = self._driver
-        if driver._wake is None:
-            driver.wake()
-        return 1
-
-    async def send(self, body):
-        driver = self._driver
-        while True:
-            if self.closed:
-                raise driver_module().ChannelClosed("the mux slot is closed")
-            if driver.batcher.offer(self._slot, body, driver.now()):
-                driver.wake()
-                return
-            await driver.wait_space(self._slot)
-
-    def send_terminal(self, body, done):
-        if self.closed:
-            done.set_result(False)
-            return
-        driver = self._driver
-        driver.batcher.offer_terminal(
-            self._slot, body, driver.now(), guard=driver_module().DeliveryGuard(done)
-        )
-        driver.wake()
-
-    def end_now(self, body, done):
-        if self.closed:
-            done.set_result(False)
-            return
-        driver = self._driver
-        driver.batcher.end_now(
-            self._slot, body, driver.now(), guard=driver_module().DeliveryGuard(done)
-        )
-        driver.wake()
-
-    def abort(self):
-        if self._slot.state <= _OPEN:
-            self._driver.batcher.cancel_slot(self._slot)
-            self._driver.wake()

@@ -13,7 +13,9 @@ Two forms exist while the record path moves to the second:
   module, with its C types declared beside it in an augmenting ``.pxd`` of the same name;
   the build compiles that very file into an extension of the same name. The finder this
   module installs decides which of the two files an import of it loads: the extension on
-  the compiled path, the ``.py`` source on the pure path.
+  the compiled path, the ``.py`` source on the pure path. What pure-mode Cython cannot
+  declare (a type slot) is set by a small C-only *companion* that holds no logic, which
+  the compiled module imports with :func:`companion`.
 * A *twinned definition* has a hand-written Cython twin in a layer's ``_compiled.pyx``,
   selected with :meth:`Twins.of` where the pure one is defined.
 
@@ -49,6 +51,7 @@ __all__ = [
     "RecordPath",
     "Twin",
     "Twins",
+    "companion",
     "load_module",
 ]
 
@@ -77,11 +80,13 @@ class CompiledRecordPathMissing(ImportError):
 
 COMPILED_MODULES: Final = (
     "velomux_quic.mux.batch_codec",
+    "velomux_quic.mux.channel",
     "velomux_quic.mux.credit",
     "velomux_quic.mux.slots",
     "velomux_quic.streaming.channels",
     "velomux_quic.streaming.frames",
     "velomux_quic.streaming.inbox",
+    "velomux_quic.streaming.reader",
     "velomux_quic.streaming.sender",
 )
 """The modules written once and compiled as they are where built (each has a ``.pxd``
@@ -199,6 +204,15 @@ def _load(name: str) -> ModuleType:
         raise
     except ImportError as exc:
         raise _missing(name, str(exc)) from exc
+
+
+def companion(name: str) -> ModuleType | None:
+    """Import ``name`` where the compiled path runs, and nothing on the pure path: an
+    extension that completes a compiled module in C with what pure-mode Cython cannot
+    declare (a type slot), and holds no logic of its own. The compiled module imports its
+    companion as it is defined, so the two load together; a missing companion raises
+    :class:`CompiledRecordPathMissing`, as a missing twin does."""
+    return None if IMPLEMENTATION == "pure-python" else _load(name)
 
 
 class Twins:
