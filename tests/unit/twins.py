@@ -54,7 +54,7 @@ LEAF_MODULES = (
 
 def _extension(name: str) -> Any:
     """A layer's extension of hand-written twins. On the pure path its C declarations still
-    need the compiled classes of the modules it cimports (``StagingChannel``,
+    need the compiled classes of the modules it cimports (``EgressSlot``,
     ``IngressSlot``), so those stand in ``sys.modules`` while it is first imported, and the
     pure ones again after."""
     if IMPLEMENTATION == "compiled" or name in sys.modules:

@@ -15,6 +15,9 @@ admission: pulled, the fence lifts and the guard reports Sent; released for any 
 reason (the receiver refused it as over its ``staged_payload_max``, nobody pulled it in
 time, the node closed), the consumer never got the record, so the slot is closed (its
 producer's next send fails) and the guard reports Discarded.
+
+A sender's channel into its slot, :class:`MuxChannel`, and the guard class are in
+:mod:`.channel` (a compiled module of the record path); they are imported here as well.
 """
 
 from __future__ import annotations
