@@ -23,18 +23,22 @@ COMPILED_MODULES = [
     # the same file is the pure-Python path (velomux_quic.recordpath's COMPILED_MODULES).
     "velomux_quic.mux.arrival",
     "velomux_quic.mux.batch_codec",
+    "velomux_quic.mux.channel",
     "velomux_quic.mux.credit",
     "velomux_quic.mux.egress",
     "velomux_quic.mux.slots",
     "velomux_quic.streaming.channels",
     "velomux_quic.streaming.frames",
     "velomux_quic.streaming.inbox",
+    "velomux_quic.streaming.reader",
     "velomux_quic.streaming.sender",
 ]
 
 EXTENSIONS = [
-    Extension("velomux_quic.mux._compiled", ["velomux_quic/mux/_compiled.pyx"]),
-    Extension("velomux_quic.streaming._compiled", ["velomux_quic/streaming/_compiled.pyx"]),
+    # What a compiled module's pure-mode source cannot declare (recordpath's companion).
+    Extension(
+        "velomux_quic.streaming._reader_send", ["velomux_quic/streaming/_reader_send.pyx"]
+    ),
     *(Extension(name, [name.replace(".", "/") + ".py"]) for name in COMPILED_MODULES),
 ]
 

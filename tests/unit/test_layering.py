@@ -202,6 +202,10 @@ SPECIALISATIONS: dict[str, str] = {
         "the node's bind book is the in-memory bind registry (used alone by the ingress "
         "tests and simple embeddings) plus accept-window deadlines and lane loads"
     ),
+    "velomux_quic.mux.channel.MuxChannel": (
+        "a mux channel is a whole channel; its base only declares ``try_send``, so that "
+        "compiled, the sender's loops call it as a C method"
+    ),
     "velomux_quic.transport.perstream_send.PerStreamOutbound": (
         "a per-stream path stream is a lane's outbound stream (used alone for every lane) "
         "whose admission also counts the connection's shared per-stream backlog"

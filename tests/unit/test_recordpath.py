@@ -1,9 +1,9 @@
-"""The record path's switch: which twin runs, that it is the one asked for, that a missing
-extension fails loudly, and that both twins show the same API.
+"""The record path's switch: which implementation runs, that it is the one asked for, that
+a missing extension fails loudly, and that both show the same API.
 
 The default run (``make test``) is compiled, so the first test there fails when the
 extension did not build or was not loaded; ``.ci/run`` runs the unit and integration tests
-again under ``VELOMUX_PURE_PYTHON=1``, where it checks the pure twin runs instead."""
+again under ``VELOMUX_PURE_PYTHON=1``, where it checks the sources run instead."""
 
 from __future__ import annotations
 
@@ -15,14 +15,13 @@ from pathlib import Path
 
 import pytest
 
-import velomux_quic.node  # noqa: F401  (imports every twinned module)
+import velomux_quic.node  # noqa: F401  (imports every compiled module)
 from velomux_quic import runtime_info
 from velomux_quic.programs.cli import version_text
 from velomux_quic.recordpath import (
     COMPILED_MODULES,
     IMPLEMENTATION,
     PURE_PYTHON_ENV,
-    TWINNED,
     load_module,
 )
 
@@ -32,30 +31,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 PURE_ASKED = os.environ.get(PURE_PYTHON_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
 
-TWINNED_NAMES = {
-    "velomux_quic.mux.driver.MuxChannel",
-    "velomux_quic.streaming.anchor.StreamAnchor._take_items",
-    "velomux_quic.streaming.anchor.StreamAnchor.__anext__",
-}
-"""The definitions the compiled record path still twins by hand: the brief's loops (stage
-into a mux channel, walk a batch, deliver with credit, take) and the state they work on.
-The batcher's offer and packing, and the pass loop, are compiled modules' own now."""
-
-
 def test_the_record_path_asked_for_is_the_one_loaded() -> None:
     assert ("pure-python" if PURE_ASKED else "compiled") == IMPLEMENTATION
-    assert {twin.name for twin in TWINNED} == TWINNED_NAMES
-    for twin in TWINNED:
-        module = getattr(twin.selected, "__module__", "")
-        if PURE_ASKED:
-            assert twin.selected is twin.pure, twin.name
-            assert not module.endswith("._compiled"), twin.name
-        else:
-            # A compiled twin is a Cython class or function of an extension module.
-            assert twin.selected is not twin.pure, twin.name
-            assert module.endswith("._compiled"), (twin.name, module)
-            extension = sys.modules[module].__file__ or ""
-            assert extension.endswith((".so", ".pyd")), extension
+    # The record path is written once: no hand-written twin of a module remains.
+    assert not list(ROOT.joinpath("velomux_quic").rglob("_compiled.pyx"))
 
 
 def test_each_compiled_module_is_loaded_from_the_file_the_switch_chose() -> None:
@@ -86,32 +65,16 @@ def test_a_module_outside_the_record_path_is_refused() -> None:
         load_module("velomux_quic.node", "pure-python")
 
 
-def test_compiled_classes_expose_the_pure_api() -> None:
-    """Same public attributes, properties and methods as the pure class (a compiled twin
-    that lacked one would fail only where that name is used)."""
-    for twin in TWINNED:
-        if not inspect.isclass(twin.pure) or twin.selected is twin.pure:
-            continue
-        pure = {name for name in dir(twin.pure) if not name.startswith("_") or name == "__len__"}
-        pure |= {name for name in getattr(twin.pure, "__slots__", ()) if not name.startswith("_")}
-        compiled = {name for name in dir(twin.selected) if not name.startswith("_")}
-        compiled |= {"__len__"} if hasattr(twin.selected, "__len__") else set()
-        assert pure - compiled == set(), twin.name
-
-
 def _public_names(cls: type) -> set[str]:
     names = {name for name in dir(cls) if not name.startswith("_") or name == "__len__"}
     return names | {name for name in getattr(cls, "__slots__", ()) if not name.startswith("_")}
 
 
-def test_the_mux_compiled_classes_expose_the_pure_api() -> None:
-    """A class of the mux's compiled modules (the batch codec, the egress slot) has the same
-    public attributes, properties and methods either way: a field its ``.pxd`` declared
-    without ``public`` would be missing only where the module is compiled, and fail only
-    where that name is used."""
+def test_the_compiled_classes_expose_the_pure_api() -> None:
+    """A class of a compiled module has the same public attributes, properties and methods
+    either way: a field its ``.pxd`` declared without ``public`` would be missing only where
+    the module is compiled, and fail only where that name is used."""
     for name in COMPILED_MODULES if not PURE_ASKED else LEAF_MODULES:
-        if not name.startswith("velomux_quic.mux."):
-            continue
         pure = load_module(name, "pure-python")
         compiled = load_module(name, "compiled")
         for attribute, cls in vars(pure).items():
@@ -136,11 +99,14 @@ def test_version_names_the_record_path_and_the_engine() -> None:
 
 
 BLOCK_EXTENSION = (
-    "import sys; sys.modules['velomux_quic.mux._compiled'] = None\n"
-    "import velomux_quic\n"
+    "import pathlib\n"
+    "is_file = pathlib.Path.is_file\n"
+    "pathlib.Path.is_file = lambda path: not (\n"
+    "    path.name.startswith('egress.') and path.suffix == '.so') and is_file(path)\n"
+    "import velomux_quic.node\n"
     "from velomux_quic.recordpath import IMPLEMENTATION; print(IMPLEMENTATION)\n"
 )
-"""A process whose mux extension cannot be imported (as after a build that lost it)."""
+"""A process whose egress extension is gone (as after a build that lost it)."""
 
 NO_EXTENSIONS = (
     "import importlib.machinery; importlib.machinery.EXTENSION_SUFFIXES.clear()\n"
@@ -167,10 +133,33 @@ def test_a_missing_extension_fails_the_import_loudly() -> None:
     result = _run_without_extension("0")
     assert result.returncode != 0
     assert "CompiledRecordPathMissing" in result.stderr
-    assert "velomux_quic.mux._compiled" in result.stderr
+    assert "(velomux_quic.mux.egress) cannot be imported" in result.stderr
     assert "pip install --force-reinstall --no-binary velomux_quic" in result.stderr
     assert "make install" not in result.stderr  # a pip user has no checkout
     assert f"{PURE_PYTHON_ENV}=1" in result.stderr
+
+
+NO_COMPANION = (
+    "import sys; sys.modules['velomux_quic.streaming._reader_send'] = None\n"
+    "import velomux_quic.node\n"
+    "from velomux_quic.recordpath import IMPLEMENTATION; print(IMPLEMENTATION)\n"
+)
+"""A process whose read's companion extension (its awaitable's ``am_send`` slot) cannot be
+imported: the read would still work, through ``__next__``, but slower, in silence."""
+
+
+def test_a_missing_companion_fails_the_import_loudly() -> None:
+    result = _run_without_extension("0", NO_COMPANION)
+    assert result.returncode != 0
+    assert "CompiledRecordPathMissing" in result.stderr
+    assert "velomux_quic.streaming._reader_send" in result.stderr
+    assert _run_without_extension("1", NO_COMPANION).stdout.strip() == "pure-python"
+
+
+def test_the_companion_loads_with_the_compiled_read_only() -> None:
+    import velomux_quic.streaming.reader  # noqa: F401  (imports its companion, if any)
+
+    assert ("velomux_quic.streaming._reader_send" in sys.modules) is not PURE_ASKED
 
 
 def test_a_compiled_module_without_its_extension_fails_the_import_loudly() -> None:
@@ -190,11 +179,11 @@ NO_CREDIT_EXTENSION = (
     "pathlib.Path.is_file = lambda path: not path.name.startswith('credit.') and is_file(path)\n"
     "import velomux_quic\n"
 )
-"""A process in which only the mux's credit module has no extension (the mux's twins
-cimport it, so it is missing while their extension is imported)."""
+"""A process in which only the mux's credit module has no extension (the arrival kernel
+cimports it, so it may be missing while that extension is imported)."""
 
 
-def test_a_module_a_twin_extension_cimports_is_named_missing_once() -> None:
+def test_a_module_another_extension_cimports_is_named_missing_once() -> None:
     result = _run_without_extension("0", NO_CREDIT_EXTENSION)
     assert result.returncode != 0
     assert "CompiledRecordPathMissing" in result.stderr
@@ -208,14 +197,14 @@ def test_the_switch_runs_pure_python_without_any_extension() -> None:
     assert result.stdout.strip() == "pure-python"
 
 
-def test_the_switch_runs_the_pure_twin_without_the_extension() -> None:
+def test_the_switch_runs_the_sources_without_an_extension() -> None:
     result = _run_without_extension("1")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "pure-python"
 
 
 @pytest.mark.parametrize("value", ["0", "", "no"])
-def test_only_an_affirmative_switch_selects_the_pure_twin(value: str) -> None:
+def test_only_an_affirmative_switch_selects_the_sources(value: str) -> None:
     shown = subprocess.run(
         [sys.executable, "-c", "from velomux_quic.recordpath import IMPLEMENTATION as I; print(I)"],
         capture_output=True,

@@ -1,44 +1,32 @@
-"""Both twins of a twinned definition, for tests that run against each in one process.
+"""Both implementations of a compiled module's definitions, for tests that run against each
+in one process.
 
-A sans-IO unit test of a twinned class or function, or of one defined in a compiled module
-(``BatchBuilder``, the walk under ``decode_batch_owned``, ``IngressSlot``, ``DirtySet``,
-...), takes the fixture made by :func:`each_twin`: it swaps the test module's own names for
-the pure-Python definitions in one run of every test and for the compiled ones in the
-other, whatever ``VELOMUX_PURE_PYTHON`` selected for the library (a compiled module's other
-implementation is loaded apart, by :func:`~velomux_quic.recordpath.load_module`). A
-test that drives a whole table or batcher uses what the library selected (the pure pass of
-``.ci/run`` runs it the other way).
+A sans-IO unit test of a class or function of a compiled module (``BatchBuilder``, the
+walk under ``decode_batch_owned``, ``IngressSlot``, ``DirtySet``, ...) takes the fixture
+made by :func:`each_twin`: it swaps the test module's own names for the module's source,
+run as Python, in one run of every test and for its compiled form in the other, whatever
+``VELOMUX_PURE_PYTHON`` selected for the library (the other implementation is loaded apart,
+by :func:`~velomux_quic.recordpath.load_module`). A test that drives a whole table or
+batcher uses what the library selected (the pure pass of ``.ci/run`` runs it the other
+way).
 """
 
 from __future__ import annotations
 
-import importlib
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
-from velomux_quic.recordpath import (
-    COMPILED_MODULES,
-    IMPLEMENTATION,
-    TWINNED,
-    RecordPath,
-    load_module,
-)
+from velomux_quic.recordpath import RecordPath, load_module
 
 IMPLEMENTATIONS = ("pure-python", "compiled")
 
 
 def twin(module: str, name: str, implementation: RecordPath) -> Any:
-    """``module.name`` as the pure twin defines it, or its compiled twin; for a definition
-    of a compiled module (written once), as that module runs on each path."""
-    if module in COMPILED_MODULES:
-        return getattr(load_module(module, implementation), name)
-    if implementation == "compiled":
-        return getattr(_extension(module.rsplit(".", 1)[0] + "._compiled"), name)
-    (found,) = [t for t in TWINNED if t.name == f"{module}.{name}"]
-    return found.pure
+    """``module.name`` (``module`` one of the compiled modules) as ``implementation`` runs it."""
+    return getattr(load_module(module, implementation), name)
 
 
 LEAF_MODULES = (
@@ -49,33 +37,9 @@ LEAF_MODULES = (
     "velomux_quic.streaming.frames",
     "velomux_quic.streaming.inbox",
 )
-"""The compiled modules a twin extension cimports that cimport no other."""
-
-CIMPORTING_MODULES = ("velomux_quic.mux.egress",)
-"""The compiled modules a twin extension cimports that cimport leaves of their own (the
-batcher cimports the egress slot and the builder), so they load after those."""
-
-
-def _extension(name: str) -> Any:
-    """A layer's extension of hand-written twins. On the pure path its C declarations still
-    need the compiled classes of the modules it cimports (``StagingChannel``,
-    ``IngressSlot``, ``EgressBatcher``), so those stand in ``sys.modules`` while it is first
-    imported, leaves first, and the pure ones again after."""
-    if IMPLEMENTATION == "compiled" or name in sys.modules:
-        return importlib.import_module(name)
-    cimported = (*LEAF_MODULES, *CIMPORTING_MODULES)
-    assert set(cimported) <= set(COMPILED_MODULES)
-    selected = {leaf: sys.modules.get(leaf) for leaf in cimported}
-    try:
-        for leaf in cimported:
-            sys.modules[leaf] = load_module(leaf, "compiled")
-        return importlib.import_module(name)
-    finally:
-        for leaf, module in selected.items():
-            if module is None:
-                sys.modules.pop(leaf, None)
-            else:
-                sys.modules[leaf] = module
+"""The compiled modules that cimport no other: on the pure path, only these load apart in
+their compiled form (one that cimports another needs that one's compiled classes as the
+modules the library runs)."""
 
 
 def each_twin(module: str, *names: str, into: str | None = None) -> Callable[..., Iterator[str]]:

@@ -15,6 +15,9 @@ admission: pulled, the fence lifts and the guard reports Sent; released for any 
 reason (the receiver refused it as over its ``staged_payload_max``, nobody pulled it in
 time, the node closed), the consumer never got the record, so the slot is closed (its
 producer's next send fails) and the guard reports Discarded.
+
+A sender's channel into its slot, :class:`MuxChannel`, and the guard class are in
+:mod:`.channel` (a compiled module of the record path); they are imported here as well.
 """
 
 from __future__ import annotations
@@ -23,48 +26,23 @@ import asyncio
 import logging
 from collections.abc import Callable
 from functools import partial
-from typing import Any, Final
+from typing import Any
 
-from ..errors import ChannelClosed
 from ..ids import InstanceId
 from ..messenger import Messenger
-from ..recordpath import Twins
 from ..transport import SendAdmission
-from .egress import EgressBatcher, EgressSlot, OutgoingBatch, SlotOwner
+from .channel import DeliveryGuard, MuxChannel
+from .egress import EgressBatcher, EgressSlot, OutgoingBatch
 from .handlers import BATCH_HANDLER_NAMES
 from .protocol import CloseReason
-from .slots import SlotState
 
 __all__ = ["BatcherDriver", "DeliveryGuard", "DeliveryWatch", "MuxChannel"]
 
 logger = logging.getLogger(__name__)
 
-_OPEN: Final = SlotState.OPEN
-_OPENING: Final = SlotState.OPENING
-
-_twins: Final = Twins("velomux_quic.mux._compiled")
-"""The compiled twin of :class:`MuxChannel` (or none): see velomux_quic.recordpath."""
-
-
 DeliveryWatch = Callable[[InstanceId, int, Callable[[bool], None]], None]
 """``watch(peer, lane, told)``: ``told(True)`` once the peer acknowledged every byte sent
 so far on that lane, ``told(False)`` if it never will (``QuicEndpoint.on_delivered``)."""
-
-
-class DeliveryGuard:
-    """A terminal's retirement guard: its future resolves True only once the batch that
-    carried the terminal reached the peer's transport (acknowledged), False if it never
-    left or was lost with its connection. Opening guards (``connect``) stay plain futures:
-    an OpenSlot only has to be admitted before the stream's first records follow it."""
-
-    __slots__ = ("future",)
-
-    def __init__(self, future: asyncio.Future[bool]) -> None:
-        self.future = future
-
-    def resolve(self, delivered: bool) -> None:
-        if not self.future.done():
-            self.future.set_result(delivered)
 
 
 class BatcherDriver:
@@ -299,99 +277,3 @@ def _resolve_all(guards: list[DeliveryGuard]) -> Callable[[bool], None]:
             guard.resolve(delivered)
 
     return told
-
-
-@_twins.of
-class MuxChannel:
-    """A sender's channel into its mux slot (the ProducerChannel the mux provides)."""
-
-    __slots__ = ("_clock", "_driver", "_offer", "_slot")
-
-    def __init__(self, driver: BatcherDriver, slot: EgressSlot) -> None:
-        self._driver = driver
-        self._slot = slot
-        # Bound once: try_send runs for every record a producer sends.
-        self._offer = driver.batcher.offer
-        self._clock = driver._loop.time
-
-    @property
-    def slot(self) -> EgressSlot:
-        return self._slot
-
-    @property
-    def session_id(self) -> int:
-        """The routing session that names this stream to the consumer (in LifecycleSlot)."""
-        return self._slot.session_id
-
-    @property
-    def credit(self) -> int:
-        """Data records the consumer will still take before it grants more (its window);
-        0 once the slot closed."""
-        slot = self._slot
-        return slot.credit if slot.live else 0
-
-    @property
-    def queued_bytes(self) -> int:
-        """Bytes of this stream's records waiting in the batcher, not yet written."""
-        return self._slot.queued_bytes
-
-    @property
-    def lane(self) -> int:
-        """The lane this stream rides (the receiver's choice modulo this node's lanes)."""
-        return self._driver.batcher.lane
-
-    def watch(self, owner: SlotOwner) -> None:
-        """Tell ``owner`` (the sender's state) when the consumer stops or cancels the stream
-        through the mux, or the slot closes under it (peer close, epoch death)."""
-        self._slot.owner = owner
-
-    @property
-    def closed(self) -> bool:
-        """The stream takes no more records: its terminal is queued, or its slot closed."""
-        return self._slot.state > _OPEN
-
-    def try_send(self, body: bytes) -> bool:
-        slot = self._slot
-        state = slot.state
-        if state is not _OPEN and state is not _OPENING:  # self.closed, inlined
-            return False
-        if not self._offer(slot, body, self._clock):  # the clock, read only if it is needed
-            return False
-        driver = self._driver
-        if driver._wake is None:  # most sends find the wake already scheduled
-            driver.wake()
-        return True
-
-    async def send(self, body: bytes) -> None:
-        driver = self._driver
-        while True:
-            if self.closed:
-                raise ChannelClosed("the mux slot is closed")
-            if driver.batcher.offer(self._slot, body, driver.now()):
-                driver.wake()
-                return
-            # The slot's byte budget, or the lane's queue bound, is full.
-            await driver.wait_space(self._slot)
-
-    def send_terminal(self, body: bytes, done: asyncio.Future[bool]) -> None:
-        if self.closed:
-            done.set_result(False)
-            return
-        driver = self._driver
-        driver.batcher.offer_terminal(self._slot, body, driver.now(), guard=DeliveryGuard(done))
-        driver.wake()
-
-    def end_now(self, body: bytes, done: asyncio.Future[bool]) -> None:
-        """The node is closing: discard what waits unwritten and stage ``body`` as the
-        terminal at once (it spends the reserved credit, so it is never refused)."""
-        if self.closed:
-            done.set_result(False)
-            return
-        driver = self._driver
-        driver.batcher.end_now(self._slot, body, driver.now(), guard=DeliveryGuard(done))
-        driver.wake()
-
-    def abort(self) -> None:
-        if self._slot.state <= _OPEN:
-            self._driver.batcher.cancel_slot(self._slot)
-            self._driver.wake()

@@ -7,25 +7,23 @@ run either as plain Python or compiled to C by Cython. Both give the same bytes 
 wire, the same errors, the same bounds and the same metrics; the test suite runs against
 both, and differential property tests compare them on the same inputs.
 
-Two forms exist while the record path moves to the second:
-
-* A *compiled module* (:data:`COMPILED_MODULES`) is written once, as the plain Python
-  module, with its C types declared beside it in an augmenting ``.pxd`` of the same name;
-  the build compiles that very file into an extension of the same name. The finder this
-  module installs decides which of the two files an import of it loads: the extension on
-  the compiled path, the ``.py`` source on the pure path. Where a representation that is
-  fast in C is slow interpreted, the module branches on ``cython.compiled`` (Cython
-  decides it at build time); where Cython is not installed, :mod:`.shadow` stands in.
-* A *twinned definition* has a hand-written Cython twin in a layer's ``_compiled.pyx``,
-  selected with :meth:`Twins.of` where the pure one is defined.
+Each record-path module (:data:`COMPILED_MODULES`) is written once, as a plain Python
+module, with its C types declared beside it in an augmenting ``.pxd`` of the same name; the
+build compiles that very file into an extension of the same name. The finder this module
+installs decides which of the two files an import of it loads: the extension on the
+compiled path, the ``.py`` source on the pure path. Where a representation that is fast in
+C is slow interpreted, the module branches on ``cython.compiled`` (Cython decides it at
+build time); where Cython is not installed, :mod:`.shadow` stands in. What pure-mode Cython
+cannot declare (a type slot) is set by a small C-only *companion* that holds no logic,
+which the compiled module imports with :func:`companion`.
 
 One switch chooses, once, at import: ``VELOMUX_PURE_PYTHON=1`` selects pure Python;
 anything else (or unset) selects the compiled path. There is no silent fallback: a build
 that lost its extensions would otherwise run several times slower with nothing to say so,
-so when a compiled module or twin cannot be imported and the switch is not set, importing
-velomux_quic fails with :class:`CompiledRecordPathMissing`, saying how to fix it. The
-package imports this module first, so the finder is in place before any compiled module
-is imported.
+so when a compiled module or its companion cannot be imported and the switch is not set,
+importing velomux_quic fails with :class:`CompiledRecordPathMissing`, saying how to fix
+it. The package imports this module first, so the finder is in place before any compiled
+module is imported.
 """
 
 from __future__ import annotations
@@ -36,21 +34,18 @@ import importlib.machinery
 import importlib.util
 import os
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Final, Literal, TypeVar
+from typing import Final, Literal
 
 __all__ = [
     "COMPILED_MODULES",
     "IMPLEMENTATION",
     "PURE_PYTHON_ENV",
-    "TWINNED",
     "CompiledRecordPathMissing",
     "RecordPath",
-    "Twin",
-    "Twins",
+    "companion",
     "load_module",
 ]
 
@@ -58,7 +53,7 @@ RecordPath = Literal["compiled", "pure-python"]
 """The two implementations of the record path, as the snapshot and ``--version`` name them."""
 
 PURE_PYTHON_ENV: Final = "VELOMUX_PURE_PYTHON"
-"""Set to ``1`` (or ``true``, ``yes``) to run the pure-Python twin."""
+"""Set to ``1`` (or ``true``, ``yes``) to run the record path as plain Python."""
 
 
 def _pure_requested() -> bool:
@@ -70,7 +65,7 @@ IMPLEMENTATION: Final[RecordPath] = "pure-python" if _pure_requested() else "com
 
 
 class CompiledRecordPathMissing(ImportError):
-    """The compiled record path is not built in this installation and the pure-Python twin
+    """The compiled record path is not built in this installation and the pure-Python path
     was not asked for.
 
     An ``ImportError`` (it is raised while importing velomux_quic, before the library's own
@@ -80,12 +75,14 @@ class CompiledRecordPathMissing(ImportError):
 COMPILED_MODULES: Final = (
     "velomux_quic.mux.arrival",
     "velomux_quic.mux.batch_codec",
+    "velomux_quic.mux.channel",
     "velomux_quic.mux.credit",
     "velomux_quic.mux.egress",
     "velomux_quic.mux.slots",
     "velomux_quic.streaming.channels",
     "velomux_quic.streaming.frames",
     "velomux_quic.streaming.inbox",
+    "velomux_quic.streaming.reader",
     "velomux_quic.streaming.sender",
 )
 """The modules written once and compiled as they are where built (each has a ``.pxd``
@@ -97,8 +94,8 @@ def _missing(name: str, why: str) -> CompiledRecordPathMissing:
         f"the compiled record path ({name}) cannot be imported: {why}. This installation "
         "was built without its Cython extension, or the extension does not match this "
         "Python. Rebuild it (`pip install --force-reinstall --no-binary velomux_quic "
-        "velomux_quic` with a C compiler), or run the "
-        f"pure-Python twin, several times slower per record, with {PURE_PYTHON_ENV}=1."
+        "velomux_quic` with a C compiler), or run the record path as plain Python, "
+        f"several times slower per record, with {PURE_PYTHON_ENV}=1."
     )
 
 
@@ -176,24 +173,6 @@ def load_module(name: str, implementation: RecordPath) -> ModuleType:
     return module
 
 
-@dataclass(frozen=True, slots=True)
-class Twin:
-    """One twinned definition: where it lives, its pure-Python definition, and the one this
-    process runs (the compiled twin, or the pure definition itself)."""
-
-    name: str
-    """``module.qualname`` of the pure definition."""
-    pure: Any
-    selected: Any
-
-
-TWINNED: Final[list[Twin]] = []
-"""Every twinned definition, as the modules were imported (for tests and introspection)."""
-
-T = TypeVar("T")
-F = TypeVar("F", bound=Callable[..., Any])
-
-
 def _load(name: str) -> ModuleType:
     try:
         return importlib.import_module(name)
@@ -205,52 +184,11 @@ def _load(name: str) -> ModuleType:
         raise _missing(name, str(exc)) from exc
 
 
-class Twins:
-    """The compiled twins of one layer's modules, or none when the pure twin runs.
+def companion(name: str) -> ModuleType | None:
+    """Import ``name`` where the compiled path runs, and nothing on the pure path: an
+    extension that completes a compiled module in C with what pure-mode Cython cannot
+    declare (a type slot), and holds no logic of its own. The compiled module imports its
+    companion as it is defined, so the two load together; a missing companion raises
+    :class:`CompiledRecordPathMissing`, as a missing compiled module does."""
+    return None if IMPLEMENTATION == "pure-python" else _load(name)
 
-    ``Twins("velomux_quic.mux._compiled")`` imports that extension when the compiled path
-    is selected (failing loudly when it cannot) and nothing otherwise.
-    """
-
-    __slots__ = ("module", "name")
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.module: ModuleType | None = None if IMPLEMENTATION == "pure-python" else _load(name)
-
-    def of(self, definition: T) -> T:
-        """Decorate a pure-Python class or function that has a compiled twin of the same
-        name: the twin when the compiled path runs, ``definition`` itself otherwise."""
-        name: str = getattr(definition, "__name__")  # noqa: B009 (a class or a function)
-        where = f"{getattr(definition, '__module__', '?')}.{name}"
-        if self.module is None:
-            TWINNED.append(Twin(where, definition, definition))
-            return definition
-        twin: Any = getattr(self.module, name, None)
-        if twin is None:
-            raise CompiledRecordPathMissing(
-                f"{self.name} has no compiled twin of {name}: the extension is older than "
-                f"the Python sources; rebuild it (`make install`) or set {PURE_PYTHON_ENV}=1"
-            )
-        TWINNED.append(Twin(where, definition, twin))
-        return twin  # type: ignore[no-any-return]
-
-    def method(self, definition: F) -> F:
-        """As :meth:`of`, for a method: the compiled twin is a module-level function of the
-        class's name and the method's (``IngressTable_handle_batch``), taking the instance
-        first, which binds as a method because Cython functions are descriptors."""
-        where = f"{definition.__module__}.{definition.__qualname__}"
-        if self.module is None:
-            TWINNED.append(Twin(where, definition, definition))
-            return definition
-        owner = definition.__qualname__.split(".")[-2]
-        name = f"{owner}_{definition.__name__}"
-        twin: Any = getattr(self.module, name, None)
-        if twin is None:
-            raise CompiledRecordPathMissing(
-                f"{self.name} has no compiled twin of {owner}.{definition.__name__}: the "
-                f"extension is older than the Python sources; rebuild it (`make install`) "
-                f"or set {PURE_PYTHON_ENV}=1"
-            )
-        TWINNED.append(Twin(where, definition, twin))
-        return twin  # type: ignore[no-any-return]

@@ -29,23 +29,20 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Final, Generic, NoReturn, Protocol, TypeVar
+from typing import Any, Final, Generic, NoReturn, Protocol, TypeVar, cast
 
 from ..errors import (
     DeserializationError,
     ReadTimeout,
-    SenderDropped,
-    SenderError,
     StreamCancelled,
-    StreamTransportError,
     UsageError,
 )
 from ..ids import InstanceId, StreamAnchorHandle
-from ..recordpath import Twins
-from .frames import FrameDecodeError, FrameKind, decode_frame, shutdown_message
+from .frames import FrameDecodeError, FrameKind, decode_frame
 from .inbox import Inbox
+from .reader import ONE_READER, anchor_next, take_items
 from .watchdog import WatchdogClock
 
 __all__ = [
@@ -69,9 +66,6 @@ _SENDER_ERROR: Final = FrameKind.SENDER_ERROR
 _DETACHED: Final = FrameKind.DETACHED
 _FINALIZED: Final = FrameKind.FINALIZED
 _DROPPED: Final = FrameKind.DROPPED
-
-_twins: Final = Twins("velomux_quic.streaming._compiled")
-"""The compiled twin of the consumer's take (or none): see velomux_quic.recordpath."""
 
 
 @dataclass(slots=True)
@@ -159,12 +153,6 @@ class AnchorOwner(Protocol):
         true, so this must answer False whenever no feed of the inbox is exhausted."""
 
 
-_ONE_READER = (
-    "another task is already reading this anchor; an anchor has one reader: read it from "
-    "one task and hand the items on (an asyncio.Queue), or use an MPSC anchor per reader"
-)
-
-
 class _AnchorBase:
     __slots__ = ("__weakref__", "_ended", "_entry", "_finalizer", "_owner", "_reading")
 
@@ -243,56 +231,11 @@ class StreamAnchor(_AnchorBase, Generic[T]):
         self._begin_iteration()
         return self
 
-    @_twins.method
-    async def __anext__(self) -> T:
-        """The next item; StopAsyncIteration at the end, a StreamError if it broke."""
-        # The loop is inline, not a helper coroutine, and reads the inbox itself rather
-        # than through _take: this runs once per item.
-        if self._reading:
-            raise UsageError(_ONE_READER)
-        self._reading = True
-        try:
-            entry = self._entry
-            inbox = entry.inbox
-            while True:
-                taken = inbox.take()
-                if taken is not None:
-                    sender_id, body = taken
-                    try:
-                        kind, value = decode_frame(body)
-                    except FrameDecodeError as exc:
-                        self._end("a record did not decode")
-                        raise DeserializationError(str(exc)) from exc
-                    if kind is _ITEM:
-                        return value  # type: ignore[return-value]  # the producer's item
-                    if kind is _HEARTBEAT:
-                        continue
-                    if kind is _SENDER_ERROR:
-                        raise SenderError(str(value))
-                    if kind is _DETACHED:
-                        self._owner.sender_detached(entry.local_id, sender_id)
-                        continue
-                    if kind is _FINALIZED:
-                        self._end("finished")
-                        raise StopAsyncIteration
-                    if kind is _DROPPED:
-                        self._end("the producer went away")
-                        raise SenderDropped("the producer went away without finishing the stream")
-                    shutdown = shutdown_message(value)
-                    if shutdown is not None:
-                        self._end("the producer shut down")
-                        raise SenderDropped(shutdown)
-                    self._end("a transport error")
-                    raise StreamTransportError(str(value))
-                # The inbox answers "no feed ran dry" (the common case: the reader keeps
-                # up) without a call to the owner, which acts only on a dry feed.
-                if inbox.any_feed_exhausted() and self._owner.feed_exhausted(entry, 0):
-                    continue  # it injected Dropped into the channel: read it next
-                if entry.finished:
-                    self._ended_finished()
-                await inbox.wait()
-        finally:
-            self._reading = False
+    # The reader's functions are the methods themselves, with no call in between (each
+    # runs once per item); typed here, since the reader does not import this module.
+    __anext__ = cast("Callable[[StreamAnchor[T]], Awaitable[T]]", anchor_next)
+    """The next item (an awaitable); StopAsyncIteration at the end, a StreamError if it
+    broke. Written in :mod:`.reader`, as ``_take_items`` is (see there)."""
 
     async def next(self, *, timeout: float | None = None) -> T:
         """The next item (``anext(anchor)``), raising StopAsyncIteration at the end.
@@ -336,7 +279,7 @@ class StreamAnchor(_AnchorBase, Generic[T]):
         ``timeout`` bounds the wait for the first item (:class:`ReadTimeout`).
         """
         if self._reading:  # checked before taking anything; __anext__ checks it again
-            raise UsageError(_ONE_READER)
+            raise UsageError(ONE_READER)
         items: list[T] = []
         self._take_items(items, limit)
         if not items:
@@ -355,54 +298,7 @@ class StreamAnchor(_AnchorBase, Generic[T]):
             self._take_items(items, limit)
         return items
 
-    @_twins.method
-    def _take_items(self, items: list[T], limit: int) -> None:
-        """Append the items ready now, up to ``limit``, skipping heartbeats; stop before
-        anything else (given back to be read next), so the items before it come first.
-
-        The burst in the transport's buffer is read from the feed itself
-        (:meth:`Inbox.first_feed`), then whatever the inbox has behind it."""
-        inbox = self._entry.inbox
-        append = items.append
-        room = limit - len(items)
-        first = inbox.first_feed()
-        if first is not None:
-            sender_id, feed = first
-            take_body = feed.take
-            while room > 0:
-                body = take_body()
-                if body is None:
-                    break
-                try:
-                    kind, value = decode_frame(body)
-                except FrameDecodeError:
-                    inbox.push_front(sender_id, body)  # the next read raises it, in order
-                    return
-                if kind is _ITEM:
-                    append(value)  # type: ignore[arg-type]  # the producer's item
-                    room -= 1
-                elif kind is not _HEARTBEAT:
-                    inbox.push_front(sender_id, body)
-                    return
-            if not len(inbox):
-                return  # the feed is dry and no channel record waits behind it
-        take = inbox.take
-        while room > 0:
-            peek = take()
-            if peek is None:
-                return
-            body = peek[1]
-            try:
-                kind, value = decode_frame(body)
-            except FrameDecodeError:
-                inbox.push_front(peek[0], body)  # the next read raises it, in order
-                return
-            if kind is _ITEM:
-                append(value)  # type: ignore[arg-type]  # the producer's item
-                room -= 1
-            elif kind is not _HEARTBEAT:
-                inbox.push_front(peek[0], body)
-                return
+    _take_items = cast("Callable[[StreamAnchor[T], list[T], int], None]", take_items)
 
 
 @dataclass(frozen=True, slots=True)
@@ -440,7 +336,7 @@ class MpscAnchor(_AnchorBase):
     async def __anext__(self) -> MpscItem | MpscEvent:
         """The next item or producer event; StopAsyncIteration once the stream ended."""
         if self._reading:
-            raise UsageError(_ONE_READER)
+            raise UsageError(ONE_READER)
         self._reading = True
         try:
             entry = self._entry

@@ -1,7 +1,7 @@
 # cython: language_level=3
 """The C declarations of :mod:`velomux_quic.streaming.inbox` where it is compiled (see
 velomux_quic.recordpath): the inbox's fields, and the reader's calls made once per record
-as C calls. The compiled anchor's awaitable cimports the class from here."""
+as C calls. The reader (``reader.pxd``) cimports the class from here."""
 
 cimport cython
 
