@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 PURE_ASKED = os.environ.get(PURE_PYTHON_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
 
+
 def test_the_record_path_asked_for_is_the_one_loaded() -> None:
     assert ("pure-python" if PURE_ASKED else "compiled") == IMPLEMENTATION
     # The record path is written once: no hand-written twin of a module remains.

@@ -11,7 +11,7 @@ from velomux_quic.streaming.frames cimport encode_item
 
 cdef class SenderState:
     cdef public object channel
-    cdef StagingChannel staging
+    cdef readonly StagingChannel staging
     cdef public bint terminal_sent
     cdef public object cancelled
     cdef public object handle
