@@ -191,4 +191,3 @@ def companion(name: str) -> ModuleType | None:
     companion as it is defined, so the two load together; a missing companion raises
     :class:`CompiledRecordPathMissing`, as a missing compiled module does."""
     return None if IMPLEMENTATION == "pure-python" else _load(name)
-
