@@ -5,19 +5,21 @@ gates) and *receives* only on connections it accepted (server role: inbound lane
 frame decoders), as docs/architecture.md decides. Both roles share this class because the
 asyncio plumbing (timers, transmit, close) is the same.
 
-:class:`PeerConnection` is one concern, a connection's lifecycle and what happens on it,
-so it is one class in one file: the dial's handshake deadline, peer verification,
-graceful and abrupt close, termination and what it reports; the datagrams in and the
-dispatch of its engine's events; what arrives on streams (lanes into frames for the handler,
-request streams, the per-stream path's streams handed up as :mod:`.events`); the send side
-(lanes and the per-stream path's streams, their gates); the datagram size of its path
-(the plan and search of :mod:`.pmtu`, fed with its probes' fates); pings, keepalive,
-timers and transmit. Its collaborators have narrow interfaces: the endpoint that owns it is a
-:class:`ConnectionOwner`, its streams see it as a :class:`~.lanes.StreamHost`, and the
-layers above see only its :class:`~.events.PeerLink`.
+:class:`PeerConnection` ties the engine, the endpoint and the connection's parts
+together: the dial's handshake deadline, peer verification, graceful and abrupt close,
+termination and what it reports; the datagrams in and the dispatch of its engine's
+events; the send side (lanes and the per-stream path's streams, their gates); pings,
+keepalive, timers and transmit. What arrives on its streams is a collaborator of its own,
+:class:`~.inbound.InboundStreams` (lanes into frames for the handler, the peer's turns,
+the bounds on unfinished frames and openings, request streams, the per-stream path's
+streams handed up as :mod:`.events`), as is the datagram size of its path
+(:class:`~.datagram_size.DatagramSize`). Its collaborators have narrow interfaces: the
+endpoint that owns it is a :class:`ConnectionOwner`, its streams see it as a
+:class:`~.lanes.StreamHost`, its receive side as an :class:`~.inbound.InboundHost`, and
+the layers above see only its :class:`~.events.PeerLink`.
 
-``_stream_data`` and the lane path (``_lane_data``, ``_feed``, ``_deliver``) run once per
-STREAM frame: keep them free of extra calls and attribute lookups.
+``_process_events`` hands each STREAM frame straight to the receive side: keep that path
+free of extra calls and attribute lookups.
 
 Time comes in from outside: every timer of the connection is a :class:`~.deadlines.Deadline`
 kept as a plain time, decided on in :meth:`PeerConnection.on_timer` with the ``now`` it is
@@ -32,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
@@ -46,18 +47,15 @@ from .config import MAX_LANES, TransportConfig
 from .datagram_size import DatagramSize
 from .deadlines import Cancellable, ConnectionClock, Deadline, Deadlines, LoopTimer
 from .deliveries import Deliveries, DeliveryCallback
-from .events import PeerLink, StreamData, StreamReset, StreamStopped
-from .framing import FrameTooLarge
+from .events import PeerLink, StreamStopped
 from .handler import TransportHandler
+from .inbound import InboundStreams
 from .lanes import (
     FIRST_EXTRA_STREAM,
-    InboundLane,
     OutboundStream,
-    lane_of_stream,
     stream_of_lane,
 )
 from .metrics import TransportStats
-from .openings import DROP, REFUSED_TIMEOUT, StreamOpenings
 from .perstream_send import PerStreamOutbound
 from .requests import IncomingRequests, OutgoingRequests
 from .seam import (
@@ -175,22 +173,12 @@ class PeerConnection:
         self._stream_room = SharedRoom(
             endpoint.config.streams_send_buffer, lambda: quic.send_backlog
         )
-        self._inbound: dict[int, InboundLane] = {}
         config = endpoint.config
-        self._partial_bytes = 0
-        """Bytes of unfinished frames across the inbound lanes (``max_partial_frame_bytes``)."""
-        self._partial_limit = config.partial_frame_limit
         self.inflight = InflightBound(config.max_unacked_bytes, self._clock.time())
         """This node's cap on what the lanes hold unacknowledged (see InflightBound)."""
         self._holdings: PeerHoldings | None = None
         """What the peer's connections hold together, from establishment to the end."""
         self._cap_counted = False
-        self._turn_waiting = False
-        self._openings = StreamOpenings(
-            config.max_stream_openings,
-            config.max_stream_opening_size,
-            config.stream_opening_timeout,
-        )
         self._ping_waiters: dict[int, asyncio.Future[None]] = {}
         self._next_ping = 1
         self._close_error: ChannelClosed | ConnectionReplaced | None = None
@@ -204,6 +192,15 @@ class PeerConnection:
             endpoint.handler.serve_request,
             lambda: self.peer,
             self._count_request_refusal,
+        )
+        self._inbound = InboundStreams(
+            self,
+            endpoint,
+            quic,
+            self._clock.time,
+            is_client=is_client,
+            requests_in=self.requests_in,
+            requests_out=self.requests_out,
         )
         self._drained = asyncio.Event()
         self._cid_switch_pending = not is_client
@@ -299,6 +296,7 @@ class PeerConnection:
             else ChannelClosed(f"connection to {self._peer_name()} closed: {reason or code.name}")
         )
         self.state = ConnectionState.CLOSING
+        self._inbound.closing()
         if self.established_once:
             # Acknowledge what arrived before saying goodbye: the peer retires its streams
             # SENT only on our acknowledgement, and a closing aioquic sends no more of them.
@@ -475,7 +473,7 @@ class PeerConnection:
         if self.is_client:
             lanes = tuple(lane.lane for lane in self._outbound if lane is not None)
         else:
-            lanes = tuple(sorted(state.lane for state in self._inbound.values()))
+            lanes = self._inbound.lanes
         return ConnectionSnapshot(
             peer=self.peer,
             outbound=self.is_client,
@@ -487,8 +485,8 @@ class PeerConnection:
             extra_streams=len(self._extra),
             pending_requests=self.requests_out.pending_count,
             partial_requests=self.requests_in.partial_count + self.requests_in.serving_count,
-            partial_frame_bytes=self._partial_bytes,
-            stream_openings=self._openings.pending,
+            partial_frame_bytes=self._inbound.partial_bytes,
+            stream_openings=self._inbound.openings_pending,
             datagram_size=self.quic.datagram_size,
             unacked_bytes=self.inflight.unacked,
             datagram_mode=self._size.mode.value,
@@ -551,250 +549,18 @@ class PeerConnection:
         self.quic.reset_stream(outbound.stream_id, int(CloseCode.KILLED))
         self.transmit()
 
-    # -- receiving: lanes ------------------------------------------------------------------
+    # -- receiving (InboundStreams) and the streams we write that the peer stopped ---------
 
     def pause_reading(self, lane: int) -> None:
-        state = self._inbound.get(stream_of_lane(lane))
-        if state is not None:
-            state.paused = True
+        self._inbound.pause_reading(lane)
 
     def resume_reading(self, lane: int) -> None:
-        state = self._inbound.get(stream_of_lane(lane))
-        if state is None or not state.paused:
-            return
-        state.paused = False
-        self._drain_inbound(state)
-        self.transmit_soon()  # the consumed bytes open the peer's window
+        self._inbound.resume_reading(lane)
 
-    def _inbound_lane(self, stream_id: int, lane: int) -> InboundLane:
-        state = self._inbound.get(stream_id)
-        if state is None:
-            assert self.peer is not None
-            paused = self.endpoint.is_reading_paused(self.peer, lane)
-            state = InboundLane(lane, stream_id, self.endpoint.config.max_message_size, paused)
-            self._inbound[stream_id] = state
-            self.quic.manage_receive_window(
-                stream_id, state.consumed_bytes, self.endpoint.config.lane_window
-            )
-        return state
-
-    def _lane_data(self, state: InboundLane, data: bytes) -> None:
-        if state.paused or state.held or state.backlog:
-            state.backlog.append(data)
-            return
-        holdings = self._holdings
-        if holdings is not None and not holdings.take_turn(len(data)):
-            state.backlog.append(data)  # the peer's share of this turn is spent
-            self._wait_turn(holdings)
-            return
-        self._feed(state, data)
-
-    def _wait_turn(self, holdings: PeerHoldings) -> None:
-        if not self._turn_waiting:
-            self._turn_waiting = True
-            self.endpoint.stats.turns_waited += 1
-            holdings.defer(self._next_turn)
-
-    def _next_turn(self) -> None:
-        """The peer's next share: feed what waited, lane by lane, while the share lasts."""
-        self._turn_waiting = False
-        holdings = self._holdings
-        if holdings is None or not self.established:
-            return
-        for state in list(self._inbound.values()):
-            backlog = state.backlog
-            while backlog and not state.paused and not state.held:
-                if not holdings.take_turn(len(backlog[0])):
-                    self._wait_turn(holdings)
-                    self.transmit_soon()
-                    return
-                self._feed(state, backlog.popleft())
-                if self.state is not ConnectionState.ESTABLISHED:  # its data closed it
-                    return
-        self.transmit_soon()  # what was consumed opens the peer's window
-
-    def _feed(self, state: InboundLane, data: bytes) -> None:
-        state.consumed += len(data)
-        decoder = state.decoder
-        try:
-            bodies = decoder.feed(data)
-        except FrameTooLarge as exc:
-            if exc.frames:
-                self._deliver(state, exc.frames)
-            self.endpoint.stats.rejections["oversized_frame"] += 1
-            logger.warning(
-                "closing connection from %s: lane %d: %s", self._peer_name(), state.lane, exc
-            )
-            self.close(CloseCode.FRAME_TOO_LARGE, str(exc))
-            return
-        partial = decoder.buffered_bytes
-        if partial != state.partial:
-            grown = partial - state.partial
-            self._partial_bytes += grown
-            state.partial = partial
-            holdings = self._holdings
-            held = self._partial_bytes
-            if holdings is not None:
-                holdings.partial_bytes += grown
-                held = holdings.partial_bytes
-            if held > self._partial_limit:
-                self._too_much_partial(bodies, state)
-                return
-        if not bodies:
-            return
-        stats = self.endpoint.stats
-        stats.frames_in += len(bodies)
-        stats.bytes_in += len(data)
-        self._deliver(state, bodies)
-
-    def _too_much_partial(self, bodies: list[bytes], state: InboundLane) -> None:
-        """The peer's lanes hold more unfinished frames than ``max_partial_frame_bytes``
-        (over all of its connections): close this one, the one that passed it.
-
-        Each lane's frame is within ``max_message_size``, but a peer starting one on every
-        lane of every connection at once and finishing none is spending this node's
-        memory, not sending.
-        """
-        if bodies:
-            self._deliver(state, bodies)
-        self.endpoint.stats.rejections["partial_frame_bytes"] += 1
-        logger.warning(
-            "closing connection from %s: its lanes hold %d bytes of unfinished frames, its"
-            " connections %d together (max_partial_frame_bytes %d)",
-            self._peer_name(),
-            self._partial_bytes,
-            self._partial_bytes if self._holdings is None else self._holdings.partial_bytes,
-            self._partial_limit,
-        )
-        self.close(CloseCode.FRAME_TOO_LARGE, "too many bytes of unfinished frames")
-
-    def _schedule_partial_sweep(self, now: float) -> None:
-        timeout = self.endpoint.config.partial_frame_timeout
-        self._deadlines.set(Deadline.PARTIAL_SWEEP, now + timeout)
-
-    def _sweep_partial_frames(self, now: float) -> None:
-        """Close the connection if a lane began a frame and nothing arrived on it since the
-        last sweep. It runs off the receive path, once per ``partial_frame_timeout``: the
-        lanes' byte counts say whether anything moved, so arrivals cost nothing extra."""
-        if self.state is not ConnectionState.ESTABLISHED:
-            return
-        for state in self._inbound.values():
-            stalled = state.partial and state.consumed == state.swept
-            state.swept = state.consumed
-            if stalled and not (state.paused or state.held or state.backlog):
-                self.endpoint.stats.rejections["partial_frame_timeout"] += 1
-                logger.warning(
-                    "closing connection from %s: lane %d holds %d bytes of a frame on which"
-                    " nothing arrived for %g s",
-                    self._peer_name(),
-                    state.lane,
-                    state.partial,
-                    self.endpoint.config.partial_frame_timeout,
-                )
-                self.close(CloseCode.FRAME_TOO_LARGE, "an unfinished frame stalled")
-                return
-        self._schedule_partial_sweep(now)
-
-    def _deliver(self, state: InboundLane, bodies: list[bytes] | deque[bytes]) -> None:
-        handler = self.endpoint.handler.frame_received
-        peer = self.peer
-        assert peer is not None
-        lane = state.lane
-        for index, body in enumerate(bodies):
-            try:
-                handler(peer, lane, body)
-            except Exception:
-                self.endpoint.stats.rejections["handler_error"] += 1
-                logger.exception("frame handler failed for a frame from %s lane %d", peer, lane)
-            if state.paused:
-                state.held.extend(list(bodies)[index + 1 :])
-                return
-
-    def _drain_inbound(self, state: InboundLane) -> None:
-        if state.held:
-            held = list(state.held)
-            state.held.clear()
-            self._deliver(state, held)
-        while state.backlog and not state.paused and not state.held:
-            self._feed(state, state.backlog.popleft())
-            if self.state is not ConnectionState.ESTABLISHED:
-                return
-
-    # -- stream data, resets and stops ---------------------------------------------------
-
-    def _stream_data(self, event: StreamDataReceived) -> None:
-        link = self.link
-        if self.state is not ConnectionState.ESTABLISHED or link is None:
-            # Defence in depth: the handshake cannot complete unverified, but never let
-            # bytes from an unverified connection near a handler.
-            self.endpoint.stats.rejections["unverified_data"] += 1
-            self.close(CloseCode.UNVERIFIED_PEER, "data before verification")
-            return
-        stream_id = event.stream_id
-        if self.is_client:
-            if stream_id & 0x3 == 0x1:  # the accepting side asks us for something
-                self.requests_in.data(stream_id, event.data, event.end_stream)
-            else:
-                self.endpoint.stats.rejections["unexpected_stream"] += 1
-                self._refuse_stream(stream_id)
-            return
-        lane = lane_of_stream(stream_id)
-        if lane is None:
-            if self.requests_out.owns(stream_id):
-                self.requests_out.data(stream_id, event.data, event.end_stream)
-                return
-            openings = self._openings
-            if stream_id not in openings.opened:  # its opening is still to come
-                refusal = openings.admit(stream_id, event.data, self._clock.time())
-                if refusal is not None:
-                    if refusal != DROP:
-                        self._refuse_opening(link, stream_id, refusal)
-                    return
-                if openings.pending and self._deadlines.get(Deadline.OPENINGS) is None:
-                    self._deadlines.set(Deadline.OPENINGS, openings.next_deadline())
-                    self._rearm()
-            if not self.endpoint.handler.stream_received(
-                link, StreamData(stream_id, event.data, event.end_stream)
-            ):
-                # Not a lane: the layers above may claim such streams (the per-stream
-                # path); until one does, refuse the stream without harming the connection.
-                self.endpoint.stats.rejections["unexpected_stream"] += 1
-                self._openings.ended(stream_id)
-                self._refuse_stream(stream_id)
-            elif event.end_stream:
-                self._openings.ended(stream_id)
-            return
-        state = self._inbound_lane(stream_id, lane)
-        if event.data:
-            self._lane_data(state, event.data)
-        if event.end_stream:
-            self._lane_finished(state)
-
-    def _refuse_opening(self, link: PeerLink, stream_id: int, reason: str) -> None:
-        """A stream past an opening bound (see :mod:`.openings`): refuse it, count it, and
-        tell its receiver, which may hold its first bytes, that the stream is over."""
-        self.endpoint.stats.rejections[reason] += 1
-        self.stop_receiving(stream_id, CloseCode.SHUTDOWN)
-        self.endpoint.handler.stream_reset(link, StreamReset(stream_id, int(CloseCode.SHUTDOWN)))
-
-    def _openings_timed_out(self, now: float) -> None:
-        link = self.link
-        if self.state is not ConnectionState.ESTABLISHED or link is None:
-            return
-        for stream_id in self._openings.expire(now):
-            self._refuse_opening(link, stream_id, REFUSED_TIMEOUT)
-        self._deadlines.set(Deadline.OPENINGS, self._openings.next_deadline())
-
-    def _refuse_stream(self, stream_id: int, code: CloseCode = CloseCode.SHUTDOWN) -> None:
-        try:
-            self.quic.stop_stream(stream_id, int(code))
-        except Exception:  # stream already finished or not receivable: nothing to stop
-            logger.debug("could not stop stream %d", stream_id, exc_info=True)
-
-    def _lane_finished(self, state: InboundLane) -> None:
-        if state.decoder.buffered_bytes:
-            self.endpoint.stats.rejections["truncated_frame"] += 1
-        self._forget_inbound(state)
+    def openings_due(self, at: float) -> None:
+        """The inbound side's first pending opening: wake for it at ``at``."""
+        self._deadlines.set(Deadline.OPENINGS, at)
+        self._rearm()
 
     def _stop_sending(self, stream_id: int) -> None:
         """The receiver no longer wants a stream we write (a cancelled per-stream stream)."""
@@ -816,37 +582,7 @@ class PeerConnection:
 
     def stop_receiving(self, stream_id: int, code: CloseCode = CloseCode.SHUTDOWN) -> None:
         """Ask the peer to stop a stream it writes to us (STOP_SENDING), and forget it."""
-        self.quic.forget_stream(stream_id)
-        self._refuse_stream(stream_id, code)
-        self.transmit_soon()
-
-    def _stream_reset(self, stream_id: int, error_code: int) -> None:
-        if error_code == CloseCode.READER_BEHIND:
-            self.endpoint.stats.rejections["reader_behind"] += 1
-        if self.requests_out.owns(stream_id):
-            self.requests_out.reset(stream_id, error_code)
-            return
-        if self.is_client and stream_id & 0x3 == 0x1:  # a request the accepting side dropped
-            self.requests_in.reset(stream_id)
-            return
-        if lane_of_stream(stream_id) is None and not self.is_client:
-            self._openings.ended(stream_id)
-            if self.link is not None:
-                self.endpoint.handler.stream_reset(self.link, StreamReset(stream_id, error_code))
-            return
-        state = self._inbound.get(stream_id)
-        if state is None or self.peer is None:
-            return
-        self._forget_inbound(state)
-        self.endpoint.handler.lane_reset(self.peer, state.lane)
-
-    def _forget_inbound(self, state: InboundLane) -> None:
-        self._partial_bytes -= state.partial
-        if self._holdings is not None:
-            self._holdings.partial_bytes -= state.partial
-        state.partial = 0
-        self._inbound.pop(state.stream_id, None)
-        self.quic.forget_stream(state.stream_id)
+        self._inbound.stop_receiving(stream_id, code)
 
     def manage_receive_window(
         self, stream_id: int, consumed: Callable[[], int], window: int
@@ -882,12 +618,13 @@ class PeerConnection:
 
     def _process_events(self) -> None:
         quic = self.quic
+        stream_data = self._inbound.stream_data
         event = quic.poll_event()
         while event is not None:
             # A STREAM event per frame, the rest now and then: the frequent one is told
             # by one identity check, cheaper than a match's isinstance.
             if type(event) is StreamDataReceived:
-                self._stream_data(event)
+                stream_data(event)
                 event = quic.poll_event()
                 continue
             match event:
@@ -902,7 +639,7 @@ class PeerConnection:
                     if waiter is not None and not waiter.done():
                         waiter.set_result(None)
                 case EngineStreamReset(stream_id=stream_id, error_code=code):
-                    self._stream_reset(stream_id, code)
+                    self._inbound.stream_reset(stream_id, code)
                 case StopSendingReceived(stream_id=stream_id):
                     self._stop_sending(stream_id)
                 case ConnectionTerminated():
@@ -958,7 +695,7 @@ class PeerConnection:
     def _established(self) -> None:
         assert self.peer is not None
         self.state = ConnectionState.ESTABLISHED
-        self.link = PeerLink(self.peer, self.is_client, self)
+        self.link = link = PeerLink(self.peer, self.is_client, self)
         self.established_once = True
         deadlines = self._deadlines
         deadlines.set(Deadline.HANDSHAKE, None)
@@ -966,11 +703,11 @@ class PeerConnection:
         self._handshake_done.set()
         now = self._clock.time()
         self._schedule_keepalive(now)
-        if not self.is_client:
-            self._schedule_partial_sweep(now)
         self._start_datagram_plan(now)
         self._holdings = self.endpoint.peer_ledger.join(self.peer, self._poll_gates)
         self.inflight.holdings = self._holdings
+        sweep_at = self._inbound.established(link, self._holdings, now)
+        deadlines.set(Deadline.PARTIAL_SWEEP, sweep_at)
         self._schedule_stall_check(now)
         self._rearm()
         self.endpoint.connection_established(self)
@@ -989,9 +726,9 @@ class PeerConnection:
             self._transmit_handle.cancel()
             self._transmit_handle = None
         self._clock.wake_at(None)
+        self._inbound.ended()
         self._leave_ledger()
         self._size.forget()
-        self._openings.clear()
         reason = event.reason_phrase or f"error {event.error_code:#x}"
         dial_error = None if was_established else self._dial_error(event)
         error = self._close_error or (
@@ -1069,7 +806,6 @@ class PeerConnection:
         self._holdings = None
         self.inflight.detach()
         self.inflight.holdings = None
-        holdings.partial_bytes -= self._partial_bytes
         assert self.peer is not None
         self.endpoint.peer_ledger.leave(self.peer, holdings, self._poll_gates)
         if holdings.room() > 0:
@@ -1195,9 +931,9 @@ class PeerConnection:
                 case Deadline.KEEP_ALIVE:
                     self._send_keepalive(now)
                 case Deadline.OPENINGS:
-                    self._openings_timed_out(now)
+                    self._deadlines.set(Deadline.OPENINGS, self._inbound.expire_openings(now))
                 case Deadline.PARTIAL_SWEEP:
-                    self._sweep_partial_frames(now)
+                    self._deadlines.set(Deadline.PARTIAL_SWEEP, self._inbound.sweep(now))
                 case Deadline.PMTU:
                     self._pmtu_step(now)
                 case Deadline.UNACKED_STALL:
