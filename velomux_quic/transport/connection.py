@@ -14,7 +14,8 @@ handler, the peer's turns, the bounds on unfinished frames and openings, request
 the per-stream path's streams handed up as :mod:`.events`); what it writes,
 :class:`~.outbound.OutboundStreams` (lanes and the per-stream path's streams, their gates,
 this node's cap on what the peer leaves unacknowledged and the stall check); the
-datagram size of its path, :class:`~.datagram_size.DatagramSize`. Their interfaces are
+datagram size of its path, :class:`~.datagram_size.DatagramSize`; the reading of a
+handshake that failed as the dial's error, :mod:`.dial_failures`. Their interfaces are
 narrow: the endpoint that owns it is a :class:`ConnectionOwner`, its streams see it as a
 :class:`~.lanes.StreamHost`, its parts as an :class:`~.inbound.InboundHost` and an
 :class:`~.outbound.OutboundHost`, and the layers above see only its
@@ -41,14 +42,13 @@ from typing import Protocol
 
 from ..errors import ChannelClosed, ConnectionReplaced, DialError
 from ..ids import InstanceId
-from ..security.alerts import parse_refusal_reason
 from ..security.certs import NodeCredentials
-from ..security.startup import own_certificate_refusal
 from .admission import PeerLedger, SendOutcome
 from .config import TransportConfig
 from .datagram_size import DatagramSize
 from .deadlines import Cancellable, ConnectionClock, Deadline, Deadlines, LoopTimer
 from .deliveries import DeliveryCallback
+from .dial_failures import dial_failure, never_connected
 from .events import PeerLink, StreamStopped
 from .handler import TransportHandler
 from .inbound import InboundStreams
@@ -77,10 +77,6 @@ from .states import CloseCode, ConnectionState
 __all__ = ["ConnectionOwner", "PeerConnection"]
 
 logger = logging.getLogger(__name__)
-
-_CRYPTO_ERROR_FIRST = 0x100
-"""QUIC's CRYPTO_ERROR range (RFC 9000 section 20.1): 0x100 plus the TLS alert."""
-_CRYPTO_ERROR_LAST = _CRYPTO_ERROR_FIRST + 0xFF
 
 
 class ConnectionOwner(Protocol):
@@ -249,15 +245,6 @@ class PeerConnection:
             )
             self.close(CloseCode.HANDSHAKE_TIMEOUT, "handshake timeout")
 
-    def _never_connected(self, dial_error: DialError) -> ChannelClosed:
-        """What a frame waiting on a connection whose handshake failed is refused with: the
-        dial's own error as its cause, so a caller can tell "no connection could be made"
-        (a wrong address, a refused certificate: resending will not help) from a
-        connection that ended under it."""
-        error = ChannelClosed(f"no connection to {self.peer_name()}: {dial_error}")
-        error.__cause__ = dial_error
-        return error
-
     def _fail_handshake(self, error: DialError) -> None:
         if not self._handshake_done.is_set():
             self._handshake_error = error
@@ -271,7 +258,7 @@ class PeerConnection:
         self._outbound.refuse_pending(
             ConnectionReplaced(f"connection to {self.peer_name()} was replaced")
             if code is CloseCode.REPLACED
-            else self._never_connected(failed)
+            else never_connected(self.peer_name(), failed)
             if failed is not None and not self.established_once
             else ChannelClosed(f"connection to {self.peer_name()} closed: {reason or code.name}")
         )
@@ -617,7 +604,7 @@ class PeerConnection:
         error = self._outbound.close_error or (
             ChannelClosed(f"connection to {self.peer_name()} closed: {reason}")
             if dial_error is None
-            else self._never_connected(dial_error)
+            else never_connected(self.peer_name(), dial_error)
         )
         if self.is_client and was_established:
             assert self.peer is not None
@@ -640,33 +627,12 @@ class PeerConnection:
         ours = self.quic.verification_error
         if ours is not None:
             self._note_refusal()
-            return DialError(
-                f"this node refused the peer's certificate ({self.peer_name()}): {ours}",
-                reason=ours.reason,
-            )
-        if self._reset_in_handshake:
-            # Before the crypto range check: the reset's SHUTDOWN code falls in it.
-            return DialError(
-                f"{self.peer_name()} answered the handshake with a stateless reset: it has"
-                " no state for this connection (it restarted, or already let it go); the"
-                " next send dials again",
-                reason="reset_by_peer",
-            )
-        if _CRYPTO_ERROR_FIRST <= event.error_code <= _CRYPTO_ERROR_LAST:
-            theirs = parse_refusal_reason(event.reason_phrase)
-            why = own_certificate_refusal(self.endpoint.credentials, theirs, event.reason_phrase)
-            return DialError(
-                f"{self.peer_name()} refused OUR certificate: {why}",
-                reason=f"refused_by_peer:{theirs}" if theirs else "handshake_failed",
-            )
-        if event.error_code == CloseCode.HANDSHAKE_TIMEOUT:
-            return DialError(
-                f"no handshake with {self.peer_name()} in time", reason="handshake_timeout"
-            )
-        return DialError(
-            f"connection to {self.peer_name()} failed before the handshake: "
-            f"{event.reason_phrase or event.error_code}",
-            reason="unreachable",
+        return dial_failure(
+            event,
+            self.peer_name(),
+            ours=ours,
+            reset_in_handshake=self._reset_in_handshake,
+            credentials=self.endpoint.credentials,
         )
 
     # -- timers and transmit -------------------------------------------------------------
