@@ -5,19 +5,24 @@ gates) and *receives* only on connections it accepted (server role: inbound lane
 frame decoders), as docs/architecture.md decides. Both roles share this class because the
 asyncio plumbing (timers, transmit, close) is the same.
 
-:class:`PeerConnection` is one concern, a connection's lifecycle and what happens on it,
-so it is one class in one file: the dial's handshake deadline, peer verification,
-graceful and abrupt close, termination and what it reports; the datagrams in and the
-dispatch of its engine's events; what arrives on streams (lanes into frames for the handler,
-request streams, the per-stream path's streams handed up as :mod:`.events`); the send side
-(lanes and the per-stream path's streams, their gates); the datagram size of its path
-(the plan and search of :mod:`.pmtu`, fed with its probes' fates); pings, keepalive,
-timers and transmit. Its collaborators have narrow interfaces: the endpoint that owns it is a
-:class:`ConnectionOwner`, its streams see it as a :class:`~.lanes.StreamHost`, and the
-layers above see only its :class:`~.events.PeerLink`.
+:class:`PeerConnection` ties the engine, the endpoint and the connection's parts
+together: the dial's handshake deadline, peer verification, graceful and abrupt close,
+termination and what it reports; the datagrams in and the dispatch of its engine's
+events; pings, keepalive, timers and transmit. Each part is a collaborator of its own:
+what arrives on its streams, :class:`~.inbound.InboundStreams` (lanes into frames for the
+handler, the peer's turns, the bounds on unfinished frames and openings, request streams,
+the per-stream path's streams handed up as :mod:`.events`); what it writes,
+:class:`~.outbound.OutboundStreams` (lanes and the per-stream path's streams, their gates,
+this node's cap on what the peer leaves unacknowledged and the stall check); the
+datagram size of its path, :class:`~.datagram_size.DatagramSize`; the reading of a
+handshake that failed as the dial's error, :mod:`.dial_failures`. Their interfaces are
+narrow: the endpoint that owns it is a :class:`ConnectionOwner`, its streams see it as a
+:class:`~.lanes.StreamHost`, its parts as an :class:`~.inbound.InboundHost` and an
+:class:`~.outbound.OutboundHost`, and the layers above see only its
+:class:`~.events.PeerLink`.
 
-``_stream_data`` and the lane path (``_lane_data``, ``_feed``, ``_deliver``) run once per
-STREAM frame: keep them free of extra calls and attribute lookups.
+``_process_events`` hands each STREAM frame straight to the receive side: keep that path
+free of extra calls and attribute lookups.
 
 Time comes in from outside: every timer of the connection is a :class:`~.deadlines.Deadline`
 kept as a plain time, decided on in :meth:`PeerConnection.on_timer` with the ``now`` it is
@@ -32,32 +37,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
 from ..errors import ChannelClosed, ConnectionReplaced, DialError
 from ..ids import InstanceId
-from ..security.alerts import parse_refusal_reason
 from ..security.certs import NodeCredentials
-from ..security.startup import own_certificate_refusal
-from .admission import InflightBound, PeerHoldings, PeerLedger, SendOutcome, SharedRoom
-from .config import MAX_LANES, TransportConfig
+from .admission import PeerLedger, SendOutcome
+from .config import TransportConfig
 from .datagram_size import DatagramSize
 from .deadlines import Cancellable, ConnectionClock, Deadline, Deadlines, LoopTimer
-from .deliveries import Deliveries, DeliveryCallback
-from .events import PeerLink, StreamData, StreamReset, StreamStopped
-from .framing import FrameTooLarge
+from .deliveries import DeliveryCallback
+from .dial_failures import dial_failure, never_connected
+from .events import PeerLink, StreamStopped
 from .handler import TransportHandler
-from .lanes import (
-    FIRST_EXTRA_STREAM,
-    InboundLane,
-    OutboundStream,
-    lane_of_stream,
-    stream_of_lane,
-)
+from .inbound import InboundStreams
+from .lanes import OutboundStream
 from .metrics import TransportStats
-from .openings import DROP, REFUSED_TIMEOUT, StreamOpenings
+from .outbound import OutboundStreams
 from .perstream_send import PerStreamOutbound
 from .requests import IncomingRequests, OutgoingRequests
 from .seam import (
@@ -80,13 +77,6 @@ from .states import CloseCode, ConnectionState
 __all__ = ["ConnectionOwner", "PeerConnection"]
 
 logger = logging.getLogger(__name__)
-
-_CRYPTO_ERROR_FIRST = 0x100
-"""QUIC's CRYPTO_ERROR range (RFC 9000 section 20.1): 0x100 plus the TLS alert."""
-_CRYPTO_ERROR_LAST = _CRYPTO_ERROR_FIRST + 0xFF
-
-_PRUNE_FINISHED_MIN = 64
-"""Finished per-stream streams remembered before the acknowledged ones are forgotten."""
 
 
 class ConnectionOwner(Protocol):
@@ -162,38 +152,12 @@ class PeerConnection:
         self._last_heard = self._clock.time()
         self._handshake_done = asyncio.Event()
         self._handshake_error: DialError | None = None
-        self._outbound: list[OutboundStream | None] = [None] * MAX_LANES
-        self._extra: dict[int, OutboundStream] = {}
-        self._finished_unacked: set[int] = set()
-        """Per-stream streams finished (their FIN written) that may still hold bytes the
-        peer has not acknowledged: a graceful close waits for them as for the lanes."""
-        self._prune_finished_at = _PRUNE_FINISHED_MIN
-        self._next_extra = FIRST_EXTRA_STREAM
-        self._blocked: set[OutboundStream] = set()
-        self._deliveries = Deliveries()
-        # What the per-stream streams may hold, together, not yet transmitted.
-        self._stream_room = SharedRoom(
-            endpoint.config.streams_send_buffer, lambda: quic.send_backlog
-        )
-        self._inbound: dict[int, InboundLane] = {}
         config = endpoint.config
-        self._partial_bytes = 0
-        """Bytes of unfinished frames across the inbound lanes (``max_partial_frame_bytes``)."""
-        self._partial_limit = config.partial_frame_limit
-        self.inflight = InflightBound(config.max_unacked_bytes, self._clock.time())
+        self._outbound = OutboundStreams(self, endpoint, quic, self._clock.time())
+        self.inflight = self._outbound.inflight
         """This node's cap on what the lanes hold unacknowledged (see InflightBound)."""
-        self._holdings: PeerHoldings | None = None
-        """What the peer's connections hold together, from establishment to the end."""
-        self._cap_counted = False
-        self._turn_waiting = False
-        self._openings = StreamOpenings(
-            config.max_stream_openings,
-            config.max_stream_opening_size,
-            config.stream_opening_timeout,
-        )
         self._ping_waiters: dict[int, asyncio.Future[None]] = {}
         self._next_ping = 1
-        self._close_error: ChannelClosed | ConnectionReplaced | None = None
         self._refusal_counted = False
         self._reset_in_handshake = False
         """A stateless reset ended the handshake (see :meth:`reset_by_peer`)."""
@@ -204,6 +168,15 @@ class PeerConnection:
             endpoint.handler.serve_request,
             lambda: self.peer,
             self._count_request_refusal,
+        )
+        self._inbound = InboundStreams(
+            self,
+            endpoint,
+            quic,
+            self._clock.time,
+            is_client=is_client,
+            requests_in=self.requests_in,
+            requests_out=self.requests_out,
         )
         self._drained = asyncio.Event()
         self._cid_switch_pending = not is_client
@@ -265,21 +238,12 @@ class PeerConnection:
         if self.state is ConnectionState.HANDSHAKING:
             self._fail_handshake(
                 DialError(
-                    f"no handshake with {self._peer_name()} within "
+                    f"no handshake with {self.peer_name()} within "
                     f"{self.endpoint.config.handshake_timeout:g} s",
                     reason="handshake_timeout",
                 )
             )
             self.close(CloseCode.HANDSHAKE_TIMEOUT, "handshake timeout")
-
-    def _never_connected(self, dial_error: DialError) -> ChannelClosed:
-        """What a frame waiting on a connection whose handshake failed is refused with: the
-        dial's own error as its cause, so a caller can tell "no connection could be made"
-        (a wrong address, a refused certificate: resending will not help) from a
-        connection that ended under it."""
-        error = ChannelClosed(f"no connection to {self._peer_name()}: {dial_error}")
-        error.__cause__ = dial_error
-        return error
 
     def _fail_handshake(self, error: DialError) -> None:
         if not self._handshake_done.is_set():
@@ -291,14 +255,15 @@ class PeerConnection:
         if self.state in (ConnectionState.CLOSING, ConnectionState.CLOSED):
             return
         failed = self._handshake_error
-        self._refuse_pending(
-            ConnectionReplaced(f"connection to {self._peer_name()} was replaced")
+        self._outbound.refuse_pending(
+            ConnectionReplaced(f"connection to {self.peer_name()} was replaced")
             if code is CloseCode.REPLACED
-            else self._never_connected(failed)
+            else never_connected(self.peer_name(), failed)
             if failed is not None and not self.established_once
-            else ChannelClosed(f"connection to {self._peer_name()} closed: {reason or code.name}")
+            else ChannelClosed(f"connection to {self.peer_name()} closed: {reason or code.name}")
         )
         self.state = ConnectionState.CLOSING
+        self._inbound.closing()
         if self.established_once:
             # Acknowledge what arrived before saying goodbye: the peer retires its streams
             # SENT only on our acknowledgement, and a closing aioquic sends no more of them.
@@ -337,16 +302,18 @@ class PeerConnection:
     async def aclose(self, timeout: float) -> None:
         """Close gracefully: give admitted data up to ``timeout`` to be acknowledged first."""
         if self.state is ConnectionState.ESTABLISHED and self.is_client:
-            self._refuse_pending(ChannelClosed(f"connection to {self._peer_name()} is closing"))
-            if self._unacked_total() > 0:
+            self._outbound.refuse_pending(
+                ChannelClosed(f"connection to {self.peer_name()} is closing")
+            )
+            if self._outbound.unacked_total() > 0:
                 self._drained.clear()
                 try:
                     await asyncio.wait_for(self._drained.wait(), timeout)
                 except TimeoutError:
                     logger.info(
                         "closing connection to %s with %d bytes unacknowledged",
-                        self._peer_name(),
-                        self._unacked_total(),
+                        self.peer_name(),
+                        self._outbound.unacked_total(),
                     )
         self.close(CloseCode.SHUTDOWN, "shutdown")
         try:
@@ -358,51 +325,13 @@ class PeerConnection:
                 )
             )
 
-    def _refuse_pending(self, error: ChannelClosed | ConnectionReplaced) -> None:
-        self._close_error = error
-        for lane in self._outbound:
-            if lane is not None:
-                lane.gate.close(error)
-        for stream in self._extra.values():
-            stream.gate.close(error)
-        self._blocked.clear()
-        self._stream_room.clear()
-
-    def _unacked_total(self) -> int:
-        """Admitted bytes the peer has not acknowledged: the lanes', and those of the
-        per-stream streams already finished (a producer that finalizes its streams and
-        closes at once must not cut their last bytes off: the engine may still be pacing
-        them out when the close comes)."""
-        total = sum(
-            self.quic.stream_unacked(lane.stream_id) for lane in self._outbound if lane is not None
-        )
-        if self._finished_unacked:
-            total += self._prune_finished()
-        return total
-
-    def _prune_finished(self) -> int:
-        """Forget the finished streams the peer acknowledged; the others' unacknowledged bytes."""
-        unacked = 0
-        for stream_id in list(self._finished_unacked):
-            left = self.quic.stream_unacked(stream_id)
-            if left:
-                unacked += left
-            else:
-                self._finished_unacked.discard(stream_id)
-        return unacked
-
-    def _peer_name(self) -> str:
+    def peer_name(self) -> str:
         return str(self.peer) if self.peer is not None else "an unverified peer"
 
     # -- sending -------------------------------------------------------------------------
 
     def send(self, lane: int, body: bytes) -> SendOutcome:
-        outbound = self._outbound[lane]
-        if outbound is None:
-            outbound = self._outbound[lane] = OutboundStream(
-                self, stream_of_lane(lane), self.send_buffer, lane
-            )
-        return outbound.send(body)
+        return self._outbound.send(lane, body)
 
     def open_stream(self, send_buffer: int) -> PerStreamOutbound:
         """A new unidirectional stream of its own (the per-stream path), opened on first write.
@@ -410,12 +339,7 @@ class PeerConnection:
         Its sends wait while it holds ``send_buffer`` bytes not yet transmitted, or while
         the connection's per-stream streams together hold ``streams_send_buffer``.
         """
-        stream = PerStreamOutbound(self, self._next_extra, send_buffer, self._stream_room)
-        self._next_extra += 4
-        self._extra[stream.stream_id] = stream
-        if self._close_error is not None:
-            stream.gate.close(self._close_error)
-        return stream
+        return self._outbound.open_stream(send_buffer)
 
     def on_delivered(self, lane: int, callback: DeliveryCallback) -> None:
         """``callback(True)`` once the peer's QUIC stack acknowledged every byte written so
@@ -425,70 +349,32 @@ class PeerConnection:
         node's send buffer, and a connection that closes before the acknowledgement loses
         it. Checked when datagrams arrive (acknowledgements come in them): O(1) per check
         for a lane with nothing waiting, and no cost at all on a connection nobody asked."""
-        outbound = self._outbound[lane]
-        if outbound is None or self.state is not ConnectionState.ESTABLISHED:
-            callback(False)
-            return
-        target = outbound.written
-        if self.quic.stream_unacked(outbound.stream_id) == 0:
-            callback(True)
-            return
-        self._deliveries.watch(lane, target, callback)
-
-    def _acknowledged(self, lane: int) -> int | None:
-        """How far the peer acknowledged ``lane``'s bytes (None: the lane is gone)."""
-        outbound = self._outbound[lane]
-        if outbound is None:
-            return None
-        return outbound.written - self.quic.stream_unacked(outbound.stream_id)
+        self._outbound.on_delivered(lane, callback)
 
     def stream_blocked(self, stream: OutboundStream) -> None:
-        self._blocked.add(stream)
-        stats = self.endpoint.stats
-        stats.send_backpressure += 1
-        if not self._cap_counted and stream.lane >= 0 and self.inflight.room() <= 0:
-            self._cap_counted = True  # once per time the cap is reached
-            stats.unacked_cap_reached += 1
+        self._outbound.stream_blocked(stream)
 
     def stream_done(self, stream: OutboundStream) -> None:
-        self._blocked.discard(stream)
-        if self._extra.pop(stream.stream_id, None) is not None and not stream.aborted:
-            finished = self._finished_unacked
-            finished.add(stream.stream_id)
-            if len(finished) >= self._prune_finished_at:  # amortised: bounded by what is unacked
-                self._prune_finished()
-                self._prune_finished_at = max(_PRUNE_FINISHED_MIN, 2 * len(finished))
-
-    def _poll_gates(self) -> None:
-        if not self._blocked or self.state is not ConnectionState.ESTABLISHED:
-            return
-        for stream in list(self._blocked):
-            stream.gate.poll()
-            if stream.gate.pending_count == 0:
-                self._blocked.discard(stream)
+        self._outbound.stream_done(stream)
 
     def snapshot(self) -> ConnectionSnapshot:
         """What this connection holds now (see :class:`ConnectionSnapshot`); not for hot paths."""
-        streams = [lane for lane in self._outbound if lane is not None]
-        streams.extend(self._extra.values())
-        waiting = {s for s in streams if s.gate.pending_count}
-        if self.is_client:
-            lanes = tuple(lane.lane for lane in self._outbound if lane is not None)
-        else:
-            lanes = tuple(sorted(state.lane for state in self._inbound.values()))
+        outbound = self._outbound
+        blocked, held = outbound.waiting()
+        lanes = outbound.lanes if self.is_client else self._inbound.lanes
         return ConnectionSnapshot(
             peer=self.peer,
             outbound=self.is_client,
             state=self.state.value,
             open_lanes=lanes,
             send_backlog=self.quic.send_backlog,
-            blocked_streams=len(waiting | self._blocked),
-            held_by_peer_window=sum(1 for s in waiting if s.held_by_peer_window),
-            extra_streams=len(self._extra),
+            blocked_streams=blocked,
+            held_by_peer_window=held,
+            extra_streams=outbound.extra_streams,
             pending_requests=self.requests_out.pending_count,
             partial_requests=self.requests_in.partial_count + self.requests_in.serving_count,
-            partial_frame_bytes=self._partial_bytes,
-            stream_openings=self._openings.pending,
+            partial_frame_bytes=self._inbound.partial_bytes,
+            stream_openings=self._inbound.openings_pending,
             datagram_size=self.quic.datagram_size,
             unacked_bytes=self.inflight.unacked,
             datagram_mode=self._size.mode.value,
@@ -505,7 +391,7 @@ class PeerConnection:
         self._deadlines.set(Deadline.PMTU, at)
 
     def _path_name(self) -> str:
-        return f"{'to' if self.is_client else 'from'} {self._peer_name()}"
+        return f"{'to' if self.is_client else 'from'} {self.peer_name()}"
 
     def _mtu_probe_answered(self, size: int, acked: bool) -> None:
         """The engine's loss detection decided a probe's fate (inside its receive path, so
@@ -541,312 +427,33 @@ class PeerConnection:
 
     def reset_lane(self, lane: int) -> None:
         """Abort one outbound lane's stream (RESET_STREAM); the peer sees the lane cut."""
-        outbound = self._outbound[lane]
-        if outbound is None:
-            return
-        self._outbound[lane] = None
-        self._blocked.discard(outbound)
-        self._deliveries.fail(lane)
-        outbound.gate.close(ChannelClosed(f"lane {lane} to {self._peer_name()} was reset"))
-        self.quic.reset_stream(outbound.stream_id, int(CloseCode.KILLED))
-        self.transmit()
+        self._outbound.reset_lane(lane)
 
-    # -- receiving: lanes ------------------------------------------------------------------
+    # -- receiving (InboundStreams) and the streams we write that the peer stopped ---------
 
     def pause_reading(self, lane: int) -> None:
-        state = self._inbound.get(stream_of_lane(lane))
-        if state is not None:
-            state.paused = True
+        self._inbound.pause_reading(lane)
 
     def resume_reading(self, lane: int) -> None:
-        state = self._inbound.get(stream_of_lane(lane))
-        if state is None or not state.paused:
-            return
-        state.paused = False
-        self._drain_inbound(state)
-        self.transmit_soon()  # the consumed bytes open the peer's window
+        self._inbound.resume_reading(lane)
 
-    def _inbound_lane(self, stream_id: int, lane: int) -> InboundLane:
-        state = self._inbound.get(stream_id)
-        if state is None:
-            assert self.peer is not None
-            paused = self.endpoint.is_reading_paused(self.peer, lane)
-            state = InboundLane(lane, stream_id, self.endpoint.config.max_message_size, paused)
-            self._inbound[stream_id] = state
-            self.quic.manage_receive_window(
-                stream_id, state.consumed_bytes, self.endpoint.config.lane_window
-            )
-        return state
-
-    def _lane_data(self, state: InboundLane, data: bytes) -> None:
-        if state.paused or state.held or state.backlog:
-            state.backlog.append(data)
-            return
-        holdings = self._holdings
-        if holdings is not None and not holdings.take_turn(len(data)):
-            state.backlog.append(data)  # the peer's share of this turn is spent
-            self._wait_turn(holdings)
-            return
-        self._feed(state, data)
-
-    def _wait_turn(self, holdings: PeerHoldings) -> None:
-        if not self._turn_waiting:
-            self._turn_waiting = True
-            self.endpoint.stats.turns_waited += 1
-            holdings.defer(self._next_turn)
-
-    def _next_turn(self) -> None:
-        """The peer's next share: feed what waited, lane by lane, while the share lasts."""
-        self._turn_waiting = False
-        holdings = self._holdings
-        if holdings is None or not self.established:
-            return
-        for state in list(self._inbound.values()):
-            backlog = state.backlog
-            while backlog and not state.paused and not state.held:
-                if not holdings.take_turn(len(backlog[0])):
-                    self._wait_turn(holdings)
-                    self.transmit_soon()
-                    return
-                self._feed(state, backlog.popleft())
-                if self.state is not ConnectionState.ESTABLISHED:  # its data closed it
-                    return
-        self.transmit_soon()  # what was consumed opens the peer's window
-
-    def _feed(self, state: InboundLane, data: bytes) -> None:
-        state.consumed += len(data)
-        decoder = state.decoder
-        try:
-            bodies = decoder.feed(data)
-        except FrameTooLarge as exc:
-            if exc.frames:
-                self._deliver(state, exc.frames)
-            self.endpoint.stats.rejections["oversized_frame"] += 1
-            logger.warning(
-                "closing connection from %s: lane %d: %s", self._peer_name(), state.lane, exc
-            )
-            self.close(CloseCode.FRAME_TOO_LARGE, str(exc))
-            return
-        partial = decoder.buffered_bytes
-        if partial != state.partial:
-            grown = partial - state.partial
-            self._partial_bytes += grown
-            state.partial = partial
-            holdings = self._holdings
-            held = self._partial_bytes
-            if holdings is not None:
-                holdings.partial_bytes += grown
-                held = holdings.partial_bytes
-            if held > self._partial_limit:
-                self._too_much_partial(bodies, state)
-                return
-        if not bodies:
-            return
-        stats = self.endpoint.stats
-        stats.frames_in += len(bodies)
-        stats.bytes_in += len(data)
-        self._deliver(state, bodies)
-
-    def _too_much_partial(self, bodies: list[bytes], state: InboundLane) -> None:
-        """The peer's lanes hold more unfinished frames than ``max_partial_frame_bytes``
-        (over all of its connections): close this one, the one that passed it.
-
-        Each lane's frame is within ``max_message_size``, but a peer starting one on every
-        lane of every connection at once and finishing none is spending this node's
-        memory, not sending.
-        """
-        if bodies:
-            self._deliver(state, bodies)
-        self.endpoint.stats.rejections["partial_frame_bytes"] += 1
-        logger.warning(
-            "closing connection from %s: its lanes hold %d bytes of unfinished frames, its"
-            " connections %d together (max_partial_frame_bytes %d)",
-            self._peer_name(),
-            self._partial_bytes,
-            self._partial_bytes if self._holdings is None else self._holdings.partial_bytes,
-            self._partial_limit,
-        )
-        self.close(CloseCode.FRAME_TOO_LARGE, "too many bytes of unfinished frames")
-
-    def _schedule_partial_sweep(self, now: float) -> None:
-        timeout = self.endpoint.config.partial_frame_timeout
-        self._deadlines.set(Deadline.PARTIAL_SWEEP, now + timeout)
-
-    def _sweep_partial_frames(self, now: float) -> None:
-        """Close the connection if a lane began a frame and nothing arrived on it since the
-        last sweep. It runs off the receive path, once per ``partial_frame_timeout``: the
-        lanes' byte counts say whether anything moved, so arrivals cost nothing extra."""
-        if self.state is not ConnectionState.ESTABLISHED:
-            return
-        for state in self._inbound.values():
-            stalled = state.partial and state.consumed == state.swept
-            state.swept = state.consumed
-            if stalled and not (state.paused or state.held or state.backlog):
-                self.endpoint.stats.rejections["partial_frame_timeout"] += 1
-                logger.warning(
-                    "closing connection from %s: lane %d holds %d bytes of a frame on which"
-                    " nothing arrived for %g s",
-                    self._peer_name(),
-                    state.lane,
-                    state.partial,
-                    self.endpoint.config.partial_frame_timeout,
-                )
-                self.close(CloseCode.FRAME_TOO_LARGE, "an unfinished frame stalled")
-                return
-        self._schedule_partial_sweep(now)
-
-    def _deliver(self, state: InboundLane, bodies: list[bytes] | deque[bytes]) -> None:
-        handler = self.endpoint.handler.frame_received
-        peer = self.peer
-        assert peer is not None
-        lane = state.lane
-        for index, body in enumerate(bodies):
-            try:
-                handler(peer, lane, body)
-            except Exception:
-                self.endpoint.stats.rejections["handler_error"] += 1
-                logger.exception("frame handler failed for a frame from %s lane %d", peer, lane)
-            if state.paused:
-                state.held.extend(list(bodies)[index + 1 :])
-                return
-
-    def _drain_inbound(self, state: InboundLane) -> None:
-        if state.held:
-            held = list(state.held)
-            state.held.clear()
-            self._deliver(state, held)
-        while state.backlog and not state.paused and not state.held:
-            self._feed(state, state.backlog.popleft())
-            if self.state is not ConnectionState.ESTABLISHED:
-                return
-
-    # -- stream data, resets and stops ---------------------------------------------------
-
-    def _stream_data(self, event: StreamDataReceived) -> None:
-        link = self.link
-        if self.state is not ConnectionState.ESTABLISHED or link is None:
-            # Defence in depth: the handshake cannot complete unverified, but never let
-            # bytes from an unverified connection near a handler.
-            self.endpoint.stats.rejections["unverified_data"] += 1
-            self.close(CloseCode.UNVERIFIED_PEER, "data before verification")
-            return
-        stream_id = event.stream_id
-        if self.is_client:
-            if stream_id & 0x3 == 0x1:  # the accepting side asks us for something
-                self.requests_in.data(stream_id, event.data, event.end_stream)
-            else:
-                self.endpoint.stats.rejections["unexpected_stream"] += 1
-                self._refuse_stream(stream_id)
-            return
-        lane = lane_of_stream(stream_id)
-        if lane is None:
-            if self.requests_out.owns(stream_id):
-                self.requests_out.data(stream_id, event.data, event.end_stream)
-                return
-            openings = self._openings
-            if stream_id not in openings.opened:  # its opening is still to come
-                refusal = openings.admit(stream_id, event.data, self._clock.time())
-                if refusal is not None:
-                    if refusal != DROP:
-                        self._refuse_opening(link, stream_id, refusal)
-                    return
-                if openings.pending and self._deadlines.get(Deadline.OPENINGS) is None:
-                    self._deadlines.set(Deadline.OPENINGS, openings.next_deadline())
-                    self._rearm()
-            if not self.endpoint.handler.stream_received(
-                link, StreamData(stream_id, event.data, event.end_stream)
-            ):
-                # Not a lane: the layers above may claim such streams (the per-stream
-                # path); until one does, refuse the stream without harming the connection.
-                self.endpoint.stats.rejections["unexpected_stream"] += 1
-                self._openings.ended(stream_id)
-                self._refuse_stream(stream_id)
-            elif event.end_stream:
-                self._openings.ended(stream_id)
-            return
-        state = self._inbound_lane(stream_id, lane)
-        if event.data:
-            self._lane_data(state, event.data)
-        if event.end_stream:
-            self._lane_finished(state)
-
-    def _refuse_opening(self, link: PeerLink, stream_id: int, reason: str) -> None:
-        """A stream past an opening bound (see :mod:`.openings`): refuse it, count it, and
-        tell its receiver, which may hold its first bytes, that the stream is over."""
-        self.endpoint.stats.rejections[reason] += 1
-        self.stop_receiving(stream_id, CloseCode.SHUTDOWN)
-        self.endpoint.handler.stream_reset(link, StreamReset(stream_id, int(CloseCode.SHUTDOWN)))
-
-    def _openings_timed_out(self, now: float) -> None:
-        link = self.link
-        if self.state is not ConnectionState.ESTABLISHED or link is None:
-            return
-        for stream_id in self._openings.expire(now):
-            self._refuse_opening(link, stream_id, REFUSED_TIMEOUT)
-        self._deadlines.set(Deadline.OPENINGS, self._openings.next_deadline())
-
-    def _refuse_stream(self, stream_id: int, code: CloseCode = CloseCode.SHUTDOWN) -> None:
-        try:
-            self.quic.stop_stream(stream_id, int(code))
-        except Exception:  # stream already finished or not receivable: nothing to stop
-            logger.debug("could not stop stream %d", stream_id, exc_info=True)
-
-    def _lane_finished(self, state: InboundLane) -> None:
-        if state.decoder.buffered_bytes:
-            self.endpoint.stats.rejections["truncated_frame"] += 1
-        self._forget_inbound(state)
+    def openings_due(self, at: float) -> None:
+        """The inbound side's first pending opening: wake for it at ``at``."""
+        self._deadlines.set(Deadline.OPENINGS, at)
+        self._rearm()
 
     def _stop_sending(self, stream_id: int) -> None:
         """The receiver no longer wants a stream we write (a cancelled per-stream stream)."""
-        self._finished_unacked.discard(stream_id)  # the peer wants none of it any more
-        stream = self._extra.pop(stream_id, None)
-        if stream is None:
+        if not self._outbound.stopped(stream_id):
             self.requests_in.stopped(stream_id)
             return
-        self._blocked.discard(stream)
-        stream.finished = True
-        stream.gate.close(ChannelClosed("the receiver stopped the stream"))
-        try:
-            self.quic.reset_stream(stream_id, int(CloseCode.SHUTDOWN))
-        except Exception:  # already finished: nothing to reset
-            logger.debug("could not reset stream %d", stream_id, exc_info=True)
         self.transmit_soon()
         if self.link is not None:
             self.endpoint.handler.stream_stopped(self.link, StreamStopped(stream_id))
 
     def stop_receiving(self, stream_id: int, code: CloseCode = CloseCode.SHUTDOWN) -> None:
         """Ask the peer to stop a stream it writes to us (STOP_SENDING), and forget it."""
-        self.quic.forget_stream(stream_id)
-        self._refuse_stream(stream_id, code)
-        self.transmit_soon()
-
-    def _stream_reset(self, stream_id: int, error_code: int) -> None:
-        if error_code == CloseCode.READER_BEHIND:
-            self.endpoint.stats.rejections["reader_behind"] += 1
-        if self.requests_out.owns(stream_id):
-            self.requests_out.reset(stream_id, error_code)
-            return
-        if self.is_client and stream_id & 0x3 == 0x1:  # a request the accepting side dropped
-            self.requests_in.reset(stream_id)
-            return
-        if lane_of_stream(stream_id) is None and not self.is_client:
-            self._openings.ended(stream_id)
-            if self.link is not None:
-                self.endpoint.handler.stream_reset(self.link, StreamReset(stream_id, error_code))
-            return
-        state = self._inbound.get(stream_id)
-        if state is None or self.peer is None:
-            return
-        self._forget_inbound(state)
-        self.endpoint.handler.lane_reset(self.peer, state.lane)
-
-    def _forget_inbound(self, state: InboundLane) -> None:
-        self._partial_bytes -= state.partial
-        if self._holdings is not None:
-            self._holdings.partial_bytes -= state.partial
-        state.partial = 0
-        self._inbound.pop(state.stream_id, None)
-        self.quic.forget_stream(state.stream_id)
+        self._inbound.stop_receiving(stream_id, code)
 
     def manage_receive_window(
         self, stream_id: int, consumed: Callable[[], int], window: int
@@ -866,11 +473,7 @@ class PeerConnection:
             self._confirm_if_ready()
         if self._cid_switch_pending and self.state is ConnectionState.ESTABLISHED:
             self._cid_switch_pending = not self.quic.adopt_resettable_peer_cid()
-        if self._holdings is not None:
-            self._resync_inflight(now)
-        self._poll_gates()
-        if self._deliveries.waiting:
-            self._deliveries.check(self._acknowledged)
+        self._outbound.datagrams_arrived(now)
         # The loop hands over every datagram that arrived at once before it runs callbacks;
         # a datagrams_to_send pass after each one mostly found nothing to send (the ACK not
         # yet due) and cost a receiver about a sixth of its CPU, so the pass waits for the
@@ -882,12 +485,13 @@ class PeerConnection:
 
     def _process_events(self) -> None:
         quic = self.quic
+        stream_data = self._inbound.stream_data
         event = quic.poll_event()
         while event is not None:
             # A STREAM event per frame, the rest now and then: the frequent one is told
             # by one identity check, cheaper than a match's isinstance.
             if type(event) is StreamDataReceived:
-                self._stream_data(event)
+                stream_data(event)
                 event = quic.poll_event()
                 continue
             match event:
@@ -902,7 +506,7 @@ class PeerConnection:
                     if waiter is not None and not waiter.done():
                         waiter.set_result(None)
                 case EngineStreamReset(stream_id=stream_id, error_code=code):
-                    self._stream_reset(stream_id, code)
+                    self._inbound.stream_reset(stream_id, code)
                 case StopSendingReceived(stream_id=stream_id):
                     self._stop_sending(stream_id)
                 case ConnectionTerminated():
@@ -913,7 +517,7 @@ class PeerConnection:
             self._drained.set()
 
     def _unacked_pending_drain(self) -> bool:
-        return not self._drained.is_set() and self._unacked_total() == 0
+        return not self._drained.is_set() and self._outbound.unacked_total() == 0
 
     def _handshake_completed(self) -> None:
         verified = self.quic.verified_peer
@@ -958,7 +562,7 @@ class PeerConnection:
     def _established(self) -> None:
         assert self.peer is not None
         self.state = ConnectionState.ESTABLISHED
-        self.link = PeerLink(self.peer, self.is_client, self)
+        self.link = link = PeerLink(self.peer, self.is_client, self)
         self.established_once = True
         deadlines = self._deadlines
         deadlines.set(Deadline.HANDSHAKE, None)
@@ -966,15 +570,17 @@ class PeerConnection:
         self._handshake_done.set()
         now = self._clock.time()
         self._schedule_keepalive(now)
-        if not self.is_client:
-            self._schedule_partial_sweep(now)
         self._start_datagram_plan(now)
-        self._holdings = self.endpoint.peer_ledger.join(self.peer, self._poll_gates)
-        self.inflight.holdings = self._holdings
-        self._schedule_stall_check(now)
+        outbound = self._outbound
+        deadlines.set(
+            Deadline.UNACKED_STALL, outbound.join(self.endpoint.peer_ledger, self.peer, now)
+        )
+        deadlines.set(
+            Deadline.PARTIAL_SWEEP, self._inbound.established(link, outbound.holdings, now)
+        )
         self._rearm()
         self.endpoint.connection_established(self)
-        self._poll_gates()
+        outbound.poll_gates()
 
     def _terminated(self, event: ConnectionTerminated) -> None:
         if self.state is ConnectionState.CLOSED:
@@ -989,20 +595,22 @@ class PeerConnection:
             self._transmit_handle.cancel()
             self._transmit_handle = None
         self._clock.wake_at(None)
-        self._leave_ledger()
+        self._inbound.ended()
+        if self.peer is not None:
+            self._outbound.leave(self.endpoint.peer_ledger, self.peer)
         self._size.forget()
-        self._openings.clear()
         reason = event.reason_phrase or f"error {event.error_code:#x}"
         dial_error = None if was_established else self._dial_error(event)
-        error = self._close_error or (
-            ChannelClosed(f"connection to {self._peer_name()} closed: {reason}")
+        error = self._outbound.close_error or (
+            ChannelClosed(f"connection to {self.peer_name()} closed: {reason}")
             if dial_error is None
-            else self._never_connected(dial_error)
+            else never_connected(self.peer_name(), dial_error)
         )
         if self.is_client and was_established:
-            self._report_unacked(error)
-        self._refuse_pending(error)
-        self._deliveries.fail()
+            assert self.peer is not None
+            self._outbound.report_unacked(self.peer, error)
+        self._outbound.refuse_pending(error)
+        self._outbound.ended()
         self.requests_out.close(ChannelClosed(f"connection closed: {reason}"))
         self.requests_in.close()
         if dial_error is not None:
@@ -1015,114 +623,16 @@ class PeerConnection:
         self.endpoint.connection_closed(self)
         self.closed.set()
 
-    # -- this node's cap on unacknowledged bytes (InflightBound, PeerHoldings) --------------
-
-    def _lanes_unacked(self) -> int:
-        return sum(
-            self.quic.stream_unacked(lane.stream_id) for lane in self._outbound if lane is not None
-        )
-
-    def _resync_inflight(self, now: float) -> None:
-        """Acknowledgements came in: recount; room opened here may admit another
-        connection's waiting sends to the same peer (its cap is per peer too)."""
-        inflight = self.inflight
-        if not inflight.unacked:
-            return
-        holdings = self._holdings
-        was_full = holdings is not None and holdings.room() <= 0
-        if inflight.resync(self._lanes_unacked(), now):
-            if was_full and holdings is not None:
-                holdings.wake_others(self._poll_gates)
-            if self._cap_counted and inflight.room() > 0:
-                self._cap_counted = False
-
-    def _schedule_stall_check(self, now: float) -> None:
-        period = self.endpoint.config.unacked_timeout / 4
-        self._deadlines.set(Deadline.UNACKED_STALL, now + period)
-
-    def _check_stall(self, now: float) -> None:
-        """Close a connection whose peer has held it above half the cap too long."""
-        if self.state is not ConnectionState.ESTABLISHED:
-            return
-        self.inflight.resync(self._lanes_unacked(), now)
-        stalled = self.inflight.stalled_for(now)
-        timeout = self.endpoint.config.unacked_timeout
-        if stalled >= timeout:
-            self.endpoint.stats.rejections["unacked_stall"] += 1
-            logger.warning(
-                "closing connection to %s: it held %d unacknowledged bytes (more than half of"
-                " max_unacked_bytes %d) for %.0f s (unacked_timeout %g s)",
-                self._peer_name(),
-                self.inflight.unacked,
-                self.inflight.limit,
-                stalled,
-                timeout,
-            )
-            self.close(CloseCode.UNACKNOWLEDGED, "nothing acknowledged for too long")
-            return
-        self._schedule_stall_check(now)
-
-    def _leave_ledger(self) -> None:
-        holdings = self._holdings
-        if holdings is None:
-            return
-        self._holdings = None
-        self.inflight.detach()
-        self.inflight.holdings = None
-        holdings.partial_bytes -= self._partial_bytes
-        assert self.peer is not None
-        self.endpoint.peer_ledger.leave(self.peer, holdings, self._poll_gates)
-        if holdings.room() > 0:
-            holdings.wake_others(self._poll_gates)
-
-    def _report_unacked(self, error: ChannelClosed | ConnectionReplaced) -> None:
-        """Admitted data the peer never acknowledged: report it to the node's error handler."""
-        assert self.peer is not None
-        for lane in self._outbound:
-            if lane is None:
-                continue
-            lost = self.quic.stream_unacked(lane.stream_id)
-            if lost:
-                self.endpoint.stats.send_failures_after_admission += 1
-                self.endpoint.handler.send_failed(
-                    self.peer,
-                    lane.lane,
-                    ChannelClosed(
-                        f"{error}; {lost} admitted bytes on lane {lane.lane} unacknowledged"
-                    ),
-                )
-
     def _dial_error(self, event: ConnectionTerminated) -> DialError:
         ours = self.quic.verification_error
         if ours is not None:
             self._note_refusal()
-            return DialError(
-                f"this node refused the peer's certificate ({self._peer_name()}): {ours}",
-                reason=ours.reason,
-            )
-        if self._reset_in_handshake:
-            # Before the crypto range check: the reset's SHUTDOWN code falls in it.
-            return DialError(
-                f"{self._peer_name()} answered the handshake with a stateless reset: it has"
-                " no state for this connection (it restarted, or already let it go); the"
-                " next send dials again",
-                reason="reset_by_peer",
-            )
-        if _CRYPTO_ERROR_FIRST <= event.error_code <= _CRYPTO_ERROR_LAST:
-            theirs = parse_refusal_reason(event.reason_phrase)
-            why = own_certificate_refusal(self.endpoint.credentials, theirs, event.reason_phrase)
-            return DialError(
-                f"{self._peer_name()} refused OUR certificate: {why}",
-                reason=f"refused_by_peer:{theirs}" if theirs else "handshake_failed",
-            )
-        if event.error_code == CloseCode.HANDSHAKE_TIMEOUT:
-            return DialError(
-                f"no handshake with {self._peer_name()} in time", reason="handshake_timeout"
-            )
-        return DialError(
-            f"connection to {self._peer_name()} failed before the handshake: "
-            f"{event.reason_phrase or event.error_code}",
-            reason="unreachable",
+        return dial_failure(
+            event,
+            self.peer_name(),
+            ours=ours,
+            reset_in_handshake=self._reset_in_handshake,
+            credentials=self.endpoint.credentials,
         )
 
     # -- timers and transmit -------------------------------------------------------------
@@ -1149,10 +659,11 @@ class PeerConnection:
         if datagrams:
             self.endpoint.send_datagrams(datagrams)
             self.endpoint.stats.datagrams_out += len(datagrams)
-        if self._stream_room.waiting_count:
+        stream_room = self._outbound.stream_room
+        if stream_room.waiting_count:
             # What was just transmitted is room for the per-stream sends waiting on it;
             # what they write now leaves in the next transmit (transmit_soon).
-            self._stream_room.poll()
+            stream_room.poll()
         timer_at = self.quic.get_timer()
         if timer_at != self._engine_at:  # next_deadline() inline: this runs per batch
             self._engine_at = timer_at
@@ -1182,7 +693,7 @@ class PeerConnection:
             self._engine_at = None
             self.quic.handle_timer(now=now)
             self._process_events()
-            self._poll_gates()
+            self._outbound.poll_gates()
             self.transmit()
         for deadline in self._deadlines.due(now):
             if self.closed.is_set():  # ended by what ran before (state is narrowed here)
@@ -1195,13 +706,13 @@ class PeerConnection:
                 case Deadline.KEEP_ALIVE:
                     self._send_keepalive(now)
                 case Deadline.OPENINGS:
-                    self._openings_timed_out(now)
+                    self._deadlines.set(Deadline.OPENINGS, self._inbound.expire_openings(now))
                 case Deadline.PARTIAL_SWEEP:
-                    self._sweep_partial_frames(now)
+                    self._deadlines.set(Deadline.PARTIAL_SWEEP, self._inbound.sweep(now))
                 case Deadline.PMTU:
                     self._pmtu_step(now)
                 case Deadline.UNACKED_STALL:
-                    self._check_stall(now)
+                    self._deadlines.set(Deadline.UNACKED_STALL, self._outbound.check_stall(now))
         if not self.closed.is_set():
             self._rearm()
 
