@@ -185,8 +185,15 @@ def test_unfinished_frames_past_the_peers_bound_close_the_connection_that_passed
     assert first.closes == []
     assert second.closes == [(CloseCode.FRAME_TOO_LARGE, "too many bytes of unfinished frames")]
     assert second.stats.rejections["partial_frame_bytes"] == 1
-    second.inbound.ended()  # its unfinished frame no longer counts for the peer
+    # Closing (as the connection does on its close) lets its unfinished frame go at once,
+    # not when the close has drained: the peer's other connection goes on under the bound.
+    second.inbound.closing()
     assert holdings.partial_bytes == held
+    assert second.inbound.partial_bytes == 0 and second.inbound.lanes == ()
+    first.data(stream_of_lane(0), b"x" * 90)
+    assert first.closes == []
+    second.inbound.ended()
+    assert holdings.partial_bytes == held + 90
 
 
 def test_an_oversized_frame_closes_the_connection_after_the_frames_before_it() -> None:
@@ -300,4 +307,14 @@ def test_nothing_arrives_once_the_connection_is_closing() -> None:
     side.inbound.closing()
     side.data(stream_of_lane(0), frame(b"late"))
     assert side.handler.frames == []
+    # Data in flight when this side closed is nobody's now, not a refusal of the peer.
+    assert side.stats.rejections["unverified_data"] == 0
+    assert side.closes == []
+
+
+def test_data_before_verification_is_refused() -> None:
+    side = Side()
+    side.data(stream_of_lane(0), frame(b"early"))
+    assert side.handler.frames == []
     assert side.stats.rejections["unverified_data"] == 1
+    assert side.closes == [(CloseCode.UNVERIFIED_PEER, "data before verification")]

@@ -92,6 +92,7 @@ class InboundStreams:
     __slots__ = (
         "_holdings",
         "_host",
+        "_closing",
         "_inbound",
         "_is_client",
         "_lane_window",
@@ -144,6 +145,8 @@ class InboundStreams:
         self._holdings: PeerHoldings | None = None
         """What the peer's connections hold together, from establishment to the end."""
         self._turn_waiting = False
+        self._closing = False
+        """This side closed the connection: what still arrives is nobody's, not refused."""
         self._openings = StreamOpenings(
             config.max_stream_openings,
             config.max_stream_opening_size,
@@ -172,18 +175,30 @@ class InboundStreams:
         return None if self._is_client else now + self._partial_timeout
 
     def closing(self) -> None:
-        """The connection is closing: nothing more that arrives is the handler's."""
+        """The connection is closing: nothing more that arrives is the handler's, and its
+        unfinished frames, which can never finish now, are let go at once. Counted for the
+        peer until the connection ended, they would close its other connections too while
+        this one drains."""
         self._receiving = None
+        self._closing = True
+        self._let_go()
 
     def ended(self) -> None:
         """The connection ended: its unfinished frames no longer count for its peer."""
         self._receiving = None
+        self._let_go()
+        self._openings.clear()
+        self._openings_at = None
+
+    def _let_go(self) -> None:
+        """Drop the lanes' unfinished frames and what waited to be fed, and take their
+        bytes off the peer's count."""
         holdings = self._holdings
         if holdings is not None:
             self._holdings = None
             holdings.partial_bytes -= self.partial_bytes
-        self._openings.clear()
-        self._openings_at = None
+        self.partial_bytes = 0
+        self._inbound.clear()
 
     @property
     def lanes(self) -> tuple[int, ...]:
@@ -214,6 +229,8 @@ class InboundStreams:
     def stream_data(self, event: StreamDataReceived) -> None:
         link = self._receiving
         if link is None:
+            if self._closing:
+                return  # arrived after this side closed the connection: nobody's now
             # Defence in depth: the handshake cannot complete unverified, but never let
             # bytes from an unverified connection near a handler.
             self._stats.rejections["unverified_data"] += 1
