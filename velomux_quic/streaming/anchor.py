@@ -65,7 +65,6 @@ _HEARTBEAT: Final = FrameKind.HEARTBEAT
 _SENDER_ERROR: Final = FrameKind.SENDER_ERROR
 _DETACHED: Final = FrameKind.DETACHED
 _FINALIZED: Final = FrameKind.FINALIZED
-_DROPPED: Final = FrameKind.DROPPED
 
 
 @dataclass(slots=True)
