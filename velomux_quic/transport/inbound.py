@@ -90,9 +90,9 @@ class InboundStreams:
     """The receive side of one connection (see the module docstring)."""
 
     __slots__ = (
+        "_closing",
         "_holdings",
         "_host",
-        "_closing",
         "_inbound",
         "_is_client",
         "_lane_window",
