@@ -15,9 +15,9 @@ import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from velomux_quic.discovery import PeerDiscovery, PeerListener, PeerRecord
-from velomux_quic.errors import WorkerIdCollision
-from velomux_quic.ids import InstanceId, WorkerId, worker_id_of
+from ..discovery import PeerDiscovery, PeerListener, PeerRecord
+from ..errors import WorkerIdCollision
+from ..ids import InstanceId, WorkerId, worker_id_of
 
 __all__ = [
     "DiscoveryFeed",

@@ -11,8 +11,8 @@ the probe are built on (a CA, issuing and reading node credentials and their fil
 summarising and verifying a certificate); the rest of its modules are the transport's.
 """
 
-from velomux_quic.security._files import certificates_pem, read_certificates, write_public
-from velomux_quic.security.certs import (
+from ._files import certificates_pem, read_certificates, write_public
+from .certs import (
     CA_CERT_FILE,
     CA_KEY_FILE,
     NODE_CERT_FILE,
@@ -29,15 +29,15 @@ from velomux_quic.security.certs import (
     recorded_instance_id,
     spiffe_uris,
 )
-from velomux_quic.security.identity import (
+from .identity import (
     DEFAULT_TRUST_DOMAIN,
     instance_from_spiffe,
     parse_spiffe,
     spiffe_uri,
     validate_trust_domain,
 )
-from velomux_quic.security.rotation import CertificateSummary, summarize_certificate
-from velomux_quic.security.verify import PeerRole, PeerVerifier
+from .rotation import CertificateSummary, summarize_certificate
+from .verify import PeerRole, PeerVerifier
 
 __all__ = [
     "CA_CERT_FILE",

@@ -21,7 +21,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from velomux_quic.errors import CredentialsError
+from ..errors import CredentialsError
 
 __all__ = [
     "PRIVATE_DIR_MODE",

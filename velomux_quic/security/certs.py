@@ -35,8 +35,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.types import PublicKeyTypes
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from velomux_quic.ids import InstanceId, new_instance_id
-from velomux_quic.security._files import (
+from ..ids import InstanceId, new_instance_id
+from ._files import (
     CredentialsError,
     certificates_pem,
     directory_lock,
@@ -49,7 +49,7 @@ from velomux_quic.security._files import (
     write_private,
     write_public,
 )
-from velomux_quic.security.identity import (
+from .identity import (
     DEFAULT_TRUST_DOMAIN,
     SPIFFE_SCHEME,
     spiffe_uri,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 
-from velomux_quic.ids import InstanceId
+from ..ids import InstanceId
 
 __all__ = [
     "DEFAULT_TRUST_DOMAIN",

@@ -23,9 +23,9 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.types import PublicKeyTypes
 
-from velomux_quic.errors import CredentialsError, PeerVerificationError
-from velomux_quic.security.certs import NodeCredentials
-from velomux_quic.security.verify import PeerVerifier
+from ..errors import CredentialsError, PeerVerificationError
+from .certs import NodeCredentials
+from .verify import PeerVerifier
 
 __all__ = [
     "CertificateSummary",

@@ -20,8 +20,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.types import PublicKeyTypes
 
-from velomux_quic.errors import CredentialsError
-from velomux_quic.security.certs import NODE_CERT_FILE, NODE_KEY_FILE, NodeCredentials
+from ..errors import CredentialsError
+from .certs import NODE_CERT_FILE, NODE_KEY_FILE, NodeCredentials
 
 __all__ = [
     "Expiring",

@@ -15,15 +15,15 @@ from datetime import UTC, datetime, timedelta
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from velomux_quic.ids import InstanceId, new_instance_id
-from velomux_quic.security.certs import (
+from ..ids import InstanceId, new_instance_id
+from .certs import (
     NODE_EXTENDED_KEY_USAGES,
     CertificateAuthority,
     NodeCredentials,
     generate_private_key,
     issue_node_certificate,
 )
-from velomux_quic.security.certs import _sign_leaf as sign_leaf
+from .certs import _sign_leaf as sign_leaf
 
 __all__ = [
     "CLIENT_ONLY",

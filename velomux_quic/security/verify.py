@@ -37,9 +37,9 @@ from cryptography.x509.verification import (
     VerificationError,
 )
 
-from velomux_quic.errors import PeerVerificationError, RefusalReason
-from velomux_quic.ids import InstanceId
-from velomux_quic.security.identity import SPIFFE_SCHEME, parse_spiffe, validate_trust_domain
+from ..errors import PeerVerificationError, RefusalReason
+from ..ids import InstanceId
+from .identity import SPIFFE_SCHEME, parse_spiffe, validate_trust_domain
 
 __all__ = ["PeerRole", "PeerVerificationError", "PeerVerifier", "RefusalReason"]
 
