@@ -79,7 +79,7 @@ logger = logging.getLogger(__name__)
 class RuntimeInfo:
     """What a node started in this process would run, so that a bug report, a log line or
     ``velomux --version`` can say which implementation produced it: the record path
-    (compiled, or the pure-Python twin under ``VELOMUX_PURE_PYTHON=1``) and the QUIC engine
+    (compiled, or run as plain Python under ``VELOMUX_PURE_PYTHON=1``) and the QUIC engine
     that a configuration naming none gets (``VELOMUX_QUIC_ENGINE``, else aioquic).
 
     A node's own ``[transport] engine`` may name another engine; its snapshot
@@ -266,7 +266,8 @@ class NodeSnapshot:
     """Slots per (peer, lane), binds, byte budgets; None when the node runs without a mux."""
     record_path: RecordPath
     """Which implementation of the per-record loops this process runs: ``compiled`` (the
-    Cython extension) or ``pure-python`` (its twin, chosen with VELOMUX_PURE_PYTHON=1)."""
+    Cython extensions) or ``pure-python`` (the same sources run as Python, chosen with
+    VELOMUX_PURE_PYTHON=1)."""
 
 
 class Node:
