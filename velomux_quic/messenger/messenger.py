@@ -162,7 +162,7 @@ class Messenger(TransportHandler):
             max_backlog=config.max_ordered_backlog,
             pause=self._pause_lane,
             resume=self._resume_lane,
-            observe_wait=lambda handler, wait: self.metrics.lane_wait.labels(handler).observe(wait),
+            observe_wait=lambda handler, wait: self.metrics.lane_wait_of(handler).observe(wait),
         )
         self._prefixes: dict[str, bytes] = {}
         self._lane_reset_hooks: list[Callable[[InstanceId, int], None]] = []
@@ -645,7 +645,7 @@ class Messenger(TransportHandler):
         finally:
             if not future.done():
                 future.cancel()
-            self.metrics.unary_duration.labels(handler, outcome_label).observe(
+            self.metrics.unary_duration_of(handler, outcome_label).observe(
                 time.monotonic() - started
             )
 
@@ -799,9 +799,7 @@ class Messenger(TransportHandler):
         self._observe(spec.name, response_type, "success", started, len(ctx.payload))
         if kind is Kind.REQUEST:
             payload = b"" if result is None else bytes(result)
-            self.metrics.response_bytes.labels(spec.name, response_type, "success").inc(
-                len(payload)
-            )
+            self.metrics.response_bytes_of(spec.name, response_type, "success").inc(len(payload))
             self._reply(ctx.sender, ctx.lane, Kind.RESPONSE, message_id, payload)
         elif kind is Kind.SYNC:
             self._reply(ctx.sender, ctx.lane, Kind.ACK, message_id, b"")
@@ -868,7 +866,7 @@ class Messenger(TransportHandler):
         if waiting > self.config.max_pending_reply_bytes:
             # The peer sends requests and does not read their answers: queueing more
             # would hold its replies here without bound. Its callers time out instead.
-            self.metrics.replies_dropped.labels("peer_not_reading").inc()
+            self.metrics.replies_dropped_of("peer_not_reading").inc()
             if peer not in self._reply_drops_logged:
                 self._reply_drops_logged.add(peer)
                 logger.warning(

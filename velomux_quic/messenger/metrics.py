@@ -8,11 +8,46 @@ costs a dict lookup, not a label resolution.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Generic, TypeVar
 
 from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.registry import CollectorRegistry
 
-__all__ = ["LATENCY_BUCKETS", "MessengerMetrics"]
+__all__ = ["LATENCY_BUCKETS", "Children", "MessengerMetrics"]
+
+M = TypeVar("M", Counter, Histogram)
+
+_CHILDREN_KEPT = 4096
+"""Label combinations a :class:`Children` keeps; past it, each look-up resolves the labels
+again (right, only slower), so a caller's unbounded names cannot grow the cache."""
+
+
+class Children(Generic[M]):
+    """The labelled children of one metric, resolved once per label values and kept.
+
+    prometheus-client's ``labels()`` validates and joins the values and takes a lock on
+    every call, which a series counted once per message pays each time; a dict look-up
+    by the values' tuple does not. Use it where a series is touched per message, per
+    request or per call."""
+
+    __slots__ = ("_kept", "_metric")
+
+    def __init__(self, metric: M) -> None:
+        self._metric: M = metric
+        self._kept: dict[tuple[str, ...], M] = {}
+
+    def __call__(self, *values: str) -> M:
+        child = self._kept.get(values)
+        if child is None:
+            child = self._metric.labels(*values)
+            if len(self._kept) < _CHILDREN_KEPT:
+                self._kept[values] = child
+        return child
+
+    def __len__(self) -> int:
+        """Label combinations kept."""
+        return len(self._kept)
+
 
 LATENCY_BUCKETS = tuple(0.0005 * 2**i for i in range(16))
 """0.5 ms doubling, 16 buckets (about 16 s at the top), as the metrics reference sets."""
@@ -141,6 +176,10 @@ class MessengerMetrics:
             "Staged payloads of peers accepted and not delivered yet",
             registry=r,
         )
+        self.response_bytes_of = Children(self.response_bytes)
+        self.replies_dropped_of = Children(self.replies_dropped)
+        self.unary_duration_of = Children(self.unary_duration)
+        self.lane_wait_of = Children(self.lane_wait)
         self._in: dict[str, tuple[Counter, Counter]] = {}
         self._out: dict[str, tuple[Counter, Counter]] = {}
         self._handled: dict[tuple[str, str, str], tuple[Counter, Histogram, Counter]] = {}
