@@ -13,7 +13,6 @@ one attach, end one request, or blame the peer)::
     ├── TransportError                     the network: connections, dials, admission
     │   ├── DialError                      no connection could be made (``reason`` says why)
     │   ├── PeerNotRegistered              no address known: add_peer() or discovery
-    │   │   └── CallPeerNotRegistered      a call's form of it (also a PeerGone)
     │   ├── PeerVerificationError          the peer's certificate was refused (``reason``)
     │   ├── TransportClosed                this node's transport is closed
     │   ├── MessageTooLarge (ValueError)   a frame above max_message_size
@@ -198,8 +197,8 @@ class DialError(TransportError):
 class PeerNotRegistered(TransportError):
     """No address is known for that peer: call ``add_peer`` or configure discovery.
 
-    A call (``Node.call``) to such a peer raises it too, as a :class:`PeerGone` (the call
-    branch's class for an unreachable peer), so ``except PeerGone`` still catches it.
+    A call (``Node.call``) to such a peer raises :class:`CallPeerNotRegistered` instead,
+    a :class:`PeerGone` like every call that cannot reach its peer, with this as its cause.
     """
 
 
@@ -339,13 +338,11 @@ class PeerGone(CallError):
     """The peer could not be reached, or its connection died while we waited."""
 
 
-class CallPeerNotRegistered(PeerNotRegistered, PeerGone):
-    """A call to a peer whose address nobody knows: both a :class:`PeerNotRegistered`
-    (what to fix: ``add_peer`` or discovery) and a :class:`PeerGone` (what a call raises
-    for a peer it cannot reach), so a handler of either branch catches it."""
-
-    def __init__(self, message: str, *, peer: object = None, handler: str = "") -> None:
-        PeerGone.__init__(self, message, peer=peer, handler=handler)
+class CallPeerNotRegistered(PeerGone):
+    """A call to a peer whose address nobody knows: a :class:`PeerGone`, the call branch's
+    class for a peer it cannot reach, whose message says what to fix (``add_peer`` or
+    discovery). It is a call's failure, so it is in the call branch alone; the transport's
+    :class:`PeerNotRegistered` that caused it is its ``__cause__``."""
 
 
 # -- attach ----------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from tests.conftest import StartNode
 from tests.integration.test_node_command import CHECKOUT, COMMAND
 from velomux_quic import (
     AttachRefused,
+    CallPeerNotRegistered,
     ConfigurationError,
     CredentialsError,
     InstanceId,
@@ -210,14 +211,15 @@ async def test_open_node_under_a_plain_with_says_async_with(
     assert "async with open_node(" in str(raised.value)
 
 
-async def test_a_call_to_an_unregistered_peer_raises_peer_not_registered_naming_the_fix(
+async def test_a_call_to_an_unregistered_peer_raises_call_peer_not_registered_naming_the_fix(
     start_nodes: StartNode, make_credentials: Callable[..., NodeCredentials]
 ) -> None:
     node = await start_nodes("a")
     stranger = make_credentials("b").instance_id
-    with pytest.raises(PeerNotRegistered) as raised:
+    with pytest.raises(CallPeerNotRegistered) as raised:
         await node.call(stranger, "anything", timeout=5)
     assert isinstance(raised.value, PeerGone)  # what a call raised before
+    assert isinstance(raised.value.__cause__, PeerNotRegistered)  # the transport's refusal
     message = str(raised.value)
     assert f"node.add_peer(InstanceId.parse('{stranger}'), 'host:port')" in message
     assert "discovery" in message
