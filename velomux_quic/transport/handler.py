@@ -8,14 +8,33 @@ the transport's own (InstanceIds, lanes, bytes, :mod:`.events`); nothing from an
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING, Protocol
 
 from ..errors import RequestRefused, TransportError
 from ..ids import InstanceId
 from .events import PeerLink, StreamData, StreamReset, StreamStopped
 
-__all__ = ["TransportHandler"]
+if TYPE_CHECKING:
+    from .config import TransportConfig
+    from .metrics import TransportStats
+
+__all__ = ["EndpointServices", "TransportHandler"]
 
 logger = logging.getLogger(__name__)
+
+
+class EndpointServices(Protocol):
+    """What a connection's parts ask of the node's endpoint: its configuration, the
+    handler the layers above installed, and the counters they add to."""
+
+    @property
+    def config(self) -> TransportConfig: ...
+
+    @property
+    def handler(self) -> TransportHandler: ...
+
+    @property
+    def stats(self) -> TransportStats: ...
 
 
 class TransportHandler:

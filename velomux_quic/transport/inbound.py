@@ -28,12 +28,10 @@ from typing import Protocol
 
 from ..ids import InstanceId
 from .admission import PeerHoldings
-from .config import TransportConfig
 from .events import PeerLink, StreamData, StreamReset
 from .framing import FrameTooLarge
-from .handler import TransportHandler
+from .handler import EndpointServices
 from .lanes import InboundLane, lane_of_stream, stream_of_lane
-from .metrics import TransportStats
 from .openings import DROP, REFUSED_TIMEOUT, StreamOpenings
 from .requests import IncomingRequests, OutgoingRequests
 from .seam import StreamDataReceived
@@ -56,17 +54,8 @@ class InboundEngine(Protocol):
     def stop_stream(self, stream_id: int, error_code: int) -> None: ...
 
 
-class InboundOwner(Protocol):
+class InboundOwner(EndpointServices, Protocol):
     """What the inbound side asks of the node's endpoint (a ``ConnectionOwner`` is one)."""
-
-    @property
-    def config(self) -> TransportConfig: ...
-
-    @property
-    def handler(self) -> TransportHandler: ...
-
-    @property
-    def stats(self) -> TransportStats: ...
 
     def is_reading_paused(self, peer: InstanceId, lane: int) -> bool: ...
 

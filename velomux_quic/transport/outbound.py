@@ -26,11 +26,10 @@ from typing import Protocol
 from ..errors import ChannelClosed, ConnectionReplaced
 from ..ids import InstanceId
 from .admission import InflightBound, PeerHoldings, PeerLedger, SendOutcome, SharedRoom
-from .config import MAX_LANES, TransportConfig
+from .config import MAX_LANES
 from .deliveries import Deliveries, DeliveryCallback
-from .handler import TransportHandler
+from .handler import EndpointServices
 from .lanes import FIRST_EXTRA_STREAM, OutboundStream, StreamHost, stream_of_lane
-from .metrics import TransportStats
 from .perstream_send import PerStreamOutbound
 from .seam import QuicEngine
 from .states import CloseCode
@@ -56,17 +55,8 @@ class OutboundHost(StreamHost, Protocol):
         """The peer, as errors and log lines name it."""
 
 
-class OutboundOwner(Protocol):
-    """What the send side asks of the node's endpoint (a ``ConnectionOwner`` is one)."""
-
-    @property
-    def config(self) -> TransportConfig: ...
-
-    @property
-    def handler(self) -> TransportHandler: ...
-
-    @property
-    def stats(self) -> TransportStats: ...
+OutboundOwner = EndpointServices
+"""What the send side asks of the node's endpoint (a ``ConnectionOwner`` is one)."""
 
 
 class OutboundStreams:
