@@ -119,6 +119,14 @@ async def wait_for_open_streams(sink: Sink, count: int) -> None:
             await asyncio.sleep(0.05)
 
 
+async def wait_for_records(sink: Sink, at_least: int) -> None:
+    """Bounded polling of the sink's record counter: a stream opens before its first record
+    is written, so open streams alone do not say the probe has sent anything yet."""
+    async with asyncio.timeout(30):
+        while (await sink.metric("velomux_sink_records_total") or 0.0) < at_least:
+            await asyncio.sleep(0.05)
+
+
 async def run_probe(*arguments: str, timeout: float = 40.0) -> tuple[int, str, str]:
     """One `velomux probe` run to its end: (exit status, stdout, stderr)."""
     process = await asyncio.create_subprocess_exec(
@@ -299,6 +307,7 @@ async def test_a_probe_finds_a_discovered_peer_by_name_and_ctrl_c_ends_its_windo
         )  # fmt: skip
         try:
             await wait_for_open_streams(sink, 3)
+            await wait_for_records(sink, 3)
             process.send_signal(signal.SIGINT)
             async with asyncio.timeout(30):
                 out, err = await process.communicate()
