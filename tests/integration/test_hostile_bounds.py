@@ -11,7 +11,9 @@ counters; every attacker holds a certificate of the victim's CA and speaks real 
    closed after ``unacked_timeout`` (``unacked_stall``);
 2. an honest peer's burst of 50,000 small requests before the victim's return dial to it
    completes: every reply arrives, none dropped;
-3. unfinished frames spread over several connections of one peer: bounded per peer.
+3. unfinished frames spread over several connections of one peer: bounded per peer;
+4. the per-stream path's writes to a member that acknowledges nothing: held to the same
+   cap as the lanes, then the connection closed.
 
 Each prints its figures (``-s`` shows them).
 """
@@ -36,6 +38,7 @@ from velomux_quic.messenger.envelope import Kind, encode_envelope
 from velomux_quic.node import Node
 from velomux_quic.security.certs import NodeCredentials
 from velomux_quic.transport import TransportConfig, TransportHandler
+from velomux_quic.transport.admission import AdmissionState, SendAdmission
 from velomux_quic.transport.endpoint import QuicEndpoint
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.one_loop]
@@ -181,6 +184,47 @@ async def test_a_connection_held_at_the_cap_past_unacked_timeout_is_closed_and_c
         stats = victim.messenger.transport.stats
         assert stats.rejections["unacked_stall"] >= 1
         assert stats.unacked_cap_reached >= 1
+    finally:
+        await victim.close()
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_per_stream_writes_to_a_member_that_does_not_acknowledge_are_held_to_the_cap(
+    make_credentials: Callable[..., NodeCredentials], engine: str
+) -> None:
+    """The per-stream path's streams count towards the connection's cap as the lanes do: a
+    member granting huge windows and acknowledging nothing holds at most
+    ``max_unacked_bytes`` of them (set below the congestion window here, which alone would
+    let more go), the sends past it wait, and when ``unacked_timeout`` closes the
+    connection they are refused, not left waiting."""
+    cap = 8 * 1024
+    config = TransportConfig(  # type: ignore[arg-type]
+        engine=engine, unacked_timeout=2.0, max_unacked_bytes=cap
+    )
+    victim = await Node.start(make_credentials("victim"), transport=config)
+    hostile = make_credentials("hostile")
+    try:
+        async with hostile_server(
+            hostile, max_stream_data=1 << 30, max_data=4 << 30, deaf=Deafness()
+        ) as server:
+            victim.add_peer(hostile.instance_id, server.address)
+            await victim.messenger.transport.connect(hostile.instance_id)
+            dialed = victim.messenger.transport.outbound_connection(hostile.instance_id)
+            assert dialed is not None
+            await server.first_connection()
+            streams = [dialed.open_stream(1 << 20) for _ in range(8)]
+            outcomes = [stream.send(bytes(1000)) for _ in range(16) for stream in streams]
+            waiting = [o for o in outcomes if isinstance(o, SendAdmission) and not o.done()]
+            assert waiting and dialed.snapshot().unacked_bytes <= cap + 1004
+            async with asyncio.timeout(30):
+                await dialed.closed.wait()
+            late = [o for o in waiting if o.state is AdmissionState.ADMITTED]
+            admitted = len(outcomes) - len(waiting) + len(late)
+            assert 0 < admitted * 1004 <= cap + 1004, admitted  # the cap, plus one frame
+            assert all(o.state is AdmissionState.FAILED for o in waiting if o not in late)
+        stats = victim.messenger.transport.stats
+        assert stats.unacked_cap_reached >= 1
+        assert stats.rejections["unacked_stall"] >= 1
     finally:
         await victim.close()
 

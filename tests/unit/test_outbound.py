@@ -152,6 +152,76 @@ def test_room_acknowledged_on_one_connection_admits_the_peers_other() -> None:
     assert len(ledger) == 1
 
 
+def test_per_stream_writes_count_towards_the_cap_and_wait_past_it_in_their_turn() -> None:
+    """A per-stream stream's own bounds count only what was not transmitted; what the peer
+    holds unacknowledged is the connection's cap, which these streams count towards as the
+    lanes do, however large the windows the peer grants."""
+    side = Side(max_unacked_bytes=written(1000) * 2, max_unacked_bytes_per_peer=1 << 30)
+    side.outbound.join(PeerLedger(1 << 30), PEER, side.now)
+    first, second = side.outbound.open_stream(1 << 20), side.outbound.open_stream(1 << 20)
+    assert first.send(b"x" * 1000) is ADMITTED
+    assert second.send(b"x" * 1000) is ADMITTED
+    assert side.inflight.unacked == side.inflight.streams == written(1000) * 2
+    waiting = first.send(b"y")
+    behind = second.send(b"z")
+    assert isinstance(waiting, SendAdmission) and isinstance(behind, SendAdmission)
+    assert not waiting.done() and not behind.done()
+    assert side.outbound.send(0, b"lane") is not ADMITTED  # the lanes share the cap
+    assert side.stats.unacked_cap_reached == 1
+    side.arrived()  # nothing acknowledged: the count is taken afresh and still full
+    assert not waiting.done() and side.inflight.streams == written(1000) * 2
+    side.quic.ack(first.stream_id)
+    side.arrived()
+    assert waiting.state is AdmissionState.ADMITTED and behind.state is AdmissionState.ADMITTED
+    assert side.inflight.streams == written(1000) + written(1) * 2
+
+
+def test_a_per_stream_frame_larger_than_the_cap_goes_alone_below_it() -> None:
+    """As on an idle lane: the most held is the cap plus one frame, never a frame that can
+    never be sent."""
+    side = Side(max_unacked_bytes=written(100))
+    side.outbound.join(PeerLedger(1 << 30), PEER, side.now)
+    stream = side.outbound.open_stream(1 << 20)
+    assert stream.send(b"x" * 1000) is ADMITTED
+    waiting = stream.send(b"y")
+    assert isinstance(waiting, SendAdmission) and not waiting.done()
+    side.quic.ack()
+    side.arrived()
+    assert waiting.state is AdmissionState.ADMITTED
+
+
+def test_an_acknowledging_per_stream_peer_is_recounted_only_past_half_the_cap() -> None:
+    """Between counts the per-stream part only grows (an estimate that errs towards waiting);
+    it is walked afresh once it could decide: past half the cap, where the stall clock
+    runs, so an honest peer's streams are never closed for an overestimate."""
+    side = Side(max_unacked_bytes=written(100) * 4, unacked_timeout=8.0)
+    at = side.outbound.join(PeerLedger(1 << 30), PEER, side.now)
+    stream = side.outbound.open_stream(1 << 20)
+    stream.send(b"x" * 100)
+    side.quic.ack()
+    side.arrived()
+    assert side.inflight.streams == written(100)  # below half: not walked, an upper bound
+    for _ in range(20):
+        assert stream.send(b"x" * 100) is ADMITTED
+        side.quic.ack()
+        side.arrived()
+        assert side.inflight.unacked * 2 <= side.inflight.limit
+        assert at is not None
+        side.now = at
+        at = side.outbound.check_stall(side.now)
+    assert side.closes == [] and side.stats.unacked_cap_reached == 0
+
+
+def test_a_peer_that_never_acknowledges_per_stream_writes_is_closed_at_the_stall_check() -> None:
+    side = Side(max_unacked_bytes=written(100), unacked_timeout=8.0)
+    at = side.outbound.join(PeerLedger(1 << 30), PEER, side.now)
+    side.outbound.open_stream(1 << 20).send(b"x" * 60)  # above half, never acknowledged
+    while at is not None:
+        side.now = at
+        at = side.outbound.check_stall(side.now)
+    assert side.closes == [(CloseCode.UNACKNOWLEDGED, "nothing acknowledged for too long")]
+
+
 def test_a_peer_holding_the_connection_above_half_its_cap_is_closed_at_the_stall_check() -> None:
     side = Side(max_unacked_bytes=written(100), unacked_timeout=8.0)
     at = side.outbound.join(PeerLedger(1 << 30), PEER, side.now)

@@ -535,19 +535,27 @@ class InflightBound:
     the gates wait, so what waits stays in the gates, where the layer above charges and
     bounds it.
 
-    ``unacked`` is exact after :meth:`resync` (run when datagrams arrived, which is when
-    acknowledgements do) and counts every write in between, so the check on the send
-    path costs two subtractions.
+    Both the lanes and the per-stream path's streams count: a member that grants large
+    windows and acknowledges nothing would otherwise have every per-stream write held
+    too. ``unacked`` is the lanes' exact count after :meth:`resync` (run when datagrams
+    arrived, which is when acknowledgements do) plus ``streams``, the per-stream streams'
+    part, and every write in between, so the check on the send path costs two
+    subtractions. The per-stream part is recounted only when :meth:`stream_count_due`
+    (a walk over every stream the connection writes, too dear per datagram); between
+    counts it only grows, so it errs towards waiting, never towards holding more.
 
     A connection that stays above half its cap is *stalled*; :meth:`stalled_for` says since
     when, for the close of a peer that keeps a connection alive and never acknowledges.
     """
 
-    __slots__ = ("_calm_at", "holdings", "limit", "unacked")
+    __slots__ = ("_calm_at", "holdings", "limit", "streams", "unacked")
 
     def __init__(self, limit: int, now: float) -> None:
         self.limit = limit
         self.unacked = 0
+        self.streams = 0
+        """The per-stream streams' part of ``unacked``: exact at the last count, plus what
+        they wrote since."""
         self.holdings: PeerHoldings | None = None
         self._calm_at = now
 
@@ -566,8 +574,26 @@ class InflightBound:
         if self.holdings is not None:
             self.holdings.unacked += size
 
-    def resync(self, unacked: int, now: float) -> bool:
-        """Take the exact count; True when it fell (room opened)."""
+    def stream_written(self, size: int) -> None:
+        """A per-stream stream wrote ``size`` bytes (:meth:`written`'s count, inline: it
+        runs per frame)."""
+        self.streams += size
+        self.unacked += size
+        if self.holdings is not None:
+            self.holdings.unacked += size
+
+    def stream_count_due(self) -> bool:
+        """Whether :meth:`resync` should be given the per-stream part counted afresh: it
+        counts something and the connection is past half its cap or out of room (where
+        the stall clock runs and gates wait, an estimate must not decide)."""
+        return self.streams > 0 and (self.unacked * 2 > self.limit or self.room() <= 0)
+
+    def resync(self, lanes_unacked: int, now: float, streams_unacked: int | None = None) -> bool:
+        """Take the lanes' exact count, and the per-stream streams' when counted
+        (``None``: keep their part as it stands); True when the total fell (room opened)."""
+        if streams_unacked is not None:
+            self.streams = streams_unacked
+        unacked = lanes_unacked + self.streams
         delta = unacked - self.unacked
         self.unacked = unacked
         if self.holdings is not None:
@@ -587,4 +613,4 @@ class InflightBound:
         """The connection ended: what it held no longer counts for its peer."""
         if self.holdings is not None:
             self.holdings.unacked -= self.unacked
-        self.unacked = 0
+        self.unacked = self.streams = 0

@@ -157,13 +157,13 @@ class TransportConfig:
     else loses anything."""
 
     max_unacked_bytes: int = 4 * MiB
-    """Bytes one connection's lanes may hold admitted and not yet acknowledged by the
-    peer, whatever flow-control windows the peer grants. Past it sends wait in their
-    gates (where the messenger charges and bounds replies), so a peer that advertises
-    huge windows and acknowledges nothing cannot make the QUIC stack hold without bound.
-    A frame is still admitted alone while the connection is below the cap, so the most
-    held is this plus one ``max_message_size`` frame. It caps a lane's throughput at
-    about this much per round trip (4 MiB at 50 ms: 80 MiB/s)."""
+    """Bytes one connection's lanes and per-stream streams may hold admitted and not yet
+    acknowledged by the peer, whatever flow-control windows the peer grants. Past it sends
+    wait in their gates (where the messenger charges and bounds replies), so a peer that
+    advertises huge windows and acknowledges nothing cannot make the QUIC stack hold
+    without bound. A frame is still admitted alone while the connection is below the cap,
+    so the most held is this plus one ``max_message_size`` frame. It caps a connection's
+    throughput at about this much per round trip (4 MiB at 50 ms: 80 MiB/s)."""
 
     max_unacked_bytes_per_peer: int = 8 * MiB
     """The same, summed over every connection of one peer (it may hold

@@ -659,8 +659,9 @@ class PeerConnection:
         if datagrams:
             self.endpoint.send_datagrams(datagrams)
             self.endpoint.stats.datagrams_out += len(datagrams)
-        stream_room = self._outbound.stream_room
-        if stream_room.waiting_count:
+        outbound = self._outbound
+        stream_room = outbound.stream_room
+        if stream_room.waiting_count and outbound.inflight.room() > 0:
             # What was just transmitted is room for the per-stream sends waiting on it;
             # what they write now leaves in the next transmit (transmit_soon).
             stream_room.poll()

@@ -209,6 +209,8 @@ class OutboundStream:
         conn = self._conn
         if self.lane >= 0:
             conn.inflight.written(size + FRAME_HEADER_SIZE)
+        else:
+            conn.inflight.stream_written(size + FRAME_HEADER_SIZE)
         stats = conn.stats
         stats.frames_out += 1
         stats.bytes_out += size + FRAME_HEADER_SIZE

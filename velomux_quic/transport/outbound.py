@@ -7,11 +7,12 @@ its admission gate, and the per-stream path opens streams of its own beside them
 datagrams arrived (acknowledgements come in them), when the engine's timer ran, when
 another connection to the same peer had its bytes acknowledged.
 
-What the lanes hold unacknowledged is capped by this node, per connection and per peer
-(:class:`~.admission.InflightBound`, :class:`~.admission.PeerHoldings`); a connection held
-above half its cap for ``unacked_timeout`` is closed (the stall check), and what a
-connection that ends never had acknowledged is reported to the handler as lost. A
-graceful close waits for the lanes' and the finished per-stream streams' bytes.
+What the lanes and the per-stream streams hold unacknowledged is capped by this node, per
+connection and per peer (:class:`~.admission.InflightBound`,
+:class:`~.admission.PeerHoldings`); a connection held above half its cap for
+``unacked_timeout`` is closed (the stall check), and what a connection that ends never had
+acknowledged on its lanes is reported to the handler as lost. A graceful close waits for
+the lanes' and the finished per-stream streams' bytes.
 
 :class:`OutboundStreams` is sans-IO: it is given ``now`` and answers with the time of its
 next stall check, which the connection keeps among its :class:`~.deadlines.Deadline`;
@@ -139,10 +140,13 @@ class OutboundStreams:
         return stream
 
     def stream_blocked(self, stream: OutboundStream) -> None:
-        self._blocked.add(stream)
+        """A send waits: a lane's is polled with the gates, a per-stream stream's in the
+        shared room's turn (it joined that queue itself)."""
+        if stream.lane >= 0:
+            self._blocked.add(stream)
         stats = self._stats
         stats.send_backpressure += 1
-        if not self._cap_counted and stream.lane >= 0 and self.inflight.room() <= 0:
+        if not self._cap_counted and self.inflight.room() < stream.gate.head_size:
             self._cap_counted = True  # once per time the cap is reached
             stats.unacked_cap_reached += 1
 
@@ -156,13 +160,17 @@ class OutboundStreams:
                 self._prune_finished_at = max(_PRUNE_FINISHED_MIN, 2 * len(finished))
 
     def poll_gates(self) -> None:
-        """Room may have opened: admit what waits, stream by stream."""
-        if not self._blocked or not self._host.established:
+        """Room may have opened: admit what waits, lane by lane, then the per-stream
+        streams in their shared turn."""
+        if not self._host.established:
             return
-        for stream in list(self._blocked):
-            stream.gate.poll()
-            if stream.gate.pending_count == 0:
-                self._blocked.discard(stream)
+        if self._blocked:
+            for stream in list(self._blocked):
+                stream.gate.poll()
+                if stream.gate.pending_count == 0:
+                    self._blocked.discard(stream)
+        if self.stream_room.waiting_count and self.inflight.room() > 0:
+            self.stream_room.poll()
 
     def reset_lane(self, lane: int) -> None:
         """Abort one lane's stream (RESET_STREAM); the peer sees the lane cut."""
@@ -255,6 +263,15 @@ class OutboundStreams:
                 self._finished_unacked.discard(stream_id)
         return unacked
 
+    def _streams_unacked(self) -> int:
+        """What the per-stream streams hold unacknowledged, open and finished: a walk over
+        all of them, so only when the estimate may decide (``stream_count_due``)."""
+        quic = self._quic
+        unacked = sum(quic.stream_unacked(stream_id) for stream_id in self._extra)
+        if self._finished_unacked:
+            unacked += self._prune_finished()
+        return unacked
+
     def _lanes_unacked(self) -> int:
         quic = self._quic
         return sum(quic.stream_unacked(lane.stream_id) for lane in self._lanes if lane is not None)
@@ -289,7 +306,8 @@ class OutboundStreams:
             return
         holdings = self.holdings
         was_full = holdings is not None and holdings.room() <= 0
-        if inflight.resync(self._lanes_unacked(), now):
+        streams = self._streams_unacked() if inflight.stream_count_due() else None
+        if inflight.resync(self._lanes_unacked(), now, streams):
             if was_full and holdings is not None:
                 holdings.wake_others(self.poll_gates)
             if self._cap_counted and inflight.room() > 0:
@@ -301,7 +319,8 @@ class OutboundStreams:
         if not self._host.established:
             return None
         inflight = self.inflight
-        inflight.resync(self._lanes_unacked(), now)
+        streams = self._streams_unacked() if inflight.streams else None
+        inflight.resync(self._lanes_unacked(), now, streams)
         stalled = inflight.stalled_for(now)
         timeout = self._unacked_timeout
         if stalled >= timeout:

@@ -32,6 +32,14 @@ class PerStreamOutbound(OutboundStream):
     Either bound that counts nothing yet admits any one frame, so a frame larger than a
     bound still goes, alone. Room opens when aioquic transmits (the connection polls the
     shared room after every transmit) or when the peer's window grows.
+
+    Neither bound counts what was transmitted and never acknowledged, which the peer
+    decides: that is the connection's own cap (:class:`~.admission.InflightBound`), which
+    these streams count towards as the lanes do. Below it a frame must also fit the cap's
+    room, unless both bounds above count nothing (it goes alone, as on an idle lane, so
+    the most held is the cap plus one frame); past it every frame waits in the shared
+    room's turn until acknowledgements (or those of the peer's other connections, for its
+    per-peer cap) make room.
     """
 
     __slots__ = ("_shared",)
@@ -47,7 +55,7 @@ class PerStreamOutbound(OutboundStream):
         outcome = self.gate.send(body)
         if isinstance(outcome, SendAdmission) and not outcome.done():
             self._shared.waiting(self.gate, len(body))
-            self._conn.stats.send_backpressure += 1
+            self._conn.stream_blocked(self)
         return outcome
 
     def try_send(self, body: bytes, *, shared: bool = True) -> bool:
@@ -72,10 +80,16 @@ class PerStreamOutbound(OutboundStream):
     def room(self) -> int:
         if not self._conn.established:
             return -1
+        cap = self._conn.inflight.room()
+        if cap <= 0:
+            return -1  # the unacknowledged cap is reached: even a lone frame waits
         unsent = self._quic.stream_unsent(self.stream_id)
         own = self.send_buffer - unsent if unsent else UNBOUNDED
         shared = self._shared.room()
-        return own if own < shared else shared
+        room = own if own < shared else shared
+        if room == UNBOUNDED:
+            return room  # a lone frame goes below the cap, larger than its room or not
+        return cap if cap < room else room
 
     def idle(self) -> bool:
         return False  # room() already admits a lone frame when nothing is queued

@@ -55,12 +55,13 @@ class ConnectionSnapshot:
     datagram_size: int = 1452
     """The largest datagram (UDP payload) the connection sends now."""
     datagram_mode: str = "base"
-    unacked_bytes: int = 0
-    """Bytes admitted to this connection's lanes the peer has not acknowledged (held to
-    ``max_unacked_bytes``, and with the peer's other connections to
-    ``max_unacked_bytes_per_peer``)."""
     """How that size was chosen: ``pinned``, ``loopback``, ``base`` (discovery off),
     ``searching``, ``complete`` or ``black_hole`` (see :class:`~.pmtu.DatagramMode`)."""
+    unacked_bytes: int = 0
+    """Bytes admitted to this connection's lanes and per-stream streams that the peer has
+    not acknowledged (held to ``max_unacked_bytes``, and with the peer's other connections
+    to ``max_unacked_bytes_per_peer``). The per-stream streams' part is counted afresh only
+    near the cap, and in between counts what they wrote since: an upper bound."""
 
 
 @dataclass(frozen=True, slots=True)
