@@ -65,7 +65,7 @@ def _configuration(
     configuration = make_qh3_configuration(
         credentials,
         is_client=is_client,
-        max_datagram_size=chosen_datagram_size(datagram_size),
+        max_datagram_size=chosen_datagram_size(datagram_size, "qh3"),
         idle_timeout=idle_timeout,
         max_stream_data=_NODE.lane_window,
         max_data=_NODE.connection_window,

@@ -32,8 +32,9 @@ the same ``StreamCheck`` on every arm. The inboxes end when the QUIC stream ends
 
 Transport settings are a velomux node's defaults: the same mutual TLS (the node's
 certificates, both sides verified by the library's ``PeerVerifier`` inside the handshake,
-as a node does), the datagram size a node uses on loopback (``loopback_datagram_size``)
-or the one pinned with ``--datagram-size``, at most 16 KiB (raw aioquic's own limit, see
+as a node does), the datagram size a node on the arm's engine uses on loopback
+(``loopback_datagram_size``, or the engine's own) or the one pinned with
+``--datagram-size``, at most 16 KiB (raw aioquic's own limit, see
 ``RAW_AIOQUIC_LARGEST_DATAGRAM``), the node's UDP socket buffers
 (``open_udp_socket``), the node's initial windows (a lane's 1 MiB for the stream, 16 MiB
 for the connection; aioquic grows both as data arrives), on the same event loop (uvloop
@@ -66,6 +67,8 @@ from velomux_quic.security.certs import NodeCredentials
 from velomux_quic.security.tls import install_peer_verification, make_quic_configuration
 from velomux_quic.security.verify import PeerVerifier
 from velomux_quic.transport import TransportConfig
+from velomux_quic.transport.engine_choice import engine_features
+from velomux_quic.transport.seam import EngineName
 from velomux_quic.transport.udp import open_udp_socket
 
 __all__ = ["RECORD", "TRANSPORT", "UNACKED_LIMIT", "BareEngine", "BareFrontend", "Inbox"]
@@ -96,12 +99,14 @@ short. The library's aioquic engine writes the length whole (``EngineConnection`
 arm is aioquic as shipped, so a larger pinned or loopback size is capped here."""
 
 
-def chosen_datagram_size(pinned: int | None) -> int:
-    """What a node would use here: the pinned size, else its size for a peer on this host
-    (the arm runs on loopback only). From the handshake on: the arm has no path to learn."""
+def chosen_datagram_size(pinned: int | None, engine: EngineName = "aioquic") -> int:
+    """What a node on ``engine`` would use here: the pinned size, else its size for a peer
+    on this host (the arm runs on loopback only). From the handshake on: the arm has no
+    path to learn."""
     if pinned is not None:
         return pinned
-    return _NODE.loopback_datagram_size or _NODE.base_datagram_size
+    own = engine_features(engine).loopback_datagram_size
+    return _NODE.loopback_size(own) or _NODE.base_datagram_size
 
 
 def _configuration(

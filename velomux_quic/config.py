@@ -474,9 +474,19 @@ def warn_deprecated_variable(variable: str) -> None:
 
 
 def _kinds(annotation: Any) -> tuple[type[Any], ...]:
+    """The types a field's value may have; a ``Literal``'s values count as their type (the
+    dataclass itself refuses a value outside them, naming the ones it takes)."""
     if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
-        return tuple(typing.get_args(annotation))
-    return (annotation,)
+        members = typing.get_args(annotation)
+    else:
+        members = (annotation,)
+    kinds: list[type[Any]] = []
+    for member in members:
+        if typing.get_origin(member) is typing.Literal:
+            kinds.extend(type(value) for value in typing.get_args(member))
+        else:
+            kinds.append(member)
+    return tuple(dict.fromkeys(kinds))
 
 
 def _describe(kinds: tuple[type[Any], ...]) -> str:

@@ -159,6 +159,11 @@ def test_an_unknown_section_is_named(tmp_path: Path) -> None:
         ("[mux]\ninitial_credit = 0\n", "mux.initial_credit", "positive"),
         ("[streaming]\nanchor_capacity = 0\n", "streaming.anchor_capacity", ">= 1"),
         ("[transport]\nlanes = 17\n", "transport.lanes", "16"),
+        (
+            '[transport]\nloopback_datagram_size = "big"\n',
+            "transport.loopback_datagram_size",
+            '"auto"',
+        ),
         ('[mux.flush_policy]\nkind = "sometimes"\n', "mux.flush_policy.kind", "auto"),
         (
             "[mux.flush_policy]\non_admission = false\n",
@@ -181,6 +186,24 @@ def test_a_bad_value_names_the_file_the_key_and_the_reason(
     assert str(path) in message
     assert key in message
     assert reason in message
+
+
+@pytest.mark.parametrize(
+    ("text", "environ", "size"),
+    [
+        ("", {}, "auto"),
+        ("[transport]\nloopback_datagram_size = 4096\n", {}, 4096),
+        ('[transport]\nloopback_datagram_size = "auto"\n', {}, "auto"),
+        ("", {"VELOMUX_TRANSPORT_LOOPBACK_DATAGRAM_SIZE": "8192"}, 8192),
+        ("", {"VELOMUX_TRANSPORT_LOOPBACK_DATAGRAM_SIZE": "auto"}, "auto"),
+        ("", {"VELOMUX_TRANSPORT_LOOPBACK_DATAGRAM_SIZE": "none"}, None),
+    ],
+)
+def test_the_loopback_size_is_a_size_auto_or_none_from_file_or_environment(
+    tmp_path: Path, text: str, environ: dict[str, str], size: object
+) -> None:
+    config = NodeConfig.from_toml(_write(tmp_path, text), environ=environ)
+    assert config.transport.loopback_datagram_size == size
 
 
 def test_a_bad_environment_value_names_the_variable(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from velomux_quic.errors import ConfigurationError
 from velomux_quic.transport.config import TransportConfig
+from velomux_quic.transport.engine_choice import engine_features
 from velomux_quic.transport.pmtu import (
     BLACK_HOLE_HOLD,
     MAX_PROBES,
@@ -221,18 +222,42 @@ def test_same_host_is_loopback_or_our_own_bound_address(
     assert is_same_host(local, remote) is same
 
 
+JUMBO = 16384
+"""The engine's own loopback size these plans are given (aioquic's)."""
+
+
 def test_the_plan_per_path() -> None:
     default = TransportConfig()
-    assert plan_path(default, "127.0.0.1", "127.0.0.1").mode is DatagramMode.LOOPBACK
-    assert plan_path(default, "127.0.0.1", "127.0.0.1").size == 16384
-    across = plan_path(default, "10.0.0.1", "10.0.0.2")
+    assert plan_path(default, "127.0.0.1", "127.0.0.1", JUMBO).mode is DatagramMode.LOOPBACK
+    assert plan_path(default, "127.0.0.1", "127.0.0.1", JUMBO).size == 16384
+    across = plan_path(default, "10.0.0.1", "10.0.0.2", JUMBO)
     assert (across.mode, across.size, across.search_max) == (DatagramMode.SEARCHING, 1452, 8972)
-    pinned = plan_path(TransportConfig(max_datagram_size=9000), "127.0.0.1", "127.0.0.1")
+    pinned = plan_path(TransportConfig(max_datagram_size=9000), "127.0.0.1", "127.0.0.1", JUMBO)
     assert (pinned.mode, pinned.size, pinned.search_max) == (DatagramMode.PINNED, 9000, None)
-    off = plan_path(TransportConfig(pmtu_discovery=False), "10.0.0.1", "10.0.0.2")
+    off = plan_path(TransportConfig(pmtu_discovery=False), "10.0.0.1", "10.0.0.2", JUMBO)
     assert (off.mode, off.size) == (DatagramMode.BASE, 1452)
-    anywhere = plan_path(TransportConfig(loopback_datagram_size=None), "127.0.0.1", "127.0.0.1")
+    anywhere = plan_path(
+        TransportConfig(loopback_datagram_size=None), "127.0.0.1", "127.0.0.1", JUMBO
+    )
     assert anywhere.mode is DatagramMode.SEARCHING
+
+
+@pytest.mark.parametrize("engine", ["aioquic", "qh3"])
+def test_auto_takes_each_engines_own_loopback_size_and_a_size_set_applies_on_either(
+    engine: str,
+) -> None:
+    """aioquic gains from jumbo datagrams on loopback; qh3's pacer holds a new connection's
+    first jumbo packets, so its own size is the base. A size the user sets is never
+    second-guessed."""
+    if engine == "qh3":
+        pytest.importorskip("qh3")
+    features = engine_features(engine)  # type: ignore[arg-type]
+    own = plan_path(TransportConfig(), "127.0.0.1", "127.0.0.1", features.loopback_datagram_size)
+    assert own.mode is DatagramMode.LOOPBACK
+    assert own.size == {"aioquic": 16384, "qh3": 1452}[engine]
+    chosen = TransportConfig(loopback_datagram_size=16384)
+    set_size = plan_path(chosen, "127.0.0.1", "127.0.0.1", features.loopback_datagram_size)
+    assert (set_size.mode, set_size.size) == (DatagramMode.LOOPBACK, 16384)
 
 
 def test_the_sizes_the_config_derives() -> None:
@@ -251,10 +276,14 @@ def test_the_sizes_the_config_derives() -> None:
         ({"pmtu_max": 1300}, "pmtu_max must be at least 1452"),
         ({"pmtu_max": 65001}, "pmtu_max must be 1200 to 65000"),
         ({"loopback_datagram_size": 800}, "loopback_datagram_size must be 1200 to 65000"),
+        (
+            {"loopback_datagram_size": "big"},
+            'loopback_datagram_size must be a size in bytes, "auto"',
+        ),
     ],
 )
 def test_bad_sizes_are_refused_naming_the_key_and_the_reason(
-    options: dict[str, int], named: str
+    options: dict[str, object], named: str
 ) -> None:
     with pytest.raises(ConfigurationError, match=named):
         TransportConfig(**options)  # type: ignore[arg-type]

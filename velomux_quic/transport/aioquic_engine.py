@@ -80,6 +80,7 @@ from ..security.alerts import Role
 from ..security.tls import VerifyingContext, install_peer_verification
 from ..security.verify import PeerVerificationError, PeerVerifier
 from . import seam
+from .config import JUMBO_LOOPBACK_DATAGRAM_SIZE
 from .resets import StatelessResets
 
 __all__ = ["AIOQUIC_FEATURES", "UNLIMITED_UDP_PAYLOAD", "EngineConnection"]
@@ -92,6 +93,7 @@ AIOQUIC_FEATURES = seam.EngineFeatures(
     receive_backpressure="stream",
     derived_reset_tokens="all",
     gso=False,
+    loopback_datagram_size=JUMBO_LOOPBACK_DATAGRAM_SIZE,
 )
 
 Consumed = Callable[[], int]

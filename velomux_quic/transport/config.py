@@ -6,11 +6,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final, Literal
 
 from ..errors import ConfigurationError
 
 __all__ = [
     "BASE_DATAGRAM_SIZE",
+    "JUMBO_LOOPBACK_DATAGRAM_SIZE",
     "MAX_DATAGRAM_SIZE",
     "MAX_LANES",
     "MIN_DATAGRAM_SIZE",
@@ -32,6 +34,10 @@ MAX_DATAGRAM_SIZE = 65000
 
 KiB = 1024
 MiB = 1024 * KiB
+
+JUMBO_LOOPBACK_DATAGRAM_SIZE: Final = 16 * KiB
+"""The loopback size of an engine that gains from large datagrams there (aioquic): the
+loopback device's MTU is 65536, and larger datagrams cut the CPU spent per byte."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,11 +80,14 @@ class TransportConfig:
     """The largest size path discovery probes: 8972 is the UDP payload of a 9000-byte jumbo
     frame under IPv4 (8952 under IPv6). Raise it for larger jumbo frames."""
 
-    loopback_datagram_size: int | None = 16 * KiB
+    loopback_datagram_size: int | Literal["auto"] | None = "auto"
     """The size of a connection to a peer on this host (a loopback address, or our own
-    bound address): the loopback device's MTU is 65536, and larger datagrams cut the CPU
-    spent per byte. Bounded by what the peer accepts (its max_udp_payload_size). None
-    treats such a peer like any other (path discovery, up to ``pmtu_max``)."""
+    bound address), bounded by what the peer accepts (its max_udp_payload_size).
+    ``"auto"`` takes the engine's own (``EngineFeatures.loopback_datagram_size``): 16 KiB
+    on aioquic, where larger datagrams cut the CPU spent per byte; the base size on qh3,
+    whose pacer starts a connection of jumbo datagrams at two packets a round trip, so its
+    first writes wait (docs/transport.md says by how much). A size applies on either
+    engine; None treats such a peer like any other (path discovery, up to ``pmtu_max``)."""
 
     idle_timeout: float = 15.0
     """A silent peer is declared dead after this long (QUIC idle timeout)."""
@@ -239,7 +248,15 @@ class TransportConfig:
         the pinned size, else the largest this node would use itself on any path."""
         if self.max_datagram_size is not None:
             return self.max_datagram_size
-        return max(BASE_DATAGRAM_SIZE, self.loopback_datagram_size or 0, self.pmtu_max)
+        loopback = self.loopback_datagram_size
+        largest_loopback = JUMBO_LOOPBACK_DATAGRAM_SIZE if loopback == "auto" else loopback
+        return max(BASE_DATAGRAM_SIZE, largest_loopback or 0, self.pmtu_max)
+
+    def loopback_size(self, engine_size: int) -> int | None:
+        """``loopback_datagram_size`` resolved for an engine whose own loopback size is
+        ``engine_size`` (None: a peer on this host is planned like any other)."""
+        loopback = self.loopback_datagram_size
+        return engine_size if loopback == "auto" else loopback
 
     @property
     def partial_frame_limit(self) -> int:
@@ -257,8 +274,15 @@ class TransportConfig:
             raise ConfigurationError(f"lanes must be 1 to {MAX_LANES}, got {self.lanes}")
         if self.max_message_size < 1 or self.max_message_size > (1 << 32) - 1:
             raise ConfigurationError("max_message_size must fit the u32 frame length")
+        if isinstance(self.loopback_datagram_size, str) and self.loopback_datagram_size != "auto":
+            raise ConfigurationError(
+                'loopback_datagram_size must be a size in bytes, "auto" (the engine\'s own)'
+                f" or None, got {self.loopback_datagram_size!r}"
+            )
         for name in ("max_datagram_size", "pmtu_max", "loopback_datagram_size"):
             value = getattr(self, name)
+            if value == "auto":
+                continue
             if value is not None and not MIN_DATAGRAM_SIZE <= value <= MAX_DATAGRAM_SIZE:
                 raise ConfigurationError(
                     f"{name} must be {MIN_DATAGRAM_SIZE} to {MAX_DATAGRAM_SIZE} bytes (a UDP"

@@ -57,7 +57,7 @@ class DatagramSize:
     ) -> float | None:
         """Established: choose the size for this path; the time of the first step, if any."""
         quic = self._quic
-        plan = plan_path(config, local_host, remote_host)
+        plan = plan_path(config, local_host, remote_host, quic.features.loopback_datagram_size)
         limit = quic.peer_max_udp_payload_size
         self.mode = plan.mode
         if not quic.features.live_datagram_size:

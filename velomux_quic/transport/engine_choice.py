@@ -184,6 +184,9 @@ class _Qh3Factory:
         self._verifier = verifier
         self._resets = resets
 
+    def _datagram_size(self, local: str, remote: str) -> int:
+        return plan_path(self._config, local, remote, self.features.loopback_datagram_size).size
+
     def client(self, expected_peer: InstanceId, local: str, remote: str) -> QuicEngine:
         from ..security.qh3_tls import make_qh3_configuration
         from .qh3_engine import Qh3Connection
@@ -193,7 +196,7 @@ class _Qh3Factory:
             configuration=make_qh3_configuration(
                 self._credentials,
                 is_client=True,
-                max_datagram_size=plan_path(config, local, remote).size,
+                max_datagram_size=self._datagram_size(local, remote),
                 idle_timeout=config.idle_timeout,
                 max_stream_data=config.stream_window,
                 max_data=config.connection_window,
@@ -216,7 +219,7 @@ class _Qh3Factory:
             configuration=make_qh3_configuration(
                 self._credentials,
                 is_client=False,
-                max_datagram_size=plan_path(config, local, remote).size,
+                max_datagram_size=self._datagram_size(local, remote),
                 idle_timeout=config.idle_timeout,
                 max_stream_data=config.stream_window,
                 max_data=config.connection_window,

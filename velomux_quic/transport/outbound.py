@@ -162,14 +162,15 @@ class OutboundStreams:
     def poll_gates(self) -> None:
         """Room may have opened: admit what waits, lane by lane, then the per-stream
         streams in their shared turn."""
-        if not self._host.established:
+        blocked = self._blocked
+        streams_wait = self.stream_room.waiting_count
+        if not (blocked or streams_wait) or not self._host.established:
             return
-        if self._blocked:
-            for stream in list(self._blocked):
-                stream.gate.poll()
-                if stream.gate.pending_count == 0:
-                    self._blocked.discard(stream)
-        if self.stream_room.waiting_count and self.inflight.room() > 0:
+        for stream in list(blocked):
+            stream.gate.poll()
+            if stream.gate.pending_count == 0:
+                blocked.discard(stream)
+        if streams_wait and self.inflight.room() > 0:
             self.stream_room.poll()
 
     def reset_lane(self, lane: int) -> None:
@@ -306,7 +307,8 @@ class OutboundStreams:
             return
         holdings = self.holdings
         was_full = holdings is not None and holdings.room() <= 0
-        streams = self._streams_unacked() if inflight.stream_count_due() else None
+        due = inflight.streams and inflight.stream_count_due()
+        streams = self._streams_unacked() if due else None
         if inflight.resync(self._lanes_unacked(), now, streams):
             if was_full and holdings is not None:
                 holdings.wake_others(self.poll_gates)

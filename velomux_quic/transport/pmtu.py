@@ -59,7 +59,7 @@ class DatagramMode(StrEnum):
     PINNED = "pinned"
     """``max_datagram_size`` is set: one size for every connection."""
     LOOPBACK = "loopback"
-    """The peer is on this host: ``loopback_datagram_size``."""
+    """The peer is on this host: ``loopback_datagram_size`` (or the engine's own)."""
     BASE = "base"
     """Across hosts with ``pmtu_discovery`` off: the base size."""
     SEARCHING = "searching"
@@ -105,12 +105,17 @@ def is_same_host(local_host: str, remote_host: str) -> bool:
     return not local.is_unspecified and local == remote
 
 
-def plan_path(config: TransportConfig, local_host: str, remote_host: str) -> DatagramPlan:
-    """The datagram plan of one connection, from the settings and its two addresses."""
+def plan_path(
+    config: TransportConfig, local_host: str, remote_host: str, engine_loopback: int
+) -> DatagramPlan:
+    """The datagram plan of one connection, from the settings and its two addresses;
+    ``engine_loopback`` is the engine's own size to a peer on this host (what ``"auto"``
+    takes)."""
     if config.max_datagram_size is not None:
         return DatagramPlan(DatagramMode.PINNED, config.max_datagram_size)
-    if config.loopback_datagram_size is not None and is_same_host(local_host, remote_host):
-        return DatagramPlan(DatagramMode.LOOPBACK, config.loopback_datagram_size)
+    loopback = config.loopback_size(engine_loopback)
+    if loopback is not None and is_same_host(local_host, remote_host):
+        return DatagramPlan(DatagramMode.LOOPBACK, loopback)
     if not config.pmtu_discovery:
         return DatagramPlan(DatagramMode.BASE, BASE_DATAGRAM_SIZE)
     return DatagramPlan(DatagramMode.SEARCHING, BASE_DATAGRAM_SIZE, config.pmtu_max)

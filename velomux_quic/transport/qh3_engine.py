@@ -75,6 +75,7 @@ from ..security.alerts import Role
 from ..security.qh3_tls import Qh3VerifyingContext, install_qh3_peer_verification
 from ..security.verify import PeerVerificationError, PeerVerifier
 from . import seam
+from .config import BASE_DATAGRAM_SIZE
 from .lanes import lane_of_stream
 from .resets import StatelessResets
 from .states import CloseCode
@@ -97,6 +98,11 @@ QH3_FEATURES = seam.EngineFeatures(
     receive_backpressure="connection",
     derived_reset_tokens="first",
     gso=False,
+    # qh3's congestion controller starts at RFC 9002's initial window, which is two
+    # packets when they are jumbo, and its pacer spaces packets by the window over the
+    # smoothed RTT (seeded by the handshake's sample, which a busy process inflates): a
+    # new loopback connection of 16 KiB datagrams held each one about half a round trip.
+    loopback_datagram_size=BASE_DATAGRAM_SIZE,
 )
 
 _END_STATES = frozenset({"closing", "draining", "terminated"})

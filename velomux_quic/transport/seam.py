@@ -159,6 +159,10 @@ class EngineFeatures:
     one a server advertises in its transport parameters."""
     gso: bool
     """Can hand the socket several datagrams in one segmentation-offload send."""
+    loopback_datagram_size: int
+    """The datagram size to a peer on this host when ``TransportConfig.loopback_datagram_size``
+    is ``"auto"``: the largest that does not slow the engine's first writes on a new
+    connection."""
 
 
 class QuicEngine(Protocol):
