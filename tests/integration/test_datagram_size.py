@@ -57,31 +57,30 @@ def inbound(transport: QuicEndpoint, peer: InstanceId) -> ConnectionSnapshot:
 async def test_a_peer_on_this_host_gets_the_loopback_size_both_ways_unconfigured(
     start_node: NodeFactory,
 ) -> None:
-    """The engine's own loopback size ("auto"): 16 KiB on aioquic, the base on qh3."""
+    """The engine's own loopback size ("auto"): 16 KiB on both engines today."""
     b, b_seen = await start_node("b")
     a, a_seen = await start_node("a")
     await exchange(a, b, b_seen, frames=64, size=100_000)
     await exchange(b, a, a_seen, frames=8, size=50_000)  # b dials a: the other pair
     engine = a.snapshot().engine
     assert engine is not None
-    size = {"aioquic": 16384, "qh3": 1452}[engine.name]
-    assert engine.loopback_datagram_size == size
+    size = engine.loopback_datagram_size
+    assert size == 16384
     for here, there in ((a, b), (b, a)):
         for connection in (outbound(here, there.instance_id), inbound(here, there.instance_id)):
             assert (connection.datagram_size, connection.datagram_mode) == (size, "loopback")
     text = generate_latest(a.registry).decode()
-    below = {16384: "8972", 1452: "1200"}[size]
-    assert f'velo_transport_datagram_size_bytes_bucket{{le="{size}",transport="quic"}} 2.0' in text
-    assert f'velo_transport_datagram_size_bytes_bucket{{le="{below}",transport="quic"}} 0.0' in text
+    assert 'velo_transport_datagram_size_bytes_bucket{le="16384",transport="quic"} 2.0' in text
+    assert 'velo_transport_datagram_size_bytes_bucket{le="8972",transport="quic"} 0.0' in text
 
 
 async def test_a_loopback_size_set_applies_on_either_engine(start_node: NodeFactory) -> None:
-    config = TransportConfig(loopback_datagram_size=16384)
+    config = TransportConfig(loopback_datagram_size=4096)
     b, b_seen = await start_node("b", config=config)
     a, _ = await start_node("a", config=config)
     await exchange(a, b, b_seen, frames=16, size=60_000)
     assert (outbound(a, b.instance_id).datagram_size, outbound(a, b.instance_id).datagram_mode) == (
-        16384,
+        4096,
         "loopback",
     )
 
