@@ -102,9 +102,9 @@ QH3_FEATURES = seam.EngineFeatures(
     # packets when they are jumbo, and its pacer spaces packets by the window over the
     # smoothed RTT (seeded by the handshake's sample, which a busy process inflates): a
     # new loopback connection of 16 KiB datagrams holds each one about half a round trip,
-    # where the base size would not. But the oracle soak through 2% loss ends streams on
-    # qh3 at the base size and not at 16 KiB (docs/performance.md), so the jumbo size
-    # stays until that is found.
+    # where the base size would not. But through 2% loss at the base size the core raised
+    # "reserved stream is missing" within seconds (docs/performance.md), which ends the
+    # connection, so the jumbo size stays until that reservation is found.
     loopback_datagram_size=JUMBO_LOOPBACK_DATAGRAM_SIZE,
 )
 
