@@ -307,8 +307,7 @@ class OutboundStreams:
             return
         holdings = self.holdings
         was_full = holdings is not None and holdings.room() <= 0
-        due = inflight.streams and inflight.stream_count_due()
-        streams = self._streams_unacked() if due else None
+        streams = self._streams_unacked() if inflight.stream_count_due() else None
         if inflight.resync(self._lanes_unacked(), now, streams):
             if was_full and holdings is not None:
                 holdings.wake_others(self.poll_gates)
