@@ -246,17 +246,17 @@ def test_the_plan_per_path() -> None:
 def test_auto_takes_each_engines_own_loopback_size_and_a_size_set_applies_on_either(
     engine: str,
 ) -> None:
-    """Each engine's own size to a peer on this host (both jumbo today); a size the user
-    sets is never second-guessed."""
+    """Each engine's own size to a peer on this host (aioquic jumbo, qh3 the base size); a
+    size the user sets is never second-guessed."""
     if engine == "qh3":
         pytest.importorskip("qh3")
     features = engine_features(engine)  # type: ignore[arg-type]
     own = plan_path(TransportConfig(), "127.0.0.1", "127.0.0.1", features.loopback_datagram_size)
     assert own.mode is DatagramMode.LOOPBACK
-    assert own.size == features.loopback_datagram_size == 16384
-    chosen = TransportConfig(loopback_datagram_size=1452)
+    assert own.size == features.loopback_datagram_size == {"aioquic": 16384, "qh3": 1452}[engine]
+    chosen = TransportConfig(loopback_datagram_size=4096)
     set_size = plan_path(chosen, "127.0.0.1", "127.0.0.1", features.loopback_datagram_size)
-    assert (set_size.mode, set_size.size) == (DatagramMode.LOOPBACK, 1452)
+    assert (set_size.mode, set_size.size) == (DatagramMode.LOOPBACK, 4096)
 
 
 def test_the_sizes_the_config_derives() -> None:

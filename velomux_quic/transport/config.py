@@ -83,10 +83,10 @@ class TransportConfig:
     loopback_datagram_size: int | Literal["auto"] | None = "auto"
     """The size of a connection to a peer on this host (a loopback address, or our own
     bound address), bounded by what the peer accepts (its max_udp_payload_size).
-    ``"auto"`` takes the engine's own (``EngineFeatures.loopback_datagram_size``), 16 KiB
-    on both engines today: larger datagrams cut the CPU spent per byte (on qh3 they also
-    slow a new connection's first writes, docs/tuning.md says by how much and why the
-    size stays). A size applies on either engine; None treats such a peer like any other
+    ``"auto"`` takes the engine's own (``EngineFeatures.loopback_datagram_size``): 16 KiB
+    on aioquic, where larger datagrams cut the CPU spent per byte; the base size on qh3,
+    whose pacer would hold a new connection's first jumbo datagrams (docs/tuning.md says
+    by how much). A size applies on either engine; None treats such a peer like any other
     (path discovery, up to ``pmtu_max``)."""
 
     idle_timeout: float = 15.0

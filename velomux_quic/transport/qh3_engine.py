@@ -33,10 +33,14 @@ against the range in ``pyproject.toml``:
   is ``READER_LAG_WINDOWS`` behind (:meth:`Qh3Connection._cut_for_reader`). It also reads the
   peer's per-stream credit (``stream_credit`` events), which the facade drops, for the
   admission gate.
+* **Reservations (a qh3 defect, worked around).** The core keeps stream reservations
+  across transmits while its window is full, and removes a stream as its end event is
+  taken; a reservation left open on it fails the next transmit. While the core may hold
+  one (its last transmit loop stopped with less room than a datagram) and a stream could
+  end under it, the adapter leaves the core's events in it and defers resets and stops
+  (:meth:`Qh3Connection._reservation_hazard`), until a loop stops with room.
 * **Core errors.** Anything the core raises while receiving, sending or on a timer ends
-  the connection at once with CONNECTION_CLOSE (:meth:`Qh3Connection._engine_failed`);
-  stream requests made while events are held wait for them (see ``stop_stream``), which
-  keeps the core from committing a reservation on a stream it removed.
+  the connection at once with CONNECTION_CLOSE (:meth:`Qh3Connection._engine_failed`).
 * **Lost PINGs.** The core does not resend a lost PING; the adapter does
   (:meth:`Qh3Connection._resend_pings`).
 
@@ -75,7 +79,7 @@ from ..security.alerts import Role
 from ..security.qh3_tls import Qh3VerifyingContext, install_qh3_peer_verification
 from ..security.verify import PeerVerificationError, PeerVerifier
 from . import seam
-from .config import JUMBO_LOOPBACK_DATAGRAM_SIZE
+from .config import BASE_DATAGRAM_SIZE
 from .lanes import lane_of_stream
 from .resets import StatelessResets
 from .states import CloseCode
@@ -101,11 +105,9 @@ QH3_FEATURES = seam.EngineFeatures(
     # qh3's congestion controller starts at RFC 9002's initial window, which is two
     # packets when they are jumbo, and its pacer spaces packets by the window over the
     # smoothed RTT (seeded by the handshake's sample, which a busy process inflates): a
-    # new loopback connection of 16 KiB datagrams holds each one about half a round trip,
-    # where the base size would not. But through 2% loss at the base size the core raised
-    # "reserved stream is missing" within seconds (docs/performance.md), which ends the
-    # connection, so the jumbo size stays until that reservation is found.
-    loopback_datagram_size=JUMBO_LOOPBACK_DATAGRAM_SIZE,
+    # new loopback connection of 16 KiB datagrams holds each one about half a round trip.
+    # At the base size the window is ten packets and the first writes leave at once.
+    loopback_datagram_size=BASE_DATAGRAM_SIZE,
 )
 
 _END_STATES = frozenset({"closing", "draining", "terminated"})
@@ -235,6 +237,24 @@ class Qh3Connection(Qh3QuicConnection):
         :meth:`_cut_for_reader`); their late data and reset are not reported."""
         self._ended_streams: set[int] = set()
         """Streams whose end the adapter took from the core while requests were deferred."""
+        self._may_reserve = False
+        """The core's last transmit loop stopped on a full congestion window, so it may
+        hold stream reservations until the next (see :meth:`_reservation_hazard`)."""
+        self._full_datagram = int(configuration.max_datagram_size)
+        """Room the core needs in its window to build from its held reservations."""
+        self._resend_mark = 0
+        """The core's loss and probe-timeout counts (summed) when it last held no
+        reservation: while they are unchanged, a held one is for bytes never sent."""
+        self._finishing: set[int] = set()
+        """Local streams written with FIN that the core has not ended yet."""
+        self._ending: set[int] = set()
+        """Streams asked to reset or stop that the core has not ended yet."""
+        self._owed = False
+        """Events left in the core because taking them was hazardous (see
+        :meth:`_reservation_hazard`); :meth:`poll_receive_gate` takes them once it is not."""
+        self._stash: list[tuple[bytes, Any]] = []
+        """Datagrams :meth:`poll_receive_gate` had the core build, sent with the next
+        :meth:`datagrams_to_send`."""
         self._now = 0.0
         """The time of the last call that carried one (a close made outside such a call
         dates its core's close timer by it)."""
@@ -382,21 +402,36 @@ class Qh3Connection(Qh3QuicConnection):
             return self._take_farewell()
         if core is None:
             return []
-        datagrams: list[tuple[bytes, Any]] = []
+        datagrams, self._stash = self._stash, []
+        if not self._transmit_into(core, datagrams, now):
+            return datagrams + self._take_farewell()
+        if self._ack_owed_at is not None and datagrams:
+            timer = core.get_timer()
+            if timer is None or not timer[0].startswith("ack"):
+                self._ack_owed_at = None  # what was owed left with these datagrams
+        if core.has_events or (self._deferred and not self._may_reserve):
+            # Connection IDs issued while building: route them now; requests deferred
+            # while the core held reservations are safe to make once it holds none.
+            self._drain_core()
+        return datagrams
+
+    def _transmit_into(
+        self, core: QuicConnectionCore, datagrams: list[tuple[bytes, Any]], now: float
+    ) -> bool:
+        """Run the core's transmit loop into ``datagrams`` and note whether it may now hold
+        reservations; False if the core raised (the connection is then failing)."""
         poll = core.poll_transmit
         try:
             while (transmit := poll(now)) is not None:
                 datagrams.append((transmit[0], transmit[1]))
         except Exception as exc:
             self._engine_failed(exc, now)
-            return datagrams + self._take_farewell()
-        if self._ack_owed_at is not None and datagrams:
-            timer = core.get_timer()
-            if timer is None or not timer[0].startswith("ack"):
-                self._ack_owed_at = None  # what was owed left with these datagrams
-        if core.has_events:
-            self._drain_core()  # connection IDs issued while building: route them now
-        return datagrams
+            return False
+        may_reserve = core.congestion_window - core.bytes_in_flight < self._full_datagram
+        self._may_reserve = may_reserve
+        if not may_reserve:
+            self._resend_mark = core.loss_total + core.pto_total
+        return True
 
     def _take_farewell(self) -> list[tuple[bytes, Any]]:
         farewell, self._farewell = self._farewell, []
@@ -492,12 +527,16 @@ class Qh3Connection(Qh3QuicConnection):
             if core.state not in _END_STATES:
                 return
             self._held = None  # ending: let the termination through
+        if self._may_reserve and self._reservation_hazard(core):
+            self._owed = True
+            return
+        self._owed = False
         append = self._queue.append
         managed = self._managed
         while True:
             native = core.next_event()
             if native is None:
-                if self._deferred:
+                if self._deferred and not self._may_reserve:
                     self._apply_deferred()
                 return
             kind = native[0]
@@ -573,6 +612,27 @@ class Qh3Connection(Qh3QuicConnection):
             elif kind == "new_token":
                 self._peer_token = native[1]
 
+    def _reservation_hazard(self, core: QuicConnectionCore) -> bool:
+        """Whether taking the core's events now could end a stream it holds a reservation on.
+
+        qh3's core builds a stream's frame in two steps, a reservation and its commit once
+        the packet is sent, and keeps reservations across transmits while its congestion
+        window is full. Taking a stream's end event from the core removes the stream at
+        once, and a reservation still open on it then fails the next transmit ("reserved
+        stream is missing"), losing the packet it was built into. That needs a stream the
+        core can end while it holds a reservation on it: one asked to reset or stop (its
+        control frame reserved, the peer's FIN or acknowledgement ending it), or one
+        written with FIN whose bytes are being sent again after a loss or a probe timeout
+        (the first copy's late acknowledgement ends it). So while the core may hold
+        reservations and such a stream exists, events stay in the core; its transmit
+        loop sends what it holds first once the window has room, and the next loop that
+        stops with room to spare proves it holds none (see :meth:`poll_receive_gate`)."""
+        if core.state in _END_STATES:
+            return False
+        if self._ending:
+            return True
+        return bool(self._finishing) and core.loss_total + core.pto_total != self._resend_mark
+
     def _cut_for_reader(self, stream_id: int) -> None:
         """A per-stream stream's reader is ``READER_LAG_WINDOWS`` windows behind: cut it.
 
@@ -594,12 +654,14 @@ class Qh3Connection(Qh3QuicConnection):
         self._queue.append(seam.StreamReset(stream_id, int(CloseCode.READER_BEHIND)))
         try:
             Qh3QuicConnection.stop_stream(self, stream_id, int(CloseCode.READER_BEHIND))
+            self._ending.add(stream_id)
         except Exception:  # already finished in the core: nothing more will come
             logger.debug("could not stop stream %d", stream_id, exc_info=True)
 
     def _apply_deferred(self) -> None:
-        """Every held event is taken: make the stream requests deferred meanwhile, but
-        for streams whose end was among them (see :meth:`stop_stream`)."""
+        """Every held event is taken and the core holds no reservation: make the stream
+        requests deferred meanwhile, but for streams whose end was among them (see
+        :meth:`stop_stream`)."""
         deferred, self._deferred = self._deferred, []
         ended, self._ended_streams = self._ended_streams, set()
         for stop, stream_id, error_code in deferred:
@@ -610,6 +672,7 @@ class Qh3Connection(Qh3QuicConnection):
                     super().stop_stream(stream_id, error_code)
                 else:
                     super().reset_stream(stream_id, error_code)
+                self._ending.add(stream_id)
             except Exception:  # finished or unknown to the core by now: nothing to do
                 logger.debug("deferred request on stream %d dropped", stream_id, exc_info=True)
 
@@ -701,22 +764,23 @@ class Qh3Connection(Qh3QuicConnection):
                 return
 
     def stop_stream(self, stream_id: int, error_code: int) -> None:
-        """STOP_SENDING; deferred while the core's events are held.
+        """STOP_SENDING; deferred while the core's events are held or it may hold
+        reservations.
 
-        qh3's core builds a stream's frame in two steps, a reservation and its commit
-        once the packet is sent, and keeps a reservation across transmits while the
-        congestion window is full. Taking a stream's end event from the core removes
-        the stream at once; a reservation still open on it then fails the next transmit
-        ("reserved stream is missing"), and the packet it was built into is lost for
-        good. A request for a stream whose end the core has queued, behind events held
-        for a slow reader, is exactly that case: the request is kept here until every
-        held event has been taken, and dropped if the stream's end was among them."""
+        A request for a stream whose end the core has queued, behind events held for a
+        slow reader, would reserve a frame on a stream the next event removes (see
+        :meth:`_reservation_hazard`): the request is kept here until every held event
+        has been taken, and dropped if the stream's end was among them. A reset asked
+        while the core holds a reservation of the stream's data would discard that
+        reservation under it ("unknown or stale stream reservation" at the next
+        transmit), so both wait, too, for a transmit loop that leaves none."""
         if self._ended() or self._failure is not None:
             return
-        if self._held is not None:
+        if self._held is not None or self._may_reserve:
             self._deferred.append((True, stream_id, error_code))
             return
         super().stop_stream(stream_id, error_code)
+        self._ending.add(stream_id)
 
     def _ended(self) -> bool:
         core = self._core
@@ -839,6 +903,8 @@ class Qh3Connection(Qh3QuicConnection):
             self._untracked.add(stream_id)
         self._written[stream_id] = written + size
         self._unsettled.add(stream_id)
+        if end_stream:
+            self._finishing.add(stream_id)
         core = self._core
         if core is not None:
             self._losses_at_write[stream_id] = core.loss_total
@@ -857,6 +923,8 @@ class Qh3Connection(Qh3QuicConnection):
         reset stream is no longer unsettled): its acknowledged floor is what it wrote, at
         once, however busy the connection is."""
         self._created_local_stream_ids.discard(stream_id)  # what qh3's facade does
+        self._finishing.discard(stream_id)
+        self._ending.discard(stream_id)
         self._untrack(stream_id)
         if stream_id in self._unsettled:
             self._unsettled.discard(stream_id)
@@ -982,10 +1050,11 @@ class Qh3Connection(Qh3QuicConnection):
     def reset_stream(self, stream_id: int, error_code: int) -> None:
         """RESET_STREAM; deferred while the core's events are held (see :meth:`stop_stream`)."""
         if not self._ended() and self._failure is None:
-            if self._held is not None:
+            if self._held is not None or self._may_reserve:
                 self._deferred.append((False, stream_id, error_code))
             else:
                 super().reset_stream(stream_id, error_code)
+                self._ending.add(stream_id)
         self._untrack(stream_id)
         self._unsettled.discard(stream_id)  # what it wrote is abandoned, never settled
 
@@ -1000,16 +1069,28 @@ class Qh3Connection(Qh3QuicConnection):
             self._held = None
 
     def poll_receive_gate(self) -> bool:
+        """Take the events held for a slow reader once it caught up, and those left in the
+        core for a reservation hazard once the core's transmit loop, run here, sends what
+        it held (its datagrams go out with the next :meth:`datagrams_to_send`)."""
         held = self._held
-        if held is None:
+        if held is None and not self._owed:
             return False
-        window = self._managed.get(held)
-        if window is not None and self._delivered.get(held, 0) - window[0]() >= window[1]:
-            return False
-        self._held = None
+        if held is not None:
+            window = self._managed.get(held)
+            if window is not None and self._delivered.get(held, 0) - window[0]() >= window[1]:
+                return False
+            self._held = None
+        core = self._core
+        if (
+            self._owed
+            and core is not None
+            and self._failure is None
+            and not self._transmit_into(core, self._stash, self._now)
+        ):
+            return True  # failing: its termination is what the transport takes next
         before = len(self._events)
         self._drain_core()
-        return len(self._events) > before or self._held is None
+        return len(self._events) > before or (held is not None and self._held is None)
 
     # -- datagram size -------------------------------------------------------------------
 
