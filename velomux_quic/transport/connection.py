@@ -139,7 +139,6 @@ class PeerConnection:
         self.state = ConnectionState.HANDSHAKING
         self.established_once = False
         self.remote_address: tuple[str, int] | None = None
-        self.send_buffer = endpoint.config.send_buffer
         self.closed = asyncio.Event()
         self.stats = endpoint.stats
         self.link: PeerLink | None = None
