@@ -13,6 +13,7 @@ import pytest
 
 pytest.importorskip("qh3")
 
+from tests.lossy_link import LossyLink
 from velomux_quic.security.certs import NodeCredentials
 from velomux_quic.security.qh3_tls import make_qh3_configuration
 from velomux_quic.security.tls import make_quic_configuration
@@ -475,7 +476,7 @@ def _lossy_run(
     read: dict[int, int] = {}
     ended: set[int] = set()
     unended: list[tuple[int, int]] = []
-    late: tuple[list[bytes], list[bytes]] = ([], [])
+    link = LossyLink(rng, loss=0.1, late=0.05)
     terminations: list[str] = []
     next_stream = 2  # client-opened unidirectional: the core ends it once its FIN is acked
     for step in range(steps + 2000):
@@ -493,17 +494,7 @@ def _lossy_run(
             client.reset_stream(stream_id, 0x101)
         while unended and unended[0][0] <= step:
             client.send_stream_data(unended.pop(0)[1], b"", end_stream=True)
-        arriving: tuple[list[bytes], list[bytes]] = late
-        late = ([], [])
-        for side, sender in enumerate((client, server)):
-            for data, _ in sender.datagrams_to_send(Clock.now):
-                fate = rng.random() if lossy else 1.0
-                if fate >= 0.1:
-                    (late[side] if fate < 0.15 else arriving[side]).append(data)
-        for data in arriving[0]:
-            server.receive_datagram(data, CLIENT, Clock.now)
-        for data in arriving[1]:
-            client.receive_datagram(data, SERVER, Clock.now)
+        link.step(client, server, Clock.now, lossy=lossy)
         for event in drain(server) + drain(client):
             if isinstance(event, seam.StreamDataReceived):
                 read[event.stream_id] = read.get(event.stream_id, 0) + len(event.data)

@@ -30,6 +30,7 @@ from qh3.quic.configuration import QuicConfiguration  # noqa: E402
 from qh3.quic.connection import QuicConnection, QuicConnectionError  # noqa: E402
 from qh3.quic.tls_bridge import QuicTlsBridge  # noqa: E402
 
+from tests.lossy_link import LossyLink  # noqa: E402
 from velomux_quic.security.certs import NodeCredentials  # noqa: E402
 from velomux_quic.security.qh3_tls import Qh3VerifyingContext, make_qh3_configuration  # noqa: E402
 from velomux_quic.security.verify import PeerVerifier  # noqa: E402
@@ -630,23 +631,14 @@ def _streams_through_loss(
     about one every two milliseconds, through 10% loss with 5% of datagrams a step late."""
     open_streams: set[int] = set()
     next_stream = 2
-    late: tuple[list[bytes], list[bytes]] = ([], [])
+    link = LossyLink(rng, loss=0.1, late=0.05)
     for _ in range(steps):
         for _ in range(2):
             if rng.random() < 0.3 and len(open_streams) < 90:  # qh3's own stream limit: 103
                 client.send_stream_data(next_stream, bytes(rng.randint(100, 30_000)), True)
                 open_streams.add(next_stream)
                 next_stream += 4
-        arriving, late = late, ([], [])
-        for side, sender in enumerate((client, server)):
-            for data, _ in sender.datagrams_to_send(_Clock.now):
-                fate = rng.random()
-                if fate >= 0.1:
-                    (late[side] if fate < 0.15 else arriving[side]).append(data)
-        for data in arriving[0]:
-            server.receive_datagram(data, CLIENT, _Clock.now)
-        for data in arriving[1]:
-            client.receive_datagram(data, SERVER, _Clock.now)
+        link.step(client, server, _Clock.now)
         while (event := server.next_event()) is not None:
             if isinstance(event, qh3_events.StreamDataReceived) and event.end_stream:
                 open_streams.discard(event.stream_id)
