@@ -38,3 +38,11 @@ class LossyLink:
             server.receive_datagram(data, CLIENT, now)
         for data in arriving[1]:
             client.receive_datagram(data, SERVER, now)
+
+    @staticmethod
+    def fire_timers(client: Any, server: Any, now: float) -> None:
+        """Handle each side's timer if it is due by ``now`` (the step's clock moved)."""
+        for connection in (client, server):
+            timer = connection.get_timer()
+            if timer is not None and timer <= now:
+                connection.handle_timer(now)

@@ -508,10 +508,7 @@ def _lossy_run(
         if terminations or (not lossy and not unended and len(ended) == len(written)):
             break
         Clock.now += 0.001
-        for connection in (client, server):
-            timer = connection.get_timer()
-            if timer is not None and timer <= Clock.now:
-                connection.handle_timer(Clock.now)
+        link.fire_timers(client, server, Clock.now)
     return written, read, ended, terminations
 
 

@@ -645,7 +645,4 @@ def _streams_through_loss(
         while client.next_event() is not None:
             pass
         _Clock.now += 0.001
-        for connection in (client, server):
-            timer = connection.get_timer()
-            if timer is not None and timer <= _Clock.now:
-                connection.handle_timer(_Clock.now)
+        link.fire_timers(client, server, _Clock.now)
