@@ -102,7 +102,7 @@ class _Owner:
     def request_stop(self, local_id: int) -> None:
         raise AssertionError("no stop is requested here")
 
-    def finish_anchor(self, local_id: int) -> None:
+    def reader_ended(self, local_id: int) -> None:
         raise AssertionError("no stream ends here")
 
     def sender_detached(self, local_id: int, sender_id: int) -> None:

@@ -17,7 +17,12 @@ token each:
 * ``try-send``: ``MuxChannel.try_send`` per stream into a real batcher and driver (the
   driver's poll is not counted);
 * ``send-pass``: ``send_pass`` of one item per stream through the same channels (the
-  sender's pass loop, which stages through the channel's ``try_send`` in C).
+  sender's pass loop, which stages through the channel's ``try_send`` in C);
+* ``end-turn``: a decode loop's last pass, in one turn: each stream's last record
+  (``try_send``) and its ``finalize()``; what the producer's turn pays before its records
+  can leave;
+* ``end-after``: the turns that follow until every terminal was written: the polls that
+  pack the records and the terminals, and the terminals' staging where it waits for them.
 
     python perf/record_path_instructions.py
     python perf/record_path_instructions.py --tree <checkout before the change>
@@ -45,7 +50,7 @@ from _callgrind import command as callgrind_command  # noqa: E402
 TOKEN = {"t": 12345, "s": 1, "p": "x" * 24}
 """About the 48-byte token frame of ``perf/tokens.py``."""
 
-ARMS = ("take", "anext", "anext-wait", "try-send", "send-pass")
+ARMS = ("take", "anext", "anext-wait", "try-send", "send-pass", "end-turn", "end-after")
 
 
 class Counter:
@@ -153,6 +158,9 @@ def producer_arms(counter: Counter, streams: int, rounds: int) -> None:
         def sender_finished(self, state: Any) -> None:
             pass
 
+        def sender_retired(self, state: Any) -> None:
+            pass
+
     async def main() -> None:
         batcher = EgressBatcher(0, MuxConfig())  # its credit covers the rounds' records
         driver = BatcherDriver(cast(Messenger, Messages()), peer, batcher)
@@ -200,6 +208,22 @@ def producer_arms(counter: Counter, streams: int, rounds: int) -> None:
                 raise SystemExit("a pass left records over")
             await asyncio.sleep(0)
         counter.results["send-pass"] = counted / (rounds * streams)
+        counter.requests.start()
+        for channel in channels:
+            if not channel.try_send(body):
+                raise SystemExit("a record was refused")
+        retired = [sender.finalize() for sender in senders]
+        counter.requests.stop()
+        counter.results["end-turn"] = read_window(counter.out_dir) / streams
+        counter.requests.start()
+        for _ in range(100):  # a few turns: the terminals go in the batch after the records'
+            if retired[-1].done():
+                break
+            await asyncio.sleep(0)
+        counter.requests.stop()
+        counter.results["end-after"] = read_window(counter.out_dir) / streams
+        if not all(future.done() for future in retired):
+            raise SystemExit("the terminals were not written")
 
     asyncio.run(main())
 

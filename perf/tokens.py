@@ -134,6 +134,7 @@ import tempfile
 import time
 from abc import ABC, abstractmethod
 from array import array
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -259,6 +260,9 @@ class Tally:
         self.passes = passes
         self.later = array("q")
         self.gaps = array("q")
+        self.last_pass = array("q")
+        """The later tokens of the last pass, the one in which every stream ends (also in
+        ``later``): what ending the streams adds shows apart from the other passes."""
         self.ended = 0
         self.checks = [StreamCheck(self, index, streams) for index in indices]
 
@@ -266,11 +270,12 @@ class Tally:
         return sum(check.count for check in self.checks)
 
     def write(self, path: Path) -> None:
-        """The three latency arrays, for the benchmark to merge across frontends."""
+        """The four latency arrays, for the benchmark to merge across frontends."""
         first = array("q", (check.first_latency for check in self.checks if check.count))
+        arrays = (first, self.later, self.gaps, self.last_pass)
         with path.open("wb") as out:
-            out.write(struct.pack("<3Q", len(first), len(self.later), len(self.gaps)))
-            for values in (first, self.later, self.gaps):
+            out.write(struct.pack(LATENCY_HEADER, *(len(values) for values in arrays)))
+            for values in arrays:
                 out.write(values.tobytes())
 
     def stall_report(self, timeout: float) -> str:
@@ -297,6 +302,8 @@ class StreamCheck:
         "first_rx",
         "gaps",
         "index",
+        "last_index",
+        "last_pass",
         "last_rx",
         "later",
         "step",
@@ -312,6 +319,8 @@ class StreamCheck:
         self.last_rx = 0
         self.later = tally.later
         self.gaps = tally.gaps
+        self.last_pass = tally.last_pass
+        self.last_index = tally.passes - 1
 
     def take(self, item: Any, now: int) -> None:
         if item["t"] != self.expected:
@@ -320,8 +329,11 @@ class StreamCheck:
                 f"t={self.expected} (lost, duplicated, reordered or misrouted)"
             )
         if self.count:
-            self.later.append(now - item["s"])
+            latency = now - item["s"]
+            self.later.append(latency)
             self.gaps.append(now - self.last_rx)
+            if self.count == self.last_index:
+                self.last_pass.append(latency)
         else:
             self.first_latency = now - item["s"]
             self.first_rx = now
@@ -1483,14 +1495,28 @@ async def _impair(
     return proxy
 
 
-def _read_latencies(paths: Sequence[Path]) -> tuple[list[int], list[int], list[int]]:
-    """The frontends' latency arrays, merged: first tokens, later tokens, receive gaps."""
-    merged: tuple[list[int], list[int], list[int]] = ([], [], [])
+LATENCY_HEADER = "<4Q"
+"""A frontend's latency file: the counts of its four arrays (see ``Tally.write``)."""
+
+OLDER_LATENCY_HEADER = "<3Q"
+"""The same without the last pass's array, as a ``--baseline-tree`` from before it writes."""
+
+
+def _read_latencies(
+    paths: Sequence[Path],
+) -> tuple[list[int], list[int], list[int], list[int]]:
+    """The frontends' latency arrays, merged: first tokens, later tokens, receive gaps,
+    the last pass's later tokens."""
+    merged: tuple[list[int], list[int], list[int], list[int]] = ([], [], [], [])
     for path in paths:
         data = path.read_bytes()
-        counts = struct.unpack_from("<3Q", data)
-        offset = struct.calcsize("<3Q")
-        for target, count in zip(merged, counts, strict=True):
+        header = LATENCY_HEADER
+        older = struct.unpack_from(OLDER_LATENCY_HEADER, data)
+        if struct.calcsize(OLDER_LATENCY_HEADER) + 8 * sum(older) == len(data):
+            header = OLDER_LATENCY_HEADER
+        counts = struct.unpack_from(header, data)
+        offset = struct.calcsize(header)
+        for target, count in zip(merged, counts, strict=False):
             values = array("q")
             values.frombytes(data[offset : offset + 8 * count])
             target.extend(values)
@@ -1593,10 +1619,13 @@ def summarise(
             "frontends_instructions_per_token": frontends_ir / tokens,
             "total_instructions_per_token": (engine_ir + frontends_ir) / tokens,
         }
-    first, later, gaps = _read_latencies(latencies) if shared else ([], [], [])
+    first, later, gaps, last = _read_latencies(latencies) if shared else ([], [], [], [])
     result |= _latency_figures("first_token", first)
     result |= _latency_figures("later_tokens", later)
     result |= _latency_figures("receive_gap", gaps)
+    result |= _latency_figures("last_pass", last)
+    before_last = list((Counter(later) - Counter(last)).elements())
+    result |= _latency_figures("later_before_last_pass", before_last)
     engine = sent.get("counters", {})
     parts = [part.get("counters", {}) for part in received]
     return result | ARMS[split_label(impl)[0]].figures(scenario, tokens, attached, engine, parts)
@@ -1628,6 +1657,15 @@ def _pair(median: dict[str, float], name: str) -> str:
     return f"{median[f'{name}_p50_ms']:.2f} / {median[f'{name}_p99_ms']:.2f}"
 
 
+def _last_pass(median: dict[str, float]) -> str:
+    if "last_pass_p50_ms" not in median:
+        return "n/a"
+    return (
+        f"{median['last_pass_p50_ms']:.2f} / {median['last_pass_max_ms']:.2f} "
+        f"({_figure(median, 'later_before_last_pass_p99_ms', '.2f')})"
+    )
+
+
 def _late(median: dict[str, float]) -> str:
     return f"{median['late_passes']:.0f} ({median['mean_pass_interval_ms']:.1f})"
 
@@ -1647,6 +1685,7 @@ def scenario_table(scenario: Scenario, impls: Sequence[str], runs: Runs) -> str:
         header += [
             "first token p50 / p99 ms",
             "later tokens p50 / p99 ms",
+            "last pass p50 / max ms (later p99 before it)",
             "receive gap p99 ms",
             "late passes (mean ms between starts)",
         ]
@@ -1684,6 +1723,7 @@ def scenario_table(scenario: Scenario, impls: Sequence[str], runs: Runs) -> str:
             cells += [
                 _pair(median, "first_token") if median else "—",
                 _pair(median, "later_tokens") if median else "—",
+                _last_pass(median) if median else "—",
                 _figure(median, "receive_gap_p99_ms", ".2f") if median else "—",
                 _late(median) if median else "—",
             ]

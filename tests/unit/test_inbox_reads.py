@@ -146,7 +146,7 @@ class Owner:
     def request_stop(self, local_id: int) -> None:
         self.calls.append(("stop", local_id))
 
-    def finish_anchor(self, local_id: int) -> None:
+    def reader_ended(self, local_id: int) -> None:
         self.calls.append(("finish", local_id))
         self.entry.finished = True
         self.entry.inbox.close()

@@ -11,24 +11,20 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 import pytest
-from prometheus_client.registry import CollectorRegistry
 
-from velomux_quic import StreamSender
 from velomux_quic.errors import ConfigurationError
-from velomux_quic.ids import InstanceId, StreamAnchorHandle
-from velomux_quic.messenger import Messenger
+from velomux_quic.ids import InstanceId
 from velomux_quic.mux.config import MuxConfig
-from velomux_quic.mux.driver import BatcherDriver, MuxChannel
 from velomux_quic.mux.egress import EgressBatcher
 from velomux_quic.mux.protocol import CloseReason, LifecycleAction, RecordType, decode_batch
-from velomux_quic.streaming.metrics import StreamingMetrics
-from velomux_quic.streaming.sender import Retired, SenderState, send_pass
+from velomux_quic.streaming.sender import Retired, send_pass
 from velomux_quic.transport.admission import LaneGate, SendOutcome
 
-PEER = InstanceId.parse("00000000-0000-4000-8000-000000000002")
+from .mux_rig import Rig
+
 KiB = 1024
 ITEM = b"x" * 1000  # one record of about 1 KiB once encoded
 
@@ -69,41 +65,8 @@ class GatedMessenger:
         return count
 
 
-class Owner:
-    def sender_finished(self, state: SenderState) -> None:
-        pass
-
-
-class Rig:
-    def __init__(self, config: MuxConfig) -> None:
-        self.messenger = GatedMessenger()
-        self.batcher = EgressBatcher(0, config)
-        self.driver = BatcherDriver(cast(Messenger, self.messenger), PEER, self.batcher)
-        self.metrics = StreamingMetrics(CollectorRegistry(), lambda: 0)
-        self.count = 0
-
-    def sender(self) -> StreamSender:
-        index = self.count
-        self.count += 1
-        slot = self.batcher.open_slot(anchor_id=100 + index, session_id=200 + index)
-        channel = MuxChannel(self.driver, slot)
-        state = SenderState(
-            Owner(),
-            self.metrics,
-            StreamAnchorHandle.pack(1, index + 1),
-            channel,
-            sender_stream_id=index,
-            transport_key="messenger-mux-v2",
-            target=PEER,
-            heartbeat_interval=None,
-        )
-        channel.watch(state)
-        self.driver.wake()
-        return StreamSender(state)
-
-    async def settle(self) -> None:
-        for _ in range(5):
-            await asyncio.sleep(0)
+def gated_rig(config: MuxConfig) -> Rig[GatedMessenger]:
+    return Rig(config, GatedMessenger())
 
 
 def config(**overrides: Any) -> MuxConfig:
@@ -159,7 +122,7 @@ def test_closes_end_now_and_epoch_death_return_their_bytes_to_the_bound() -> Non
 
 
 async def test_send_waits_at_the_bound_and_resumes_when_the_transport_takes_data() -> None:
-    rig = Rig(config())
+    rig = gated_rig(config())
     sender = rig.sender()
     await rig.settle()  # the OpenSlot's batch waits in the gate: the batcher is parked
     assert rig.batcher.parked
@@ -184,7 +147,7 @@ async def test_send_waits_at_the_bound_and_resumes_when_the_transport_takes_data
 
 
 async def test_send_pass_leaves_pairs_over_at_the_bound_and_its_wait_resumes() -> None:
-    rig = Rig(config())
+    rig = gated_rig(config())
     senders = [rig.sender() for _ in range(4)]
     await rig.settle()
     pairs = [(sender, b"y" * 3000) for _ in range(3) for sender in senders]
@@ -205,7 +168,7 @@ async def test_send_pass_leaves_pairs_over_at_the_bound_and_its_wait_resumes() -
 
 
 async def test_memory_stays_bounded_with_many_producers_against_a_stalled_transport() -> None:
-    rig = Rig(config(peer_queue_bytes=32 * KiB))
+    rig = gated_rig(config(peer_queue_bytes=32 * KiB))
     senders = [rig.sender() for _ in range(64)]
     await rig.settle()
     tasks = [asyncio.ensure_future(s.send(ITEM)) for s in senders for _ in range(40)]
@@ -229,7 +192,7 @@ async def test_memory_stays_bounded_with_many_producers_against_a_stalled_transp
 async def test_a_staged_record_decides_its_streams_retirement_when_it_is_released(
     release: str, outcome: Retired
 ) -> None:
-    rig = Rig(config())
+    rig = gated_rig(config())
     sender = rig.sender()
     rig.messenger.open()
     await rig.settle()

@@ -9,107 +9,21 @@ nothing lost, nothing twice, and the batches a pass took.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any
 
-from prometheus_client.registry import CollectorRegistry
-
-from velomux_quic import ChannelClosed, PassOutcome, SerializationError, StreamSender
-from velomux_quic.ids import InstanceId, StreamAnchorHandle
-from velomux_quic.messenger import Messenger
+from velomux_quic import ChannelClosed, PassOutcome, SerializationError
 from velomux_quic.mux.config import Manual, MuxConfig
-from velomux_quic.mux.driver import BatcherDriver, MuxChannel
-from velomux_quic.mux.egress import EgressBatcher
-from velomux_quic.mux.protocol import CloseReason, RecordType, decode_batch
-from velomux_quic.streaming.frames import PACKER_BUFFER, encode_item, pooled_packers
-from velomux_quic.streaming.metrics import StreamingMetrics
-from velomux_quic.streaming.sender import SenderState, send_pass
+from velomux_quic.mux.protocol import CloseReason
+from velomux_quic.streaming.frames import PACKER_BUFFER, pooled_packers
+from velomux_quic.streaming.sender import send_pass
 
-PEER = InstanceId.parse("00000000-0000-4000-8000-000000000001")
-
-
-class RecordingMessenger:
-    """Admits every batch at once (returns None, as an inline send does) and keeps it; a
-    batch the messenger would stage is pulled at once too (its release is ``pulled``)."""
-
-    def __init__(self) -> None:
-        self.payloads: list[bytes] = []
-
-    def send_message_on_lane(
-        self,
-        peer: InstanceId,
-        lane: int,
-        handler: str,
-        payload: Any,
-        headers: Any = None,
-        on_staged_release: Callable[[str], None] | None = None,
-    ) -> None:
-        self.payloads.append(bytes(payload))
-        if on_staged_release is not None:
-            asyncio.get_running_loop().call_soon(on_staged_release, "pulled")
-
-
-class Owner:
-    def sender_finished(self, state: SenderState) -> None:
-        pass
-
-
-class Rig:
-    """One (peer, lane) batcher, its driver, and senders on its slots."""
-
-    def __init__(self, config: MuxConfig) -> None:
-        self.messenger = RecordingMessenger()
-        self.batcher = EgressBatcher(0, config)
-        self.driver = BatcherDriver(cast(Messenger, self.messenger), PEER, self.batcher)
-        self.metrics = StreamingMetrics(CollectorRegistry(), lambda: 0)
-        self.channels: list[MuxChannel] = []
-
-    def sender(self) -> StreamSender:
-        index = len(self.channels)
-        slot = self.batcher.open_slot(anchor_id=100 + index, session_id=200 + index)
-        channel = MuxChannel(self.driver, slot)
-        self.channels.append(channel)
-        state = SenderState(
-            Owner(),
-            self.metrics,
-            StreamAnchorHandle.pack(1, index + 1),
-            channel,
-            sender_stream_id=index,
-            transport_key="messenger-mux-v2",
-            target=PEER,
-            heartbeat_interval=None,
-        )
-        channel.watch(state)
-        self.driver.wake()  # its OpenSlot goes at the next wake, as the mux transport does
-        return StreamSender(state)
-
-    async def settle(self) -> None:
-        """Let the driver's wake (scheduled with call_soon) run."""
-        for _ in range(3):
-            await asyncio.sleep(0)
-
-    def data(self) -> dict[int, list[tuple[int, bytes]]]:
-        """Per slot id, the (frame_seq, body) of every Data record written so far."""
-        out: dict[int, list[tuple[int, bytes]]] = {}
-        for payload in self.messenger.payloads:
-            _, records = decode_batch(payload)
-            for record_type, sid, seq, body in records:
-                if record_type == RecordType.DATA:
-                    out.setdefault(sid, []).append((seq, bytes(body)))
-        return out
-
-    def expect(self, items: Sequence[Sequence[Any]]) -> dict[int, list[tuple[int, bytes]]]:
-        return {
-            channel.slot.slot_id: [(n + 1, encode_item(item)) for n, item in enumerate(stream)]
-            for channel, stream in zip(self.channels, items, strict=True)
-            if stream
-        }
+from .mux_rig import RecordingRig
 
 
 async def test_send_and_send_pass_mixed_on_one_stream_keep_its_order_and_a_pass_is_one_flush() -> (
     None
 ):
-    rig = Rig(MuxConfig())
+    rig = RecordingRig(MuxConfig())
     senders = [rig.sender() for _ in range(8)]
     await rig.settle()  # the OpenSlots
     expected: list[list[Any]] = [[] for _ in senders]
@@ -131,7 +45,7 @@ async def test_send_and_send_pass_mixed_on_one_stream_keep_its_order_and_a_pass_
 
 
 async def test_a_pass_past_credit_and_budget_leaves_the_rest_over_until_credit_is_granted() -> None:
-    rig = Rig(MuxConfig(initial_credit=2, slot_byte_budget=100))
+    rig = RecordingRig(MuxConfig(initial_credit=2, slot_byte_budget=100))
     stalled, other = rig.sender(), rig.sender()
     await rig.settle()
     items = [f"{n:02d}" + "x" * 30 for n in range(10)]
@@ -163,7 +77,7 @@ async def test_a_pass_past_credit_and_budget_leaves_the_rest_over_until_credit_i
 
 
 async def test_manual_stages_a_pass_until_the_kick() -> None:
-    rig = Rig(MuxConfig(flush_policy=Manual()))
+    rig = RecordingRig(MuxConfig(flush_policy=Manual()))
     senders = [rig.sender() for _ in range(4)]
     await rig.settle()
     opens = len(rig.messenger.payloads)
@@ -177,7 +91,7 @@ async def test_manual_stages_a_pass_until_the_kick() -> None:
 
 
 async def test_a_slot_closed_by_the_peer_and_an_unencodable_item_fail_only_their_pairs() -> None:
-    rig = Rig(MuxConfig())
+    rig = RecordingRig(MuxConfig())
     closed, live = rig.sender(), rig.sender()
     await rig.settle()
     assert rig.batcher.on_peer_close(rig.channels[0].slot.slot_id, CloseReason.UNKNOWN_SLOT)
@@ -195,7 +109,7 @@ async def test_a_slot_closed_by_the_peer_and_an_unencodable_item_fail_only_their
 async def test_an_item_larger_than_a_batch_goes_alone_and_the_packer_that_grew_is_not_pooled() -> (
     None
 ):
-    rig = Rig(MuxConfig())
+    rig = RecordingRig(MuxConfig())
     small, large = rig.sender(), rig.sender()
     await rig.settle()
     pooled = pooled_packers()

@@ -346,6 +346,9 @@ class _Owner:
     def sender_finished(self, state: SenderState) -> None:
         pass
 
+    def sender_retired(self, state: SenderState) -> None:
+        pass
+
 
 def _outcome(outcome: PassOutcome) -> Json:
     failed = [[index, type(exc).__name__, str(exc)] for index, exc in outcome.failed.items()]

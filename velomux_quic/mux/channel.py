@@ -11,6 +11,7 @@ sender's loops then call ``try_send`` as a C method. Otherwise it runs as it is.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Final, Protocol
 
 from ..errors import ChannelClosed
@@ -40,6 +41,8 @@ class SlotDriver(Protocol):
     def wake(self) -> None: ...
 
     def wait_space(self, slot: EgressSlot) -> asyncio.Future[None]: ...
+
+    def after_records(self, stage: Callable[[], None]) -> None: ...
 
 
 class DeliveryGuard:
@@ -130,6 +133,9 @@ class MuxChannel(StagingChannel):
                 return
             # The slot's byte budget, or the lane's queue bound, is full.
             await driver.wait_space(self._slot)
+
+    def after_records(self, stage: Callable[[], None]) -> None:
+        self._driver.after_records(stage)
 
     def send_terminal(self, body: bytes, done: asyncio.Future[bool]) -> None:
         if self.closed:

@@ -2,7 +2,11 @@
 
 A batcher is woken, never fed: producers and replies change its state synchronously and
 schedule one wake per loop iteration (``call_soon``); the wake polls the batcher and hands
-every batch to the messenger in order. A batch the transport does not admit at once parks
+every batch to the messenger in order. A sender's terminal handed over in a turn whose
+records still wait for that poll is staged only after they were handed to the transport,
+one loop turn later (after the transport's transmit): a decode loop that ends many streams
+right after their last records sends those records first, and the ends follow in their
+own batch. A batch the transport does not admit at once parks
 the batcher until the admission resolves; a refused admission is epoch death. A terminal's
 retirement guard (a :class:`DeliveryGuard`) resolves ``Sent`` once the peer's transport
 acknowledged the batch carrying it (with no delivery watch, as in the sans-IO tests: at its
@@ -50,6 +54,8 @@ class BatcherDriver:
 
     # Slots: a sender's ``try_send`` reads ``_wake`` once per record.
     __slots__ = (
+        "_after",
+        "_after_handle",
         "_delivered",
         "_loop",
         "_pending",
@@ -87,6 +93,9 @@ class BatcherDriver:
         self._space: dict[int, tuple[EgressSlot, asyncio.Future[None]]] = {}
         """Producers waiting for room, by slot index: the slot they wait on, and its future."""
         self._pending = 0
+        self._after: list[Callable[[], None]] = []
+        """Terminals handed over while this turn's records waited for the poll (in order)."""
+        self._after_handle: asyncio.Handle | None = None
         self.wakes = [0, 0]
         """Real wakes by source: [wake (records, control, kick), linger/reply timer]."""
         self.closed = False
@@ -100,16 +109,39 @@ class BatcherDriver:
         if self._wake is None and not self.closed:
             self._wake = self._loop.call_soon(self._run)
 
+    def after_records(self, stage: Callable[[], None]) -> None:
+        """Call ``stage`` once the records waiting for the pending wake's poll were handed
+        to the transport; at once when no wake is pending (nothing of this turn waits)."""
+        if self._after or (self._wake is not None and not self.closed):
+            self._after.append(stage)
+        else:
+            stage()
+
     def _run(self, source: int = 0) -> None:
         self._wake = None
         self.wakes[source] += 1
         batcher = self.batcher
+        wrote = False
         for batch in batcher.poll(self._loop.time()):
             self._write(batch)
+            wrote = True
         self._release_space()
+        if self._after and self._after_handle is None:
+            if wrote:
+                # Queued after the transmit the writes just asked for.
+                self._after_handle = self._loop.call_soon(self._stage_after)
+            else:
+                self._stage_after()
         if batcher.has_ready and not batcher.parked:
             self.wake()  # the poll stopped at its budget: the rest after other work runs
         self._arm_timer()
+
+    def _stage_after(self) -> None:
+        """Stage the terminals :meth:`after_records` held (each wakes this driver)."""
+        self._after_handle = None
+        stages, self._after = self._after, []
+        for stage in stages:
+            stage()
 
     def _write(self, batch: OutgoingBatch) -> None:
         self.last_activity = self._loop.time()
@@ -254,9 +286,10 @@ class BatcherDriver:
 
     def close(self) -> None:
         self.closed = True
-        for handle in (self._wake, self._timer):
+        for handle in (self._wake, self._timer, self._after_handle):
             if handle is not None:
                 handle.cancel()
+        self._stage_after()  # each finds its slot closed and retires Discarded
         for _, future in self._space.values():
             if not future.done():
                 future.set_result(None)

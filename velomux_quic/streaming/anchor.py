@@ -139,8 +139,8 @@ class AnchorOwner(Protocol):
     def request_stop(self, local_id: int) -> None:
         """Ask the anchor's producers to finish gracefully."""
 
-    def finish_anchor(self, local_id: int) -> None:
-        """The stream is over (its terminal was read): forget the anchor."""
+    def reader_ended(self, local_id: int) -> None:
+        """The reader took the stream's end (its terminal, or an error): forget the anchor."""
 
     def sender_detached(self, local_id: int, sender_id: int) -> None:
         """The reader took a sender's Detached (or an MPSC sender's terminal)."""
@@ -205,7 +205,7 @@ class _AnchorBase:
     def _end(self, how: str) -> None:
         self._ended = how
         self._finalizer.detach()
-        self._owner.finish_anchor(self._entry.local_id)
+        self._owner.reader_ended(self._entry.local_id)
 
     def _ended_finished(self) -> NoReturn:
         """The reader found the anchor finished with nothing left: raise its ending."""

@@ -12,6 +12,7 @@ This module is one of the record path's compiled modules (velomux_quic.recordpat
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Protocol
 
 from ..errors import ChannelClosed
@@ -30,6 +31,11 @@ class ProducerChannel(Protocol):
     def send_terminal(self, body: bytes, done: asyncio.Future[bool]) -> None:
         """Hand over the stream's last record without blocking; resolve ``done`` with True
         once it was handed on (admitted), False if it was discarded. Closes the channel."""
+
+    def after_records(self, stage: Callable[[], None]) -> None:
+        """Call ``stage`` (a sender's terminal, handed over) once the records this channel
+        took in this loop turn are handed on; at once where none wait, or where records
+        are handed on as they are taken."""
 
     @property
     def closed(self) -> bool: ...
@@ -107,6 +113,9 @@ class InboxChannel:
         if self.closed:
             raise ChannelClosed("the anchor is gone")
         await self._inbox.put(body, self._sender_id)
+
+    def after_records(self, stage: Callable[[], None]) -> None:
+        stage()  # the records are in the inbox already
 
     def send_terminal(self, body: bytes, done: asyncio.Future[bool]) -> None:
         self._closed = True

@@ -126,6 +126,8 @@ class AnchorManager:
         self._metrics = StreamingMetrics(messenger.registry, lambda: len(self._anchors))
         self._loop = asyncio.get_running_loop()
         self._anchors: dict[int, AnchorEntry] = {}
+        self._ending: list[AnchorEntry] = []
+        """Anchors whose readers took their end this turn, forgotten in the next."""
         self._refusal_lines = EventThrottle()
         self._next_session = int.from_bytes(os.urandom(4), "big") << 16 | 1
         self._attaches_served = 0
@@ -251,11 +253,33 @@ class AnchorManager:
             self.finish_anchor(local_id)
 
     def finish_anchor(self, local_id: int) -> None:
-        """The stream is over (terminal read, or removed): forget it, stop its watchdogs."""
+        """The stream is over (removed, or its end read): forget it, stop its watchdogs."""
+        entry = self._anchors.pop(local_id, None)
+        if entry is not None:
+            entry.finished = True
+            self._forget_anchor(entry)
+
+    def reader_ended(self, local_id: int) -> None:
+        """The reader took the stream's end: forget the anchor now, and do the rest of
+        :meth:`finish_anchor` once the readers already woken in this turn have run. One
+        batch may end hundreds of streams (a decode loop's last pass); each reader ends
+        its anchor in the step that took its last record, so done at once, every end
+        would delay the last records of the readers behind it."""
         entry = self._anchors.pop(local_id, None)
         if entry is None:
             return
         entry.finished = True
+        ending = self._ending
+        ending.append(entry)
+        if len(ending) == 1:
+            self._loop.call_soon(self._forget_ended)
+
+    def _forget_ended(self) -> None:
+        ending, self._ending = self._ending, []
+        for entry in ending:
+            self._forget_anchor(entry)
+
+    def _forget_anchor(self, entry: AnchorEntry) -> None:
         if entry.unattached_timer is not None:
             entry.unattached_timer.cancel()
         outcome = "cancelled" if entry.cancelled else "finished"
@@ -753,6 +777,7 @@ class AnchorManager:
         idempotent."""
         self._closed = True
         await self._producer.close()
+        self._forget_ended()  # before the transports they are bound to close
         for local_id, entry in list(self._anchors.items()):
             entry.cancelled = True
             self.finish_anchor(local_id)

@@ -25,6 +25,7 @@ import asyncio
 import logging
 import struct
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..errors import AdmissionError, ChannelClosed, FrameTooLarge
@@ -141,6 +142,9 @@ class PerStreamChannel:
                 raise
         self._metrics.frames_written += 1
         self._metrics.egress_flushes += 1  # one stream write per frame on this path
+
+    def after_records(self, stage: Callable[[], None]) -> None:
+        stage()  # each record was written to the QUIC stream as it was sent
 
     def send_terminal(self, body: bytes, done: asyncio.Future[bool]) -> None:
         self._closed = True

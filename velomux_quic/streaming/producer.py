@@ -384,12 +384,15 @@ class AnchorProducer:
             self._local.local_sender_finished(state.handle)
         elif not state.retired.done():
             self._retiring.add(state)
-            state.retired.add_done_callback(lambda _: self._retired(state))
+            return  # not idle: its terminal has not left
         self._check_idle()
 
-    def _retired(self, state: SenderState) -> None:
-        self._retiring.discard(state)
-        self._check_idle()
+    def sender_retired(self, state: SenderState) -> None:
+        """Its terminal's fate is known (or it was cancelled, or abandoned)."""
+        retiring = self._retiring
+        if state in retiring:
+            retiring.discard(state)
+            self._check_idle()
 
     def _check_idle(self) -> None:
         if not self._senders and not self._retiring:

@@ -13,6 +13,7 @@ cdef class SenderState:
     cdef public object channel
     cdef readonly StagingChannel staging
     cdef public bint terminal_sent
+    cdef public bytes terminal_body
     cdef public object cancelled
     cdef public object handle
     cdef public object heartbeat_interval
@@ -32,7 +33,6 @@ cdef class SenderState:
 
 cdef class StreamSender:
     cdef public SenderState _state
-    cdef public object _finalizer
     cdef object __weakref__
 
 

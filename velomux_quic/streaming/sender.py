@@ -101,6 +101,9 @@ class SenderOwner(Protocol):
     def sender_finished(self, state: SenderState) -> None:
         """The sender handed over its terminal or was cancelled: forget it, no heartbeats."""
 
+    def sender_retired(self, state: SenderState) -> None:
+        """The sender's retirement future resolved (its terminal's fate is known)."""
+
 
 class SenderState:
     """Everything a sender's lifetime needs, apart from the sender object itself, so that
@@ -126,12 +129,14 @@ class SenderState:
         "state",
         "stop_requested",
         "target",
+        "terminal_body",
         "terminal_sent",
         "transport_key",
     )
 
     channel: ProducerChannel
     terminal_sent: bool
+    terminal_body: bytes
 
     def __init__(
         self,
@@ -164,24 +169,42 @@ class SenderState:
         self.cancelled = asyncio.Event()
         self.stop_requested = asyncio.Event()
         self.terminal_sent = False
+        self.terminal_body = b""
         self.state: SenderStateName = "open"
 
     def terminal(self, body: bytes) -> asyncio.Future[Retired]:
-        """Hand over the stream's last record once; later calls return the same future."""
+        """Hand over the stream's last record once; later calls return the same future.
+
+        The stream takes no record after this call, but the terminal is staged only once
+        the channel has handed on the records it took in this loop turn
+        (``after_records``): a producer that ends many streams right after their last
+        records (a decode loop's last pass) would otherwise hold those records back by
+        every end's bookkeeping, on this node and, in the same batch, on the consumer's."""
         if self.terminal_sent:
             return self.retired
         self.terminal_sent = True
         self.state = _TERMINAL_STATES.get(body, "dropped")
         self.owner.sender_finished(self)
-        if self.cancelled.is_set() or self.channel.closed:
+        self.terminal_body = body
+        self.channel.after_records(self._stage_terminal)
+        return self.retired
+
+    def _stage_terminal(self) -> None:
+        """The second half of :meth:`terminal`: the channel's records are handed on."""
+        if self.retired.done():  # abandoned meanwhile: the node closed
+            return
+        channel = self.channel
+        if self.cancelled.is_set() or channel.closed:
+            if not channel.closed:  # cancelled meanwhile, and its cancel left the channel
+                channel.abort()
             self._retire(Retired.DISCARDED)
-            return self.retired
+            return
+        body = self.terminal_body
         done: asyncio.Future[bool] = self.loop.create_future()
         done.add_done_callback(
             lambda f: self._retire(Retired.SENT if f.result() else Retired.DISCARDED)
         )
-        self.channel.send_terminal(body, done)
-        return self.retired
+        channel.send_terminal(body, done)
 
     def shut_down(self) -> asyncio.Future[Retired]:
         """This node is closing: end the stream on the wire now with the shutdown terminal
@@ -245,6 +268,7 @@ class SenderState:
     def _retire(self, outcome: Retired) -> None:
         if not self.retired.done():
             self.retired.set_result(outcome)
+            self.owner.sender_retired(self)
 
     def dropped(self) -> None:
         """The sender object was garbage-collected: end its stream with Dropped."""
@@ -258,11 +282,13 @@ class StreamSender:
     """A producer attached to one anchor. Create with ``AnchorManager.attach_anchor``
     (or ``attach_mpsc_anchor``, or ``open_anchor_stream`` with a ticket)."""
 
-    __slots__ = ("__weakref__", "_finalizer", "_state")
+    __slots__ = ("__weakref__", "_state")
 
     def __init__(self, state: SenderState) -> None:
         self._state = state
-        self._finalizer = weakref.finalize(self, SenderState.dropped, state)
+        # Never detached: once a terminal was handed over, ``dropped`` returns at once,
+        # and a detach in every end would cost the turn in which many streams end.
+        weakref.finalize(self, SenderState.dropped, state)
 
     @property
     def handle(self) -> StreamAnchorHandle:
@@ -380,19 +406,16 @@ class StreamSender:
     def finalize(self) -> asyncio.Future[Retired]:
         """End the stream normally (the consumer's iteration ends). Never blocks; the
         returned future resolves with the stream's :class:`Retired` outcome."""
-        self._finalizer.detach()
         return self._state.terminal(FINALIZED)
 
     def detach(self) -> asyncio.Future[Retired]:
         """Leave without finishing: another sender may attach to :attr:`handle` and
         continue the stream. Never blocks; the returned future resolves with this
         sender's :class:`Retired` outcome (its Detached handed on, or discarded)."""
-        self._finalizer.detach()
         return self._state.terminal(DETACHED)
 
     async def aclose(self) -> None:
         """End the stream as dropped if it was not finalized or detached."""
-        self._finalizer.detach()
         self._state.terminal(DROPPED)
 
     async def __aenter__(self) -> StreamSender:
@@ -401,7 +424,6 @@ class StreamSender:
 
     async def __aexit__(self, exc_type: object, *_: object) -> None:
         """Leaving the block finalizes the stream, or drops it if the block raised."""
-        self._finalizer.detach()
         self._state.terminal(DROPPED if exc_type is not None else FINALIZED)
 
     def on_retired(self, callback: Callable[[Retired], None]) -> None:
