@@ -4,8 +4,9 @@ real mux batcher and driver, a recording messenger (``mux_rig``).
 A decode loop ends its streams right after their last tokens, without a turn between. The
 records of that turn leave in one batch first; the terminals are staged after that batch
 was handed to the transport, and leave in the next. A terminal with no record of its turn
-waiting is staged at once. A stream cancelled or a driver closed between the two retires
-Discarded, and its terminal never goes on the wire.
+waiting is staged at once, and so is a Detached (the next sender waits for it). A stream
+cancelled or a driver closed between the two retires Discarded, and its terminal never goes
+on the wire.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import asyncio
 from velomux_quic import Retired
 from velomux_quic.mux.config import MuxConfig
 from velomux_quic.mux.protocol import CloseReason, RecordType, decode_batch
-from velomux_quic.streaming.frames import FINALIZED, encode_item
+from velomux_quic.streaming.frames import DETACHED, FINALIZED, encode_item
 
 from .mux_rig import RecordingRig
 
@@ -46,6 +47,21 @@ async def test_terminals_handed_over_in_the_turn_of_the_last_records_follow_them
     assert written == [
         [encode_item(["last", index]) for index in range(STREAMS)],
         [FINALIZED] * STREAMS,
+    ]
+
+
+async def test_a_detached_goes_with_the_records_of_its_turn() -> None:
+    """The next sender's attach is taken once the Detached arrived: it waits for nothing."""
+    rig = RecordingRig(MuxConfig())
+    sender = rig.sender()
+    await rig.settle()
+    before = len(rig.messenger.payloads)
+    assert sender.try_send("last")
+    retired = sender.detach()
+    assert sender.queued_bytes == len(encode_item("last")) + len(DETACHED)  # staged in the call
+    assert await asyncio.wait_for(retired, 5) is Retired.SENT
+    assert [batch_bodies(p) for p in rig.messenger.payloads[before:]] == [
+        [encode_item("last"), DETACHED]
     ]
 
 

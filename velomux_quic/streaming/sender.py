@@ -175,18 +175,23 @@ class SenderState:
     def terminal(self, body: bytes) -> asyncio.Future[Retired]:
         """Hand over the stream's last record once; later calls return the same future.
 
-        The stream takes no record after this call, but the terminal is staged only once
-        the channel has handed on the records it took in this loop turn
+        The stream takes no record after this call, but an ending terminal is staged only
+        once the channel has handed on the records it took in this loop turn
         (``after_records``): a producer that ends many streams right after their last
         records (a decode loop's last pass) would otherwise hold those records back by
-        every end's bookkeeping, on this node and, in the same batch, on the consumer's."""
+        every end's bookkeeping, on this node and, in the same batch, on the consumer's.
+        A Detached is staged at once: the consumer takes the next sender's attach, from
+        whichever node, only once it arrived, so it must not wait for anything."""
         if self.terminal_sent:
             return self.retired
         self.terminal_sent = True
         self.state = _TERMINAL_STATES.get(body, "dropped")
         self.owner.sender_finished(self)
         self.terminal_body = body
-        self.channel.after_records(self._stage_terminal)
+        if body == DETACHED:
+            self._stage_terminal()
+        else:
+            self.channel.after_records(self._stage_terminal)
         return self.retired
 
     def _stage_terminal(self) -> None:
