@@ -59,12 +59,22 @@ class Rig(Generic[MessengerT]):
     """One (peer, lane) batcher, its driver writing to ``messenger``, and senders on its
     slots."""
 
-    def __init__(self, config: MuxConfig, messenger: MessengerT) -> None:
+    def __init__(
+        self,
+        config: MuxConfig,
+        messenger: MessengerT,
+        epochs: Callable[[], int] | None = None,
+    ) -> None:
+        """``epochs``: the batcher's epoch source (its own default when None)."""
         self.messenger = messenger
-        self.batcher = EgressBatcher(0, config)
+        self.batcher = (
+            EgressBatcher(0, config) if epochs is None else EgressBatcher(0, config, epochs=epochs)
+        )
         self.driver = BatcherDriver(cast(Messenger, self.messenger), PEER, self.batcher)
         self.metrics = StreamingMetrics(CollectorRegistry(), lambda: 0)
         self.channels: list[MuxChannel] = []
+        self.states: list[SenderState] = []
+        """Each sender's state, in the order the senders were made."""
 
     def sender(self) -> StreamSender:
         index = len(self.channels)
@@ -82,6 +92,7 @@ class Rig(Generic[MessengerT]):
             heartbeat_interval=None,
         )
         channel.watch(state)
+        self.states.append(state)
         self.driver.wake()  # its OpenSlot goes at the next wake, as the mux transport does
         return StreamSender(state)
 

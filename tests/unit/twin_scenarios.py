@@ -15,13 +15,9 @@ import itertools
 from collections.abc import Callable
 from typing import Any, cast
 
-from prometheus_client.registry import CollectorRegistry
-
-from velomux_quic.ids import InstanceId, StreamAnchorHandle
-from velomux_quic.messenger import Messenger
 from velomux_quic.mux.config import AutoFlush, MuxConfig
 from velomux_quic.mux.credit import IngressSlot, PeerBudget
-from velomux_quic.mux.driver import BatcherDriver, MuxChannel
+from velomux_quic.mux.driver import MuxChannel
 from velomux_quic.mux.egress import EgressBatcher
 from velomux_quic.mux.ingress import IngressTable, InMemoryBindRegistry, RejectLane
 from velomux_quic.mux.protocol import (
@@ -32,8 +28,9 @@ from velomux_quic.mux.protocol import (
 )
 from velomux_quic.recordpath import IMPLEMENTATION
 from velomux_quic.streaming.frames import DROPPED, FINALIZED
-from velomux_quic.streaming.metrics import StreamingMetrics
-from velomux_quic.streaming.sender import PassOutcome, SenderState, StreamSender, send_pass
+from velomux_quic.streaming.sender import PassOutcome, send_pass
+
+from .mux_rig import Rig
 
 Json = Any
 
@@ -327,8 +324,6 @@ DROPPED_HEX = DROPPED.hex()
 
 # -- a pass, through senders and their mux channels -----------------------------------------
 
-_PEER = InstanceId.parse("00000000-0000-4000-8000-000000000001")
-
 
 class _Written:
     """The messenger's place: admits every batch at once and keeps its payload."""
@@ -340,14 +335,6 @@ class _Written:
         self, peer: Any, lane: int, handler: str, payload: Any, **_: Any
     ) -> None:
         self.payloads.append(bytes(payload).hex())
-
-
-class _Owner:
-    def sender_finished(self, state: SenderState) -> None:
-        pass
-
-    def sender_retired(self, state: SenderState) -> None:
-        pass
 
 
 def _outcome(outcome: PassOutcome) -> Json:
@@ -364,33 +351,12 @@ def passes(config: dict[str, Any], streams: int, steps: list[list[Any]]) -> Json
 
 
 async def _passes(config: dict[str, Any], streams: int, steps: list[list[Any]]) -> Json:
-    written = _Written()
-    batcher = EgressBatcher(0, MuxConfig(**config), epochs=itertools.count(9_000).__next__)
-    driver = BatcherDriver(cast(Messenger, written), _PEER, batcher)
-    metrics = StreamingMetrics(CollectorRegistry(), lambda: 0)
-    senders: list[StreamSender] = []
-    states: list[SenderState] = []
-    for index in range(streams):
-        slot = batcher.open_slot(anchor_id=100 + index, session_id=200 + index)
-        channel = MuxChannel(driver, slot)
-        state = SenderState(
-            _Owner(),
-            metrics,
-            StreamAnchorHandle.pack(1, index + 1),
-            channel,
-            sender_stream_id=index,
-            transport_key="messenger-mux-v2",
-            target=_PEER,
-            heartbeat_interval=None,
-        )
-        channel.watch(state)
-        states.append(state)
-        senders.append(StreamSender(state))
+    rig = Rig(MuxConfig(**config), _Written(), epochs=itertools.count(9_000).__next__)
+    written, batcher, driver, metrics = rig.messenger, rig.batcher, rig.driver, rig.metrics
+    senders = [rig.sender() for _ in range(streams)]
+    states = rig.states
     out: list[Json] = []
-
-    async def settle() -> None:
-        for _ in range(3):
-            await asyncio.sleep(0)
+    settle = rig.settle
 
     await settle()  # the OpenSlots
     for step in steps:
