@@ -117,12 +117,15 @@ class BatcherDriver:
         else:
             stage()
 
-    def _run(self, source: int = 0) -> None:
+    def _run(self, source: int = 0, due: float = 0.0) -> None:
+        """Poll and write. ``due``: the deadline a timer was armed for, which is what the
+        poll is asked at when the loop's clock still reads earlier (see _timer_fired)."""
         self._wake = None
         self.wakes[source] += 1
         batcher = self.batcher
         wrote = False
-        for batch in batcher.poll(self._loop.time()):
+        now = self._loop.time()
+        for batch in batcher.poll(due if due > now else now):
             self._write(batch)
             wrote = True
         self._release_space()
@@ -257,9 +260,14 @@ class BatcherDriver:
             self._timer = self._loop.call_at(deadline, self._timer_fired)
 
     def _timer_fired(self) -> None:
+        # A loop runs a timer up to its clock's resolution early (uvloop's clock counts
+        # whole milliseconds): polled at the loop's time, a linger would not be due yet,
+        # nothing would be written, and the timer would be re-armed for the same past
+        # deadline and fire again at every loop iteration until the clock moved on.
+        due = self._timer_at
         self._timer = None
         self._timer_at = None
-        self._run(1)
+        self._run(1, 0.0 if due is None else due)
 
     # -- producers waiting on a full slot ------------------------------------------------
 

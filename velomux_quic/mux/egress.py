@@ -160,6 +160,13 @@ _OPEN: Final = SlotState.OPEN
 _OPENING: Final = SlotState.OPENING
 _CLOSED: Final[SlotState] = SlotState.CLOSED
 _DATA: Final = int(RecordType.DATA)
+# Read per terminal and per OpenSlot: an enum member read off its class runs the enum
+# type's attribute hook each time (see slots.py), a module global does not.
+_CLOSE_SLOT: Final = int(RecordType.CLOSE_SLOT)
+_OPEN_SLOT: Final = int(RecordType.OPEN_SLOT)
+_OPEN_WRITTEN: Final = SlotEvent.OPEN_WRITTEN
+_TERMINAL_QUEUED: Final = SlotEvent.TERMINAL_QUEUED
+_TERMINAL_WRITTEN: Final = SlotEvent.TERMINAL_WRITTEN
 _pack_record: Final = RECORD_HEADER.pack
 
 _CREDIT_BODY_SIZE: Final = 4
@@ -419,7 +426,7 @@ class EgressBatcher:
         """Stage the stream's terminal; never refused (it spends the reserved credit)."""
         if slot.state > _OPEN:
             raise _closed_slot(slot)
-        slot.advance(SlotEvent.TERMINAL_QUEUED)
+        slot.advance(_TERMINAL_QUEUED)
         slot.guard = guard
         self._urgent = True
         slot.queue.append(QueuedTerminal(body))
@@ -845,11 +852,11 @@ class EgressBatcher:
             if terminal:
                 slot.reserve = 0
                 self._count_close += 1
-                builder.add(RecordType.CLOSE_SLOT, slot.slot_id, slot.next_seq, _TERMINAL_CLOSE)
+                builder.add(_CLOSE_SLOT, slot.slot_id, slot.next_seq, _TERMINAL_CLOSE)
                 if slot.guard is not None:
                     guards.append(slot.guard)
                     slot.guard = None
-                self._free_slot(slot, SlotEvent.TERMINAL_WRITTEN)
+                self._free_slot(slot, _TERMINAL_WRITTEN)
                 break
             slot.credit -= 1
             if slot.credit <= 0 and queue and not slot.exhausted_once:
@@ -875,12 +882,12 @@ class EgressBatcher:
         self._room += len(body)
         builder = BatchBuilder(MIN_BATCH_CAP)  # fits() is never asked: the cap is unused
         seq = slot.next_seq
-        builder.add(RecordType.DATA, slot.slot_id, seq, body)
+        builder.add(_DATA, slot.slot_id, seq, body)
         slot.next_seq = seq + 1
         guards: list[Any] = []
         if terminal:
             slot.reserve = 0
-            builder.add(RecordType.CLOSE_SLOT, slot.slot_id, seq + 1, _TERMINAL_CLOSE)
+            builder.add(_CLOSE_SLOT, slot.slot_id, seq + 1, _TERMINAL_CLOSE)
             self._count_close += 1
             if slot.guard is not None:
                 guards.append(slot.guard)
@@ -907,7 +914,7 @@ class EgressBatcher:
         else:
             counters.inline += 1
         if terminal:
-            self._free_slot(slot, SlotEvent.TERMINAL_WRITTEN)
+            self._free_slot(slot, _TERMINAL_WRITTEN)
         return batch
 
     def lift_fence(self, slot: EgressSlot, now: float) -> None:
@@ -938,9 +945,9 @@ class EgressBatcher:
             if not builder.fits(len(body)):
                 out.append(self._finish(guards, False))
                 guards = []
-            builder.add(RecordType.OPEN_SLOT, slot.slot_id, 0, body)
+            builder.add(_OPEN_SLOT, slot.slot_id, 0, body)
             self._count_open += 1
-            slot.advance(SlotEvent.OPEN_WRITTEN)
+            slot.advance(_OPEN_WRITTEN)
             if slot.guard is not None:  # connect() waits for this OpenSlot's admission
                 guards.append(slot.guard)
                 slot.guard = None

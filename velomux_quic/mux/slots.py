@@ -85,9 +85,23 @@ class SlotEvent(Enum):
     """It ended without its own terminal: the producer aborted, the consumer cancelled, the
     peer closed it, or its epoch died."""
 
+    # Each transition looks its event up in SLOT_TRANSITIONS. Enum's own hash is Python
+    # code (the hash of the member's name); a member is a singleton compared by identity,
+    # so the identity hash finds the same entries, in C.
+    __hash__ = object.__hash__
+
 
 _State = SlotState
 _Event = SlotEvent
+
+# The members read per record and per transition, bound once. An enum member read off its
+# class (``SlotState.OPEN``) runs through the enum type's attribute hook: several hundred
+# instructions each time, compiled or not; a module global is a dictionary look-up.
+_OPENING: Final = SlotState.OPENING
+_OPEN: Final = SlotState.OPEN
+_ENDING_UNOPENED: Final = SlotState.ENDING_UNOPENED
+_ENDING: Final = SlotState.ENDING
+_CLOSED: Final = SlotState.CLOSED
 
 SLOT_TRANSITIONS: Final[Mapping[SlotState, Mapping[SlotEvent, SlotState]]] = MappingProxyType(
     {
@@ -241,7 +255,7 @@ class EgressSlot:
         self._key = index
         self._append = self.queue.append
         self._popleft = self.queue.popleft
-        self.state = SlotState.OPENING
+        self.state = _OPENING
         """Where the slot is in its life; moved only by :meth:`advance`."""
         self.exhausted_once = False
         self.guard: Any = None
@@ -260,18 +274,18 @@ class EgressSlot:
     @property
     def live(self) -> bool:
         """Not closed yet (its index and generation still belong to it)."""
-        return self.state is not SlotState.CLOSED
+        return self.state is not _CLOSED
 
     @property
     def open_pending(self) -> bool:
         """Its OpenSlot is not written yet."""
         state = self.state
-        return state is SlotState.OPENING or state is SlotState.ENDING_UNOPENED
+        return state is _OPENING or state is _ENDING_UNOPENED
 
     @property
     def terminal_queued(self) -> bool:
         """It takes no more records: its terminal is queued, or it is closed."""
-        return self.state > SlotState.OPEN
+        return self.state > _OPEN
 
     @property
     def sendable(self) -> bool:
@@ -279,7 +293,7 @@ class EgressSlot:
         if not self.queue or self.fenced:
             return False
         state = self.state
-        if state is not SlotState.OPEN and state is not SlotState.ENDING:
+        if state is not _OPEN and state is not _ENDING:
             return False  # not announced yet, or closed
         return type(self.queue[0]) is QueuedTerminal or self.credit > 0
 

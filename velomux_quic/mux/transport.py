@@ -362,14 +362,18 @@ class MuxTransport(Collector):
         if at is None or at <= self._loop.time():
             self._visits[key] = self._loop.call_soon(self._visit, key)
         else:
-            self._visits[key] = self._loop.call_at(at, self._visit, key)
+            self._visits[key] = self._loop.call_at(at, self._visit, key, at)
 
-    def _visit(self, key: tuple[InstanceId, int]) -> None:
+    def _visit(self, key: tuple[InstanceId, int], due: float = 0.0) -> None:
+        """``due``: the time a deferred visit was armed for. The loop may run it up to its
+        clock's resolution early; visited at the loop's time, the floor would still hold,
+        and the visit would be re-armed for the same past time at every loop iteration."""
         self._visits.pop(key, None)
         table = self._tables.get(key)
         if table is None:
             return
-        if not table.visit_dirty(self._loop.time()) and len(table.dirty):
+        now = self._loop.time()
+        if not table.visit_dirty(due if due > now else now) and len(table.dirty):
             self._doorbell(*key)  # the floor held us back: come back when it allows
 
     # -- the node-wide pieces --------------------------------------------------------------

@@ -32,7 +32,7 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Literal, Protocol
+from typing import Any, Final, Literal, Protocol
 
 from ..errors import ChannelClosed, SendTimeout, SerializationError, UsageError
 from ..ids import InstanceId, StreamAnchorHandle
@@ -93,6 +93,12 @@ class Retired(enum.Enum):
     before the peer acknowledged it, or a staged record of the stream was never pulled
     (the consumer's node refused it as over its ``staged_payload_max``, or nobody pulled
     it in time)."""
+
+
+# Read per stream end: an enum member read off its class runs the enum type's attribute
+# hook each time, a module global does not.
+_SENT: Final = Retired.SENT
+_DISCARDED: Final = Retired.DISCARDED
 
 
 class SenderOwner(Protocol):
@@ -202,13 +208,11 @@ class SenderState:
         if self.cancelled.is_set() or channel.closed:
             if not channel.closed:  # cancelled meanwhile, and its cancel left the channel
                 channel.abort()
-            self._retire(Retired.DISCARDED)
+            self._retire(_DISCARDED)
             return
         body = self.terminal_body
         done: asyncio.Future[bool] = self.loop.create_future()
-        done.add_done_callback(
-            lambda f: self._retire(Retired.SENT if f.result() else Retired.DISCARDED)
-        )
+        done.add_done_callback(lambda f: self._retire(_SENT if f.result() else _DISCARDED))
         channel.send_terminal(body, done)
 
     def shut_down(self) -> asyncio.Future[Retired]:
@@ -224,11 +228,11 @@ class SenderState:
         if self.cancelled.is_set() or self.channel.closed:
             self.cancelled.set()
             self.stop_requested.set()
-            self._retire(Retired.DISCARDED)
+            self._retire(_DISCARDED)
             return self.retired
         done: asyncio.Future[bool] = self.loop.create_future()
         # Retired by the terminal's fate, but never SENT: the stream did not finish.
-        done.add_done_callback(lambda _: self._retire(Retired.DISCARDED))
+        done.add_done_callback(lambda _: self._retire(_DISCARDED))
         end_now = getattr(self.channel, "end_now", None)
         (end_now or self.channel.send_terminal)(SHUTDOWN, done)
         # A producer awaiting wait_cancelled() learns that its stream is over.
@@ -245,7 +249,7 @@ class SenderState:
             self.state = "cancelled"
             self.channel.abort()
             self.owner.sender_finished(self)
-            self._retire(Retired.DISCARDED)
+            self._retire(_DISCARDED)
 
     def abandon(self) -> None:
         """The node closes and this stream's terminal has not left: drop it, retire
@@ -254,7 +258,7 @@ class SenderState:
         self.stop_requested.set()
         self.terminal_sent = True
         self.channel.abort()
-        self._retire(Retired.DISCARDED)
+        self._retire(_DISCARDED)
 
     def request_stop(self) -> None:
         """The consumer asked for a graceful stop (``_stream_stop`` or a local anchor's)."""
