@@ -12,6 +12,9 @@ on the wire.
 from __future__ import annotations
 
 import asyncio
+import os
+
+import pytest
 
 from velomux_quic import Retired
 from velomux_quic.mux.config import MuxConfig
@@ -48,6 +51,39 @@ async def test_terminals_handed_over_in_the_turn_of_the_last_records_follow_them
         [encode_item(["last", index]) for index in range(STREAMS)],
         [FINALIZED] * STREAMS,
     ]
+
+
+@pytest.mark.parametrize("yield_before_ends", [True, False])
+async def test_the_cpu_is_given_up_once_between_the_records_and_their_turns_ends(
+    monkeypatch: pytest.MonkeyPatch, yield_before_ends: bool
+) -> None:
+    """A consumer on this host that the records woke is queued on this core: it runs before
+    the ends' staging, unless ``yield_before_ends`` is off."""
+    rig = RecordingRig(MuxConfig(yield_before_ends=yield_before_ends))
+    senders = [rig.sender() for _ in range(STREAMS)]
+    await rig.settle()
+    before = len(rig.messenger.payloads)
+    batches_at_yield: list[int] = []
+    monkeypatch.setattr(
+        os, "sched_yield", lambda: batches_at_yield.append(len(rig.messenger.payloads) - before)
+    )
+    for index, sender in enumerate(senders):
+        assert sender.try_send(["last", index])
+    retired = [sender.finalize() for sender in senders]
+    assert await asyncio.wait_for(asyncio.gather(*retired), 5) == [Retired.SENT] * STREAMS
+    assert len(rig.messenger.payloads) - before == 2  # the records' batch, the terminals'
+    # Once, after the records' batch was written and before the terminals' was.
+    assert batches_at_yield == ([1] if yield_before_ends else [])
+
+
+async def test_a_lone_terminal_gives_up_no_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    yields: list[None] = []
+    monkeypatch.setattr(os, "sched_yield", lambda: yields.append(None))
+    rig = RecordingRig(MuxConfig())
+    sender = rig.sender()
+    await rig.settle()
+    assert await asyncio.wait_for(sender.finalize(), 5) is Retired.SENT
+    assert yields == []
 
 
 async def test_a_detached_goes_with_the_records_of_its_turn() -> None:

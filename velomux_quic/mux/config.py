@@ -118,6 +118,12 @@ class MuxConfig:
     drain_visit_floor: float = 0.002
     batcher_idle_ttl: float = 60.0
     reply_linger: float = 0.001
+    yield_before_ends: bool = True
+    """Give up the CPU once (``sched_yield``) after a loop turn's records were handed to the
+    kernel and before the stream ends handed over in that turn are staged (docs/mux.md,
+    the terminal). A consumer on this host that those records woke is queued on this
+    core (loopback delivers in the sender's context) and otherwise waits for the ends'
+    bookkeeping; on an idle core the call returns at once. False keeps the CPU."""
     async_open_ack: bool = False
     max_slots_per_table: int = 65_536
     reject_lane_cap: int = 8_192

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -132,12 +133,19 @@ class BatcherDriver:
         if self._after and self._after_handle is None:
             if wrote:
                 # Queued after the transmit the writes just asked for.
-                self._after_handle = self._loop.call_soon(self._stage_after)
+                self._after_handle = self._loop.call_soon(self._stage_after_transmit)
             else:
                 self._stage_after()
         if batcher.has_ready and not batcher.parked:
             self.wake()  # the poll stopped at its budget: the rest after other work runs
         self._arm_timer()
+
+    def _stage_after_transmit(self) -> None:
+        """The turn after the records' transmit: let whoever they woke on this core run
+        first (``yield_before_ends``), then stage the ends."""
+        if _CAN_YIELD and self.batcher.config.yield_before_ends:
+            os.sched_yield()
+        self._stage_after()
 
     def _stage_after(self) -> None:
         """Stage the terminals :meth:`after_records` held (each wakes this driver)."""
@@ -302,6 +310,10 @@ class BatcherDriver:
             if not future.done():
                 future.set_result(None)
         self._space.clear()
+
+
+_CAN_YIELD = hasattr(os, "sched_yield")
+"""Where the platform can give up the CPU (MuxConfig's ``yield_before_ends``)."""
 
 
 def _discard_guard(guard: object) -> None:
