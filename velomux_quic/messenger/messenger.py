@@ -113,6 +113,11 @@ Job = tuple[HandlerSpec, Context, Kind, int]
 
 _RESPONSE_TYPE = {Kind.MESSAGE: "fire_and_forget", Kind.SYNC: "ack_nack", Kind.REQUEST: "unary"}
 _ANSWERS = (Kind.RESPONSE, Kind.ERROR, Kind.ACK)
+# The kinds read per message, bound once: a member read off its enum class runs the enum
+# type's attribute hook each time on Python 3.11.
+_MESSAGE = Kind.MESSAGE
+_REQUEST = Kind.REQUEST
+_SYNC = Kind.SYNC
 
 REPLY_OVERHEAD = 512
 """What a reply waiting in an admission gate costs beyond its payload: the envelope and
@@ -502,7 +507,7 @@ class Messenger(TransportHandler):
         released (``pulled``: the receiver has it; ``refused``, ``expired``, ``closed``,
         ``unsent``: it never will), and is never called for an inline payload.
         """
-        return self._send(peer, lane, Kind.MESSAGE, handler, payload, 0, headers, on_staged_release)
+        return self._send(peer, lane, _MESSAGE, handler, payload, 0, headers, on_staged_release)
 
     async def am_send(
         self,
@@ -677,7 +682,7 @@ class Messenger(TransportHandler):
                 payload=StagedDescriptor(staged_id, size).encode(),
                 staged=True,
             )
-        elif kind is Kind.MESSAGE and headers is None:
+        elif kind is _MESSAGE and headers is None:
             prefix = self._prefixes.get(handler)
             if prefix is None:
                 prefix = self._prefixes[handler] = message_prefix(Kind.MESSAGE, handler)
@@ -797,11 +802,11 @@ class Messenger(TransportHandler):
         spec, ctx, kind, message_id = job
         response_type = _RESPONSE_TYPE[kind]
         self._observe(spec.name, response_type, "success", started, len(ctx.payload))
-        if kind is Kind.REQUEST:
+        if kind is _REQUEST:
             payload = b"" if result is None else bytes(result)
             self.metrics.response_bytes_of(spec.name, response_type, "success").inc(len(payload))
             self._reply(ctx.sender, ctx.lane, Kind.RESPONSE, message_id, payload)
-        elif kind is Kind.SYNC:
+        elif kind is _SYNC:
             self._reply(ctx.sender, ctx.lane, Kind.ACK, message_id, b"")
 
     def _handler_failed(self, job: tuple[Any, ...], exc: Exception, started: float) -> None:

@@ -160,10 +160,12 @@ _OPEN: Final = SlotState.OPEN
 _OPENING: Final = SlotState.OPENING
 _CLOSED: Final[SlotState] = SlotState.CLOSED
 _DATA: Final = int(RecordType.DATA)
-# Read per terminal and per OpenSlot: an enum member read off its class runs the enum
-# type's attribute hook each time (see slots.py), a module global does not.
+# Read per batch, per terminal and per OpenSlot: an enum member read off its class runs
+# the enum type's attribute hook each time (see slots.py), a module global does not.
 _CLOSE_SLOT: Final = int(RecordType.CLOSE_SLOT)
 _OPEN_SLOT: Final = int(RecordType.OPEN_SLOT)
+_CREDIT_UPDATE: Final = int(RecordType.CREDIT_UPDATE)
+_LIFECYCLE_SLOT: Final = int(RecordType.LIFECYCLE_SLOT)
 _OPEN_WRITTEN: Final = SlotEvent.OPEN_WRITTEN
 _TERMINAL_QUEUED: Final = SlotEvent.TERMINAL_QUEUED
 _TERMINAL_WRITTEN: Final = SlotEvent.TERMINAL_WRITTEN
@@ -1017,11 +1019,11 @@ class EgressBatcher:
         if bucket < len(stats.batch_size_buckets):
             stats.batch_size_buckets[bucket] += 1
         types = stats.record_types
-        types[RecordType.DATA] += self._count_data
-        types[RecordType.OPEN_SLOT] += self._count_open
-        types[RecordType.CLOSE_SLOT] += self._count_close
-        types[RecordType.CREDIT_UPDATE] += self._count_credit
-        types[RecordType.LIFECYCLE_SLOT] += self._count_lifecycle
+        types[_DATA] += self._count_data
+        types[_OPEN_SLOT] += self._count_open
+        types[_CLOSE_SLOT] += self._count_close
+        types[_CREDIT_UPDATE] += self._count_credit
+        types[_LIFECYCLE_SLOT] += self._count_lifecycle
         self._count_data = self._count_open = self._count_close = self._count_credit = 0
         self._count_lifecycle = 0
         builder.reset()

@@ -78,6 +78,12 @@ __all__ = ["ConnectionOwner", "PeerConnection"]
 
 logger = logging.getLogger(__name__)
 
+# The states read per datagram and per transmit, bound once: a member read off its enum
+# class runs the enum type's attribute hook each time on Python 3.11.
+_HANDSHAKING = ConnectionState.HANDSHAKING
+_ESTABLISHED = ConnectionState.ESTABLISHED
+_CLOSED = ConnectionState.CLOSED
+
 
 class ConnectionOwner(Protocol):
     """What a connection needs from the endpoint that owns it (the node's UDP endpoint)."""
@@ -190,7 +196,7 @@ class PeerConnection:
 
     @property
     def established(self) -> bool:
-        return self.state is ConnectionState.ESTABLISHED
+        return self.state is _ESTABLISHED
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -467,10 +473,10 @@ class PeerConnection:
         now = self._last_heard = self._clock.time()
         self.quic.receive_datagram(data, addr, now=now)
         self._process_events()
-        if self.state is ConnectionState.HANDSHAKING:
+        if self.state is _HANDSHAKING:
             self._note_refusal()
             self._confirm_if_ready()
-        if self._cid_switch_pending and self.state is ConnectionState.ESTABLISHED:
+        if self._cid_switch_pending and self.state is _ESTABLISHED:
             self._cid_switch_pending = not self.quic.adopt_resettable_peer_cid()
         self._outbound.datagrams_arrived(now)
         # The loop hands over every datagram that arrived at once before it runs callbacks;
@@ -638,7 +644,7 @@ class PeerConnection:
 
     def transmit_soon(self) -> None:
         """Coalesce: many sends in one loop iteration leave in one transmit."""
-        if self._transmit_handle is None and self.state is not ConnectionState.CLOSED:
+        if self._transmit_handle is None and self.state is not _CLOSED:
             self._transmit_handle = self._clock.soon(self.transmit)
 
     def transmit(self) -> None:
@@ -646,7 +652,7 @@ class PeerConnection:
         if handle is not None:  # a direct transmit makes the scheduled one redundant
             handle.cancel()
             self._transmit_handle = None
-        if self.state is ConnectionState.CLOSED:
+        if self.state is _CLOSED:
             return
         if self.quic.poll_receive_gate():
             # A reader caught up: stream data the engine held for it (and whatever queued
@@ -686,7 +692,7 @@ class PeerConnection:
 
     def on_timer(self, now: float) -> None:
         """Do what is due at ``now``: the engine's timer, then the connection's deadlines."""
-        if self.state is ConnectionState.CLOSED:
+        if self.state is _CLOSED:
             return
         engine_at = self._engine_at
         if engine_at is not None and engine_at <= now:

@@ -71,6 +71,9 @@ __all__ = ["Address", "QuicEndpoint", "TransportHandler"]
 
 logger = logging.getLogger(__name__)
 
+_USABLE = (ConnectionState.HANDSHAKING, ConnectionState.ESTABLISHED)
+"""The states of a connection a send may use (read per send: built once)."""
+
 Address = tuple[str, int]
 
 _CID_LENGTH = 8
@@ -483,10 +486,7 @@ class QuicEndpoint(asyncio.DatagramProtocol):
 
     def _outbound_connection(self, peer: InstanceId) -> PeerConnection:
         connection = self._outbound.get(peer)
-        if connection is not None and connection.state in (
-            ConnectionState.HANDSHAKING,
-            ConnectionState.ESTABLISHED,
-        ):
+        if connection is not None and connection.state in _USABLE:
             return connection
         address = self._addresses.get(peer)
         if address is None:
