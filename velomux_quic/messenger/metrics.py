@@ -1,19 +1,26 @@
 """Messenger and rendezvous metrics, in the node's own registry.
 
-The messenger carries one message per mux batch (not per token), so prometheus-client
-objects are cheap enough here; labelled children are cached per handler name so a message
-costs a dict lookup, not a label resolution.
+The series touched per message (messages and payload bytes by handler and direction, a
+handler's runs, duration and request bytes) are plain integers and floats kept per label
+combination and turned into samples at scrape time (:class:`MessageTallies`): the mux
+sends one message per batch, and prometheus-client's ``inc`` (a lock and an observability
+check per call) and ``observe`` (two of those and a bucket search) were a tenth of what
+the messenger spent on a batch. The rest are prometheus-client objects, with the labelled
+children of those touched per call cached (:class:`Children`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Generic, TypeVar
+from bisect import bisect_left
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar, cast
 
 from prometheus_client import Counter, Gauge, Histogram
-from prometheus_client.registry import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector, CollectorRegistry
+from prometheus_client.utils import floatToGoString
 
-__all__ = ["LATENCY_BUCKETS", "Children", "MessengerMetrics"]
+__all__ = ["LATENCY_BUCKETS", "Children", "MessageTallies", "MessengerMetrics"]
 
 M = TypeVar("M", Counter, Histogram)
 
@@ -52,47 +59,143 @@ class Children(Generic[M]):
 LATENCY_BUCKETS = tuple(0.0005 * 2**i for i in range(16))
 """0.5 ms doubling, 16 buckets (about 16 s at the top), as the metrics reference sets."""
 
+_BOUND_LABELS: tuple[str, ...] = tuple(
+    cast(Callable[[float], str], floatToGoString)(bound) for bound in LATENCY_BUCKETS
+)
+"""Each duration bucket's ``le`` label, as prometheus-client writes a histogram's."""
+
+_LABELS_KEPT = 4096
+"""Label combinations of one tallied series; past it, peer-chosen handler names are
+counted under ``_other`` (the inbound side's names are the peer's choice)."""
+
+
+class _Count:
+    """A message count and its payload bytes."""
+
+    __slots__ = ("count", "size")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.size = 0
+
+
+class _Handled:
+    """A handler's runs (per response type and outcome): count, request bytes, duration."""
+
+    __slots__ = ("buckets", "count", "seconds", "size")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.size = 0
+        self.seconds = 0.0
+        self.buckets = [0] * (len(LATENCY_BUCKETS) + 1)
+        """Runs per duration bucket (not cumulative); the last is above the top bound."""
+
+
+class MessageTallies(Collector):
+    """The per-message series, as plain numbers read at scrape time.
+
+    ``velo_messenger_messages`` and ``velo_messenger_message_bytes`` by handler and
+    direction; ``velo_messenger_handler_requests``, ``velo_messenger_handler_duration_seconds``
+    and ``velo_messenger_handler_request_bytes`` by handler, response type (and outcome):
+    the same names, labels and meaning as counters and a histogram would give. The event
+    loop is the only writer; a scrape from another thread reads numbers, each whole."""
+
+    def __init__(self) -> None:
+        self._messages: dict[str, dict[str, _Count]] = {"inbound": {}, "outbound": {}}
+        """Per direction, per handler name."""
+        self._handled: dict[tuple[str, str, str], _Handled] = {}
+
+    def message(self, handler: str, direction: str, size: int) -> None:
+        """One message and its payload bytes."""
+        names = self._messages[direction]
+        tally = names.get(handler)
+        if tally is None:
+            if len(names) >= _LABELS_KEPT:
+                handler = "_other"
+                tally = names.get(handler)
+            if tally is None:
+                tally = names[handler] = _Count()
+        tally.count += 1
+        tally.size += size
+
+    def handled(
+        self, handler: str, response_type: str, outcome: str, seconds: float, size: int
+    ) -> None:
+        """One handler run: its duration and request bytes. Handler names are this node's
+        own registrations, so the label combinations are bounded."""
+        key = (handler, response_type, outcome)
+        tally = self._handled.get(key)
+        if tally is None:
+            tally = self._handled[key] = _Handled()
+        tally.count += 1
+        tally.size += size
+        tally.seconds += seconds
+        tally.buckets[bisect_left(LATENCY_BUCKETS, seconds)] += 1
+
+    def describe(self) -> Iterator[CounterMetricFamily | HistogramMetricFamily]:
+        return self._families()
+
+    def collect(self) -> Iterator[CounterMetricFamily | HistogramMetricFamily]:
+        return self._families(fill=True)
+
+    def _families(
+        self, fill: bool = False
+    ) -> Iterator[CounterMetricFamily | HistogramMetricFamily]:
+        messages = CounterMetricFamily(
+            "velo_messenger_messages", "Messages by handler and direction",
+            labels=["handler", "direction"],
+        )  # fmt: skip
+        message_bytes = CounterMetricFamily(
+            "velo_messenger_message_bytes", "Payload bytes by handler and direction",
+            labels=["handler", "direction"],
+        )  # fmt: skip
+        requests = CounterMetricFamily(
+            "velo_messenger_handler_requests", "Handled messages",
+            labels=["handler", "response_type", "outcome"],
+        )  # fmt: skip
+        duration = HistogramMetricFamily(
+            "velo_messenger_handler_duration_seconds", "Time a handler ran",
+            labels=["handler", "response_type", "outcome"],
+        )  # fmt: skip
+        request_bytes = CounterMetricFamily(
+            "velo_messenger_handler_request_bytes", "Request payload bytes handled",
+            labels=["handler", "response_type"],
+        )  # fmt: skip
+        if fill:
+            for direction, names in self._messages.items():
+                for handler, count in list(names.items()):
+                    messages.add_metric([handler, direction], count.count)
+                    message_bytes.add_metric([handler, direction], count.size)
+            sizes: dict[tuple[str, str], int] = {}
+            for (handler, response_type, outcome), run in list(self._handled.items()):
+                labels = [handler, response_type, outcome]
+                requests.add_metric(labels, run.count)
+                cumulative = 0
+                buckets: list[tuple[str, float]] = []
+                for bound, runs in zip(_BOUND_LABELS, run.buckets, strict=False):
+                    cumulative += runs
+                    buckets.append((bound, cumulative))
+                buckets.append(("+Inf", run.count))
+                duration.add_metric(labels, buckets, sum_value=run.seconds)
+                key = (handler, response_type)
+                sizes[key] = sizes.get(key, 0) + run.size
+            for (handler, response_type), size in sizes.items():
+                request_bytes.add_metric([handler, response_type], size)
+        yield from (messages, message_bytes, requests, duration, request_bytes)
+
 
 class MessengerMetrics:
     """The messenger's and rendezvous' Prometheus series, in one node's registry."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         r = registry
-        self.handler_requests = Counter(
-            "velo_messenger_handler_requests",
-            "Handled messages",
-            ["handler", "response_type", "outcome"],
-            registry=r,
-        )
-        self.handler_duration = Histogram(
-            "velo_messenger_handler_duration_seconds",
-            "Time a handler ran",
-            ["handler", "response_type", "outcome"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.request_bytes = Counter(
-            "velo_messenger_handler_request_bytes",
-            "Request payload bytes handled",
-            ["handler", "response_type"],
-            registry=r,
-        )
+        self.tallies = MessageTallies()
+        r.register(self.tallies)
         self.response_bytes = Counter(
             "velo_messenger_handler_response_bytes",
             "Response payload bytes sent",
             ["handler", "response_type", "outcome"],
-            registry=r,
-        )
-        self.messages = Counter(
-            "velo_messenger_messages",
-            "Messages by handler and direction",
-            ["handler", "direction"],
-            registry=r,
-        )
-        self.message_bytes = Counter(
-            "velo_messenger_message_bytes",
-            "Payload bytes by handler and direction",
-            ["handler", "direction"],
             registry=r,
         )
         self.lane_wait = Histogram(
@@ -180,9 +283,6 @@ class MessengerMetrics:
         self.replies_dropped_of = Children(self.replies_dropped)
         self.unary_duration_of = Children(self.unary_duration)
         self.lane_wait_of = Children(self.lane_wait)
-        self._in: dict[str, tuple[Counter, Counter]] = {}
-        self._out: dict[str, tuple[Counter, Counter]] = {}
-        self._handled: dict[tuple[str, str, str], tuple[Counter, Histogram, Counter]] = {}
 
     def bind_gauges(
         self,
@@ -207,37 +307,9 @@ class MessengerMetrics:
     def observe_handler(
         self, handler: str, response_type: str, outcome: str, seconds: float, size: int
     ) -> None:
-        """One handler run: its count, duration and request bytes.
-
-        The labelled children are looked up once per (handler, type, outcome) and kept:
-        ``labels()`` costs several microseconds, which a mux lane pays on every batch it
-        receives. Handler names are this node's own registrations, so the cache is bounded.
-        """
-        key = (handler, response_type, outcome)
-        children = self._handled.get(key)
-        if children is None:
-            children = self._handled[key] = (
-                self.handler_requests.labels(handler, response_type, outcome),
-                self.handler_duration.labels(handler, response_type, outcome),
-                self.request_bytes.labels(handler, response_type),
-            )
-        children[0].inc()
-        children[1].observe(seconds)
-        children[2].inc(size)
+        """One handler run: its count, duration and request bytes."""
+        self.tallies.handled(handler, response_type, outcome, seconds, size)
 
     def count_message(self, handler: str, direction: str, size: int) -> None:
-        """One message and its payload bytes, by handler and direction (labelled children
-        cached)."""
-        cache = self._in if direction == "inbound" else self._out
-        children = cache.get(handler)
-        if children is None:
-            if len(cache) > 4096:  # names are peer-controlled on the inbound side: stay bounded
-                handler = "_other"
-                children = cache.get(handler)
-            if children is None:
-                children = cache[handler] = (
-                    self.messages.labels(handler, direction),
-                    self.message_bytes.labels(handler, direction),
-                )
-        children[0].inc()
-        children[1].inc(size)
+        """One message and its payload bytes, by handler and direction."""
+        self.tallies.message(handler, direction, size)
