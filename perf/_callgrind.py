@@ -19,13 +19,17 @@ executable pages) the window is not counted and says so.
 from __future__ import annotations
 
 import ctypes
+import json
 import mmap
 import os
 import platform
 import shutil
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
-__all__ = ["ENV_DIR", "ClientRequests", "command", "read_window"]
+__all__ = ["ENV_DIR", "ClientRequests", "command", "read_window", "run_in_tree"]
 
 ENV_DIR = "VELOMUX_PERF_CALLGRIND_DIR"
 """Set for a child run under callgrind: the directory its dumps go to."""
@@ -131,3 +135,21 @@ def read_window(out_dir: Path, pid: int | None = None) -> int:
         if head.get("trigger") == f"Client Request: {TAG}":
             return int(head.get("summary") or head["totals"])
     raise RuntimeError(f"no callgrind dump of the window for process {pid} in {out_dir}")
+
+
+def run_in_tree(script: str, arguments: list[str], tree: Path) -> dict[str, object]:
+    """Run ``script --child arguments`` under callgrind against the checkout ``tree`` (its
+    own virtual environment's Python where it has one) and return the JSON object its
+    child printed last. SystemExit with the child's standard error when it fails."""
+    python = tree / ".venv" / "bin" / "python"
+    with tempfile.TemporaryDirectory(prefix="callgrind-") as out:
+        child = [str(python if python.exists() else sys.executable), script, "--child"]
+        env = {**os.environ, ENV_DIR: out, "PYTHONPATH": str(tree)}
+        shown = subprocess.run(
+            [*command(Path(out)), *child, *arguments],
+            env=env, cwd=tree, capture_output=True, text=True,
+        )  # fmt: skip
+    if shown.returncode != 0:
+        raise SystemExit(shown.stderr)
+    result: dict[str, object] = json.loads(shown.stdout.strip().splitlines()[-1])
+    return result

@@ -34,7 +34,6 @@ import argparse
 import asyncio
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
@@ -44,8 +43,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _callgrind import ENV_DIR, ClientRequests, read_window  # noqa: E402
-from _callgrind import command as callgrind_command  # noqa: E402
+from _callgrind import ENV_DIR, ClientRequests, read_window, run_in_tree  # noqa: E402
 
 STAGES = ("write", "transmit", "receive", "answer", "acks")
 TOKEN = {"t": 12345, "s": 1, "p": "x" * 24}
@@ -218,24 +216,11 @@ def main(argv: list[str] | None = None) -> None:
         child(args)
         return
     tree = (args.tree or HERE.parent).resolve()
-    python = tree / ".venv" / "bin" / "python"
-    with tempfile.TemporaryDirectory(prefix="batch-path-callgrind-") as out:
-        command = [
-            *callgrind_command(Path(out)),
-            str(python if python.exists() else sys.executable),
-            __file__,
-            "--child",
-            f"--engine={args.engine}",
-            f"--passes={args.passes}",
-            "--records", *map(str, args.records),
-        ]  # fmt: skip
-        if args.datagram_size is not None:
-            command.append(f"--datagram-size={args.datagram_size}")
-        env = {**os.environ, ENV_DIR: out, "PYTHONPATH": str(tree)}
-        shown = subprocess.run(command, env=env, cwd=tree, capture_output=True, text=True)
-    if shown.returncode != 0:
-        raise SystemExit(shown.stderr)
-    report = json.loads(shown.stdout.strip().splitlines()[-1])
+    arguments = [f"--engine={args.engine}", f"--passes={args.passes}", "--records"]
+    arguments += [str(records) for records in args.records]
+    if args.datagram_size is not None:
+        arguments.append(f"--datagram-size={args.datagram_size}")
+    report: dict[str, Any] = run_in_tree(__file__, arguments, tree)
     if args.json is not None:
         args.json.write_text(json.dumps({"benchmark": "batch_path", "tree": str(tree), **report}))
     size = args.datagram_size or "per path"

@@ -34,9 +34,7 @@ import argparse
 import asyncio
 import json
 import os
-import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, cast
@@ -44,8 +42,7 @@ from typing import Any, cast
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _callgrind import ENV_DIR, ClientRequests, read_window  # noqa: E402
-from _callgrind import command as callgrind_command  # noqa: E402
+from _callgrind import ENV_DIR, ClientRequests, read_window, run_in_tree  # noqa: E402
 
 TOKEN = {"t": 12345, "s": 1, "p": "x" * 24}
 """About the 48-byte token frame of ``perf/tokens.py``."""
@@ -249,21 +246,7 @@ def main(argv: list[str] | None = None) -> None:
         child(args.streams, args.rounds)
         return
     tree = (args.tree or HERE.parent).resolve()
-    python = tree / ".venv" / "bin" / "python"
-    with tempfile.TemporaryDirectory(prefix="record-path-callgrind-") as out:
-        command = [
-            *callgrind_command(Path(out)),
-            str(python if python.exists() else sys.executable),
-            __file__,
-            "--child",
-            f"--streams={args.streams}",
-            f"--rounds={args.rounds}",
-        ]
-        env = {**os.environ, ENV_DIR: out, "PYTHONPATH": str(tree)}
-        shown = subprocess.run(command, env=env, cwd=tree, capture_output=True, text=True)
-    if shown.returncode != 0:
-        raise SystemExit(shown.stderr)
-    result = json.loads(shown.stdout.strip().splitlines()[-1])
+    result = run_in_tree(__file__, [f"--streams={args.streams}", f"--rounds={args.rounds}"], tree)
     print(f"{tree} ({result.pop('record_path')}): instructions per record")
     for arm in ARMS:
         print(f"  {arm:<11} {result[arm]:9,.0f}")
