@@ -4,9 +4,10 @@ The series touched per message (messages and payload bytes by handler and direct
 handler's runs, duration and request bytes) are plain integers and floats kept per label
 combination and turned into samples at scrape time (:class:`MessageTallies`): the mux
 sends one message per batch, and prometheus-client's ``inc`` (a lock and an observability
-check per call) and ``observe`` (two of those and a bucket search) were a tenth of what
-the messenger spent on a batch. The rest are prometheus-client objects, with the labelled
-children of those touched per call cached (:class:`Children`).
+check per call) and ``observe`` (two of those and a bucket search) were a visible share of
+what the messenger spends on a batch (docs/performance.md, "What does one batch cost?").
+The rest are prometheus-client objects, with the labelled children of those touched per
+call cached (:class:`Children`).
 """
 
 from __future__ import annotations

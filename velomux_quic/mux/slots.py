@@ -95,8 +95,8 @@ _State = SlotState
 _Event = SlotEvent
 
 # The members read per record and per transition, bound once. An enum member read off its
-# class (``SlotState.OPEN``) runs through the enum type's attribute hook: several hundred
-# instructions each time, compiled or not; a module global is a dictionary look-up.
+# class (``SlotState.OPEN``) runs through the enum type's attribute hook on Python 3.11,
+# compiled or not; a module global is a dictionary look-up.
 _OPENING: Final = SlotState.OPENING
 _OPEN: Final = SlotState.OPEN
 _ENDING_UNOPENED: Final = SlotState.ENDING_UNOPENED
