@@ -193,6 +193,12 @@ class MessengerMetrics:
         r = registry
         self.tallies = MessageTallies()
         r.register(self.tallies)
+        self.count_message: Callable[[str, str, int], None] = self.tallies.message
+        """``count_message(handler, direction, size)``: one message and its payload bytes
+        (the tally's own method: a message pays no call through this object)."""
+        self.observe_handler: Callable[[str, str, str, float, int], None] = self.tallies.handled
+        """``observe_handler(handler, response_type, outcome, seconds, size)``: one handler
+        run, its duration and request bytes."""
         self.response_bytes = Counter(
             "velo_messenger_handler_response_bytes",
             "Response payload bytes sent",
@@ -304,13 +310,3 @@ class MessengerMetrics:
         self.active_slots.set_function(staged_count)
         self.pulls_outstanding.set_function(pulls_outstanding)
         self.pending_reply_bytes.set_function(pending_reply_bytes)
-
-    def observe_handler(
-        self, handler: str, response_type: str, outcome: str, seconds: float, size: int
-    ) -> None:
-        """One handler run: its count, duration and request bytes."""
-        self.tallies.handled(handler, response_type, outcome, seconds, size)
-
-    def count_message(self, handler: str, direction: str, size: int) -> None:
-        """One message and its payload bytes, by handler and direction."""
-        self.tallies.message(handler, direction, size)

@@ -36,6 +36,7 @@ from typing import Any
 from ..ids import InstanceId
 from ..messenger import Messenger
 from ..transport import SendAdmission
+from ..transport.deadlines import LoopTimer
 from .channel import DeliveryGuard, MuxChannel
 from .egress import EgressBatcher, EgressSlot, OutgoingBatch
 from .handlers import BATCH_HANDLER_NAMES
@@ -62,7 +63,6 @@ class BatcherDriver:
         "_pending",
         "_space",
         "_timer",
-        "_timer_at",
         "_wake",
         "batcher",
         "closed",
@@ -89,8 +89,9 @@ class BatcherDriver:
         self.handler = BATCH_HANDLER_NAMES[batcher.lane]
         self._loop = asyncio.get_running_loop()
         self._wake: asyncio.Handle | None = None
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at: float | None = None
+        self._timer = LoopTimer(self._loop, self._timer_fired)
+        """The linger and reply deadlines' one timer (it fires with the time it was armed
+        for, not earlier: see LoopTimer)."""
         self._space: dict[int, tuple[EgressSlot, asyncio.Future[None]]] = {}
         """Producers waiting for room, by slot index: the slot they wait on, and its future."""
         self._pending = 0
@@ -118,15 +119,13 @@ class BatcherDriver:
         else:
             stage()
 
-    def _run(self, source: int = 0, due: float = 0.0) -> None:
-        """Poll and write. ``due``: the deadline a timer was armed for, which is what the
-        poll is asked at when the loop's clock still reads earlier (see _timer_fired)."""
+    def _run(self, source: int = 0, now: float | None = None) -> None:
+        """Poll and write; ``now`` is the timer's time where the timer runs it."""
         self._wake = None
         self.wakes[source] += 1
         batcher = self.batcher
         wrote = False
-        now = self._loop.time()
-        for batch in batcher.poll(due if due > now else now):
+        for batch in batcher.poll(self._loop.time() if now is None else now):
             self._write(batch)
             wrote = True
         self._release_space()
@@ -257,25 +256,10 @@ class BatcherDriver:
         self.wake()
 
     def _arm_timer(self) -> None:
-        deadline = self.batcher.next_deadline()
-        if deadline == self._timer_at:
-            return
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self._timer_at = deadline
-        if deadline is not None:
-            self._timer = self._loop.call_at(deadline, self._timer_fired)
+        self._timer.wake_at(self.batcher.next_deadline())
 
-    def _timer_fired(self) -> None:
-        # A loop runs a timer up to its clock's resolution early (uvloop's clock counts
-        # whole milliseconds): polled at the loop's time, a linger would not be due yet,
-        # nothing would be written, and the timer would be re-armed for the same past
-        # deadline and fire again at every loop iteration until the clock moved on.
-        due = self._timer_at
-        self._timer = None
-        self._timer_at = None
-        self._run(1, 0.0 if due is None else due)
+    def _timer_fired(self, now: float) -> None:
+        self._run(1, now)
 
     # -- producers waiting on a full slot ------------------------------------------------
 
@@ -302,7 +286,8 @@ class BatcherDriver:
 
     def close(self) -> None:
         self.closed = True
-        for handle in (self._wake, self._timer, self._after_handle):
+        self._timer.wake_at(None)
+        for handle in (self._wake, self._after_handle):
             if handle is not None:
                 handle.cancel()
         self._stage_after()  # each finds its slot closed and retires Discarded

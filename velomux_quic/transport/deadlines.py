@@ -100,7 +100,14 @@ class ConnectionClock(Protocol):
 
 
 class LoopTimer:
-    """A connection's :class:`ConnectionClock` on an asyncio loop: one ``call_at`` handle."""
+    """One re-armable deadline on an asyncio loop, one ``call_at`` handle: a connection's
+    :class:`ConnectionClock`, and a mux batcher's linger timer.
+
+    ``fire`` is passed the time the timer was armed for when the loop runs it early (a loop
+    runs a timer up to its clock's resolution early, and uvloop's clock counts whole
+    milliseconds): a caller that compared the loop's own time with its deadline would find
+    it not due, arm the same past deadline again, and run at every loop iteration until
+    the clock moved on."""
 
     __slots__ = ("_at", "_fire", "_handle", "_loop")
 
