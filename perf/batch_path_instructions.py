@@ -12,9 +12,9 @@ whatever the machine's load:
 * ``write``: the engine's batcher driver, from its poll to the batch's bytes on the QUIC
   stream (the envelope, the lane's framing and admission, the engine's stream write);
 * ``transmit``: the engine's connection building and sending the datagrams;
-* ``receive``: the frontend's endpoint, from each datagram to the records in their slots
-  (the QUIC engine's receive, the stream data, the frame decoder, the envelope, the mux's
-  ingress); the readers it wakes run later and are not counted;
+* ``receive``: the frontend's endpoint, from each datagram or GRO burst to the records in
+  their slots (the QUIC engine's receive, the stream data, the frame decoder, the envelope,
+  the mux's ingress); the readers it wakes run later and are not counted;
 * ``answer``: the frontend's transmits (acknowledgements) and its batcher driver
   (credit returns);
 * ``acks``: the engine's endpoint receiving those answers.
@@ -154,11 +154,15 @@ async def measure(windows: Windows, records: int, passes: int, engine_name: str,
                          lambda c: c.endpoint is engine_endpoint)  # fmt: skip
             windows.wrap(QuicEndpoint, "datagram_received", "receive",
                          lambda e: e is frontend_endpoint)  # fmt: skip
+            windows.wrap(QuicEndpoint, "datagrams_received", "receive",
+                         lambda e: e is frontend_endpoint)  # fmt: skip
             windows.wrap(PeerConnection, "transmit", "answer",
                          lambda c: c.endpoint is frontend_endpoint)  # fmt: skip
             windows.wrap(BatcherDriver, "_run", "answer",
                          lambda d: d.messenger is frontend.messenger)  # fmt: skip
             windows.wrap(QuicEndpoint, "datagram_received", "acks",
+                         lambda e: e is engine_endpoint)  # fmt: skip
+            windows.wrap(QuicEndpoint, "datagrams_received", "acks",
                          lambda e: e is engine_endpoint)  # fmt: skip
             windows.wrap(Empty, "call", "empty", lambda _: True)
 

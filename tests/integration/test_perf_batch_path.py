@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from .test_perf_tokens import run_script
+from .test_perf_tokens import ONCE_PER_CI, run_script
+
+pytestmark = ONCE_PER_CI
 
 SCRIPT = Path(__file__).resolve().parents[2] / "perf" / "batch_path_instructions.py"
 

@@ -11,6 +11,7 @@ passes on the new version. This is the only test module that reads aioquic's pri
 
 from __future__ import annotations
 
+import collections
 import inspect
 from collections.abc import Callable
 
@@ -140,6 +141,21 @@ def test_handshake_flags_and_the_one_rtt_space_ack_deadline(
     space = server._spaces[tls.Epoch.ONE_RTT]
     assert isinstance(space, QuicPacketSpace)
     assert QuicPacketSpace().ack_at is None
+
+
+def test_the_event_queue_is_the_deque_next_event_pops_in_order(
+    make_credentials: Callable[..., NodeCredentials],
+) -> None:
+    """``poll_event`` joins a stream's consecutive pieces by peeking at ``_events``: the
+    deque ``next_event`` takes from the left, each datagram's STREAM frames in order."""
+    client, server = _plain_pair(make_credentials)
+    assert isinstance(server._events, collections.deque) and not server._events
+    client.send_stream_data(STREAM, b"a" * 3000)
+    exchange(client, server)
+    pieces = list(server._events)
+    assert len(pieces) >= 2 and all(isinstance(p, events.StreamDataReceived) for p in pieces)
+    assert b"".join(p.data for p in pieces) == b"a" * 3000
+    assert server.next_event() is pieces[0] and list(server._events) == pieces[1:]
 
 
 # -- transport/aioquic_engine.py: streams ----------------------------------------------------------

@@ -154,6 +154,7 @@ class FakeSocket:
 class Receiver:
     def __init__(self) -> None:
         self.datagrams: list[tuple[bytes, Any]] = []
+        self.bursts: list[int] = []
         self.errors: list[Exception] = []
         self.lost = asyncio.Event()
 
@@ -165,6 +166,10 @@ class Receiver:
 
     def datagram_received(self, data: bytes, addr: Any) -> None:
         self.datagrams.append((data, addr))
+
+    def datagrams_received(self, datagrams: list[bytes], addr: Any) -> None:
+        self.bursts.append(len(datagrams))
+        self.datagrams.extend((data, addr) for data in datagrams)
 
     def error_received(self, exc: Exception) -> None:
         self.errors.append(exc)
@@ -295,7 +300,8 @@ needs_gso = pytest.mark.skipif(
 
 @needs_gso
 async def test_a_real_train_arrives_as_its_datagrams() -> None:
-    """Over loopback a train reaches a GRO socket whole: the receiver splits it back."""
+    """Over loopback a train reaches a GRO socket whole: the receiver splits it back and
+    hands the protocol its datagrams in one call."""
     loop = asyncio.get_running_loop()
     send_sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     receive_sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -313,6 +319,7 @@ async def test_a_real_train_arrives_as_its_datagrams() -> None:
             while len(receiver_side.datagrams) < len(out):
                 await asyncio.sleep(0.01)
         assert [d for d, _ in receiver_side.datagrams] == [d for d, _ in out]
+        assert receiver_side.bursts == [len(out)]
         assert sender_stats.gso_trains == 1
         assert receiver.batching.gro is True
     finally:

@@ -5,6 +5,7 @@ its EngineFeatures declare). Skipped where qh3 is not installed."""
 
 from __future__ import annotations
 
+import collections
 import random
 from collections.abc import Callable
 from typing import Any
@@ -316,6 +317,43 @@ def test_a_burst_is_acknowledged_at_its_end_and_an_ack_waits_at_most_a_milliseco
     assert not server.ack_due(Clock.now + 0.001)
     for data, _ in answer:
         client.receive_datagram(data, SERVER, Clock.now + 0.001)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_burst_taken_at_once_reaches_the_reader_as_one_piece(
+    make_credentials: Callable[..., NodeCredentials], engine: str
+) -> None:
+    """``receive_datagrams`` (a GRO burst): the stream data of the whole burst is read as
+    one event, whole and in order, and its acknowledgement is owed within a millisecond."""
+    client, server, _, _ = pair(make_credentials, engine, engine)
+    exchange(client, server)
+    payload = bytes(range(256)) * 12
+    client.send_stream_data(2, payload)
+    burst = [data for data, _ in client.datagrams_to_send(Clock.now)]
+    assert len(burst) >= 3
+    server.receive_datagrams(burst, CLIENT, Clock.now)
+    pieces = [e for e in drain(server) if isinstance(e, seam.StreamDataReceived)]
+    assert [(p.stream_id, p.data, p.end_stream) for p in pieces] == [(2, payload, False)]
+    assert server.ack_due(Clock.now + 0.001)
+
+
+def test_a_streams_following_pieces_are_joined_and_no_others() -> None:
+    queue = collections.deque(
+        [
+            seam.StreamDataReceived(2, b"b", False),
+            seam.StreamDataReceived(2, b"c", True),
+            seam.StreamDataReceived(6, b"x", False),
+            seam.StreamDataReceived(2, b"d", False),
+        ]
+    )
+    joined = seam.join_stream_data(2, b"a", False, queue, seam.StreamDataReceived)
+    assert (joined.stream_id, joined.data, joined.end_stream) == (2, b"abc", True)
+    assert [(e.stream_id, e.data) for e in queue] == [(6, b"x"), (2, b"d")]
+    lone = seam.join_stream_data(6, b"y", False, queue, seam.StreamDataReceived)
+    assert (lone.data, len(queue)) == (b"yx", 1)
+    other_type = collections.deque([seam.StreamReset(2, 0)])
+    assert seam.join_stream_data(2, b"z", True, other_type, seam.StreamDataReceived).data == b"z"
+    assert len(other_type) == 1
 
 
 class _FailingCore:

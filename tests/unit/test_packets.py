@@ -1,4 +1,5 @@
-"""The endpoint's own packets, without sockets: long headers, Version Negotiation, Retry."""
+"""The endpoint's own packets, without sockets: long headers, Version Negotiation, Retry,
+and the routing of a burst of datagrams to connections."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from velomux_quic.transport.packets import (
     encode_version_negotiation,
     parse_long_header,
     retry_integrity_tag,
+    runs_by_connection,
 )
 from velomux_quic.transport.retry_tokens import TOKEN_LIFETIME, RetryTokens
 
@@ -124,3 +126,37 @@ def test_a_retry_token_expires() -> None:
     assert tokens.check(ADDRESS, b"retry-id", token, now=100.0 + TOKEN_LIFETIME) == ODCID
     with pytest.raises(ValueError, match="expired"):
         tokens.check(ADDRESS, b"retry-id", token, now=100.1 + TOKEN_LIFETIME)
+
+
+def short(cid: bytes, body: bytes = b"x") -> bytes:
+    return bytes([0x40]) + cid + body
+
+
+A_CID, A_OTHER_CID, B_CID, UNKNOWN = b"a" * 8, b"A" * 8, b"b" * 8, b"?" * 8
+OWNERS = {A_CID: "a", A_OTHER_CID: "a", B_CID: "b"}
+
+
+def routed(datagrams: list[bytes]) -> list[tuple[str | None, int]]:
+    return [(owner, len(run)) for owner, run in runs_by_connection(datagrams, OWNERS, 8)]
+
+
+def test_a_burst_of_one_connection_is_one_run_in_order() -> None:
+    burst = [short(A_CID, bytes([i])) for i in range(12)] + [short(A_OTHER_CID)]
+    ((owner, run),) = runs_by_connection(burst, OWNERS, 8)
+    assert owner == "a" and run == burst
+
+
+def test_another_connection_starts_a_run_and_each_stays_in_order() -> None:
+    burst = [short(A_CID), short(A_CID), short(B_CID), short(A_CID)]
+    assert routed(burst) == [("a", 2), ("b", 1), ("a", 1)]
+    assert [d for _, run in runs_by_connection(burst, OWNERS, 8) for d in run] == burst
+
+
+def test_long_headers_unknown_ids_and_empty_datagrams_go_alone() -> None:
+    long_header = bytes([0xC0]) + b"\x00\x00\x00\x01" + b"rest"
+    burst = [short(A_CID), long_header, short(A_CID), short(UNKNOWN), b"", short(A_CID)]
+    assert routed(burst) == [("a", 1), (None, 1), ("a", 1), (None, 1), (None, 1), ("a", 1)]
+
+
+def test_an_empty_burst_has_no_runs() -> None:
+    assert runs_by_connection([], OWNERS, 8) == []

@@ -72,22 +72,24 @@ def test_room_opened_on_one_connection_wakes_the_peers_others() -> None:
 def test_a_peers_turn_is_spent_then_refilled_after_what_the_loop_runs_now() -> None:
     scheduled: list[Callable[[], None]] = []
     holdings = PeerHoldings(peer_limit=10, turn_bytes=100, call_soon=scheduled.append)
-    assert holdings.take_turn(60)
-    assert holdings.take_turn(60)  # the last one may pass the share by its own size
-    assert not holdings.take_turn(1)
+    assert holdings.take_turn(60) == 60
+    assert holdings.take_turn(60) == 40  # cut at the share: the caller keeps the rest
+    assert holdings.take_turn(1) == 0
     resumed: list[int] = []
     holdings.defer(lambda: resumed.append(holdings.turn_left))
     assert len(scheduled) == 1  # one refill per turn
     scheduled.pop()()
     assert resumed == [100]
-    assert holdings.take_turn(100)
+    assert holdings.take_turn(100) == 100
 
 
 def test_a_peer_alone_on_the_loop_keeps_its_burst_whole() -> None:
     scheduled: list[Callable[[], None]] = []
     ledger = PeerLedger(10, turn_bytes=100, call_soon=scheduled.append, clock=lambda: 5.0)
     alone = ledger.join("alone", lambda: None)
-    assert all(alone.take_turn(60) for _ in range(10))  # nobody else: shares renew on the spot
+    # Nobody else: shares renew on the spot, and a piece past the share is never cut.
+    assert [alone.take_turn(60) for _ in range(10)] == [60] * 10
+    assert alone.take_turn(65_000) == 65_000
     assert len(scheduled) == 1  # one refill, as for any turn
 
 
@@ -96,20 +98,20 @@ def test_shares_apply_while_another_peer_had_data_within_the_window() -> None:
     ledger = PeerLedger(10, turn_bytes=100, call_soon=lambda _: None, clock=lambda: now[0])
     flooder = ledger.join("flooder", lambda: None)
     other = ledger.join("other", lambda: None)
-    assert other.take_turn(10)
-    assert flooder.take_turn(100)
-    assert not flooder.take_turn(1)  # the other peer is here
+    assert other.take_turn(10) == 10
+    assert flooder.take_turn(65_000) == 100  # a whole burst in one piece: cut at the share
+    assert flooder.take_turn(1) == 0  # the other peer is here
     now[0] += CONTENTION_WINDOW / 2
-    assert not flooder.take_turn(1)  # ... and was lately
+    assert flooder.take_turn(1) == 0  # ... and was lately
     now[0] += CONTENTION_WINDOW
-    assert flooder.take_turn(100)  # it has been quiet for a window: shares renew
-    assert flooder.take_turn(100)
+    assert flooder.take_turn(100) == 100  # it has been quiet for a window: shares renew
+    assert flooder.take_turn(65_000) == 65_000
 
 
 def test_without_a_clock_every_share_holds() -> None:
     holdings = PeerLedger(10, turn_bytes=100).join("peer", lambda: None)
-    assert holdings.take_turn(100)
-    assert not holdings.take_turn(1)
+    assert holdings.take_turn(100) == 100
+    assert holdings.take_turn(1) == 0
 
 
 @pytest.mark.parametrize(

@@ -327,6 +327,35 @@ def test_the_core_acknowledges_a_lone_packet_after_a_millisecond_and_every_secon
     assert core.get_timer() == ("ack_application", pytest.approx(_Clock.now))
 
 
+def test_the_core_takes_a_burst_in_one_call_and_owes_its_ack_at_once(
+    make_credentials: Callable[..., NodeCredentials],
+) -> None:
+    """``Qh3Connection.receive_datagrams`` hands a GRO burst to ``receive_many_datagrams``
+    (datagrams, address, time): the core takes each in order, hands a stream's data of the
+    whole burst over as one piece (so the adapter joins nothing), and the burst's
+    acknowledgement is due at once."""
+    client, server = _plain_pair(make_credentials)
+    core = server._core
+    assert core is not None
+    assert QuicConnectionCore.receive_many_datagrams.__text_signature__ == (
+        "($self, datagrams, addr, now)"
+    )
+    stream_id = client.get_next_available_stream_id(is_unidirectional=True)
+    payload = bytes(range(256)) * 20
+    client.send_stream_data(stream_id, payload)
+    burst = [data for data, _ in client.datagrams_to_send(_Clock.now)]
+    assert len(burst) >= 3
+    report = core.receive_many_datagrams(burst, CLIENT, _Clock.now)
+    assert report[0] == len(burst)
+    pieces = []
+    while (native := core.next_event()) is not None:
+        if native[0] == "stream_data":
+            assert native[1] == stream_id
+            pieces.append(native[2])
+    assert pieces == [payload]
+    assert core.get_timer() == ("ack_application", pytest.approx(_Clock.now))
+
+
 # -- the TLS server's first flight and where client authentication goes ------------------------
 
 

@@ -408,9 +408,13 @@ class PeerHoldings:
 
     # -- turns: a bounded share of each loop turn per peer -------------------------------
 
-    def take_turn(self, size: int) -> bool:
-        r"""Charge ``size`` bytes of lane data to this turn; False once the turn is spent
-        (the caller keeps the data and :meth:`defer`\ s itself to the next turn).
+    def take_turn(self, size: int) -> int:
+        r"""Charge up to ``size`` bytes of lane data to this turn and return how many were
+        charged: all of them while the share lasts, what is left of the share when they
+        would pass it, 0 once it is spent (the caller keeps the rest and :meth:`defer`\ s
+        itself to the next turn). A piece is cut at the share rather than charged whole
+        because an engine hands over a whole GRO burst's stream data as one piece (up to
+        64 KiB): charged whole, it would let a flooder take several shares in one turn.
 
         The turn is refilled by a callback the first charge of a turn schedules, so it
         runs after everything the loop is doing now: every other peer's datagrams of this
@@ -420,25 +424,30 @@ class PeerHoldings:
 
         A share is only spent against someone: while no other peer of the ledger has had
         lane data charged within :data:`CONTENTION_WINDOW`, a spent share is renewed on the
-        spot. Splitting a lone peer's burst over loop turns would serve nobody, and costs
-        its consumers a wait and a wake-up for each split. The window is long beside a
-        request's round trip so that a peer sending now and then still counts as present:
-        a window of a loop turn or two let a flooder take whole turns between a
-        legitimate peer's datagrams, which then waited behind them.
+        spot and a piece is never cut. Splitting a lone peer's burst over loop turns would
+        serve nobody, and costs its consumers a wait and a wake-up for each split. The
+        window is long beside a request's round trip so that a peer sending now and then
+        still counts as present: a window of a loop turn or two let a flooder take whole
+        turns between a legitimate peer's datagrams, which then waited behind them.
         """
         left = self.turn_left
         if left <= 0:
-            ledger = self._ledger
-            if ledger is None or ledger.contended(self):
-                return False
+            if self._contended():
+                return 0
             left = self.turn_bytes  # nobody else to yield to: a fresh share
+        elif size > left and self._contended():
+            size = left
         self.turn_left = left - size
         if not self._refill_armed and self._call_soon is not None:
             self._refill_armed = True
             self._call_soon(self._refill)
             if self._ledger is not None:
                 self._ledger.charged(self)
-        return True
+        return size
+
+    def _contended(self) -> bool:
+        ledger = self._ledger
+        return ledger is None or ledger.contended(self)
 
     def defer(self, resume: Callable[[], None]) -> None:
         """Call ``resume`` at the next turn (once per call)."""

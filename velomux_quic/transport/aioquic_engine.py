@@ -314,6 +314,14 @@ class EngineConnection(QuicConnection):
             None if peer is None else peer.public_bytes(Encoding.DER),
         )
 
+    # -- datagrams in --------------------------------------------------------------------
+
+    def receive_datagrams(self, datagrams: list[bytes], addr: Any, now: float) -> None:
+        """aioquic takes a datagram at a time; the events wait in its queue for the last."""
+        receive = self.receive_datagram
+        for data in datagrams:
+            receive(data, addr, now)
+
     # -- events --------------------------------------------------------------------------
 
     def poll_event(self) -> seam.EngineEvent | None:
@@ -325,7 +333,14 @@ class EngineConnection(QuicConnection):
                 return None
             # Most frequent first: a STREAM event per frame, the rest now and then.
             if isinstance(event, aioquic_events.StreamDataReceived):
-                return seam.StreamDataReceived(event.stream_id, event.data, event.end_stream)
+                # The pieces of this stream that follow in aioquic's queue come with it.
+                return seam.join_stream_data(
+                    event.stream_id,
+                    event.data,
+                    event.end_stream,
+                    self._events,
+                    aioquic_events.StreamDataReceived,
+                )
             if isinstance(event, aioquic_events.ConnectionIdIssued):
                 return seam.ConnectionIdIssued(event.connection_id)
             if isinstance(event, aioquic_events.ConnectionIdRetired):

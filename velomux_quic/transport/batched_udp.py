@@ -9,7 +9,9 @@ transport owns its non-blocking socket for this (``sendmsg``/``recvmsg`` with co
 messages are not in asyncio's datagram transports, which read the socket themselves, and
 uvloop's hands out a stand-in socket whose ``sendmsg`` refuses): it reads with
 ``loop.add_reader`` until the socket is empty, and writes at once, queueing behind
-``loop.add_writer`` only when the kernel's buffer is full.
+``loop.add_writer`` only when the kernel's buffer is full. A GRO buffer's datagrams go to
+the protocol in one ``datagrams_received`` call, so the layers above can take a burst's
+work once rather than once a datagram.
 
 The planning is sans-IO (:func:`plan_trains`, :func:`split_segments`), tested alone;
 :class:`BatchedUdpTransport` does the system calls. Where the kernel or a path refuses
@@ -96,6 +98,9 @@ class _Receiver(Protocol):
     def connection_lost(self, exc: Exception | None) -> None: ...
 
     def datagram_received(self, data: bytes, addr: Address) -> None: ...
+
+    def datagrams_received(self, datagrams: list[bytes], addr: Address) -> None:
+        """The datagrams of one GRO buffer (one sender, in the order sent)."""
 
     def error_received(self, exc: Exception) -> None: ...
 
@@ -266,8 +271,7 @@ class BatchedUdpTransport(asyncio.DatagramTransport):
             segment = _gro_segment(ancdata) if ancdata else 0
             if segment and len(data) > segment:
                 self._stats.gro_buffers += 1
-                for datagram in split_segments(data, segment):
-                    received(datagram, addr)
+                self._protocol.datagrams_received(split_segments(data, segment), addr)
             else:
                 received(data, addr)
 

@@ -472,6 +472,18 @@ class PeerConnection:
         self.remote_address = addr
         now = self._last_heard = self._clock.time()
         self.quic.receive_datagram(data, addr, now=now)
+        self._received(now)
+
+    def datagrams_received(self, datagrams: list[bytes], addr: tuple[str, int]) -> None:
+        """A run of datagrams that arrived together (one GRO buffer): the engine takes them
+        all before its events are read, so a batch that spans them reaches the lane as
+        one piece, and the per-datagram work below is done once."""
+        self.remote_address = addr
+        now = self._last_heard = self._clock.time()
+        self.quic.receive_datagrams(datagrams, addr, now)
+        self._received(now)
+
+    def _received(self, now: float) -> None:
         self._process_events()
         if self.state is _HANDSHAKING:
             self._note_refusal()

@@ -58,6 +58,7 @@ from .packets import (
     encode_retry,
     encode_version_negotiation,
     parse_long_header,
+    runs_by_connection,
 )
 from .perstream_send import PerStreamOutbound
 from .resets import StatelessResets, reset_key_from
@@ -545,6 +546,18 @@ class QuicEndpoint(asyncio.DatagramProtocol):
         if isinstance(exc, OSError) and exc.errno == errno.EMSGSIZE:
             self.stats.datagrams_too_big += 1
         logger.debug("UDP error: %s", exc)
+
+    def datagrams_received(self, datagrams: list[bytes], addr: Address) -> None:
+        """The datagrams of one GRO buffer: each run of them for one connection goes to it
+        at once, so the engine's events and the transmit are taken once a run, not once a
+        datagram (see :meth:`PeerConnection.datagrams_received`). Any other datagram (a
+        long header, an unknown connection ID) takes the one-datagram path."""
+        for connection, run in runs_by_connection(datagrams, self._by_cid, _CID_LENGTH):
+            if connection is None or len(run) == 1:
+                self.datagram_received(run[0], addr)
+            else:
+                self.stats.datagrams_in += len(run)
+                connection.datagrams_received(run, addr)
 
     def datagram_received(self, data: bytes, addr: Address) -> None:
         """asyncio: route a datagram to its connection by connection ID, or accept a dial."""

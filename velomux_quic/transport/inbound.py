@@ -283,10 +283,14 @@ class InboundStreams:
             state.backlog.append(data)
             return
         holdings = self._holdings
-        if holdings is not None and not holdings.take_turn(len(data)):
-            state.backlog.append(data)  # the peer's share of this turn is spent
-            self._wait_turn(holdings)
-            return
+        if holdings is not None:
+            taken = holdings.take_turn(len(data))
+            if taken < len(data):  # the peer's share of this turn is spent
+                state.backlog.append(data[taken:] if taken else data)
+                self._wait_turn(holdings)
+                if not taken:
+                    return
+                data = data[:taken]
         self._feed(state, data)
 
     # -- the peer's turns --------------------------------------------------------------------
@@ -307,11 +311,16 @@ class InboundStreams:
         for state in list(self._inbound.values()):
             backlog = state.backlog
             while backlog and not state.paused and not state.held:
-                if not holdings.take_turn(len(backlog[0])):
+                data = backlog.popleft()
+                taken = holdings.take_turn(len(data))
+                if taken < len(data):
+                    backlog.appendleft(data[taken:] if taken else data)
                     self._wait_turn(holdings)
                     self._host.transmit_soon()
+                    if taken:
+                        self._feed(state, data[:taken])
                     return
-                self._feed(state, backlog.popleft())
+                self._feed(state, data)
                 if self._receiving is None:  # its data closed the connection
                     return
         self._host.transmit_soon()  # what was consumed opens the peer's window

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import enum
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
@@ -25,6 +27,7 @@ __all__ = [
     "encode_version_negotiation",
     "parse_long_header",
     "retry_integrity_tag",
+    "runs_by_connection",
 ]
 
 MIN_INITIAL_DATAGRAM = 1200
@@ -76,6 +79,39 @@ class LongHeader:
     source_cid: bytes
     token: bytes
     """An Initial's token (empty when it has none); empty for the other types."""
+
+
+Owner = TypeVar("Owner")
+
+
+def runs_by_connection(
+    datagrams: list[bytes], owners: Mapping[bytes, Owner], cid_length: int
+) -> list[tuple[Owner | None, list[bytes]]]:
+    """Cut the datagrams of one burst into runs, in order: consecutive short-header
+    datagrams whose destination connection ID ``owners`` knows, with that owner, or one
+    datagram alone with ``None`` (a long header, an unknown ID: the endpoint's
+    one-datagram path decides). A burst is usually one connection's, one run; the kernel
+    may still join any datagrams of one flow, so one run per connection is never assumed."""
+    runs: list[tuple[Owner | None, list[bytes]]] = []
+    run: list[bytes] = []
+    owner: Owner | None = None
+    for data in datagrams:
+        found = None
+        if data and not data[0] & _LONG_HEADER:
+            found = owners.get(data[1 : 1 + cid_length])
+        if found is not None and found is owner:
+            run.append(data)
+            continue
+        if run:
+            runs.append((owner, run))
+        if found is None:
+            runs.append((None, [data]))
+            run, owner = [], None
+        else:
+            run, owner = [data], found
+    if run:
+        runs.append((owner, run))
+    return runs
 
 
 def _varint(data: bytes, at: int) -> tuple[int, int]:

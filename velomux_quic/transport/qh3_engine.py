@@ -358,6 +358,31 @@ class Qh3Connection(Qh3QuicConnection):
         if self._pings:
             self._resend_pings()
 
+    def receive_datagrams(self, datagrams: list[bytes], addr: Any, now: float) -> None:
+        """As :meth:`receive_datagram` for each, in one call into the core once the
+        handshake is complete (short headers only, as every datagram is from then on): the
+        core finishes the batch (its acknowledgement state) once and hands a stream's data
+        of the whole burst over as one piece, and its events, the settling of floors and
+        the pings are taken once, after the last."""
+        core = self._core
+        short_headers = all(data and not data[0] & 0x80 for data in datagrams)
+        if core is None or not self._handshake_complete or not short_headers:
+            for data in datagrams:
+                self.receive_datagram(data, addr, now)
+            return
+        self._now = now
+        if self._ack_owed_at is None:
+            self._ack_owed_at = now + ACK_COALESCE
+        try:
+            self._call_core(core.receive_many_datagrams, datagrams, addr, now)
+            self._drain_core()
+            self._settle_all()
+        except Exception as exc:
+            self._engine_failed(exc, now)
+            return
+        if self._pings:
+            self._resend_pings()
+
     @property
     def _cid_length(self) -> int:
         return int(self._configuration.connection_id_length)
