@@ -21,7 +21,10 @@ from velomux_quic.security.tls import make_quic_configuration
 from velomux_quic.security.verify import PeerVerifier
 from velomux_quic.transport import seam
 from velomux_quic.transport.aioquic_engine import EngineConnection
+from velomux_quic.transport.config import TransportConfig
+from velomux_quic.transport.engine_choice import make_engine_factory
 from velomux_quic.transport.qh3_engine import ENGINE_FAILURE_REASON, Qh3Connection
+from velomux_quic.transport.resets import StatelessResets
 
 CLIENT = ("127.0.0.1", 1111)
 SERVER = ("127.0.0.1", 2222)
@@ -259,6 +262,35 @@ def test_the_admission_room_follows_the_peer_credit(
         assert client.stream_beyond_window(2) == 500 and not client.stream_idle(2)
         exchange(client, server)  # the server took the data: it grants more
         assert client.stream_room(2, 1000) > 1000 and client.stream_idle(2)
+
+
+@pytest.mark.parametrize("client_engine", ENGINES)
+def test_a_qh3_receiver_grants_a_lane_its_lane_window_from_the_start(
+    make_credentials: Callable[..., NodeCredentials], client_engine: str
+) -> None:
+    """qh3's core has one receive window for every stream, so the node's qh3 engines take
+    ``lane_window`` for it where that is the larger: a lane held to ``stream_window``
+    moves at most that much a round trip (64 KiB over a 20 ms path: 3 MB/s)."""
+    client_creds, server_creds = make_credentials("client"), make_credentials("server")
+    lane_window, stream_window, send_buffer = 1 << 20, 64 * 1024, 1000
+
+    def factory(engine: str, credentials: NodeCredentials) -> Any:
+        config = TransportConfig(
+            engine=engine, lane_window=lane_window, stream_window=stream_window
+        )
+        verifier = PeerVerifier(credentials.trust_roots, credentials.trust_domain)
+        return make_engine_factory(credentials, config, verifier, StatelessResets())
+
+    client = factory(client_engine, client_creds).client(
+        server_creds.instance_id, "127.0.0.1", "127.0.0.1"
+    )
+    server = factory("qh3", server_creds).server(
+        client.original_destination_connection_id, None, "127.0.0.1", "127.0.0.1"
+    )
+    client.connect(SERVER, Clock.now)
+    exchange(client, server)
+    assert client.verified_peer == server_creds.instance_id
+    assert client.stream_room(2, send_buffer) == lane_window + send_buffer
 
 
 @pytest.mark.parametrize(("client_engine", "server_engine"), PAIRS)

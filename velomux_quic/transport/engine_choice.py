@@ -187,6 +187,18 @@ class _Qh3Factory:
     def _datagram_size(self, local: str, remote: str) -> int:
         return plan_path(self._config, local, remote, self.features.loopback_datagram_size).size
 
+    @property
+    def _stream_window(self) -> int:
+        """The receive credit qh3's core grants every stream: ``lane_window`` where that is
+        larger than ``stream_window``. The core has one window for all streams and no call
+        to raise one stream's (aioquic's lanes are raised to ``lane_window`` as they open),
+        and a lane held to ``stream_window`` moves at most that much a round trip: 64 KiB
+        over a 20 ms path is 3 MB/s. A per-stream stream gets the same credit; what its
+        reader has not taken is still bounded by its hold and cut (a ``per_stream_window``
+        ahead, ``READER_LAG_WINDOWS`` of them) and by ``connection_window``."""
+        config = self._config
+        return max(config.stream_window, config.lane_window)
+
     def client(self, expected_peer: InstanceId, local: str, remote: str) -> QuicEngine:
         from ..security.qh3_tls import make_qh3_configuration
         from .qh3_engine import Qh3Connection
@@ -198,7 +210,7 @@ class _Qh3Factory:
                 is_client=True,
                 max_datagram_size=self._datagram_size(local, remote),
                 idle_timeout=config.idle_timeout,
-                max_stream_data=config.stream_window,
+                max_stream_data=self._stream_window,
                 max_data=config.connection_window,
             ),
             verifier=self._verifier,
@@ -221,7 +233,7 @@ class _Qh3Factory:
                 is_client=False,
                 max_datagram_size=self._datagram_size(local, remote),
                 idle_timeout=config.idle_timeout,
-                max_stream_data=config.stream_window,
+                max_stream_data=self._stream_window,
                 max_data=config.connection_window,
             ),
             original_destination_connection_id=original_cid,
