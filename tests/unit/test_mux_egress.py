@@ -111,6 +111,17 @@ def test_freed_index_is_reused_first_with_a_new_generation() -> None:
     assert second.live
 
 
+def test_a_batchs_grants_apply_in_order_and_a_bad_id_is_refused_alone() -> None:
+    b = batcher()
+    first, second = opened(b, 2)
+    before = (first.credit, second.credit)
+    b.on_credits([(first.slot_id, 2), (slot_id(999, 0), 5), (second.slot_id, 3)], 0.0)
+    assert (first.credit, second.credit) == (before[0] + 2, before[1] + 3)
+    assert b.stats.control_refused == 1
+    with pytest.raises(ValueError, match="u32"):
+        b.slot(-1)
+
+
 def test_byte_budget_makes_the_producer_wait() -> None:
     b = batcher(slot_byte_budget=100, initial_credit=1)
     (slot,) = opened(b)

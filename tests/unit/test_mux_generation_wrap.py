@@ -51,7 +51,7 @@ class Replies:
 
 
 class Control:
-    def credit(self, slot_id: int, delta: int) -> None:
+    def credits(self, grants: list[tuple[int, int]]) -> None:
         raise AssertionError("the producer's batches carry no control for it")
 
     def closed_by_peer(self, slot_id: int, reason: CloseReason) -> None:

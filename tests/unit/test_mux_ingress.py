@@ -87,9 +87,11 @@ class Control:
 
     def __init__(self) -> None:
         self.events: list[tuple[Any, ...]] = []
+        self.credit_calls = 0
 
-    def credit(self, slot_id: int, delta: int) -> None:
-        self.events.append(("credit", slot_id, delta))
+    def credits(self, grants: list[tuple[int, int]]) -> None:
+        self.credit_calls += 1
+        self.events.extend(("credit", slot_id, delta) for slot_id, delta in grants)
 
     def closed_by_peer(self, slot_id: int, reason: CloseReason) -> None:
         self.events.append(("closed", slot_id, reason))
@@ -494,6 +496,26 @@ def test_closes_about_this_sides_slots_go_to_egress_control() -> None:
         ("lifecycle", 555, LifecycleAction.CANCEL),
     ]
     assert not drops(h.stats)
+
+
+def test_a_batchs_credit_updates_reach_egress_control_together_and_in_order() -> None:
+    h = Harness()
+    first, second = slot_id(9, 3), slot_id(10, 1)
+    h.send(
+        [
+            (RecordType.CREDIT_UPDATE, first, 0, credit_body(1)),
+            (RecordType.CREDIT_UPDATE, second, 0, credit_body(2)),
+            close(first, 0, CloseReason.UNKNOWN_SLOT),
+            (RecordType.CREDIT_UPDATE, second, 0, credit_body(3)),
+        ]
+    )
+    assert h.control.events == [
+        ("credit", first, 1),
+        ("credit", second, 2),
+        ("closed", first, CloseReason.UNKNOWN_SLOT),
+        ("credit", second, 3),
+    ]
+    assert h.control.credit_calls == 2  # the grants before the close together, then the last
 
 
 # -- epochs, lanes, batch_seq --------------------------------------------------------------

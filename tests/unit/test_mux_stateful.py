@@ -109,8 +109,8 @@ class _Control:
     def __init__(self, node: _Node) -> None:
         self._node = node
 
-    def credit(self, slot_id: int, delta: int) -> None:
-        self._node.batcher.on_credit(slot_id, delta, self._node.clock())
+    def credits(self, grants: list[tuple[int, int]]) -> None:
+        self._node.batcher.on_credits(grants, self._node.clock())
 
     def closed_by_peer(self, slot_id: int, reason: CloseReason) -> None:
         self._node.batcher.on_peer_close(slot_id, reason)

@@ -206,8 +206,8 @@ class _Replies:
 
 
 class _Control(_Replies):
-    def credit(self, slot_id: int, delta: int) -> None:
-        self.out.append(["peer_credit", slot_id, delta])
+    def credits(self, grants: list[tuple[int, int]]) -> None:
+        self.out.extend(["peer_credit", slot_id, delta] for slot_id, delta in grants)
 
     def lifecycle(self, session: int, action: LifecycleAction) -> None:
         self.out.append(["peer_lifecycle", session, int(action)])

@@ -11,6 +11,8 @@ cdef int _DATA
 cdef int _OPEN_SLOT
 cdef int _CLOSE_SLOT
 cdef int _SLOT_HEARTBEAT
+cdef int _CREDIT_UPDATE
+cdef Py_ssize_t _CREDIT_BODY_SIZE
 cdef object _TERMINAL_SENT
 cdef frozenset _OWNER_CLOSE_BYTES
 cdef bytes _ITEM_PREFIX
@@ -34,7 +36,7 @@ cdef class _Route:
 @cython.locals(
     count=Py_ssize_t, stamp=cython.longlong, touched=list, routes=list, data_type=int,
     item_prefix=bytes, record_type=int, sid=Py_ssize_t, seq=cython.longlong, route=_Route,
-    slot=IngressSlot, data=bytes,
+    slot=IngressSlot, data=bytes, grants=list,
 )
 cpdef handle_batch(object table, object header, object records, object now)
 

@@ -28,7 +28,7 @@ from ..streaming.frames import ITEM_PREFIX
 from .contracts import MuxIngressStats, ReplySink
 from .credit import DirtySet, IngressSlot
 from .protocol import BatchHeader, BytesLike, OwnedRecord, Record
-from .records import CloseReason, RecordType
+from .records import _CONTROL_BODY_SIZES, CloseReason, RecordType
 
 __all__ = ["Table", "handle_batch", "reconcile", "reconcile_dirty", "visit"]
 
@@ -36,6 +36,8 @@ _DATA: Final = int(RecordType.DATA)
 _OPEN_SLOT: Final = int(RecordType.OPEN_SLOT)
 _CLOSE_SLOT: Final = int(RecordType.CLOSE_SLOT)
 _SLOT_HEARTBEAT: Final = int(RecordType.SLOT_HEARTBEAT)
+_CREDIT_UPDATE: Final = int(RecordType.CREDIT_UPDATE)
+_CREDIT_BODY_SIZE: Final = _CONTROL_BODY_SIZES[_CREDIT_UPDATE]
 _TERMINAL_SENT: Final = CloseReason.TERMINAL_SENT
 _OWNER_CLOSE_BYTES: Final = frozenset({int(_TERMINAL_SENT), int(CloseReason.PEER_GONE)})
 _ITEM_PREFIX: Final = ITEM_PREFIX
@@ -99,6 +101,7 @@ class Table(Protocol):
     def _peer_close(self, sid: int, body: BytesLike) -> None: ...
     def _open(self, sid: int, seq: int, body: BytesLike, now: float) -> None: ...
     def _egress_control(self, record_type: int, sid: int, body: BytesLike) -> None: ...
+    def _egress_credits(self, grants: list[tuple[int, int]]) -> None: ...
     def _miss(self, sid: int, occupant: _Route | None) -> _Route | None: ...
     def _apply(self, route: _Route, record_type: int, body: BytesLike, now: float) -> bool: ...
     def _release_hold(self, route: _Route, now: float) -> None: ...
@@ -137,19 +140,33 @@ def handle_batch(
     table._batches += 1
     stamp = table._batches
     touched: list[_Route] = []
+    grants: list[tuple[int, int]] | None = None
     routes = table._routes
     data_type = _DATA
     item_prefix = _ITEM_PREFIX
     for record_type, sid, seq, body in records:
         if record_type != data_type:
+            if record_type == _CREDIT_UPDATE and len(body) == _CREDIT_BODY_SIZE:
+                # The peer's grants for our slots, one a slot in a return of credit: handed
+                # over together (the batch's other records about our slots flush them first).
+                if grants is None:
+                    grants = []
+                grants.append((sid, int.from_bytes(body, "big")))
+                continue
             if record_type == _CLOSE_SLOT:
                 if len(body) != 1 or body[0] not in _OWNER_CLOSE_BYTES:
+                    if grants:
+                        table._egress_credits(grants)
+                        grants = None
                     table._peer_close(sid, body)
                     continue
             elif record_type == _OPEN_SLOT:
                 table._open(sid, seq, body, now)
                 continue
             elif record_type != _SLOT_HEARTBEAT:
+                if grants:
+                    table._egress_credits(grants)
+                    grants = None
                 table._egress_control(record_type, sid, body)
                 continue
         try:
@@ -187,6 +204,8 @@ def handle_batch(
             stats.drops["duplicate"] += 1
         else:
             table._hold(route, record_type, seq, body)
+    if grants:
+        table._egress_credits(grants)
     reconcile(table, touched)
     reconcile_dirty(table)
 

@@ -18,6 +18,8 @@ cdef Py_ssize_t _max_records
 cdef long long _u32_max
 cdef bytes _DATA_HEADER
 cdef bytes _CREDIT_TEMPLATE
+cdef int _CREDIT_RECORD_TYPE
+cdef Py_ssize_t _CREDIT_BODY_SIZE
 
 
 @cython.locals(high=uint32_t)

@@ -36,7 +36,14 @@ except ModuleNotFoundError:  # run as source, where Cython (needed only to build
     from ..recordpath import shadow as cython  # type: ignore[no-redef, unused-ignore]
 
 from ..transport.config import MAX_LANES
-from .records import _DATA, _U32, BytesLike, RecordType, _control_body_error
+from .records import (
+    _CONTROL_BODY_SIZES,
+    _DATA,
+    _U32,
+    BytesLike,
+    RecordType,
+    _control_body_error,
+)
 
 __all__ = [
     "BATCH_HEADER",
@@ -78,7 +85,10 @@ _CREDIT_RECORD_TYPE: Final = int(RecordType.CREDIT_UPDATE)
 
 _DATA_HEADER: Final = _pack_record(_DATA, 0, 0, 0)
 """A Data record's header before its three u32 fields are written in place."""
-_CREDIT_TEMPLATE: Final = _pack_credit_record(_CREDIT_RECORD_TYPE, 0, 0, 4, 0)
+_CREDIT_BODY_SIZE: Final = _CONTROL_BODY_SIZES[_CREDIT_RECORD_TYPE]
+"""A CreditUpdate's body, its u32 delta: the control record a return of credit carries one
+a slot of, so the walk knows it good without a call (records' ``_control_body_error``)."""
+_CREDIT_TEMPLATE: Final = _pack_credit_record(_CREDIT_RECORD_TYPE, 0, 0, _CREDIT_BODY_SIZE, 0)
 """A CreditUpdate record before its slot and delta are written in place."""
 
 # The sizes and bounds again, as C integers where this module is compiled (batch_codec.pxd):
@@ -183,7 +193,11 @@ def _owned_records(raw: bytes, count: int) -> list[tuple[int, int, int, bytes]] 
                 return None  # a body past the end
             body = at[start:stop]
             record_type = at[pos]
-            if record_type and _control_body_error(record_type, body) is not None:
+            if (
+                record_type
+                and (record_type != _CREDIT_RECORD_TYPE or stop - start != _CREDIT_BODY_SIZE)
+                and _control_body_error(record_type, body) is not None
+            ):
                 return None
             records.append((record_type, _u32_at(at, pos + 1), _u32_at(at, pos + 5), body))
             pos = stop
@@ -197,7 +211,11 @@ def _owned_records(raw: bytes, count: int) -> list[tuple[int, int, int, bytes]] 
                 pos += size
                 stop = pos + length
                 data = raw[pos:stop]
-                if kind and _control_body_error(kind, data) is not None:
+                if (
+                    kind
+                    and (kind != _CREDIT_RECORD_TYPE or length != _CREDIT_BODY_SIZE)
+                    and _control_body_error(kind, data) is not None
+                ):
                     return None
                 append((kind, slot, seq, data))
                 pos = stop
@@ -318,7 +336,8 @@ class BatchBuilder:
         if not (
             type(slot) is int and type(delta) is int and 0 <= slot <= _U32 and 0 <= delta <= _U32
         ):
-            _pack_credit_record(_CREDIT_RECORD_TYPE, slot, 0, 4, delta)  # struct's own error
+            # struct's own error for the value out of range
+            _pack_credit_record(_CREDIT_RECORD_TYPE, slot, 0, _CREDIT_BODY_SIZE, delta)
         _append_credit(self._buf, slot, delta)
         self._count += 1
 

@@ -221,7 +221,10 @@ class EgressControl(Protocol):
     ingress hands these over without looking them up.
     """
 
-    def credit(self, slot_id: int, delta: int) -> None: ...
+    def credits(self, grants: list[tuple[int, int]]) -> None:
+        """A batch's CreditUpdates, ``(slot_id, delta)`` in order; the batch's other
+        records about these slots come after the grants that preceded them."""
+        ...
 
     def closed_by_peer(self, slot_id: int, reason: CloseReason) -> None: ...
 

@@ -63,6 +63,16 @@ cdef class EgressBatcher:
     @cython.locals(queued=Py_ssize_t, room=Py_ssize_t, size=Py_ssize_t)
     cpdef bint offer(self, CEgressSlot slot, object body, object now) except -1
 
+    @cython.locals(slot=CEgressSlot)
+    cpdef bint on_credit(self, object slot_id_, object delta, object now) except -1
+
+    @cython.locals(index=Py_ssize_t, slot=CEgressSlot)
+    cpdef object slot(self, object slot_id_)
+
+    cdef object _control_target(self, object slot_id_)
+
+    cpdef on_credits(self, list grants, object now)
+
     @cython.locals(
         builder=CBatchBuilder, ready=dict, slots=list, carried=list, quantum=Py_ssize_t,
         budget=Py_ssize_t, buf=bytearray, cap=Py_ssize_t, room=Py_ssize_t, pending=Py_ssize_t,

@@ -111,9 +111,8 @@ from .protocol import (
     close_slot_body,
     lifecycle_body,
     open_slot_body,
-    slot_generation,
-    slot_index,
 )
+from .records import _U32
 from .singleton import SingletonCounters, singleton_headers
 from .slots import (
     RECORDS_PER_BATCH_BUCKETS,
@@ -337,11 +336,13 @@ class EgressBatcher:
 
     def slot(self, slot_id_: int) -> EgressSlot | None:
         """The live slot with exactly this SlotId (index and generation), if any."""
-        index = slot_index(slot_id_)
+        if not 0 <= slot_id_ <= _U32:
+            raise ValueError(f"slot id must be a u32, got {slot_id_}")
+        index = slot_id_ >> 8  # the index and generation, as slot_index and slot_generation
         if index >= len(self._slots):
             return None
         slot = self._slots[index]
-        if slot is None or slot.generation != slot_generation(slot_id_):
+        if slot is None or slot.generation != slot_id_ & 0xFF:
             return None
         return slot
 
@@ -505,6 +506,13 @@ class EgressBatcher:
                 self._staged_since = now
         return True
 
+    def on_credits(self, grants: list[tuple[int, int]], now: float) -> None:
+        """A batch's CreditUpdates for our slots, in order (:meth:`on_credit` each): ingress
+        collects them as it walks the batch and hands them over in one call, since a
+        return of credit comes for many slots at once."""
+        for slot_id_, delta in grants:
+            self.on_credit(slot_id_, delta, now)
+
     def on_peer_close(self, slot_id_: int, reason: CloseReason) -> bool:
         """The receiver closed our slot (UnknownSlot: its anchor is gone; MalformedBatch)."""
         slot = self._control_target(slot_id_)
@@ -533,8 +541,7 @@ class EgressBatcher:
         return slot
 
     def _control_target(self, slot_id_: int) -> EgressSlot | None:
-        index = slot_index(slot_id_)
-        if index >= len(self._slots):
+        if slot_id_ >> 8 >= len(self._slots):  # the index (``slot`` checks the id's range)
             self.stats.control_refused += 1
             return None
         return self.slot(slot_id_)

@@ -520,10 +520,13 @@ class IngressTable:
             return
         self._control.closed_by_peer(sid, reason)
 
+    def _egress_credits(self, grants: list[tuple[int, int]]) -> None:
+        self._control.credits(grants)
+
     def _egress_control(self, record_type: int, sid: int, body: BytesLike) -> None:
         try:
-            if record_type == _CREDIT_UPDATE:
-                self._control.credit(sid, decode_credit(body))
+            if record_type == _CREDIT_UPDATE:  # one the walk did not take: its body is bad
+                self._control.credits([(sid, decode_credit(body))])
             elif record_type == _LIFECYCLE_SLOT:
                 session, action = decode_lifecycle(body)
                 self.stats.lifecycle_received += 1

@@ -56,7 +56,8 @@ logger = logging.getLogger(__name__)
 
 
 class _Replies:
-    """ReplySink + EgressControl of one (peer, lane): both land in its batcher."""
+    """The ReplySink of one (peer, lane): this node's ingress about the peer's slots, into
+    its batcher as replies to write."""
 
     __slots__ = ("_driver", "_rejects")
 
@@ -64,7 +65,6 @@ class _Replies:
         self._driver = driver
         self._rejects = 0
 
-    # ReplySink: this node's ingress about the peer's slots
     def credit(self, slot_id: int, delta: int) -> None:
         self._driver.batcher.reply_credit(slot_id, delta, self._driver.now())
         self._driver.wake()
@@ -86,20 +86,23 @@ class _Replies:
         self._driver.batcher.reply_lifecycle(session, action)
         self._driver.wake()
 
-    # EgressControl: the peer's control about this node's slots
+
+class _Control:
+    """The EgressControl of one (peer, lane): the peer's word about *this* node's slots (a
+    grant, a close, a stop or cancel), into its batcher."""
+
+    __slots__ = ("_driver",)
+
+    def __init__(self, driver: BatcherDriver) -> None:
+        self._driver = driver
+
+    def credits(self, grants: list[tuple[int, int]]) -> None:
+        driver = self._driver
+        driver.batcher.on_credits(grants, driver.now())
+        driver.wake()
+
     def closed_by_peer(self, slot_id: int, reason: CloseReason) -> None:
         self._driver.batcher.on_peer_close(slot_id, reason)
-        self._driver.wake()
-
-
-class _Control(_Replies):
-    """EgressControl's ``credit`` and ``lifecycle`` are the peer's word about *our* slots
-    (a grant, a stop or cancel), not replies to write."""
-
-    __slots__ = ()
-
-    def credit(self, slot_id: int, delta: int) -> None:
-        self._driver.batcher.on_credit(slot_id, delta, self._driver.now())
         self._driver.wake()
 
     def lifecycle(self, session: int, action: LifecycleAction) -> None:
