@@ -38,7 +38,8 @@ def test_every_stage_of_a_batch_is_counted_in_its_window(tmp_path: Path) -> None
             # Every batch is written, sent and received; the answers (acknowledgements,
             # credit) may cover several batches each.
             assert calls >= (1 if stage in ("write", "transmit", "receive") else 0.1), stage
-    # Sixteen records cost the write and the receive more than one does.
+    # Sixteen records cost the write and the receive more than one does. The receive is
+    # compared per call: a batch's datagrams may come with an acknowledgement's or not.
     assert sixteen["write"][0] > one["write"][0]
-    assert sixteen["receive"][0] > one["receive"][0]
+    assert sixteen["receive"][0] / sixteen["receive"][1] > one["receive"][0] / one["receive"][1]
     assert "instructions per batch" in stdout
