@@ -71,28 +71,28 @@ class Windows:
         original = getattr(cls, name)
         toggle = self.requests.toggle
 
-        def counted(instance: Any, *args: Any, **kwargs: Any) -> Any:
-            if self.stage != stage and self.depth == 1 and mine(instance):
-                # Another stage's call inside the one counted (the acknowledgement a receive
-                # sends at once when one is due, which callgrind's slowed clock makes due
-                # now and then): it is that stage's work, so it is left out of this window.
-                self.depth = 2
-                toggle()
-                try:
-                    return original(instance, *args, **kwargs)
-                finally:
-                    toggle()
-                    self.depth = 1
-            if self.stage != stage or self.depth or not mine(instance):
-                return original(instance, *args, **kwargs)
-            self.calls += 1
-            self.depth = 1  # a call of the same stage inside it is counted as part of it
+        def toggled(instance: Any, args: Any, kwargs: Any, inside: int, after: int) -> Any:
+            """Run the call with counting switched the other way and ``depth`` at
+            ``inside``, then switch it back."""
+            self.depth = inside
             toggle()
             try:
                 return original(instance, *args, **kwargs)
             finally:
                 toggle()
-                self.depth = 0
+                self.depth = after
+
+        def counted(instance: Any, *args: Any, **kwargs: Any) -> Any:
+            if self.stage != stage and self.depth == 1 and mine(instance):
+                # Another stage's call inside the one counted (the acknowledgement a receive
+                # sends at once when one is due, which callgrind's slowed clock makes due
+                # now and then): it is that stage's work, so it is left out of this window.
+                return toggled(instance, args, kwargs, 2, 1)
+            if self.stage != stage or self.depth or not mine(instance):
+                return original(instance, *args, **kwargs)
+            self.calls += 1
+            # A call of the same stage inside it is counted as part of it (depth 1).
+            return toggled(instance, args, kwargs, 1, 0)
 
         setattr(cls, name, counted)
 
