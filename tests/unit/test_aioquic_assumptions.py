@@ -146,8 +146,9 @@ def test_handshake_flags_and_the_one_rtt_space_ack_deadline(
 def test_the_event_queue_is_the_deque_next_event_pops_in_order(
     make_credentials: Callable[..., NodeCredentials],
 ) -> None:
-    """``poll_event`` joins a stream's consecutive pieces by peeking at ``_events``: the
-    deque ``next_event`` takes from the left, each datagram's STREAM frames in order."""
+    """``poll_event`` gathers the run of pieces at the front of ``_events`` one event a
+    stream and puts the others back at its front: the deque ``next_event`` takes from the
+    left, each datagram's STREAM frames in order, and whatever is put back comes next."""
     client, server = _plain_pair(make_credentials)
     assert isinstance(server._events, collections.deque) and not server._events
     client.send_stream_data(STREAM, b"a" * 3000)
@@ -156,6 +157,8 @@ def test_the_event_queue_is_the_deque_next_event_pops_in_order(
     assert len(pieces) >= 2 and all(isinstance(p, events.StreamDataReceived) for p in pieces)
     assert b"".join(p.data for p in pieces) == b"a" * 3000
     assert server.next_event() is pieces[0] and list(server._events) == pieces[1:]
+    server._events.appendleft(pieces[0])
+    assert server.next_event() is pieces[0]
 
 
 # -- transport/aioquic_engine.py: streams ----------------------------------------------------------

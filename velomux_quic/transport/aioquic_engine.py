@@ -328,19 +328,19 @@ class EngineConnection(QuicConnection):
         """aioquic's next event as the seam's own (those the transport does not use are
         skipped: ProtocolNegotiated, DatagramFrameReceived, ...)."""
         while True:
-            event = self.next_event()
+            # aioquic's queue also holds the seam's events gathered at its front (below).
+            event: object = self.next_event()
             if event is None:
                 return None
             # Most frequent first: a STREAM event per frame, the rest now and then.
             if isinstance(event, aioquic_events.StreamDataReceived):
-                # The pieces of this stream that follow in aioquic's queue come with it.
-                return seam.join_stream_data(
-                    event.stream_id,
-                    event.data,
-                    event.end_stream,
-                    self._events,
-                    aioquic_events.StreamDataReceived,
+                # The pieces of every stream that follow in aioquic's queue come with it,
+                # one event a stream; the others' wait at the queue's front, as seam events.
+                return seam.gather_stream_data(
+                    event, self._events, aioquic_events.StreamDataReceived
                 )
+            if type(event) is seam.StreamDataReceived:
+                return event  # gathered with the piece before it
             if isinstance(event, aioquic_events.ConnectionIdIssued):
                 return seam.ConnectionIdIssued(event.connection_id)
             if isinstance(event, aioquic_events.ConnectionIdRetired):

@@ -558,9 +558,12 @@ class Qh3Connection(Qh3QuicConnection):
         self._owed = False
         append = self._queue.append
         managed = self._managed
+        gathered: dict[int, list[bytes]] = {}
         while True:
             native = core.next_event()
             if native is None:
+                if gathered:
+                    self._hand_over(gathered)
                 if self._deferred and not self._may_reserve:
                     self._apply_deferred()
                 return
@@ -570,7 +573,13 @@ class Qh3Connection(Qh3QuicConnection):
                 if stream_id in self._cut:
                     continue  # a stream cut for its reader: what was in flight is dropped
                 data = native[2]
-                append(seam.StreamDataReceived(stream_id, data, native[3]))
+                pieces = gathered.get(stream_id)
+                if pieces is None:
+                    gathered[stream_id] = [data]
+                else:
+                    pieces.append(data)
+                if native[3]:  # its end goes up at once, with the pieces before it
+                    append(seam.joined_piece(stream_id, gathered.pop(stream_id), True))
                 window = managed.get(stream_id)
                 if window is not None:
                     delivered = self._delivered.get(stream_id, 0) + len(data)
@@ -578,12 +587,19 @@ class Qh3Connection(Qh3QuicConnection):
                     behind = delivered - window[0]()
                     if behind >= window[1]:
                         if stream_id not in self._spilling:
+                            if gathered:
+                                self._hand_over(gathered)
                             self._held = stream_id
                             self._held_since = self._now
                             return
                         if behind >= window[1] * READER_LAG_WINDOWS:
+                            if gathered:
+                                self._hand_over(gathered)
                             self._cut_for_reader(stream_id)
-            elif kind == "stream_credit":
+                continue
+            if gathered:
+                self._hand_over(gathered)  # what came before an event goes up before it
+            if kind == "stream_credit":
                 self._credit_changed(native[1], native[2])
             elif kind == "stream_finished":
                 self._stream_finished(native[1])
@@ -636,6 +652,20 @@ class Qh3Connection(Qh3QuicConnection):
                 append(seam.ConnectionTerminated(code, frame, reason))
             elif kind == "new_token":
                 self._peer_token = native[1]
+
+    def _hand_over(self, gathered: dict[int, list[bytes]]) -> None:
+        """Queue the stream data gathered while draining, one event a stream, and forget it.
+
+        qh3's core merges a stream's data within a burst only while no other stream's
+        frame comes between, and its writer takes the streams in turn, a packet each: a
+        burst of lanes would reach the transport as one event per datagram, each paying
+        the layers above once. Gathered per stream, a burst costs them one event a lane;
+        the bytes are copied once (streams are independent, so the order between them
+        is free, and each stream's own pieces stay in order)."""
+        append = self._queue.append
+        for stream_id, pieces in gathered.items():
+            append(seam.joined_piece(stream_id, pieces, False))
+        gathered.clear()
 
     def _reservation_hazard(self, core: QuicConnectionCore) -> bool:
         """Whether taking the core's events now could end a stream it holds a reservation on.

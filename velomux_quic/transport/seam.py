@@ -67,25 +67,48 @@ class StreamDataReceived:
     end_stream: bool
 
 
-def join_stream_data(
-    stream_id: int, data: bytes, end_stream: bool, queue: collections.deque[Any], piece: type[Any]
+def joined_piece(stream_id: int, pieces: list[bytes], end_stream: bool) -> StreamDataReceived:
+    """A stream's pieces, in order, as one event: the bytes are copied once, whatever the
+    number of pieces (none are copied for one)."""
+    return StreamDataReceived(
+        stream_id, pieces[0] if len(pieces) == 1 else b"".join(pieces), end_stream
+    )
+
+
+def gather_stream_data(
+    first: Any, queue: collections.deque[Any], piece: type[Any]
 ) -> StreamDataReceived:
-    """A stream's piece of data and the pieces of the same stream right behind it in an
-    engine's event ``queue`` (events of type ``piece``, taken off it), as one event.
-    Consecutive pieces of one stream are contiguous (an engine hands stream data over in
-    order), and one piece costs the layers above far less than several; the bytes are
-    copied once, whatever the number of pieces."""
-    pieces = None
-    while queue:
-        following = queue[0]
-        if type(following) is not piece or following.stream_id != stream_id:
-            break
-        queue.popleft()
+    """An engine's stream-data event ``first`` (of type ``piece``, with ``stream_id``,
+    ``data`` and ``end_stream``, just taken off the engine's event ``queue``) and every
+    piece of any stream right behind it, as one event a stream.
+
+    One piece costs the layers above far less than several, and an engine's writer takes
+    the streams with data in turn, a packet each (qh3's and aioquic's both do), so a burst
+    of several lanes arrives as one piece per datagram, the streams interleaved. The first
+    stream's event is returned; the others go back to the front of ``queue`` as this
+    seam's events, in the order their streams first appeared, for the engine's adapter to
+    hand over as they are. Streams are independent, so the order between them is free;
+    each stream's own pieces stay in order, and its end comes with its last. The run ends
+    at the first event of another type, which keeps its place after them."""
+    if not queue or type(queue[0]) is not piece:
+        return StreamDataReceived(first.stream_id, first.data, first.end_stream)
+    gathered: dict[int, list[bytes]] = {first.stream_id: [first.data]}
+    ended = {first.stream_id} if first.end_stream else set()
+    while queue and type(queue[0]) is piece:
+        event = queue.popleft()
+        pieces = gathered.get(event.stream_id)
         if pieces is None:
-            pieces = [data]
-        pieces.append(following.data)
-        end_stream = following.end_stream
-    return StreamDataReceived(stream_id, data if pieces is None else b"".join(pieces), end_stream)
+            gathered[event.stream_id] = [event.data]
+        else:
+            pieces.append(event.data)
+        if event.end_stream:
+            ended.add(event.stream_id)
+    joined = [
+        joined_piece(stream_id, pieces, stream_id in ended)
+        for stream_id, pieces in gathered.items()
+    ]
+    queue.extendleft(reversed(joined[1:]))
+    return joined[0]
 
 
 @dataclass(slots=True)
