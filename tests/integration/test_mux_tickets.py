@@ -208,6 +208,30 @@ async def test_cancel_reaches_an_idle_ticket_producer(start_nodes: StartNode) ->
         await anchor.next()
 
 
+@pytest.mark.parametrize("opening", ["ticket", "attach"])
+async def test_the_stream_after_a_cancelled_one_reuses_its_slot_and_is_delivered(
+    start_nodes: StartNode, opening: str
+) -> None:
+    """A consumer's cancel frees the producer's slot index at once, and the next stream
+    to that consumer takes the index before the consumer's table has retired the old slot
+    (its visit held back here for 30 s): that stream is delivered, never refused."""
+    a, b = await pair(start_nodes, mux=MuxConfig(drain_visit_floor=30.0))
+    for index in range(6):
+        anchor = b.create_anchor()
+        if opening == "ticket":
+            sender = await a.open_anchor_stream(anchor.handle, ticket_of(b, anchor.handle))
+        else:
+            sender = await a.attach_anchor(anchor.handle)
+        await sender.send(index)
+        async with asyncio.timeout(20):
+            assert await anchor.next() == index
+        anchor.cancel()
+        async with asyncio.timeout(20):
+            await sender.wait_cancelled()
+    assert metric(b, "velo_streaming_mux_records_dropped_total", 'reason="slot_collision"') == 0
+    assert metric(b, "velo_streaming_mux_refused_slots") == 0
+
+
 async def test_stop_reaches_an_idle_ticket_producer_which_then_finishes(
     start_nodes: StartNode,
 ) -> None:

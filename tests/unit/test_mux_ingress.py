@@ -413,6 +413,24 @@ def test_open_slot_over_a_live_slot_is_a_collision_and_the_old_slot_is_left_alon
     assert read(slot) == [1] and h.table.slot(old) is slot and len(h.registry) == 1
 
 
+def test_an_open_slot_over_a_slot_its_consumer_let_go_takes_the_index_before_the_visit() -> None:
+    """A consumer's cancel frees the sender's index at once (it sends no close of its own),
+    and this table retires the slot only at its next visit, which a floor may hold back:
+    the sender's next stream on that index is admitted, not refused for the other's cancel."""
+    h = Harness(drain_visit_floor=10.0)
+    old, old_slot = h.open(2, generation=1)
+    h.send([data(old, 1)])
+    assert read(old_slot) == [1]
+    h.table.visit_dirty(0.0)  # the visit the floor now holds back for 10 s
+    old_slot.withdraw()  # the anchor was cancelled: LifecycleSlot cancel to the sender
+    new, new_slot = h.open(2, generation=2)
+    h.send([data(new, 1, "next stream"), data(old, 2, "late")])
+    assert read(new_slot) == ["next stream"] and h.table.slot(new) is new_slot
+    assert h.table.slot(old) is None and h.stats.live_slots == 1
+    assert not h.sink.closes and not h.sink.rejects.drain()
+    assert drops(h.stats) == {"generation": 1}  # the old stream's late record, not a collision
+
+
 def test_a_closed_slot_waiting_on_a_gap_moves_aside_for_the_next_stream() -> None:
     h = Harness()
     old, old_slot = h.open(2, generation=1)

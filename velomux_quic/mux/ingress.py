@@ -563,6 +563,14 @@ class IngressTable:
             return
         routes = self._routes
         occupant = routes[index] if index < len(routes) else None
+        if occupant is not None and occupant.close_seq < 0 and occupant.slot.withdrawn:
+            # Its consumer let go and the sender heard (a cancel frees the sender's index at
+            # once, with no close of its own), before this table's rate-limited visit
+            # retired the slot: the new OpenSlot, behind every record of the old slot on
+            # this ordered lane, shows the sender is done with it. Without this the next
+            # stream to reuse the index would be refused for the cancel of another.
+            self._retire(occupant, None)
+            occupant = None
         if occupant is not None:
             if occupant.close_seq < 0:
                 # The old slot's close has not arrived: the sender cannot have freed it.
