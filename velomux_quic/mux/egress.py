@@ -350,6 +350,7 @@ class EgressBatcher:
         """Give the slot's index back: it ends by ``event`` (its terminal written, or
         closed without one). A slot is freed once; a second time is a UsageError."""
         slot.advance(event)
+        slot.owner = None  # the sender's state refers to the slot: no cycle outlives it
         if self._slots[slot.index] is slot:
             self._slots[slot.index] = None
             self._generations[slot.index] = (slot.generation + 1) & 0xFF
@@ -371,13 +372,12 @@ class EgressBatcher:
         slot.queue.clear()
         self._room += slot.queued_bytes
         slot.queued_bytes = 0
+        owner = slot.owner
         self._free_slot(slot, SlotEvent.CLOSED)
         guard, slot.guard = slot.guard, None
         if guard is not None and self.on_guard_dropped is not None:
             self.on_guard_dropped(guard)
-        owner = slot.owner
         if owner is not None and told is not None:
-            slot.owner = None
             owner.slot_closed(told)
 
     # -- producers -----------------------------------------------------------------------

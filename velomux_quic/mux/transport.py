@@ -231,7 +231,14 @@ class MuxTransport(Collector):
         self.post_lifecycle(peer, lane, remote.session_id, action)  # type: ignore[arg-type]
 
     def unbind(self, entry: AnchorEntry, remote: RemoteSender) -> None:
+        """Forget the stream's bind, and drop the closures :meth:`bind` gave its sender and
+        slot: each refers back to what refers to it, so kept they would leave every ended
+        stream to the cyclic collector (whose full passes then grow with the streams)."""
         self._binds.remove(entry.local_id, remote.session_id)
+        remote.probe = None
+        slot = remote.receiver
+        if isinstance(slot, IngressSlot):
+            slot.on_terminal = None
 
     def _reap(self, bind: Bind) -> None:
         """Counted by the manager (``velo_streaming_unclaimed_bind_reaped_total``)."""

@@ -360,8 +360,13 @@ class PerStreamTransport(TransportHandler):
         return BindTerms()
 
     def unbind(self, entry: AnchorEntry, remote: RemoteSender) -> None:
-        """The attach failed or its sender left before its stream came: forget the bind."""
+        """The stream ended, its attach failed or its sender left before its stream came:
+        forget the bind, and the receiver's way back to the sender (each refers to the
+        other, which would leave every ended stream to the cyclic collector)."""
         self._binds.pop((remote.node, entry.local_id, remote.session_id), None)
+        receiver = remote.receiver
+        if isinstance(receiver, PerStreamReceiver):
+            receiver.remote = None
 
     async def connect(self, terms: AttachTerms) -> PerStreamChannel:
         """The producer's side of an accepted attach: a QUIC stream of its own to the consumer."""

@@ -149,6 +149,18 @@ class SendAdmission:
 SendOutcome = Admitted | SendAdmission
 
 
+def _no_room() -> int:
+    return 0
+
+
+def _never_idle() -> bool:
+    return False
+
+
+def _nowhere(frame: bytes) -> None:
+    """A closed gate's writer: never called (every send checks the close first)."""
+
+
 class LaneGate:
     """FIFO admission for one (peer, lane).
 
@@ -242,9 +254,16 @@ class LaneGate:
         return admitted
 
     def close(self, error: AdmissionError) -> int:
-        """Refuse every waiting frame with ``error`` and any later send; returns the count."""
+        """Refuse every waiting frame with ``error`` and any later send; returns the count.
+
+        The gate's callables are its stream's own methods, and the stream holds the gate:
+        a closed gate never calls them again, so it lets them go, and an ended stream is
+        freed when its last reference goes instead of waiting for the cyclic collector."""
         if self._closed_error is None:
             self._closed_error = error
+            self._room = _no_room
+            self._idle = _never_idle
+            self._write = _nowhere
         refused = 0
         while self._pending:
             admission = self._pending.popleft()
