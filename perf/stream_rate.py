@@ -31,6 +31,10 @@ made and dropped by a processor that exports nothing: what tracing costs when as
 always last, as a process sets its provider once). Without it the nodes trace as the
 environment says.
 
+``--collector default raised`` runs each path once per setting of the cyclic collector's
+thresholds in one invocation: CPython's own, and raised ones (``COLLECTOR``), what a
+frontend that opens thousands of streams a second may set (docs/tuning.md).
+
 ``--instructions`` runs the script again under valgrind's callgrind (``make valgrind``),
 instrumented only while a rate's streams run, and adds the instructions per stream: a
 figure the machine's load does not move, to compare modes or paths by. The process runs
@@ -46,6 +50,7 @@ within one invocation, and the rate each sustains, not absolute figures.
     python perf/stream_rate.py                                 # 250 .. 5,000 streams/s
     python perf/stream_rate.py --rates 500 2500 --paths mux-ticket per-stream
     python perf/stream_rate.py --rates 6000 --paths mux-ticket --tracing no-provider off
+    python perf/stream_rate.py --rates 3000 6000 --paths mux-ticket --collector default raised
     python perf/stream_rate.py --rates 50 --seconds 1 --paths mux-ticket \
         --tracing no-provider on off --instructions
 """
@@ -54,6 +59,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import gc
 import json
 import math
 import os
@@ -63,7 +70,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +85,11 @@ from velomux_quic.streaming.control import PER_STREAM_KEY
 
 PATHS = ("mux-ticket", "mux-attach", "per-stream", "grpc")
 TRACING = ("no-provider", "on", "off", "sdk")
+COLLECTOR = {"default": gc.get_threshold(), "raised": (20_000, 20, 20)}
+"""``gc.set_threshold`` per ``--collector`` setting: CPython's own, and one that lets young
+objects pile up 20,000 allocations before a young collection and makes the older ones rarer
+(every object of a stream in flight outlives two young collections, and their promotion
+is what starts the full ones, which walk every live object)."""
 TOKEN = {"t": 0, "text": "tok"}
 
 Opener = Callable[[int], Awaitable[float]]
@@ -344,19 +356,25 @@ def _set_tracing(mode: str) -> None:
 
 async def main_async(args: argparse.Namespace) -> int:
     modes = sorted(args.tracing or [], key=TRACING.index) or [None]
+    collectors = args.collector or [None]
     with tempfile.TemporaryDirectory(prefix="stream-rate-") as tmp:
         certs = ensure_dev_cluster(Path(tmp) / "certs", ("engine", "frontend"))
         found: dict[str, list[dict[str, Any]]] = {}
         for mode in modes:
             if mode is not None:
                 _set_tracing(mode)
-            for path in args.paths:
-                if path == "grpc":
-                    if mode in (None, modes[0]):  # not traced: once
-                        found[path] = await _grpc_path(args, certs)
-                    continue
-                label = path if mode is None else f"{path}, tracing {mode}"
-                found[label] = await _node_path(path, args, certs, label)
+            for collector in collectors:
+                for path in args.paths:
+                    if path == "grpc" and mode not in (None, modes[0]):
+                        continue  # not traced: once per collector setting
+                    label = path if mode is None or path == "grpc" else f"{path}, tracing {mode}"
+                    if collector is not None:
+                        label += f", collector {collector}"
+                    with _collector(collector):
+                        if path == "grpc":
+                            found[label] = await _grpc_path(args, certs)
+                        else:
+                            found[label] = await _node_path(path, args, certs, label)
     print(
         f"# stream rate: {args.tokens} tokens per stream, {args.seconds:g} s per rate, "
         f"timeout {args.timeout:g} s (cell: sustained opens, errors, first token p50 / p99, "
@@ -366,6 +384,18 @@ async def main_async(args: argparse.Namespace) -> int:
     if args.json is not None:
         args.json.write_text(json.dumps(found, indent=2) + "\n")
     return 0
+
+
+@contextlib.contextmanager
+def _collector(setting: str | None) -> Iterator[None]:
+    """The cyclic collector's thresholds while one path runs (None: as they are)."""
+    before = gc.get_threshold()
+    if setting is not None:
+        gc.set_threshold(*COLLECTOR[setting])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -386,6 +416,12 @@ def main(argv: list[str] | None = None) -> int:
         help="run under valgrind's callgrind, counting the instructions per stream of each "
         "rate's window (a figure the machine's load does not move; the process runs tens "
         "of times slower there: low rates only)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--collector", nargs="+", choices=tuple(COLLECTOR),
+        help="run each path once per setting of the cyclic collector's thresholds: default "
+        "(CPython's), raised (what a frontend opening thousands of streams a second may "
+        "set, docs/tuning.md)",
     )  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write every figure here")
     args = parser.parse_args(argv)
