@@ -232,6 +232,10 @@ class Qh3Connection(Qh3QuicConnection):
         self._spilling: set[int] = set()
         """Per-stream streams held for ``HOLD_GRACE`` once: never held again, cut past
         ``READER_LAG_WINDOWS`` (see :meth:`_cut_for_reader`)."""
+        self._draining: dict[int, seam.StreamDataReceived] = {}
+        self._more_pieces: dict[int, list[bytes]] = {}
+        """A drain's first event of each stream with data, and every piece of those that
+        got more than one: see :meth:`_join_pieces`."""
         self._cut: set[int] = set()
         """Per-stream streams cut because their reader fell too far behind (see
         :meth:`_cut_for_reader`); their late data and reset are not reported."""
@@ -558,114 +562,119 @@ class Qh3Connection(Qh3QuicConnection):
         self._owed = False
         append = self._queue.append
         managed = self._managed
-        gathered: dict[int, list[bytes]] = {}
-        while True:
-            native = core.next_event()
-            if native is None:
-                if gathered:
-                    self._hand_over(gathered)
-                if self._deferred and not self._may_reserve:
-                    self._apply_deferred()
-                return
-            kind = native[0]
-            if kind == "stream_data":
-                stream_id = native[1]
-                if stream_id in self._cut:
-                    continue  # a stream cut for its reader: what was in flight is dropped
-                data = native[2]
-                pieces = gathered.get(stream_id)
-                if pieces is None:
-                    gathered[stream_id] = [data]
-                else:
-                    pieces.append(data)
-                if native[3]:  # its end goes up at once, with the pieces before it
-                    append(seam.joined_piece(stream_id, gathered.pop(stream_id), True))
-                window = managed.get(stream_id)
-                if window is not None:
-                    delivered = self._delivered.get(stream_id, 0) + len(data)
-                    self._delivered[stream_id] = delivered
-                    behind = delivered - window[0]()
-                    if behind >= window[1]:
-                        if stream_id not in self._spilling:
-                            if gathered:
-                                self._hand_over(gathered)
-                            self._held = stream_id
-                            self._held_since = self._now
-                            return
-                        if behind >= window[1] * READER_LAG_WINDOWS:
-                            if gathered:
-                                self._hand_over(gathered)
-                            self._cut_for_reader(stream_id)
-                continue
-            if gathered:
-                self._hand_over(gathered)  # what came before an event goes up before it
-            if kind == "stream_credit":
-                self._credit_changed(native[1], native[2])
-            elif kind == "stream_finished":
-                self._stream_finished(native[1])
-                self._cut.discard(native[1])
-                if self._deferred:
-                    self._ended_streams.add(native[1])
-            elif kind == "crypto_data":
-                self._crypto(native)
-            elif kind == "connection_id_issued":
-                minted = self.cid_minted
-                if minted is not None:
-                    minted(native[1])
-                append(seam.ConnectionIdIssued(native[1]))
-            elif kind == "connection_id_retired":
-                append(seam.ConnectionIdRetired(native[1]))
-            elif kind == "ping_acknowledged":
-                self._pings.pop(native[1], None)
-                append(seam.PingAcknowledged(native[1]))
-            elif kind == "stream_reset":
-                if native[1] in self._cut:
-                    continue  # already reported cut
-                append(seam.StreamReset(native[1], native[2]))
-            elif kind == "stop_sending":
-                self._unsettled.discard(native[1])  # the core resets it: never settled
-                append(seam.StopSendingReceived(native[1], native[2]))
-            elif kind == "handshake_done":
-                self._handshake_confirmed = True
-                core.handshake_confirmed()
-            elif kind == "peer_closed":
-                code, frame, reason = native[2], native[3], native[4].decode("utf8", "replace")
-                if self._close_event is None:  # the peer closed first: it drains (as aioquic)
-                    self._peer_close = seam.ConnectionTerminated(code, frame, reason)
-                self._close_event = qh3_events.ConnectionTerminated(code, frame, reason)
-            elif kind == "protocol_error":
-                code, frame, reason = native[1], native[2], str(native[3])
-                self._close_event = qh3_events.ConnectionTerminated(code, frame, reason)
-            elif kind == "connection_terminated":
-                self._state = QuicConnectionState.TERMINATED
-                closing = self._close_event
-                if closing is not None and native[1] == 0 and closing.error_code:
-                    code, frame, reason = (
-                        closing.error_code,
-                        closing.frame_type,
-                        closing.reason_phrase,
-                    )
-                else:
-                    code, frame = native[1], native[2]
-                    reason = native[3].decode("utf8", "replace")
-                self._close_event = qh3_events.ConnectionTerminated(code, frame, reason)
-                append(seam.ConnectionTerminated(code, frame, reason))
-            elif kind == "new_token":
-                self._peer_token = native[1]
+        draining = self._draining
+        try:
+            while True:
+                native = core.next_event()
+                if native is None:
+                    if self._deferred and not self._may_reserve:
+                        self._apply_deferred()
+                    return
+                kind = native[0]
+                if kind == "stream_data":
+                    stream_id = native[1]
+                    if stream_id in self._cut:
+                        continue  # a stream cut for its reader: what was in flight is dropped
+                    data = native[2]
+                    first = draining.get(stream_id)
+                    if first is None:
+                        draining[stream_id] = event = seam.StreamDataReceived(
+                            stream_id, data, native[3]
+                        )
+                        append(event)
+                    else:  # joined into its first event before the drain returns
+                        more = self._more_pieces.get(stream_id)
+                        if more is None:
+                            self._more_pieces[stream_id] = [first.data, data]
+                        else:
+                            more.append(data)
+                        first.end_stream = native[3]
+                    window = managed.get(stream_id)
+                    if window is not None:
+                        delivered = self._delivered.get(stream_id, 0) + len(data)
+                        self._delivered[stream_id] = delivered
+                        behind = delivered - window[0]()
+                        if behind >= window[1]:
+                            if stream_id not in self._spilling:
+                                self._held = stream_id
+                                self._held_since = self._now
+                                return
+                            if behind >= window[1] * READER_LAG_WINDOWS:
+                                self._cut_for_reader(stream_id)
+                elif kind == "stream_credit":
+                    self._credit_changed(native[1], native[2])
+                elif kind == "stream_finished":
+                    self._stream_finished(native[1])
+                    self._cut.discard(native[1])
+                    if self._deferred:
+                        self._ended_streams.add(native[1])
+                elif kind == "crypto_data":
+                    self._crypto(native)
+                elif kind == "connection_id_issued":
+                    minted = self.cid_minted
+                    if minted is not None:
+                        minted(native[1])
+                    append(seam.ConnectionIdIssued(native[1]))
+                elif kind == "connection_id_retired":
+                    append(seam.ConnectionIdRetired(native[1]))
+                elif kind == "ping_acknowledged":
+                    self._pings.pop(native[1], None)
+                    append(seam.PingAcknowledged(native[1]))
+                elif kind == "stream_reset":
+                    if native[1] in self._cut:
+                        continue  # already reported cut
+                    append(seam.StreamReset(native[1], native[2]))
+                elif kind == "stop_sending":
+                    self._unsettled.discard(native[1])  # the core resets it: never settled
+                    append(seam.StopSendingReceived(native[1], native[2]))
+                elif kind == "handshake_done":
+                    self._handshake_confirmed = True
+                    core.handshake_confirmed()
+                elif kind == "peer_closed":
+                    code, frame, reason = native[2], native[3], native[4].decode("utf8", "replace")
+                    if self._close_event is None:  # the peer closed first: it drains (as aioquic)
+                        self._peer_close = seam.ConnectionTerminated(code, frame, reason)
+                    self._close_event = qh3_events.ConnectionTerminated(code, frame, reason)
+                elif kind == "protocol_error":
+                    code, frame, reason = native[1], native[2], str(native[3])
+                    self._close_event = qh3_events.ConnectionTerminated(code, frame, reason)
+                elif kind == "connection_terminated":
+                    self._state = QuicConnectionState.TERMINATED
+                    closing = self._close_event
+                    if closing is not None and native[1] == 0 and closing.error_code:
+                        code, frame, reason = (
+                            closing.error_code,
+                            closing.frame_type,
+                            closing.reason_phrase,
+                        )
+                    else:
+                        code, frame = native[1], native[2]
+                        reason = native[3].decode("utf8", "replace")
+                    self._close_event = qh3_events.ConnectionTerminated(code, frame, reason)
+                    append(seam.ConnectionTerminated(code, frame, reason))
+                elif kind == "new_token":
+                    self._peer_token = native[1]
+        finally:
+            if draining:  # however the drain ends, before anything reads the queue
+                if self._more_pieces:
+                    self._join_pieces()
+                draining.clear()
 
-    def _hand_over(self, gathered: dict[int, list[bytes]]) -> None:
-        """Queue the stream data gathered while draining, one event a stream, and forget it.
+    def _join_pieces(self) -> None:
+        """Before a drain returns: a stream's pieces of it in its first event, copied once.
 
         qh3's core merges a stream's data within a burst only while no other stream's
         frame comes between, and its writer takes the streams in turn, a packet each: a
         burst of lanes would reach the transport as one event per datagram, each paying
-        the layers above once. Gathered per stream, a burst costs them one event a lane;
-        the bytes are copied once (streams are independent, so the order between them
-        is free, and each stream's own pieces stay in order)."""
-        append = self._queue.append
-        for stream_id, pieces in gathered.items():
-            append(seam.joined_piece(stream_id, pieces, False))
-        gathered.clear()
+        the layers above once. Each stream's first event of the drain is queued where it
+        came and takes the stream's later pieces, so a burst costs the layers above one
+        event a lane; the order between streams is free, each stream's own stays, and its
+        end comes with its last piece. Nothing reads the queue until the drain returns."""
+        more_pieces = self._more_pieces
+        draining = self._draining
+        for stream_id, pieces in more_pieces.items():
+            draining[stream_id].data = b"".join(pieces)
+        more_pieces.clear()
 
     def _reservation_hazard(self, core: QuicConnectionCore) -> bool:
         """Whether taking the core's events now could end a stream it holds a reservation on.

@@ -67,14 +67,6 @@ class StreamDataReceived:
     end_stream: bool
 
 
-def joined_piece(stream_id: int, pieces: list[bytes], end_stream: bool) -> StreamDataReceived:
-    """A stream's pieces, in order, as one event: the bytes are copied once, whatever the
-    number of pieces (none are copied for one)."""
-    return StreamDataReceived(
-        stream_id, pieces[0] if len(pieces) == 1 else b"".join(pieces), end_stream
-    )
-
-
 def gather_stream_data(
     first: Any, queue: collections.deque[Any], piece: type[Any]
 ) -> StreamDataReceived:
@@ -104,7 +96,9 @@ def gather_stream_data(
         if event.end_stream:
             ended.add(event.stream_id)
     joined = [
-        joined_piece(stream_id, pieces, stream_id in ended)
+        StreamDataReceived(
+            stream_id, pieces[0] if len(pieces) == 1 else b"".join(pieces), stream_id in ended
+        )
         for stream_id, pieces in gathered.items()
     ]
     queue.extendleft(reversed(joined[1:]))
