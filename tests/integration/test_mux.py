@@ -354,6 +354,63 @@ async def test_a_receiver_refuses_an_oversized_item_and_only_that_stream_ends(
         assert metric(node, "velo_streaming_mux_epoch_deaths_total") == 0
 
 
+async def test_a_staged_item_that_expires_unpulled_ends_its_stream_and_spares_its_index(
+    start_node: StartNode,
+) -> None:
+    """The consumer's pull of a staged item is held past the producer's ``staged_ttl``: the
+    payload expires unpulled. The producer's next stream takes the freed slot index while
+    the consumer still waits for the lost item; it must be delivered, not refused as a
+    collision, and the waiting consumer must end with an error naming the loss as soon as
+    its pull fails, not at its watchdog."""
+    from velomux_quic.errors import ChannelClosed, StreamTransportError
+    from velomux_quic.messenger.config import MessengerConfig
+
+    b = await start_node("b")
+    a = await start_node("a", messenger=MessengerConfig(staged_ttl=0.5))
+    a.add_peer(b.instance_id, b.address)
+    pulled, release, expired = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    serve = a.messenger.serve_request
+
+    async def held_pull(peer: object, request: bytes) -> bytes:
+        pulled.set()
+        await release.wait()
+        return await serve(peer, request)  # type: ignore[arg-type]
+
+    a.messenger.serve_request = held_pull  # type: ignore[method-assign]
+    a.messenger.add_staging_listener(
+        lambda reason, _: expired.set() if reason == "expired" else None
+    )
+    lost_anchor = b.create_anchor()
+    lost = await a.attach_anchor(lost_anchor.handle)
+    await lost.send("first")
+    assert await asyncio.wait_for(lost_anchor.next(), 20) == "first"
+    await lost.send(b"x" * (4 * 1024 * 1024))  # over every eager budget: staged
+    await lost.send("withheld")  # behind the fence, then discarded with the stream
+    async with asyncio.timeout(30):
+        await pulled.wait()
+        await expired.wait()
+        await lost.wait_cancelled()  # the producer's stream ended with its record
+    with pytest.raises(ChannelClosed):
+        await lost.send("late")
+    waiting = asyncio.ensure_future(lost_anchor.next())
+    for index in range(3):  # the first of them reuses the lost stream's slot index
+        anchor = b.create_anchor()
+        sender = await a.attach_anchor(anchor.handle)
+        await sender.send(index)
+        retired = sender.finalize()
+        assert await drain(anchor, 20) == [index]
+        assert (await asyncio.wait_for(retired, 10)).value == "sent"
+    assert not waiting.done()
+    release.set()  # the pull reaches the producer after the expiry and fails
+    with pytest.raises(StreamTransportError, match="lost"):
+        await asyncio.wait_for(waiting, 30)
+    assert metric(b, "velo_streaming_mux_records_dropped_total", 'reason="slot_collision"') == 0
+    assert metric(b, "velo_streaming_mux_staged_refusals_total", 'outcome="applied"') == 1
+    for node in (a, b):
+        assert metric(node, "velo_streaming_mux_live_slots") == 0
+        assert metric(node, "velo_streaming_mux_epoch_deaths_total") == 0
+
+
 def routing_session(consumer: Node, handle: StreamAnchorHandle) -> int:
     """The session the consumer's attach answer named for the stream to ``handle``."""
     (bound,) = [s for s in consumer.snapshot().streaming.bound_senders if s.handle == handle]

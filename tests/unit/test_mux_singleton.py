@@ -31,6 +31,7 @@ from velomux_quic.mux.protocol import (
     CloseReason,
     LifecycleAction,
     RecordType,
+    close_slot_body,
     decode_batch,
     decode_lifecycle,
     encode_batch,
@@ -38,7 +39,7 @@ from velomux_quic.mux.protocol import (
     slot_id,
 )
 from velomux_quic.mux.singleton import SingletonCounters, apply_staged_refusal
-from velomux_quic.streaming.frames import FINALIZED, FrameKind, decode_frame
+from velomux_quic.streaming.frames import DROPPED, FINALIZED, FrameKind, decode_frame
 
 SMALL = b"s" * 40
 CAP = 1024
@@ -215,6 +216,40 @@ def test_epoch_death_under_a_fence_closes_the_slot_and_a_late_admission_is_harml
     assert not a.live and dropped == ["retired"] and owner.events == [CloseReason.PEER_GONE]
     b.lift_fence(a, 0.0)
     assert b.poll(0.0) == []
+
+
+@pytest.mark.parametrize("terminal_queued", [False, True])
+def test_a_staged_record_lost_unpulled_ends_its_slot_on_the_wire_before_the_index_is_reused(
+    terminal_queued: bool,
+) -> None:
+    """The fenced records and a queued terminal (its guard Discarded) give way to a Dropped
+    terminal and its close, in turn after the lost record; the index is freed only once
+    they are written, so the next stream's OpenSlot follows them on the lane."""
+    b = batcher(eager=2000)
+    (a,) = opened(b, 1)
+    owner = Owner()
+    a.owner = owner
+    dropped: list[object] = []
+    b.on_guard_dropped = dropped.append
+    b.offer(a, SMALL, 0.0)
+    b.offer(a, b"x" * 3000, 0.0)
+    b.offer(a, b"withheld", 0.0)
+    if terminal_queued:
+        b.offer_terminal(a, FINALIZED, 0.0, guard="retired")
+    assert seqs_of(b.poll(0.0), a) == [(RecordType.DATA, 1), (RecordType.DATA, 2)]
+    b.end_lost(a, DROPPED, 1.0)  # the staged payload expired unpulled
+    assert owner.events == [CloseReason.PEER_GONE] and a.live
+    assert dropped == (["retired"] if terminal_queued else [])
+    reused = b.open_slot(anchor_id=7, session_id=8)
+    assert reused.index != a.index  # not free until the end is written
+    out = b.poll(1.0)
+    assert seqs_of(out, a) == [(RecordType.DATA, 3), (RecordType.CLOSE_SLOT, 4)]
+    ends = [body for batch in out for t, s, _, body in records(batch) if s == a.slot_id]
+    assert ends == [DROPPED, close_slot_body(CloseReason.TERMINAL_SENT)]
+    assert not a.live and b.queued_bytes == 0 and b.live_slots == 1
+    assert b.open_slot(anchor_id=9, session_id=10).index == a.index
+    b.end_lost(a, DROPPED, 2.0)  # a late second release: the slot is gone, nothing moves
+    assert owner.events == [CloseReason.PEER_GONE] and not seqs_of(b.poll(2.0), a)
 
 
 # -- egress: LifecycleSlot both ways ---------------------------------------------------------
@@ -434,6 +469,32 @@ def test_a_refusal_ends_a_slot_that_waits_aside_and_spares_the_index_new_stream(
     h.send([data(new, 1, "new")])
     assert read(new_slot) == ["new"] and h.table.slot(new) is new_slot
     assert h.stats.live_slots == 1
+
+
+@pytest.mark.parametrize(
+    ("reason", "limit", "detail", "says"),
+    [
+        ("pull_count", 8, "", ["5000000 bytes", "8 staged payloads", "max_pulls_per_peer"]),
+        ("pull_bytes", 65536, "", ["5000000 bytes", "max_pull_bytes_per_peer (65536 bytes)"]),
+        ("lost", 0, "could not pull it from peer-a: timed out", ["was lost", "timed out"]),
+    ],
+)
+def test_a_refusal_past_the_pull_bounds_or_a_failed_pull_says_why_and_ends_its_slot(
+    reason: str, limit: int, detail: str, says: list[str]
+) -> None:
+    h = Harness()
+    sid, slot = h.open(1)
+    h.send([data(sid, 1, "a"), terminal(sid, 3), close(sid, 4)])  # 2 never arrives
+    named = refusal(f"{h.epoch}:{sid}:{session_of(1)}", limit=limit)
+    named.reason, named.detail = reason, detail
+    assert apply_staged_refusal(named, {("peer-a", h.lane): h.table}, h.registry, h.stats) == (  # type: ignore[arg-type]
+        "applied"
+    )
+    values, message = read_error(slot)
+    assert values == ["a", "TRANSPORT_ERROR"] and "staged_payload_max" not in message
+    assert all(part in message for part in says), message
+    assert h.sink.lifecycles == [(session_of(1), LifecycleAction.CANCEL)]
+    assert h.table.slot(sid) is None and h.stats.live_slots == 0
 
 
 def test_a_staged_record_after_its_later_records_and_close_lands_in_order() -> None:

@@ -451,7 +451,8 @@ class Messenger(TransportHandler):
         self._lane_reset_hooks.append(hook)
 
     def add_staged_refusal_hook(self, hook: RefusalHook) -> None:
-        """Be told when this node refuses a staged payload for its size (the mux ends the slot)."""
+        """Be told when this node refuses a staged payload (for its size or past the pull
+        bounds) or fails to pull one: the record will never arrive (the mux ends the slot)."""
         self._rendezvous.add_refusal_hook(hook)
 
     def add_staging_listener(self, listener: StagingListener) -> None:

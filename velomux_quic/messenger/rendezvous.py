@@ -54,9 +54,10 @@ logger = logging.getLogger(__name__)
 
 
 class StagedRefusal:
-    """A staged payload this node refused for its size, as told to refusal hooks."""
+    """A staged payload this node refused (for its size, or past the pull bounds) or could
+    not pull, as told to refusal hooks: the record it carried will never arrive."""
 
-    __slots__ = ("handler", "headers", "lane", "limit", "peer", "reason", "size")
+    __slots__ = ("detail", "handler", "headers", "lane", "limit", "peer", "reason", "size")
 
     def __init__(
         self,
@@ -67,6 +68,7 @@ class StagedRefusal:
         size: int,
         limit: int,
         reason: str = "too_large",
+        detail: str = "",
     ) -> None:
         self.peer = peer
         """The node that staged it."""
@@ -79,15 +81,20 @@ class StagedRefusal:
         self.size = size
         """The size its descriptor stated."""
         self.limit = limit
-        """The bound it broke: ``staged_payload_max`` for ``too_large``, else the per-peer
-        pull bound (``max_pulls_per_peer`` or ``max_pull_bytes_per_peer``)."""
+        """The bound it broke: ``staged_payload_max`` for ``too_large``, the per-peer pull
+        bound (``max_pulls_per_peer`` or ``max_pull_bytes_per_peer``) for ``pull_count`` /
+        ``pull_bytes``; 0 for ``lost``."""
         self.reason = reason
-        """``too_large``, or ``pull_count`` / ``pull_bytes`` when the peer already had as
-        many pulls outstanding as this node accepts."""
+        """``too_large``; ``pull_count`` / ``pull_bytes`` when the peer already had as many
+        pulls outstanding as this node accepts; ``lost`` when the pull failed (the sender
+        no longer held it, the pull timed out, the connection failed)."""
+        self.detail = detail
+        """For ``lost``, why the pull failed."""
 
 
 RefusalHook = Callable[[StagedRefusal], None]
-"""Told of each staged payload this node refused (for its size, or past the pull bounds)."""
+"""Told of each staged payload this node refused (for its size, or past the pull bounds) or
+failed to pull."""
 
 StagingListener = Callable[[str, int], None]
 """Told ``(reason, size)`` of each release of a payload this node staged."""
@@ -257,14 +264,9 @@ class Rendezvous:
         self._metrics.refusals.labels("too_large").inc()
         self._metrics.rendezvous_ops.labels("get", "refused").inc()
         self._ask_release(peer, descriptor.staged_id)
-        refusal = StagedRefusal(
-            peer, lane, envelope.handler, envelope.headers, descriptor.size, limit
+        self._tell_refusal(
+            StagedRefusal(peer, lane, envelope.handler, envelope.headers, descriptor.size, limit)
         )
-        for hook in self._refusal_hooks:
-            try:
-                hook(refusal)
-            except Exception:
-                logger.exception("staged refusal hook failed")
         self._refuse(
             peer,
             lane,
@@ -301,20 +303,31 @@ class Rendezvous:
                 pulls.count,
                 pulls.bytes,
             )
-        refusal = StagedRefusal(
-            peer, lane, envelope.handler, envelope.headers, descriptor.size, limit, f"pull_{bound}"
+        self._tell_refusal(
+            StagedRefusal(
+                peer,
+                lane,
+                envelope.handler,
+                envelope.headers,
+                descriptor.size,
+                limit,
+                f"pull_{bound}",
+            )
         )
-        for hook in self._refusal_hooks:
-            try:
-                hook(refusal)
-            except Exception:
-                logger.exception("staged refusal hook failed")
         self._refuse(
             peer,
             lane,
             envelope,
             f"too many staged payloads outstanding from this sender ({bound} bound {limit})",
         )
+
+    def _tell_refusal(self, refusal: StagedRefusal) -> None:
+        """Tell every refusal hook; one hook's bug must not keep the others from hearing."""
+        for hook in self._refusal_hooks:
+            try:
+                hook(refusal)
+            except Exception:
+                logger.exception("staged refusal hook failed")
 
     def _pull_done(self, key: tuple[InstanceId, int], task: asyncio.Future[None]) -> None:
         if self._pull_tails.get(key) is task:
@@ -372,6 +385,18 @@ class Rendezvous:
                 )
             else:
                 logger.debug("could not pull a staged payload from %s: %r", peer, exc)
+            self._tell_refusal(
+                StagedRefusal(
+                    peer,
+                    lane,
+                    envelope.handler,
+                    envelope.headers,
+                    descriptor.size,
+                    0,
+                    "lost",
+                    f"could not pull it from {peer}: {exc}",
+                )
+            )
             self._refuse(peer, lane, envelope, f"staged payload lost: {exc}")
             return
         self._metrics.rendezvous_ops.labels("get", "success").inc()

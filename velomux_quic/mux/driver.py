@@ -17,8 +17,11 @@ A singleton the messenger will stage goes with its ``_mux_slot`` header. Its fen
 guard of a terminal it carries, wait for the payload's release, not for the descriptor's
 admission: pulled, the fence lifts and the guard reports Sent; released for any other
 reason (the receiver refused it as over its ``staged_payload_max``, nobody pulled it in
-time, the node closed), the consumer never got the record, so the slot is closed (its
-producer's next send fails) and the guard reports Discarded.
+time, the node closed), the consumer never got the record: the stream ends (its producer's
+next send fails) and the guard reports Discarded. A refused one is only closed here (the
+consumer's table retired it already); otherwise its end goes on the wire, a ``Dropped``
+terminal in turn after the lost record, so the consumer's table learns of it before a later
+stream reuses the slot's index (:meth:`EgressBatcher.end_lost`).
 
 A sender's channel into its slot, :class:`MuxChannel`, and the guard class are in
 :mod:`.channel` (a compiled module of the record path); they are imported here as well.
@@ -35,6 +38,7 @@ from typing import Any
 
 from ..ids import InstanceId
 from ..messenger import Messenger
+from ..streaming.frames import DROPPED
 from ..transport import SendAdmission
 from ..transport.deadlines import LoopTimer
 from .channel import DeliveryGuard, MuxChannel
@@ -236,7 +240,14 @@ class BatcherDriver:
                 self.peer,
                 reason,
             )
-            self.batcher.close_slot(slot, CloseReason.PEER_GONE)
+            if reason == "refused":
+                # The consumer refused it: its table retired the slot already, and its
+                # LifecycleSlot cancel is on the way; nothing needs to go on the wire.
+                self.batcher.close_slot(slot, CloseReason.PEER_GONE)
+            else:
+                # Expired (or the node is closing): the consumer's table still holds the
+                # slot, so the stream's end goes on the wire before its index is reused.
+                self.batcher.end_lost(slot, DROPPED, self._loop.time())
             self._release_space()
         self.wake()
 

@@ -481,6 +481,38 @@ class EgressBatcher:
         if slot.live:
             self._close_slot(slot, told)
 
+    def end_lost(self, slot: EgressSlot, body: bytes, now: float) -> None:
+        """A staged record of ``slot`` expired unpulled: the consumer never got it and the
+        stream cannot go on. End the stream on the wire, not only here.
+
+        Freeing the index at once, as :meth:`close_slot` does, let the next stream on this
+        lane take it while the consumer's table still held the slot, waiting for the lost
+        record: that stream was refused as a collision. Instead, whatever waits unwritten
+        (a terminal and its guard too) is discarded, the fence lifts, and ``body`` is
+        staged as the terminal, in turn after the lost record. The consumer's table then
+        holds the slot's close before any stream that reuses the index, which is what lets
+        it move the old slot aside; the index is freed once the terminal is written. The
+        owner is told ``PEER_GONE`` (its next send fails)."""
+        if not slot.live:
+            return
+        slot.queue.clear()
+        self._room += slot.queued_bytes
+        slot.queued_bytes = 0
+        guard, slot.guard = slot.guard, None
+        if guard is not None and self.on_guard_dropped is not None:
+            self.on_guard_dropped(guard)
+        slot.fenced = False
+        if slot.state <= _OPEN:
+            slot.advance(_TERMINAL_QUEUED)
+        self._urgent = True
+        slot.queue.append(QueuedTerminal(body))
+        slot.queued_bytes = len(body)
+        self._room -= len(body)
+        self._enqueued(slot, True, now)
+        owner = slot.owner
+        if owner is not None:
+            owner.slot_closed(CloseReason.PEER_GONE)
+
     def cancel_slot(self, slot: EgressSlot) -> None:
         """The local producer gave up without a terminal (its sender was cancelled)."""
         if slot.live:

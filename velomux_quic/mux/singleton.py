@@ -16,11 +16,14 @@ the peer, and the two paths differ in what they promise:
   (``staged_payload_max``) never reads the batch and could not otherwise learn which
   stream failed.
 
-On the receiving node, :func:`apply_staged_refusal` is the messenger's staged-refusal hook:
-it ends exactly the stream the header names (its consumer reads a ``TransportError``
-naming both sizes, its producer is told ``LifecycleSlot{cancel}``), or leaves the refusal
-waiting on the stream's bind when the OpenSlot has not arrived yet, or does nothing when
-the named stream no longer exists.
+On the receiving node, :func:`apply_staged_refusal` is the messenger's staged-refusal hook,
+told of each staged batch the node refused (for its size, past the pull bounds) or could not
+pull (the sender no longer held it, the pull timed out): it ends exactly the stream the
+header names (its consumer reads a ``TransportError`` saying why, its producer is told
+``LifecycleSlot{cancel}``), or leaves the refusal waiting on the stream's bind when the
+OpenSlot has not arrived yet, or does nothing when the named stream no longer exists.
+Without it a failed pull left a gap that never closed, and the consumer waited for its
+stream watchdog.
 """
 
 from __future__ import annotations
@@ -73,13 +76,24 @@ def singleton_headers(epoch: int, slot_id: int, session: int) -> dict[str, str]:
     return MUX_SLOT.write(MuxSlotRef(epoch, slot_id, session))
 
 
-def refusal_message(size: int, limit: int) -> str:
-    """What the consumer of a refused stream reads: both sizes, so the operator can tell
-    whether the record or the receiver's limit is the one to change."""
-    return (
-        f"a staged stream record of {size} bytes was refused by this receiver: "
-        f"it exceeds staged_payload_max ({limit} bytes)"
-    )
+def refusal_message(size: int, limit: int, reason: str = "too_large", detail: str = "") -> str:
+    """What the consumer of a refused stream reads. For a record too large, both sizes, so
+    the operator can tell whether the record or the receiver's limit is the one to change;
+    for the pull bounds, which bound and its setting; for a failed pull, why it failed."""
+    record = f"a staged stream record of {size} bytes"
+    if reason == "pull_count":
+        return (
+            f"{record} was refused by this receiver: the sender already had {limit} staged "
+            "payloads being pulled here (max_pulls_per_peer)"
+        )
+    if reason == "pull_bytes":
+        return (
+            f"{record} was refused by this receiver: the sender already had staged payloads "
+            f"being pulled here up to max_pull_bytes_per_peer ({limit} bytes)"
+        )
+    if reason == "lost":
+        return f"{record} was lost: {detail or 'the pull failed'}"
+    return f"{record} was refused by this receiver: it exceeds staged_payload_max ({limit} bytes)"
 
 
 def apply_staged_refusal(
@@ -109,7 +123,7 @@ def apply_staged_refusal(
     if ref is None:
         stats.refusals["malformed"] += 1
         return "malformed"
-    message = refusal_message(refusal.size, refusal.limit)
+    message = refusal_message(refusal.size, refusal.limit, refusal.reason, refusal.detail)
     peer = refusal.peer
     table = tables.get((peer, lane))
     if table is not None and table.refuse_staged(ref.epoch, ref.slot, ref.session, message):

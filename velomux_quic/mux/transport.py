@@ -310,16 +310,18 @@ class MuxTransport(Collector):
     # -- singletons and lifecycle ----------------------------------------------------------
 
     def _on_staged_refusal(self, refusal: StagedRefusal) -> None:
-        """The messenger refused a staged payload for its size: if it was a singleton
-        batch, end the one stream its ``_mux_slot`` header names (see :mod:`.singleton`)."""
+        """The messenger refused a staged payload or failed to pull it: if it was a
+        singleton batch, end the one stream its ``_mux_slot`` header names (see
+        :mod:`.singleton`)."""
         outcome = apply_staged_refusal(refusal, self._tables, self._binds, self.ingress)
         if outcome is not None:
             # Counted by outcome; a peer can send refusable descriptors cheaply, so the log
             # stays at DEBUG (the consumer of an ended stream reads the sizes anyway).
             logger.debug(
-                "staged singleton of %d bytes from %s refused (staged_payload_max %d): %s",
+                "staged singleton of %d bytes from %s refused (%s, bound %d): %s",
                 refusal.size,
                 refusal.peer,
+                refusal.reason,
                 refusal.limit,
                 outcome,
             )
