@@ -31,9 +31,10 @@ made and dropped by a processor that exports nothing: what tracing costs when as
 always last, as a process sets its provider once). Without it the nodes trace as the
 environment says.
 
-``--collector default raised`` runs each path once per setting of the cyclic collector's
-thresholds in one invocation: CPython's own, and raised ones (``COLLECTOR``), what a
-frontend that opens thousands of streams a second may set (docs/tuning.md).
+``--collector default raised frozen raised-frozen`` runs each path once per setting of the
+cyclic collector in one invocation: CPython's thresholds, raised ones, either with what the
+process made at start frozen out of every collection (``COLLECTOR``): what a frontend that
+opens thousands of streams a second may set (docs/tuning.md).
 
 ``--instructions`` runs the script again under valgrind's callgrind (``make valgrind``),
 instrumented only while a rate's streams run, and adds the instructions per stream: a
@@ -85,11 +86,19 @@ from velomux_quic.streaming.control import PER_STREAM_KEY
 
 PATHS = ("mux-ticket", "mux-attach", "per-stream", "grpc")
 TRACING = ("no-provider", "on", "off", "sdk")
-COLLECTOR = {"default": gc.get_threshold(), "raised": (20_000, 20, 20)}
-"""``gc.set_threshold`` per ``--collector`` setting: CPython's own, and one that lets young
-objects pile up 20,000 allocations before a young collection and makes the older ones rarer
-(every object of a stream in flight outlives two young collections, and their promotion
-is what starts the full ones, which walk every live object)."""
+COLLECTOR = {
+    "default": (gc.get_threshold(), False),
+    "raised": ((20_000, 20, 20), False),
+    "frozen": (gc.get_threshold(), True),
+    "raised-frozen": ((20_000, 20, 20), True),
+}
+"""``gc.set_threshold`` and whether to ``gc.freeze()`` what the process holds before the
+path's nodes start, per ``--collector`` setting. CPython's thresholds, and ones that let
+young objects pile up 20,000 allocations before a young collection and make the older ones
+rarer (every object of a stream in flight outlives two young collections, and their
+promotion is what starts the full ones, which walk every live object). Frozen, the objects
+the process made at start (its modules, classes and functions, about 40,000) move to a
+generation no collection walks, so a full collection walks what the streams hold."""
 TOKEN = {"t": 0, "text": "tok"}
 
 Opener = Callable[[int], Awaitable[float]]
@@ -141,7 +150,10 @@ async def _drive(open_one: Opener, rate: int, seconds: float, timeout: float) ->
         counting.start()
     started = time.perf_counter()
     cpu_started = _cpu_s()
-    tasks: list[asyncio.Task[None]] = []
+    # The requests in flight, each dropped when it ends: holding every finished task (with
+    # its coroutine and context) to gather at the end kept tens of thousands of objects
+    # alive, which every full collection walked, so the harness slowed what it measures.
+    in_flight: set[asyncio.Task[None]] = set()
 
     async def one(n: int) -> None:
         try:
@@ -157,11 +169,14 @@ async def _drive(open_one: Opener, rate: int, seconds: float, timeout: float) ->
         step += 1
         due = min(total, int(step * per_tick))
         while opened < due:
-            tasks.append(asyncio.create_task(one(opened)))
+            task = asyncio.create_task(one(opened))
+            in_flight.add(task)
+            task.add_done_callback(in_flight.discard)
             opened += 1
         delay = started + step * tick - time.perf_counter()
         await asyncio.sleep(max(0.0, delay))
-    await asyncio.gather(*tasks)
+    while in_flight:
+        await asyncio.wait(in_flight)
     elapsed = time.perf_counter() - started
     cpu = _cpu_s() - cpu_started
     instructions = None
@@ -388,13 +403,21 @@ async def main_async(args: argparse.Namespace) -> int:
 
 @contextlib.contextmanager
 def _collector(setting: str | None) -> Iterator[None]:
-    """The cyclic collector's thresholds while one path runs (None: as they are)."""
+    """The cyclic collector's thresholds, and its frozen generation, while one path runs
+    (None: as they are)."""
     before = gc.get_threshold()
+    freeze = False
     if setting is not None:
-        gc.set_threshold(*COLLECTOR[setting])
+        thresholds, freeze = COLLECTOR[setting]
+        gc.set_threshold(*thresholds)
+    if freeze:
+        gc.collect()
+        gc.freeze()
     try:
         yield
     finally:
+        if freeze:
+            gc.unfreeze()
         gc.set_threshold(*before)
 
 
@@ -419,9 +442,10 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument(
         "--collector", nargs="+", choices=tuple(COLLECTOR),
-        help="run each path once per setting of the cyclic collector's thresholds: default "
-        "(CPython's), raised (what a frontend opening thousands of streams a second may "
-        "set, docs/tuning.md)",
+        help="run each path once per setting of the cyclic collector: default (CPython's), "
+        "raised (thresholds a frontend opening thousands of streams a second may set), "
+        "frozen (gc.freeze() of what the process holds before the nodes start), "
+        "raised-frozen (both); docs/tuning.md",
     )  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write every figure here")
     args = parser.parse_args(argv)

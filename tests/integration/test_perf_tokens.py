@@ -202,17 +202,18 @@ def test_stream_rate_benchmark_opens_every_stream_on_every_path(tmp_path: Path) 
 
 @pytest.mark.timeout(120)
 def test_stream_rate_benchmark_runs_a_path_once_per_collector_setting(tmp_path: Path) -> None:
-    """``--collector``: the path once per threshold setting, each labelled by it."""
+    """``--collector``: the path once per collector setting, each labelled by it."""
     report = tmp_path / "rate.json"
     command = [
         sys.executable, str(STREAM_RATE), "--rates", "40", "--seconds", "0.25",
-        "--timeout", "20", "--paths", "mux-ticket", "--collector", "default", "raised",
+        "--timeout", "20", "--paths", "mux-ticket", "--collector", "default", "raised-frozen",
         "--json", str(report),
     ]  # fmt: skip
     returncode, stdout, stderr = run_script(command, timeout=110)
     assert returncode == 0, stdout[-4000:] + stderr[-4000:]
     found = json.loads(report.read_text())
-    assert list(found) == [f"mux-ticket, collector {mode}" for mode in ("default", "raised")]
+    modes = ("default", "raised-frozen")
+    assert list(found) == [f"mux-ticket, collector {mode}" for mode in modes]
     for path, (result,) in found.items():
         assert (result["requests"], result["ok"], result["errors"]) == (10, 10, 0), path
 
