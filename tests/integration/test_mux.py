@@ -224,21 +224,27 @@ async def test_under_manual_the_end_of_a_stream_needs_no_extra_flush(start_node:
 # -- singletons: records larger than any batch ------------------------------------------------
 
 
-async def test_a_4_mib_item_mid_stream_arrives_in_order_while_100_other_streams_flow(
-    start_node: StartNode,
-) -> None:
-    a, b = await pair(start_node)
-    # Hold the producer's answer to the consumer's pull, so the staged item stays in
-    # flight for as long as the test needs (an event, not a sleep, decides when it lands).
+def hold_pulls(producer: Node) -> tuple[asyncio.Event, asyncio.Event]:
+    """Hold the producer's answers to pulls of what it staged until the second event is
+    set (the first is set once a pull arrived), so a staged item stays in flight for as
+    long as the test needs: an event, not a sleep, decides when it lands."""
     pulled, release = asyncio.Event(), asyncio.Event()
-    serve = a.messenger.serve_request
+    serve = producer.messenger.serve_request
 
     async def held_pull(peer: object, request: bytes) -> bytes:
         pulled.set()
         await release.wait()
         return await serve(peer, request)  # type: ignore[arg-type]
 
-    a.messenger.serve_request = held_pull  # type: ignore[method-assign]
+    producer.messenger.serve_request = held_pull  # type: ignore[method-assign]
+    return pulled, release
+
+
+async def test_a_4_mib_item_mid_stream_arrives_in_order_while_100_other_streams_flow(
+    start_node: StartNode,
+) -> None:
+    a, b = await pair(start_node)
+    pulled, release = hold_pulls(a)
     big_anchor = b.create_anchor()
     anchors = [b.create_anchor() for _ in range(100)]
     big = await a.attach_anchor(big_anchor.handle)
@@ -368,15 +374,8 @@ async def test_a_staged_item_that_expires_unpulled_ends_its_stream_and_spares_it
     b = await start_node("b")
     a = await start_node("a", messenger=MessengerConfig(staged_ttl=0.5))
     a.add_peer(b.instance_id, b.address)
-    pulled, release, expired = asyncio.Event(), asyncio.Event(), asyncio.Event()
-    serve = a.messenger.serve_request
-
-    async def held_pull(peer: object, request: bytes) -> bytes:
-        pulled.set()
-        await release.wait()
-        return await serve(peer, request)  # type: ignore[arg-type]
-
-    a.messenger.serve_request = held_pull  # type: ignore[method-assign]
+    pulled, release = hold_pulls(a)
+    expired = asyncio.Event()
     a.messenger.add_staging_listener(
         lambda reason, _: expired.set() if reason == "expired" else None
     )

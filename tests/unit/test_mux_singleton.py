@@ -79,6 +79,15 @@ class Owner:
         self.events.append(reason)
 
 
+def watched(b: EgressBatcher, slot: EgressSlot) -> tuple[Owner, list[object]]:
+    """``slot``'s owner, and the retirement guards the batcher drops, as they are told."""
+    owner = Owner()
+    slot.owner = owner
+    dropped: list[object] = []
+    b.on_guard_dropped = dropped.append
+    return owner, dropped
+
+
 # -- egress: singletons and the fence -------------------------------------------------------
 
 
@@ -205,10 +214,7 @@ def test_a_record_larger_than_the_slot_byte_budget_is_taken_when_the_queue_is_em
 def test_epoch_death_under_a_fence_closes_the_slot_and_a_late_admission_is_harmless() -> None:
     b = batcher(eager=2000)
     (a,) = opened(b, 1)
-    owner = Owner()
-    a.owner = owner
-    dropped: list[object] = []
-    b.on_guard_dropped = dropped.append
+    owner, dropped = watched(b, a)
     b.offer(a, b"x" * 3000, 0.0)
     b.offer_terminal(a, FINALIZED, 0.0, guard="retired")
     assert b.poll(0.0)[0].fence is a
@@ -227,10 +233,7 @@ def test_a_staged_record_lost_unpulled_ends_its_slot_on_the_wire_before_the_inde
     they are written, so the next stream's OpenSlot follows them on the lane."""
     b = batcher(eager=2000)
     (a,) = opened(b, 1)
-    owner = Owner()
-    a.owner = owner
-    dropped: list[object] = []
-    b.on_guard_dropped = dropped.append
+    owner, dropped = watched(b, a)
     b.offer(a, SMALL, 0.0)
     b.offer(a, b"x" * 3000, 0.0)
     b.offer(a, b"withheld", 0.0)
@@ -300,10 +303,7 @@ def test_stop_tells_the_owner_and_leaves_the_slot_open() -> None:
 def test_cancel_closes_the_slot_drops_its_queue_and_guard_and_tells_the_owner() -> None:
     b = batcher(initial_credit=1)
     (a,) = opened(b, 1)
-    owner = Owner()
-    a.owner = owner
-    dropped: list[object] = []
-    b.on_guard_dropped = dropped.append
+    owner, dropped = watched(b, a)
     b.offer(a, SMALL, 0.0)
     b.offer(a, SMALL, 0.0)
     b.offer_terminal(a, FINALIZED, 0.0, guard="retired")

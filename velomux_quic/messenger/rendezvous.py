@@ -264,9 +264,7 @@ class Rendezvous:
         self._metrics.refusals.labels("too_large").inc()
         self._metrics.rendezvous_ops.labels("get", "refused").inc()
         self._ask_release(peer, descriptor.staged_id)
-        self._tell_refusal(
-            StagedRefusal(peer, lane, envelope.handler, envelope.headers, descriptor.size, limit)
-        )
+        self._tell_refusal(peer, lane, envelope, descriptor, limit, "too_large")
         self._refuse(
             peer,
             lane,
@@ -303,17 +301,7 @@ class Rendezvous:
                 pulls.count,
                 pulls.bytes,
             )
-        self._tell_refusal(
-            StagedRefusal(
-                peer,
-                lane,
-                envelope.handler,
-                envelope.headers,
-                descriptor.size,
-                limit,
-                f"pull_{bound}",
-            )
-        )
+        self._tell_refusal(peer, lane, envelope, descriptor, limit, f"pull_{bound}")
         self._refuse(
             peer,
             lane,
@@ -321,8 +309,21 @@ class Rendezvous:
             f"too many staged payloads outstanding from this sender ({bound} bound {limit})",
         )
 
-    def _tell_refusal(self, refusal: StagedRefusal) -> None:
-        """Tell every refusal hook; one hook's bug must not keep the others from hearing."""
+    def _tell_refusal(
+        self,
+        peer: InstanceId,
+        lane: int,
+        envelope: Envelope,
+        descriptor: StagedDescriptor,
+        limit: int,
+        reason: str,
+        detail: str = "",
+    ) -> None:
+        """Tell every refusal hook that this descriptor's payload will never be delivered;
+        one hook's bug must not keep the others from hearing."""
+        refusal = StagedRefusal(
+            peer, lane, envelope.handler, envelope.headers, descriptor.size, limit, reason, detail
+        )
         for hook in self._refusal_hooks:
             try:
                 hook(refusal)
@@ -385,18 +386,8 @@ class Rendezvous:
                 )
             else:
                 logger.debug("could not pull a staged payload from %s: %r", peer, exc)
-            self._tell_refusal(
-                StagedRefusal(
-                    peer,
-                    lane,
-                    envelope.handler,
-                    envelope.headers,
-                    descriptor.size,
-                    0,
-                    "lost",
-                    f"could not pull it from {peer}: {exc}",
-                )
-            )
+            detail = f"could not pull it from {peer}: {exc}"
+            self._tell_refusal(peer, lane, envelope, descriptor, 0, "lost", detail)
             self._refuse(peer, lane, envelope, f"staged payload lost: {exc}")
             return
         self._metrics.rendezvous_ops.labels("get", "success").inc()
