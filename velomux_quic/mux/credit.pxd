@@ -32,7 +32,9 @@ cdef class DirtySet:
 
 @cython.final
 cdef class IngressSlot:
+    cdef object _append
     cdef object _buffer
+    cdef object _popleft
     cdef DirtySet _dirty
     cdef PeerBudget _peer
     cdef object _wake

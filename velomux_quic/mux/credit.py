@@ -172,9 +172,11 @@ class IngressSlot:
     """
 
     __slots__ = (
+        "_append",
         "_buffer",
         "_dirty",
         "_peer",
+        "_popleft",
         "_wake",
         "_withheld",
         "bytes_buffered",
@@ -222,6 +224,10 @@ class IngressSlot:
         self.capacity = credit + 1
         self.slot_byte_budget = slot_byte_budget
         self._buffer: deque[bytes] = deque()
+        # Bound once: compiled, a deque's method called by name is looked up on its type
+        # at every call, and these run once per record (its delivery and its take).
+        self._append = self._buffer.append
+        self._popleft = self._buffer.popleft
         self._wake = wake
         self._dirty: DirtySet | None = None
         self._peer: PeerBudget | None = None
@@ -282,7 +288,7 @@ class IngressSlot:
             return True
         if len(buffer) >= self.credit or self.closed or self.terminal:
             return False
-        buffer.append(body)
+        self._append(body)
         self.data_delivered += 1
         size = len(body)
         self.bytes_buffered += size
@@ -307,7 +313,7 @@ class IngressSlot:
             self.on_terminal(body)
         if self.withdrawn:
             return True
-        self._buffer.append(body)
+        self._append(body)
         size = len(body)
         self.bytes_buffered += size
         peer = self._peer
@@ -395,7 +401,7 @@ class IngressSlot:
         buffer = self._buffer
         if not buffer:
             return None
-        body = buffer.popleft()
+        body: bytes = self._popleft()
         size = len(body)
         self.bytes_buffered -= size
         peer = self._peer

@@ -14,10 +14,12 @@ cdef class Inbox:
     cdef list _feed_order
     cdef object _head
     cdef object _head_id
+    cdef object _head_take
     cdef Py_ssize_t _next_feed
     cdef Py_ssize_t _barrier
     cdef object _waiter
     cdef object _loop
+    cdef object _create_future
     cdef object _space
     cdef bint _closed
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from typing import Protocol
 
 from ..errors import ChannelClosed
@@ -62,10 +63,12 @@ class Inbox:
         "_capacity",
         "_channel",
         "_closed",
+        "_create_future",
         "_feed_order",
         "_feeds",
         "_head",
         "_head_id",
+        "_head_take",
         "_loop",
         "_next_feed",
         "_ordered",
@@ -83,11 +86,16 @@ class Inbox:
         """An ordered inbox's feed read now (its first), kept so :meth:`take` reads it
         without a lookup: one call per record. None when unordered or without feeds."""
         self._head_id = 0
+        self._head_take: Callable[[], bytes | None] | None = None
+        """``_head.take``, bound once per head: compiled, a method called by name is looked
+        up on the feed's type at every call, and this one runs once per record."""
         self._next_feed = 0
         self._barrier = 0
         self._waiter: asyncio.Future[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         """The loop the reader waits on, learnt at its first wait (see :meth:`wait`)."""
+        self._create_future: Callable[[], asyncio.Future[None]] | None = None
+        """That loop's ``create_future``, bound at the first wait."""
         self._space: deque[asyncio.Future[None]] = deque()
         self._closed = False
 
@@ -153,9 +161,11 @@ class Inbox:
         order = self._feed_order
         if self._ordered and order:
             self._head_id = order[0]
-            self._head = self._feeds[order[0]]
+            head = self._head = self._feeds[order[0]]
+            self._head_take = head.take
         else:
             self._head = None
+            self._head_take = None
 
     def feed(self, sender_id: int = 0) -> Feed | None:
         return self._feeds.get(sender_id)
@@ -167,9 +177,9 @@ class Inbox:
         if self._barrier and channel:
             self._barrier -= 1
             return self._taken(channel.popleft())
-        head = self._head
-        if head is not None:  # ordered: the first feed only
-            body = head.take()
+        take = self._head_take
+        if take is not None:  # ordered: the first feed only
+            body = take()
             if body is not None:
                 return self._head_id, body
         elif order := self._feed_order:
@@ -245,10 +255,11 @@ class Inbox:
         """
         waiter = self._waiter
         if waiter is None or waiter.done():
-            loop = self._loop
-            if loop is None:
+            create = self._create_future
+            if create is None:
                 loop = self._loop = asyncio.get_running_loop()
-            waiter = self._waiter = loop.create_future()
+                create = self._create_future = loop.create_future
+            waiter = self._waiter = create()
         return waiter
 
     def close(self) -> None:
