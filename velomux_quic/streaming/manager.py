@@ -304,7 +304,7 @@ class AnchorManager:
             if sender.node is not None and sender.sender_stream_id:
                 self._notify(sender.node, CANCEL_HANDLER, sender.sender_stream_id)
         self._producer.cancel_local_senders(local_id, local)
-        self._metrics.anchor_operations.labels("cancel", "success", "local").inc()
+        self._metrics.anchor_operation("cancel", "success", "local").inc()
 
     def request_stop(self, local_id: int) -> None:
         """Ask every producer of the anchor to finish gracefully."""
@@ -516,8 +516,8 @@ class AnchorManager:
         ok = not isinstance(answer, str)
         scheme = getattr(answer, "streaming_transport_key", "none")
         outcome = "success" if ok else "error"
-        self._metrics.anchor_operations.labels("attach", outcome, scheme).inc()
-        self._metrics.anchor_operation_duration.labels("attach", outcome, scheme).observe(
+        self._metrics.anchor_operation("attach", outcome, scheme).inc()
+        self._metrics.anchor_operation_time("attach", outcome, scheme).observe(
             time.monotonic() - started
         )
 

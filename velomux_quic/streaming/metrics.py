@@ -12,7 +12,7 @@ from prometheus_client import Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from ..messenger.metrics import LATENCY_BUCKETS
+from ..messenger.metrics import LATENCY_BUCKETS, Children
 
 __all__ = ["StreamingMetrics"]
 
@@ -94,6 +94,11 @@ class StreamingMetrics(Collector):
             buckets=ATTACH_RTT_BUCKETS,
             registry=registry,
         )
+        # Touched once or twice per stream: each series' children resolved once per label
+        # values, not by ``labels()`` (its validation, join and lock) at every stream.
+        self.anchor_operation = Children(self.anchor_operations)
+        self.anchor_operation_time = Children(self.anchor_operation_duration)
+        self.attach_rtt_of = Children(self.attach_rtt)
 
     frames_written: int
     egress_flushes: int

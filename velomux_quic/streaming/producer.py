@@ -230,9 +230,7 @@ class AnchorProducer:
                         # attach_timeout, naming the request it replaces.
                         self._metrics.attach_retries += 1
                         continue
-                    self._metrics.attach_rtt.labels("error", "none").observe(
-                        time.monotonic() - started
-                    )
+                    self._metrics.attach_rtt_of("error", "none").observe(time.monotonic() - started)
                     if isinstance(exc, UnaryTimeout):
                         address = self._messenger.transport.peer_address(peer)
                         where = "" if address is None else f" at {address[0]}:{address[1]}"
@@ -246,14 +244,12 @@ class AnchorProducer:
         finally:
             self._pending_attaches -= 1
         if not isinstance(response, (AnchorAttachOk, MpscAnchorAttachOk)):
-            self._metrics.attach_rtt.labels("error", "none").observe(time.monotonic() - started)
+            self._metrics.attach_rtt_of("error", "none").observe(time.monotonic() - started)
             reason = getattr(response, "reason", "unexpected answer")
             code = reason.partition(":")[0]
             raise ATTACH_ERRORS.get(code, AttachRefused)(reason, handle)
         transport_key = response.streaming_transport_key
-        self._metrics.attach_rtt.labels("success", transport_key).observe(
-            time.monotonic() - started
-        )
+        self._metrics.attach_rtt_of("success", transport_key).observe(time.monotonic() - started)
         transport = self._transports.get(transport_key)
         if transport is None:
             raise AttachRefused(

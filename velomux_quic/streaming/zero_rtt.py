@@ -103,11 +103,11 @@ class ZeroRtt:
             why = "it already has a sender: a ticket is for an anchor nobody attached"
         if why is not None or mux is None or entry is None:
             logger.debug("prebind_anchor(%s) refused: %s", handle, why)
-            host.metrics.anchor_operations.labels("prebind", "error", "none").inc()
+            host.metrics.anchor_operation("prebind", "error", "none").inc()
             raise TicketError(f"cannot pre-bind {handle}: {why}", handle)
         remote, terms = host.bind_remote(entry, mux, peer=None, lane_key=key)
         entry.prebind = remote
-        host.metrics.anchor_operations.labels("prebind", "success", MESSENGER_MUX_KEY).inc()
+        host.metrics.anchor_operation("prebind", "success", MESSENGER_MUX_KEY).inc()
         return StreamOpenTicket(
             streaming_transport_key=MESSENGER_MUX_KEY,
             heartbeat_interval_ms=int(entry.heartbeat_interval * 1000),
