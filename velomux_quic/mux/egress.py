@@ -369,16 +369,25 @@ class EgressBatcher:
         goes to :attr:`EgressBatcher.on_guard_dropped`: that output never left. The owner
         is told ``told`` when it is not None (None: the producer's own abort).
         """
+        self._discard_queued(slot)
+        owner = slot.owner
+        self._free_slot(slot, SlotEvent.CLOSED)
+        self._drop_guard(slot)
+        if owner is not None and told is not None:
+            owner.slot_closed(told)
+
+    def _discard_queued(self, slot: EgressSlot) -> None:
+        """Drop every record ``slot`` holds unwritten; their bytes leave the lane bound."""
         slot.queue.clear()
         self._room += slot.queued_bytes
         slot.queued_bytes = 0
-        owner = slot.owner
-        self._free_slot(slot, SlotEvent.CLOSED)
+
+    def _drop_guard(self, slot: EgressSlot) -> None:
+        """Hand the retirement guard ``slot`` holds, if any, to ``on_guard_dropped``: the
+        output it guards never left."""
         guard, slot.guard = slot.guard, None
         if guard is not None and self.on_guard_dropped is not None:
             self.on_guard_dropped(guard)
-        if owner is not None and told is not None:
-            owner.slot_closed(told)
 
     # -- producers -----------------------------------------------------------------------
 
@@ -430,6 +439,10 @@ class EgressBatcher:
         if slot.state > _OPEN:
             raise _closed_slot(slot)
         slot.advance(_TERMINAL_QUEUED)
+        self._queue_terminal(slot, body, now, guard)
+
+    def _queue_terminal(self, slot: EgressSlot, body: bytes, now: float, guard: Any) -> None:
+        """Queue ``body`` as ``slot``'s terminal, urgent (its state already says so)."""
         slot.guard = guard
         self._urgent = True
         slot.queue.append(QueuedTerminal(body))
@@ -458,9 +471,7 @@ class EgressBatcher:
         terminal ``body`` in their place, so the stream ends on the wire at once."""
         if slot.state > _OPEN:
             raise _closed_slot(slot)
-        slot.queue.clear()
-        self._room += slot.queued_bytes
-        slot.queued_bytes = 0
+        self._discard_queued(slot)
         self.offer_terminal(slot, body, now, guard)
 
     @property
@@ -495,20 +506,12 @@ class EgressBatcher:
         owner is told ``PEER_GONE`` (its next send fails)."""
         if not slot.live:
             return
-        slot.queue.clear()
-        self._room += slot.queued_bytes
-        slot.queued_bytes = 0
-        guard, slot.guard = slot.guard, None
-        if guard is not None and self.on_guard_dropped is not None:
-            self.on_guard_dropped(guard)
+        self._discard_queued(slot)
+        self._drop_guard(slot)
         slot.fenced = False
         if slot.state <= _OPEN:
             slot.advance(_TERMINAL_QUEUED)
-        self._urgent = True
-        slot.queue.append(QueuedTerminal(body))
-        slot.queued_bytes = len(body)
-        self._room -= len(body)
-        self._enqueued(slot, True, now)
+        self._queue_terminal(slot, body, now, None)
         owner = slot.owner
         if owner is not None:
             owner.slot_closed(CloseReason.PEER_GONE)

@@ -18,7 +18,6 @@ cdef class Inbox:
     cdef Py_ssize_t _next_feed
     cdef Py_ssize_t _barrier
     cdef object _waiter
-    cdef object _loop
     cdef object _create_future
     cdef object _space
     cdef bint _closed

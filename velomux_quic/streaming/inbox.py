@@ -69,7 +69,6 @@ class Inbox:
         "_head",
         "_head_id",
         "_head_take",
-        "_loop",
         "_next_feed",
         "_ordered",
         "_space",
@@ -92,10 +91,9 @@ class Inbox:
         self._next_feed = 0
         self._barrier = 0
         self._waiter: asyncio.Future[None] | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        """The loop the reader waits on, learnt at its first wait (see :meth:`wait`)."""
         self._create_future: Callable[[], asyncio.Future[None]] | None = None
-        """That loop's ``create_future``, bound at the first wait."""
+        """The ``create_future`` of the loop the reader waits on, bound at its first wait
+        (see :meth:`wait`)."""
         self._space: deque[asyncio.Future[None]] = deque()
         self._closed = False
 
@@ -249,16 +247,16 @@ class Inbox:
         Returns the waiter future itself rather than being a coroutine: a reader that
         keeps up waits once per record, and awaiting the future directly saves creating
         and running a coroutine each time. The loop is looked up once, at the first wait,
-        and kept: ``asyncio.get_running_loop()`` makes a ``getpid()`` system call on
-        every call (CPython checks for a fork), once per record for such a reader. An
-        inbox is read on one loop, like every object of the node that owns it.
+        and its ``create_future`` kept: ``asyncio.get_running_loop()`` makes a
+        ``getpid()`` system call on every call (CPython checks for a fork), once per record
+        for such a reader. An inbox is read on one loop, like every object of the node
+        that owns it.
         """
         waiter = self._waiter
         if waiter is None or waiter.done():
             create = self._create_future
             if create is None:
-                loop = self._loop = asyncio.get_running_loop()
-                create = self._create_future = loop.create_future
+                create = self._create_future = asyncio.get_running_loop().create_future
             waiter = self._waiter = create()
         return waiter
 
