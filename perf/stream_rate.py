@@ -43,15 +43,21 @@ tens of times slower there, so no rate is sustained and the latencies mean nothi
 the count includes what that slowness adds (timers that fire, acknowledgements that come
 later): compare counts of one invocation, at one low rate.
 
-Both nodes (or the gRPC server and client) run in this one process on one event loop
-(uvloop where installed), over real QUIC (or TLS over TCP) on loopback, so their CPU is
-shared the way a frontend's and an engine's are not: compare the paths with each other
-within one invocation, and the rate each sustains, not absolute figures.
+By default both nodes (or the gRPC server and client) run in this one process on one event
+loop (uvloop where installed), over real QUIC (or TLS over TCP) on loopback, so their CPU
+is shared the way a frontend's and an engine's are not: compare the paths with each other
+within one invocation, and the rate each sustains, not absolute figures. ``--processes 2``
+runs the engine's side (its node and the handler that answers each request, or the gRPC
+server) in a child process of its own, as deployed, with the same tracing mode and
+collector setting: the frontend and the request driver stay here, and the CPU per stream
+is reported per side (the child's read from Linux's /proc). ``--processes 1 2`` runs each
+path both ways in one invocation.
 
     python perf/stream_rate.py                                 # 250 .. 5,000 streams/s
     python perf/stream_rate.py --rates 500 2500 --paths mux-ticket per-stream
     python perf/stream_rate.py --rates 6000 --paths mux-ticket --tracing no-provider off
     python perf/stream_rate.py --rates 3000 6000 --paths mux-ticket --collector default raised
+    python perf/stream_rate.py --rates 3000 6000 --paths mux-ticket --processes 1 2
     python perf/stream_rate.py --rates 50 --seconds 1 --paths mux-ticket \
         --tracing no-provider on off --instructions
 """
@@ -71,7 +77,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +86,15 @@ from _callgrind import ENV_DIR as CALLGRIND_DIR
 from _callgrind import ClientRequests, read_window
 from _callgrind import command as callgrind_command
 
-from velomux_quic import Context, StreamAnchorHandle, StreamOpenTicket, open_node
+from velomux_quic import (
+    Context,
+    InstanceId,
+    Node,
+    PeerRecord,
+    StreamAnchorHandle,
+    StreamOpenTicket,
+    open_node,
+)
 from velomux_quic.programs.runtime import run
 from velomux_quic.security.certs import NodeCredentials, ensure_dev_cluster
 from velomux_quic.streaming.control import PER_STREAM_KEY
@@ -137,9 +152,16 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[max(1, math.ceil(q * len(ordered))) - 1]
 
 
-async def _drive(open_one: Opener, rate: int, seconds: float, timeout: float) -> dict[str, Any]:
+async def _drive(
+    open_one: Opener,
+    rate: int,
+    seconds: float,
+    timeout: float,
+    engine_cpu: Callable[[], float] | None = None,
+) -> dict[str, Any]:
     """Open ``rate`` streams a second for ``seconds`` (in 10 ms ticks, on an anchored
-    schedule), each bounded by ``timeout``; the figures of the window."""
+    schedule), each bounded by ``timeout``; the figures of the window. ``engine_cpu``
+    reads the engine's process's CPU seconds where it runs in a process of its own."""
     latencies: list[float] = []
     errors: dict[str, int] = {}
     total = int(rate * seconds)
@@ -150,6 +172,7 @@ async def _drive(open_one: Opener, rate: int, seconds: float, timeout: float) ->
         counting.start()
     started = time.perf_counter()
     cpu_started = _cpu_s()
+    engine_started = engine_cpu() if engine_cpu is not None else 0.0
     # The requests in flight, each dropped when it ends: holding every finished task (with
     # its coroutine and context) to gather at the end kept tens of thousands of objects
     # alive, which every full collection walked, so the harness slowed what it measures.
@@ -179,6 +202,7 @@ async def _drive(open_one: Opener, rate: int, seconds: float, timeout: float) ->
         await asyncio.wait(in_flight)
     elapsed = time.perf_counter() - started
     cpu = _cpu_s() - cpu_started
+    engine = engine_cpu() - engine_started if engine_cpu is not None else None
     instructions = None
     if counting is not None:
         counting.stop()
@@ -191,8 +215,11 @@ async def _drive(open_one: Opener, rate: int, seconds: float, timeout: float) ->
         "errors": total - ok,
         "error_kinds": errors,
         "sustained_per_s": ok / elapsed,
-        "cpu_us_per_stream": 1e6 * cpu / total,
+        "cpu_us_per_stream": 1e6 * (cpu + (engine or 0.0)) / total,
     }
+    if engine is not None:
+        result["frontend_cpu_us_per_stream"] = 1e6 * cpu / total
+        result["engine_cpu_us_per_stream"] = 1e6 * engine / total
     if instructions is not None:
         result["instructions_per_stream"] = instructions / total
     if latencies:
@@ -201,80 +228,121 @@ async def _drive(open_one: Opener, rate: int, seconds: float, timeout: float) ->
     return result
 
 
+def _serve_streams(engine: Node, path: str, tokens: int) -> None:
+    """Register the engine's ``open`` handler: every request answered with a stream of
+    ``tokens`` tokens to the anchor it names (by its ticket, or by an attach)."""
+    offer = [PER_STREAM_KEY] if path == "per-stream" else None
+
+    async def answer(ctx: Context) -> bytes:
+        request = json.loads(bytes(ctx.payload))
+        handle = StreamAnchorHandle(int(request["handle"]))
+        if "ticket" in request:
+            ticket = StreamOpenTicket.decode(bytes.fromhex(request["ticket"]))
+            sender = await engine.open_anchor_stream(handle, ticket)
+        else:
+            sender = await engine.anchors.attach_anchor(handle, offer=offer)
+        for i in range(tokens):
+            await sender.send({**TOKEN, "t": i})
+        sender.finalize()
+        return b"ok"
+
+    engine.register_handler("open", answer, dispatch="spawn")
+
+
+def _node_opener(frontend: Node, engine: InstanceId, path: str, tokens: int) -> Opener:
+    async def open_one(n: int) -> float:
+        started = time.perf_counter()
+        anchor = frontend.create_anchor()
+        request: dict[str, Any] = {"handle": str(anchor.handle.value)}
+        if path == "mux-ticket":
+            request["ticket"] = frontend.prebind_anchor(anchor.handle).encode().hex()
+        reply = asyncio.ensure_future(frontend.call(engine, "open", json.dumps(request).encode()))
+        try:
+            first = None
+            count = 0
+            async for _ in anchor:
+                if first is None:
+                    first = time.perf_counter() - started
+                count += 1
+            if count != tokens or first is None:
+                raise RuntimeError(f"stream {n} ended after {count} tokens")
+            await reply
+            return first
+        finally:
+            if not reply.done():
+                reply.cancel()
+            anchor.cancel()
+
+    return open_one
+
+
 async def _node_path(
-    path: str, args: argparse.Namespace, certs: dict[str, Path], label: str
+    path: str, args: argparse.Namespace, certs: dict[str, Path], label: str, placement: Placement
 ) -> list[Any]:
-    async with (
-        open_node(NodeCredentials.load(certs["engine"])) as engine,
-        open_node(NodeCredentials.load(certs["frontend"]), peers=[engine.record]) as frontend,
-    ):
-        offer = [PER_STREAM_KEY] if path == "per-stream" else None
-
-        async def answer(ctx: Context) -> bytes:
-            request = json.loads(bytes(ctx.payload))
-            handle = StreamAnchorHandle(int(request["handle"]))
-            if "ticket" in request:
-                ticket = StreamOpenTicket.decode(bytes.fromhex(request["ticket"]))
-                sender = await engine.open_anchor_stream(handle, ticket)
-            else:
-                sender = await engine.anchors.attach_anchor(handle, offer=offer)
-            for i in range(args.tokens):
-                await sender.send({**TOKEN, "t": i})
-            sender.finalize()
-            return b"ok"
-
-        engine.register_handler("open", answer, dispatch="spawn")
-
-        async def open_one(n: int) -> float:
-            started = time.perf_counter()
-            anchor = frontend.create_anchor()
-            request: dict[str, Any] = {"handle": str(anchor.handle.value)}
-            if path == "mux-ticket":
-                request["ticket"] = frontend.prebind_anchor(anchor.handle).encode().hex()
-            reply = asyncio.ensure_future(
-                frontend.call(engine.instance_id, "open", json.dumps(request).encode())
-            )
-            try:
-                first = None
-                count = 0
-                async for _ in anchor:
-                    if first is None:
-                        first = time.perf_counter() - started
-                    count += 1
-                if count != args.tokens or first is None:
-                    raise RuntimeError(f"stream {n} ended after {count} tokens")
-                await reply
-                return first
-            finally:
-                if not reply.done():
-                    reply.cancel()
-                anchor.cancel()
-
-        return await _rates(label, open_one, args)
+    frontend_credentials = NodeCredentials.load(certs["frontend"])
+    if placement.processes == 1:
+        async with (
+            open_node(NodeCredentials.load(certs["engine"])) as engine,
+            open_node(frontend_credentials, peers=[engine.record]) as frontend,
+        ):
+            _serve_streams(engine, path, args.tokens)
+            opener = _node_opener(frontend, engine.instance_id, path, args.tokens)
+            return await _rates(label, opener, args)
+    async with _EngineProcess.start("node", path, args, certs, placement) as child:
+        record = PeerRecord.from_json(child.hello["record"])
+        async with open_node(frontend_credentials, peers=[record]) as frontend:
+            opener = _node_opener(frontend, record.instance_id, path, args.tokens)
+            return await _rates(label, opener, args, child.cpu_s)
 
 
-async def _grpc_path(args: argparse.Namespace, certs: dict[str, Path]) -> list[Any]:
+def _grpc_handler(tokens: int) -> Any:
     import grpc
-    from grpc import aio
 
     async def stream(request: bytes, context: Any) -> Any:
-        for i in range(args.tokens):
+        for i in range(tokens):
             yield json.dumps({**TOKEN, "t": i}).encode()
 
-    handler = grpc.method_handlers_generic_handler(
-        "bench.Streams",
-        {"Open": grpc.unary_stream_rpc_method_handler(stream)},
-    )
-    from velomux_quic.programs.demo.grpc_tokens import (
-        _HOST,
-        channel_credentials,
-        server_credentials,
+    return grpc.method_handlers_generic_handler(
+        "bench.Streams", {"Open": grpc.unary_stream_rpc_method_handler(stream)}
     )
 
+
+async def _grpc_server(tokens: int, engine_certs: Path) -> tuple[Any, int]:
+    """A started grpc.aio server answering ``Open`` with ``tokens`` messages; its port."""
+    from grpc import aio
+
+    from velomux_quic.programs.demo.grpc_tokens import _HOST, server_credentials
+
     server = aio.server(options=[("grpc.so_reuseport", 0)])
-    server.add_generic_rpc_handlers((handler,))
-    port = server.add_secure_port(f"{_HOST}:0", server_credentials(certs["engine"]))
+    server.add_generic_rpc_handlers((_grpc_handler(tokens),))
+    port = server.add_secure_port(f"{_HOST}:0", server_credentials(engine_certs))
     await server.start()
+    return server, port
+
+
+async def _grpc_path(
+    args: argparse.Namespace, certs: dict[str, Path], placement: Placement
+) -> list[Any]:
+    if placement.processes == 1:
+        server, port = await _grpc_server(args.tokens, certs["engine"])
+        try:
+            return await _grpc_client(args, certs, port, None)
+        finally:
+            await server.stop(None)
+    async with _EngineProcess.start("grpc", "grpc", args, certs, placement) as child:
+        return await _grpc_client(args, certs, int(child.hello["port"]), child.cpu_s)
+
+
+async def _grpc_client(
+    args: argparse.Namespace,
+    certs: dict[str, Path],
+    port: int,
+    engine_cpu: Callable[[], float] | None,
+) -> list[Any]:
+    from grpc import aio
+
+    from velomux_quic.programs.demo.grpc_tokens import _HOST, channel_credentials
+
     channel = aio.secure_channel(f"{_HOST}:{port}", channel_credentials(certs["frontend"]))
     await channel.channel_ready()
     call = channel.unary_stream("/bench.Streams/Open")
@@ -292,16 +360,108 @@ async def _grpc_path(args: argparse.Namespace, certs: dict[str, Path]) -> list[A
                 raise RuntimeError(f"stream {n} ended after {count} tokens")
             return first
 
-        return await _rates("grpc", open_one, args)
+        return await _rates("grpc", open_one, args, engine_cpu)
     finally:
         await channel.close()
-        await server.stop(None)
 
 
-async def _rates(path: str, open_one: Opener, args: argparse.Namespace) -> list[Any]:
+@dataclass(frozen=True)
+class Placement:
+    """Where the nodes of a path run: ``processes`` 1, both in this process on one loop;
+    2, the engine (or the gRPC server) in a child process of its own, as deployed."""
+
+    processes: int
+    tracing: str | None
+    collector: str | None
+
+
+class _EngineProcess:
+    """The engine's side of a path in a child process (``--processes 2``): this script run
+    with ``--serve``. It prints one JSON line (its node's record, or the gRPC server's
+    port), serves until its standard input closes, and is killed if it does not end then."""
+
+    def __init__(self, process: asyncio.subprocess.Process, hello: dict[str, Any]) -> None:
+        self.process = process
+        self.hello = hello
+        self._stat = Path(f"/proc/{process.pid}/stat")
+        self._tick = os.sysconf("SC_CLK_TCK")
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def start(
+        cls,
+        kind: str,
+        path: str,
+        args: argparse.Namespace,
+        certs: dict[str, Path],
+        placement: Placement,
+    ) -> AsyncIterator[_EngineProcess]:
+        command = [
+            sys.executable, __file__, "--serve", kind, "--serve-path", path,
+            "--serve-certs", str(certs["engine"]), "--tokens", str(args.tokens),
+        ]  # fmt: skip
+        if placement.tracing is not None:
+            command += ["--tracing", placement.tracing]
+        if placement.collector is not None:
+            command += ["--collector", placement.collector]
+        process = await asyncio.create_subprocess_exec(
+            *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
+        )
+        try:
+            assert process.stdout is not None
+            line = await asyncio.wait_for(process.stdout.readline(), 60)
+            if not line:
+                raise SystemExit(f"the {kind} engine process ended before it was ready")
+            yield cls(process, json.loads(line))
+        finally:
+            if process.stdin is not None:
+                process.stdin.close()
+            try:
+                await asyncio.wait_for(process.wait(), 20)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+
+    def cpu_s(self) -> float:
+        """The child's CPU seconds so far (user + system, every thread), from Linux's
+        /proc: its utime and stime, in clock ticks."""
+        fields = self._stat.read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / self._tick
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    """``--serve``: the engine's side of one path in this process, until stdin closes."""
+    if args.tracing:
+        _set_tracing(args.tracing[0])
+    with _collector(args.collector[0] if args.collector else None):
+        certs = Path(args.serve_certs)
+        if args.serve == "grpc":
+            server, port = await _grpc_server(args.tokens, certs)
+            hello: dict[str, Any] = {"port": port}
+        else:
+            engine = await Node.start(NodeCredentials.load(certs))
+            _serve_streams(engine, args.serve_path, args.tokens)
+            hello = {"record": engine.record.to_json()}
+        try:
+            print(json.dumps(hello), flush=True)
+            await asyncio.get_running_loop().run_in_executor(None, sys.stdin.buffer.read)
+        finally:
+            if args.serve == "grpc":
+                await server.stop(None)
+            else:
+                await engine.close()
+    return 0
+
+
+async def _rates(
+    path: str,
+    open_one: Opener,
+    args: argparse.Namespace,
+    engine_cpu: Callable[[], float] | None = None,
+) -> list[Any]:
     results = []
     for rate in args.rates:
-        result = await _drive(open_one, rate, args.seconds, args.timeout)
+        result = await _drive(open_one, rate, args.seconds, args.timeout, engine_cpu)
         results.append(result)
         print(
             f"{path} at {rate:,}/s: {result['ok']:,} of {result['requests']:,} ok, "
@@ -341,6 +501,11 @@ def table(found: dict[str, list[dict[str, Any]]], rates: list[int]) -> str:
                 f"{result['sustained_per_s']:,.0f}/s, {result['errors']:,} errors, {latency}, "
                 f"{result['cpu_us_per_stream']:,.0f} µs"
             )
+            if "engine_cpu_us_per_stream" in result:
+                cell += (
+                    f" (frontend {result['frontend_cpu_us_per_stream']:,.0f}, engine "
+                    f"{result['engine_cpu_us_per_stream']:,.0f})"
+                )
             if "instructions_per_stream" in result:
                 cell += f", {result['instructions_per_stream']:,.0f} instructions"
             cells.append(cell)
@@ -379,17 +544,23 @@ async def main_async(args: argparse.Namespace) -> int:
             if mode is not None:
                 _set_tracing(mode)
             for collector in collectors:
-                for path in args.paths:
-                    if path == "grpc" and mode not in (None, modes[0]):
-                        continue  # not traced: once per collector setting
-                    label = path if mode is None or path == "grpc" else f"{path}, tracing {mode}"
-                    if collector is not None:
-                        label += f", collector {collector}"
-                    with _collector(collector):
-                        if path == "grpc":
-                            found[label] = await _grpc_path(args, certs)
-                        else:
-                            found[label] = await _node_path(path, args, certs, label)
+                for processes in args.processes:
+                    placement = Placement(processes, mode, collector)
+                    for path in args.paths:
+                        if path == "grpc" and mode not in (None, modes[0]):
+                            continue  # not traced: once per collector setting
+                        label = path
+                        if mode is not None and path != "grpc":
+                            label += f", tracing {mode}"
+                        if collector is not None:
+                            label += f", collector {collector}"
+                        if len(args.processes) > 1:
+                            label += f", {processes} process{'es' if processes > 1 else ''}"
+                        with _collector(collector):
+                            if path == "grpc":
+                                found[label] = await _grpc_path(args, certs, placement)
+                            else:
+                                found[label] = await _node_path(path, args, certs, label, placement)
     print(
         f"# stream rate: {args.tokens} tokens per stream, {args.seconds:g} s per rate, "
         f"timeout {args.timeout:g} s (cell: sustained opens, errors, first token p50 / p99, "
@@ -447,8 +618,21 @@ def main(argv: list[str] | None = None) -> int:
         "frozen (gc.freeze() of what the process holds before the nodes start), "
         "raised-frozen (both); docs/tuning.md",
     )  # fmt: skip
+    parser.add_argument(
+        "--processes", nargs="+", type=int, choices=(1, 2), default=[1],
+        help="run each path once per placement: 1, both nodes (or gRPC's server and client) "
+        "in this process on one loop; 2, the engine's side in a process of its own, as "
+        "deployed (default: 1)",
+    )  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write every figure here")
+    parser.add_argument("--serve", choices=("node", "grpc"), help=argparse.SUPPRESS)
+    parser.add_argument("--serve-path", choices=PATHS, help=argparse.SUPPRESS)
+    parser.add_argument("--serve-certs", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.serve is not None:
+        return run(_serve(args))
+    if args.instructions and args.processes != [1]:
+        parser.error("--instructions counts this one process: run it with --processes 1")
     if args.instructions and CALLGRIND_DIR not in os.environ:
         return _under_callgrind(sys.argv[1:] if argv is None else argv)
     return run(main_async(args))

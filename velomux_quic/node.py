@@ -363,6 +363,12 @@ class Node:
             )
 
     def _on_own_loop(self) -> None:
+        # A thread runs one loop at a time: on the node's thread with the node's loop
+        # running, that loop is the one awaiting. This is checked first because
+        # asyncio.get_running_loop() makes a getpid() system call (CPython 3.11), once per
+        # call of the node's API.
+        if threading.get_ident() == self._thread and self._loop.is_running():
+            return
         self._on_own_thread()
         try:
             running = asyncio.get_running_loop()

@@ -157,6 +157,29 @@ async def test_a_node_used_from_another_thread_raises_usage_error(
     assert await asyncio.wrap_future(future) == "ok"
 
 
+@pytest.mark.timeout(60)
+def test_a_node_awaited_on_another_loop_of_its_thread_raises_usage_error(
+    make_credentials: Callable[..., NodeCredentials],
+) -> None:
+    """The node's thread, but not the node's loop (it is not running): refused, not run."""
+    own, other = asyncio.new_event_loop(), asyncio.new_event_loop()
+    try:
+        node = own.run_until_complete(Node.start(make_credentials("a")))
+        try:
+            with pytest.raises(UsageError) as raised:
+                other.run_until_complete(node.call(node.instance_id, "x", timeout=1))
+            assert "another event loop" in str(raised.value)
+            # On its own loop the same call passes the check and fails further on (this
+            # node is not its own peer).
+            with pytest.raises(CallPeerNotRegistered):
+                own.run_until_complete(node.call(node.instance_id, "x", timeout=1))
+        finally:
+            own.run_until_complete(node.close())
+    finally:
+        other.close()
+        own.close()
+
+
 async def test_a_peer_at_a_wrong_address_names_the_address_tried(
     start_nodes: StartNode, make_credentials: Callable[..., NodeCredentials]
 ) -> None:

@@ -219,6 +219,50 @@ def test_stream_rate_benchmark_runs_a_path_once_per_collector_setting(tmp_path: 
 
 
 @pytest.mark.timeout(120)
+def test_stream_rate_benchmark_runs_the_engine_in_a_process_of_its_own(tmp_path: Path) -> None:
+    """``--processes 1 2``: each path once with both sides in the script's process and once
+    with the engine's side in a child; that child's CPU is counted apart, and it is gone
+    when the script ends."""
+    report = tmp_path / "rate.json"
+    command = [
+        sys.executable, str(STREAM_RATE), "--rates", "40", "--seconds", "0.25",
+        "--timeout", "20", "--paths", "mux-ticket", "grpc", "--processes", "1", "2",
+        "--json", str(report),
+    ]  # fmt: skip
+    returncode, stdout, stderr = run_script(command, timeout=110)
+    assert returncode == 0, stdout[-4000:] + stderr[-4000:]
+    found = json.loads(report.read_text())
+    assert list(found) == [
+        f"{path}, {placement}"
+        for placement in ("1 process", "2 processes")
+        for path in ("mux-ticket", "grpc")
+    ]
+    for path, (result,) in found.items():
+        assert (result["requests"], result["ok"], result["errors"]) == (10, 10, 0), path
+        apart = "engine_cpu_us_per_stream" in result
+        assert apart == path.endswith("2 processes"), path
+        if apart:
+            assert result["engine_cpu_us_per_stream"] > 0, path
+            assert result["cpu_us_per_stream"] == pytest.approx(
+                result["frontend_cpu_us_per_stream"] + result["engine_cpu_us_per_stream"]
+            ), path
+    assert not _processes_running(str(STREAM_RATE), "--serve"), "an engine process outlived it"
+
+
+def _processes_running(*words: str) -> list[int]:
+    """The processes whose command line holds every one of ``words`` (Linux's /proc)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            arguments = cmdline.read_bytes().split(b"\0")
+        except OSError:  # ended while we looked
+            continue
+        if all(word.encode() in arguments for word in words):
+            found.append(int(cmdline.parent.name))
+    return found
+
+
+@pytest.mark.timeout(120)
 def test_stream_rate_benchmark_runs_a_path_once_per_tracing_mode(tmp_path: Path) -> None:
     """``--tracing``: the node path once per mode (the SDK last), each labelled by it."""
     pytest.importorskip("opentelemetry.sdk")
