@@ -18,6 +18,11 @@ token each:
   driver's poll is not counted);
 * ``send-pass``: ``send_pass`` of one item per stream through the same channels (the
   sender's pass loop, which stages through the channel's ``try_send`` in C);
+* ``sender-try-send``: ``StreamSender.try_send(item)`` per stream through the same
+  channels: the item's encoding and the channel's ``try_send``;
+* ``send``: ``await sender.send(item)`` per stream from one coroutine, driven without a
+  loop since each finds room: the same work inside the coroutine a producer awaits, and
+  that coroutine's cost;
 * ``end-turn``: a decode loop's last pass, in one turn: each stream's last record
   (``try_send``) and its ``finalize()``; what the producer's turn pays before its records
   can leave;
@@ -47,7 +52,17 @@ from _callgrind import ENV_DIR, ClientRequests, read_window, run_in_tree  # noqa
 TOKEN = {"t": 12345, "s": 1, "p": "x" * 24}
 """About the 48-byte token frame of ``perf/tokens.py``."""
 
-ARMS = ("take", "anext", "anext-wait", "try-send", "send-pass", "end-turn", "end-after")
+ARMS = (
+    "take",
+    "anext",
+    "anext-wait",
+    "try-send",
+    "send-pass",
+    "sender-try-send",
+    "send",
+    "end-turn",
+    "end-after",
+)
 
 
 class Counter:
@@ -165,7 +180,8 @@ def producer_arms(counter: Counter, streams: int, rounds: int) -> None:
         channels = []
         senders = []
         for index in range(streams):
-            slot = batcher.open_slot(anchor_id=100 + index, session_id=200 + index)
+            # Credit for every arm's records: no consumer returns any here.
+            slot = batcher.open_slot(anchor_id=100 + index, session_id=200 + index, credit=1024)
             channel = MuxChannel(driver, slot)
             state = SenderState(
                 Owner(),
@@ -205,6 +221,31 @@ def producer_arms(counter: Counter, streams: int, rounds: int) -> None:
                 raise SystemExit("a pass left records over")
             await asyncio.sleep(0)
         counter.results["send-pass"] = counted / (rounds * streams)
+        counted = 0
+        for _ in range(rounds):
+            counter.requests.start()
+            for sender in senders:
+                if not sender.try_send(TOKEN):
+                    raise SystemExit("a record was refused")
+            counter.requests.stop()
+            counted += read_window(counter.out_dir)
+            await asyncio.sleep(0)
+        counter.results["sender-try-send"] = counted / (rounds * streams)
+        counted = 0
+
+        async def sends() -> None:
+            # Awaited from a coroutine, as a producer does: the interpreter's await, not a
+            # StopIteration per send (one per round, for this coroutine, is counted).
+            for sender in senders:
+                await sender.send(TOKEN)
+
+        for _ in range(rounds):
+            counter.requests.start()
+            _ready(sends())
+            counter.requests.stop()
+            counted += read_window(counter.out_dir)
+            await asyncio.sleep(0)
+        counter.results["send"] = counted / (rounds * streams)
         counter.requests.start()
         for channel in channels:
             if not channel.try_send(body):
@@ -248,8 +289,9 @@ def main(argv: list[str] | None = None) -> None:
     tree = (args.tree or HERE.parent).resolve()
     result = run_in_tree(__file__, [f"--streams={args.streams}", f"--rounds={args.rounds}"], tree)
     print(f"{tree} ({result.pop('record_path')}): instructions per record")
+    width = max(len(arm) for arm in ARMS)
     for arm in ARMS:
-        print(f"  {arm:<11} {result[arm]:9,.0f}")
+        print(f"  {arm:<{width}} {result[arm]:9,.0f}")
 
 
 if __name__ == "__main__":

@@ -278,3 +278,40 @@ async def test_a_ticket_opens_one_stream_and_its_reuse_is_refused(
     sender.finalize()
     async with asyncio.timeout(20):
         assert [item async for item in anchor] == ["first and only"]
+
+
+async def test_a_ticket_opens_to_each_consumer_that_dialed_in_even_a_later_one(
+    start_nodes: StartNode,
+) -> None:
+    """The producer has no record of its consumers: each dialed it. It finds each by its
+    handle's WorkerId among the transport's peers, a consumer that dialed in after the
+    first opens too, and a handle of a node it never met is refused."""
+    producer = await start_nodes("producer")
+
+    async def dial_in(name: str) -> Node:
+        consumer = await start_nodes(name)
+        consumer.add_peer(producer.instance_id, producer.address)
+        await consumer.connect(producer.instance_id)
+        return consumer
+
+    async def one(consumer: Node, item: int) -> None:
+        anchor = consumer.create_anchor()
+        ticket = ticket_of(consumer, anchor.handle)
+        sender = await producer.open_anchor_stream(anchor.handle, ticket)
+        await sender.send(item)
+        sender.finalize()
+        assert [got async for got in anchor] == [item]
+
+    async with asyncio.timeout(60):
+        consumers = [await dial_in("consumer-0"), await dial_in("consumer-1")]
+        for index, consumer in enumerate(consumers):
+            await one(consumer, index)
+        consumers.append(await dial_in("consumer-2"))
+        for round_ in range(1, 3):
+            for index, consumer in enumerate(consumers):
+                await one(consumer, 10 * round_ + index)
+        stranger = await start_nodes("stranger")  # never dialed the producer
+        anchor = stranger.create_anchor()
+        with pytest.raises(AttachRefused, match="no known node has WorkerId"):
+            await producer.open_anchor_stream(anchor.handle, ticket_of(stranger, anchor.handle))
+        await one(consumers[0], 100)

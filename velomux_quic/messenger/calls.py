@@ -34,6 +34,9 @@ class PendingCalls:
     def __init__(self) -> None:
         self._calls: dict[int, _Call] = {}
         self._ids = itertools.count(1)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        """The messenger's loop, taken at the first call: ``asyncio.get_running_loop()``
+        makes a ``getpid()`` system call each time on Python 3.11."""
 
     def __len__(self) -> int:
         return len(self._calls)
@@ -43,7 +46,9 @@ class PendingCalls:
     ) -> tuple[int, asyncio.Future[Any]]:
         """Register a call to ``peer``'s ``handler``: its message id and the future its answer
         (or its UnaryTimeout after ``timeout`` s) completes."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
         message_id = next(self._ids) & 0xFFFF_FFFF_FFFF_FFFF or next(self._ids)
         future: asyncio.Future[Any] = loop.create_future()
         call = _Call(peer, handler, future)

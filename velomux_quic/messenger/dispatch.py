@@ -62,6 +62,15 @@ class OrderedDispatcher:
         self._paused: dict[LaneKey, int] = {}
         self._spawned: set[asyncio.Task[None]] = set()
         self._closed = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        """The messenger's loop, taken at the first job: ``asyncio.get_running_loop()``
+        makes a ``getpid()`` system call each time on Python 3.11."""
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
 
     def queues(self) -> int:
         """Live (handler, sender, lane) queues: only those with work exist."""
@@ -85,13 +94,13 @@ class OrderedDispatcher:
             queue.paused = True
             self._pause_lane(queue.lane_key)
         if queue.task is None:
-            queue.task = asyncio.get_running_loop().create_task(self._drain(key, queue))
+            queue.task = self._running_loop().create_task(self._drain(key, queue))
 
     def spawn(self, job: Job) -> None:
         """Run one job concurrently, in no particular order (``dispatch="spawn"``)."""
         if self._closed:
             return
-        task = asyncio.get_running_loop().create_task(self._run(job))
+        task = self._running_loop().create_task(self._run(job))
         self._spawned.add(task)
         task.add_done_callback(self._spawned.discard)
 

@@ -148,6 +148,10 @@ class AnchorProducer:
         """Per anchor, the session id of this node's last attach that timed out."""
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._heartbeat_wake = asyncio.Event()
+        self._dialed_in: dict[WorkerId, InstanceId] = {}
+        """The WorkerIds of the peers only the transport knows (they dialed in, and the
+        peer table has no record of them), so an open to one of them finds it without
+        digesting every connected peer's id again."""
         self._retiring: set[SenderState] = set()
         """Senders that handed over their terminal and wait for it to leave (remote only)."""
         self._idle = asyncio.Event()
@@ -365,10 +369,17 @@ class AnchorProducer:
         known = self._messenger.peers.by_worker(worker_id)
         if known is not None:
             return known
-        for peer in self._messenger.transport.known_peers():
-            if worker_id_of(peer) == worker_id:
-                return peer
-        return None
+        transport = self._messenger.transport
+        peer = self._dialed_in.get(worker_id)
+        if peer is not None and transport.knows(peer):
+            return peer
+        # A peer not indexed yet, or one the transport forgot: index what it knows now. A
+        # WorkerId is a digest, so the ones indexed already are kept, not computed again.
+        digests = {peer: digest for digest, peer in self._dialed_in.items()}
+        self._dialed_in = {
+            digests.get(peer) or worker_id_of(peer): peer for peer in transport.known_peers()
+        }
+        return self._dialed_in.get(worker_id)
 
     # -- a sender's end, and the consumer's cancel and stop ----------------------------
 

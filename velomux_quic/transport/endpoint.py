@@ -430,6 +430,10 @@ class QuicEndpoint(asyncio.DatagramProtocol):
         """Peers with an address or a live verified connection, either direction."""
         return set(self._addresses) | set(self._inbound) | set(self._outbound)
 
+    def knows(self, peer: InstanceId) -> bool:
+        """Whether ``peer`` is one of :meth:`known_peers`, without building the set."""
+        return peer in self._addresses or peer in self._inbound or peer in self._outbound
+
     def is_connected(self, peer: InstanceId, *, outbound: bool | None = None) -> bool:
         """Whether an established connection with ``peer`` remains: one this node dialed
         (``outbound=True``), one the peer dialed (``False``), or either (None)."""
