@@ -200,16 +200,25 @@ def producer_arms(counter: Counter, streams: int, rounds: int) -> None:
         for _ in range(3):
             await asyncio.sleep(0)  # the OpenSlots are written
         body = encode_item(TOKEN)
-        counted = 0
-        for _ in range(rounds):
-            counter.requests.start()
+
+        async def per_record(one_round: Callable[[], None]) -> float:
+            """Instructions per record of ``rounds`` calls of ``one_round`` (a record on
+            every stream), the driver's wake writing each round's batch in between."""
+            counted = 0
+            for _ in range(rounds):
+                counter.requests.start()
+                one_round()
+                counter.requests.stop()
+                counted += read_window(counter.out_dir)
+                await asyncio.sleep(0)
+            return counted / (rounds * streams)
+
+        def try_sends() -> None:
             for channel in channels:
                 if not channel.try_send(body):
                     raise SystemExit("a record was refused")
-            counter.requests.stop()
-            counted += read_window(counter.out_dir)
-            await asyncio.sleep(0)  # the driver's wake writes the batch
-        counter.results["try-send"] = counted / (rounds * streams)
+
+        counter.results["try-send"] = await per_record(try_sends)
         counted = 0
         pairs = [(sender, TOKEN) for sender in senders]
         for _ in range(rounds):
@@ -221,17 +230,11 @@ def producer_arms(counter: Counter, streams: int, rounds: int) -> None:
                 raise SystemExit("a pass left records over")
             await asyncio.sleep(0)
         counter.results["send-pass"] = counted / (rounds * streams)
-        counted = 0
-        for _ in range(rounds):
-            counter.requests.start()
+
+        def sender_try_sends() -> None:
             for sender in senders:
                 if not sender.try_send(TOKEN):
                     raise SystemExit("a record was refused")
-            counter.requests.stop()
-            counted += read_window(counter.out_dir)
-            await asyncio.sleep(0)
-        counter.results["sender-try-send"] = counted / (rounds * streams)
-        counted = 0
 
         async def sends() -> None:
             # Awaited from a coroutine, as a producer does: the interpreter's await, not a
@@ -239,13 +242,8 @@ def producer_arms(counter: Counter, streams: int, rounds: int) -> None:
             for sender in senders:
                 await sender.send(TOKEN)
 
-        for _ in range(rounds):
-            counter.requests.start()
-            _ready(sends())
-            counter.requests.stop()
-            counted += read_window(counter.out_dir)
-            await asyncio.sleep(0)
-        counter.results["send"] = counted / (rounds * streams)
+        counter.results["sender-try-send"] = await per_record(sender_try_sends)
+        counter.results["send"] = await per_record(lambda: _ready(sends()))
         counter.requests.start()
         for channel in channels:
             if not channel.try_send(body):
