@@ -71,6 +71,12 @@ cdef class EgressBatcher:
 
     cdef object _control_target(self, object slot_id_)
 
+    # The slot-ending helpers, shared by close, end_now, offer_terminal and end_lost:
+    # C calls between the batcher's own methods.
+    cdef _discard_queued(self, CEgressSlot slot)
+    cdef _drop_guard(self, CEgressSlot slot)
+    cdef _queue_terminal(self, CEgressSlot slot, object body, object now, object guard)
+
     cpdef on_credits(self, list grants, object now)
 
     @cython.locals(
