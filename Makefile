@@ -5,6 +5,15 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# The default suites run in this many pytest-xdist worker processes (`auto`: one per
+# core; 0 runs them in pytest's own process). Most of a test's time is spent waiting on
+# timers, handshakes and child processes, so one process leaves a core idle: two workers
+# take the suite in about half the time on two cores. Each test still runs whole in one
+# worker, and tests share nothing but the machine (free ports, their own temporary
+# directories, namespaces and etcd servers). A worker ended by the hang backstop
+# (tests/hang_backstop.py) fails its test; xdist starts another and the run goes on.
+PYTEST_WORKERS ?= auto
+XDIST := -n $(PYTEST_WORKERS) --dist worksteal
 
 .PHONY: install etcd valgrind test test-qh3 test-slow test-pythons soak demo certs lint docs perf fuzz dist dist-check clean
 
@@ -56,7 +65,7 @@ valgrind:
 	fi
 
 test: $(STAMP) etcd valgrind
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
 # The whole suite again with every node on the qh3 engine (VELOMUX_QUIC_ENGINE=qh3, the
 # velomux_quic[qh3] extra); the tests that need what qh3 does not do (EngineFeatures: one
@@ -64,9 +73,10 @@ test: $(STAMP) etcd valgrind
 # there, saying which. Tests that name their engines (the fault matrix, the overload runs,
 # tests/integration/test_engine_faults.py, the aioquic/qh3 interop matrix) run both either way.
 test-qh3: $(STAMP) etcd
-	VELOMUX_QUIC_ENGINE=qh3 $(PY) -m pytest -q $(PYTEST_ARGS)
+	VELOMUX_QUIC_ENGINE=qh3 $(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
-# The long soak and multi-host variants (marked `slow`).
+# The long soak and multi-host variants (marked `slow`), one at a time: each is long, and
+# several measure rates or memory that a test beside them would disturb.
 test-slow: $(STAMP) etcd
 	$(PY) -m pytest -q -m slow --timeout=1800 $(PYTEST_ARGS)
 
@@ -157,7 +167,7 @@ dist-check: $(DIST_STAMP)
 # classifiers in pyproject.toml (a unit test checks). Run after dist-check, it reuses its
 # wheels (dist is up to date); alone, it builds them first.
 test-pythons: $(DIST_STAMP) etcd
-	$(PY) tools/test_pythons.py --dist dist $(PYTHONS)
+	$(PY) tools/test_pythons.py --dist dist --workers $(PYTEST_WORKERS) $(PYTHONS)
 
 clean:
 	rm -rf $(VENV) build dist site *.egg-info .mypy_cache .ruff_cache

@@ -19,6 +19,11 @@ every running event loop waits (a thread's stack shows only the loop's ``select`
 needs the GIL, so a main thread blocked in C skips that part. A test that ends in time
 disarms both. When ``faulthandler_timeout`` is set, pytest's own use of the same watchdog
 is left alone and this one stands down.
+
+Under pytest-xdist (``make test`` runs the suite in worker processes) the process that exits
+is the worker: xdist reports its test as failed, starts a fresh worker for the tests still
+to run, and the run fails at its end. The stacks go to the worker's stderr, which is the
+run's own.
 """
 
 from __future__ import annotations

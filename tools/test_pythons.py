@@ -11,7 +11,7 @@ checkout without the package's source, so the processes they start (``python -m 
 from the tree's root) import the installed package too, never a copy built in place for
 another Python. A missing interpreter fails, saying how to get it.
 
-    python tools/test_pythons.py [--dist dist] [VERSION ...]
+    python tools/test_pythons.py [--dist dist] [--workers N] [VERSION ...]
 """
 
 from __future__ import annotations
@@ -84,6 +84,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("versions", nargs="*", default=list(VERSIONS), help="e.g. 3.12")
     parser.add_argument("--dist", type=Path, default=ROOT / "dist", help="where make dist wrote")
+    parser.add_argument(
+        "--workers",
+        default="0",
+        help="pytest-xdist worker processes for each suite (auto: one per core; 0: none)",
+    )
     args = parser.parse_args(argv)
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     wheels = {
@@ -127,6 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             env = {**os.environ, "VELOMUX_TEST_INSTALLED": "1"}
             run(
                 [env_dir / "bin" / "pytest", "-q", "-p", "no:cacheprovider",
+                 "-n", args.workers, "--dist", "worksteal",
                  "--import-mode=append", f"--rootdir={tree}", "-c", tree / "pyproject.toml",
                  tree / "tests" / "unit", *(tree / path for path in INTEGRATION)],
                 tree, env,

@@ -43,11 +43,18 @@ ONCE_PER_CI = pytest.mark.skipif(
 pytestmark = ONCE_PER_CI
 
 
-def run_script(command: list[str], timeout: float) -> tuple[int, str, str]:
+def run_script(
+    command: list[str], timeout: float, env: dict[str, str] | None = None
+) -> tuple[int, str, str]:
     """Run a benchmark script in a process group of its own, so a hang is ended by killing
     it and its children at once (and fails the test with what it printed)."""
     process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=env,
     )
     try:
         stdout, stderr = process.communicate(timeout=timeout)
@@ -186,13 +193,17 @@ STREAM_RATE = SCRIPT.with_name("stream_rate.py")
 
 def _stream_rate(tmp_path: Path, *arguments: str) -> dict[str, Any]:
     """Run perf/stream_rate.py at a low rate (10 requests a path) with ``arguments``: its
-    figures by path, each path's every request having opened and read its stream whole."""
+    figures by path, each path's every request having opened and read its stream whole.
+
+    The script's temporary files go under ``tmp_path`` (TMPDIR), so the processes it starts
+    name this test's directory in their arguments (see :func:`_processes_running`)."""
     report = tmp_path / "rate.json"
     command = [
         sys.executable, str(STREAM_RATE), "--rates", "40", "--seconds", "0.25",
         "--timeout", "20", *arguments, "--json", str(report),
     ]  # fmt: skip
-    returncode, stdout, stderr = run_script(command, timeout=110)
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    returncode, stdout, stderr = run_script(command, timeout=110, env=env)
     assert returncode == 0, stdout[-4000:] + stderr[-4000:]
     found: dict[str, Any] = json.loads(report.read_text())
     for path, (result,) in found.items():
@@ -236,18 +247,24 @@ def test_stream_rate_benchmark_runs_the_engine_in_a_process_of_its_own(tmp_path:
             assert result["cpu_us_per_stream"] == pytest.approx(
                 result["frontend_cpu_us_per_stream"] + result["engine_cpu_us_per_stream"]
             ), path
-    assert not _processes_running(str(STREAM_RATE), "--serve"), "an engine process outlived it"
+    leftovers = _processes_running(str(STREAM_RATE), "--serve", inside=tmp_path)
+    assert not leftovers, f"an engine process outlived the script: {leftovers}"
 
 
-def _processes_running(*words: str) -> list[int]:
-    """The processes whose command line holds every one of ``words`` (Linux's /proc)."""
+def _processes_running(*words: str, inside: Path) -> list[int]:
+    """The processes whose command line holds every one of ``words`` and an argument under
+    the directory ``inside`` (Linux's /proc): this test's processes, not those of a test
+    running beside it in another worker."""
     found = []
+    directory = str(inside).encode()
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
             arguments = cmdline.read_bytes().split(b"\0")
         except OSError:  # ended while we looked
             continue
-        if all(word.encode() in arguments for word in words):
+        if all(word.encode() in arguments for word in words) and any(
+            argument.startswith(directory) for argument in arguments
+        ):
             found.append(int(cmdline.parent.name))
     return found
 
