@@ -10,8 +10,10 @@ PYTEST_ARGS ?=
 # timers, handshakes and child processes, so one process leaves a core idle: two workers
 # take the suite in about half the time on two cores. Each test still runs whole in one
 # worker, and tests share nothing but the machine (free ports, their own temporary
-# directories, namespaces and etcd servers). A worker ended by the hang backstop
-# (tests/hang_backstop.py) fails its test; xdist starts another and the run goes on.
+# directories, namespaces and etcd servers). The few that assert a ratio of wall-clock
+# times are marked `alone` and run with no other test beside them (tests/run_alone.py). A
+# worker ended by the hang backstop (tests/hang_backstop.py) fails its test; xdist starts
+# another and the run goes on.
 PYTEST_WORKERS ?= auto
 XDIST := -n $(PYTEST_WORKERS) --dist worksteal
 

@@ -27,7 +27,9 @@ from velomux_quic.transport.engine_choice import engine_features, resolve_engine
 if TYPE_CHECKING:
     from velomux_quic.node import Node
 
-pytest_plugins = ["tests.hang_backstop"]  # ends a run stuck in a test pytest-timeout cannot end
+# hang_backstop ends a run stuck in a test pytest-timeout cannot end; run_alone keeps the
+# tests marked `alone` (wall-clock ratios) from running beside others under pytest-xdist.
+pytest_plugins = ["tests.hang_backstop", "tests.run_alone"]
 
 uvloop: ModuleType | None
 try:

@@ -38,7 +38,8 @@ from tests.integration.test_hostile_memory import (
 from velomux_quic.node import Node
 from velomux_quic.security.certs import NodeCredentials
 
-pytestmark = [pytest.mark.timeout(240), pytest.mark.one_loop]
+# alone: each test asserts a ratio of wall-clock times (tests/run_alone.py).
+pytestmark = [pytest.mark.timeout(240), pytest.mark.one_loop, pytest.mark.alone]
 
 SLOWDOWN_BOUND = 8.0
 """What the flood may slow the legitimate stream by here (see the module docstring)."""

@@ -46,7 +46,8 @@ from velomux_quic.security.certs import NodeCredentials
 from velomux_quic.transport import TransportConfig, TransportHandler
 from velomux_quic.transport.endpoint import QuicEndpoint
 
-pytestmark = [pytest.mark.timeout(180), pytest.mark.one_loop]
+# alone: each test asserts a ratio of wall-clock times (tests/run_alone.py).
+pytestmark = [pytest.mark.timeout(180), pytest.mark.one_loop, pytest.mark.alone]
 
 RSS_BOUND = 16 * MiB
 """What each attack may add to the victim's resident memory."""
