@@ -7,13 +7,12 @@ STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 # The default suites run in this many pytest-xdist worker processes (`auto`: one per
 # core; 0 runs them in pytest's own process). Most of a test's time is spent waiting on
-# timers, handshakes and child processes, so one process leaves a core idle: two workers
-# take the suite in about half the time on two cores. Each test still runs whole in one
-# worker, and tests share nothing but the machine (free ports, their own temporary
-# directories, namespaces and etcd servers). The few that assert a ratio of wall-clock
-# times are marked `alone` and run with no other test beside them (tests/run_alone.py). A
-# worker ended by the hang backstop (tests/hang_backstop.py) fails its test; xdist starts
-# another and the run goes on.
+# timers, handshakes and child processes, so one process leaves a core idle (the times
+# are in CHANGELOG.md). Each test still runs whole in one worker, and tests share nothing
+# but the machine (free ports, their own temporary directories, namespaces and etcd
+# servers). The few that assert a ratio of wall-clock times are marked `alone` and run
+# with no other test beside them (tests/run_alone.py). A worker ended by the hang backstop
+# (tests/hang_backstop.py) fails its test; xdist starts another and the run goes on.
 PYTEST_WORKERS ?= auto
 XDIST := -n $(PYTEST_WORKERS) --dist worksteal
 
