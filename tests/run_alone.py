@@ -9,9 +9,9 @@ room exclusively, and every other test takes it shared, so an ``alone`` test sta
 the tests running in the other workers have ended and no test starts beside it until it
 ends.
 
-The room is a pair of ``flock`` locks on files in a directory the controller makes (its
-path reaches the workers in the environment they inherit; a pytest that a test starts in a
-process of its own is no worker, and takes no lock) and removes at the end:
+The room is a pair of ``flock`` locks on files in a directory the controller makes, names
+to each worker in its ``workerinput`` (xdist's channel to a worker, so a pytest that a test
+starts in a process of its own knows nothing of it) and removes at the end:
 
 * ``room``: shared for a test, exclusive for an ``alone`` one;
 * ``gate``: taken exclusively for the moment of entering the room, and held by an ``alone``
@@ -26,19 +26,18 @@ timeout. Without workers (``-n 0``, or a run outside ``make``) nothing is locked
 from __future__ import annotations
 
 import fcntl
-import os
 import shutil
 import tempfile
 from collections.abc import Generator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 MARKER = "alone"
-_LOCKS_VARIABLE = "VELOMUX_TEST_ROOM"
-"""The directory of the run's two lock files, set by the controller for its workers."""
+_WORKER_INPUT = "velomux_test_room"
+"""The ``workerinput`` key naming the directory of the run's two lock files."""
 _MADE = pytest.StashKey[Path]()
-_INHERITED = pytest.StashKey["str | None"]()
 _ROOM = pytest.StashKey["Room"]()
 
 
@@ -70,18 +69,20 @@ class Room:
             handle.close()
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """In the controller, before each worker starts (an xdist hook): the room, made once."""
+    config: pytest.Config = node.config
+    made = config.stash.get(_MADE, None)
+    if made is None:
+        made = config.stash[_MADE] = Path(tempfile.mkdtemp(prefix="velomux-test-room-"))
+    node.workerinput[_WORKER_INPUT] = str(made)
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    if getattr(config, "workerinput", None) is not None:  # an xdist worker
-        directory = os.environ.get(_LOCKS_VARIABLE)
-        if directory is not None:
-            config.stash[_ROOM] = Room(Path(directory))
-    elif config.getoption("numprocesses", None):
-        # A controller makes its own room even when it runs inside a test of an outer run
-        # (whose variable it inherited): its workers must never wait on the outer room.
-        made = Path(tempfile.mkdtemp(prefix="velomux-test-room-"))
-        config.stash[_MADE] = made
-        config.stash[_INHERITED] = os.environ.get(_LOCKS_VARIABLE)
-        os.environ[_LOCKS_VARIABLE] = str(made)  # the workers, started after this, inherit it
+    directory = getattr(config, "workerinput", {}).get(_WORKER_INPUT)
+    if directory is not None:  # an xdist worker of a run that made a room
+        config.stash[_ROOM] = Room(Path(directory))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -90,11 +91,6 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         room.close()
     made = config.stash.get(_MADE, None)
     if made is not None:
-        inherited = config.stash.get(_INHERITED, None)
-        if inherited is None:
-            os.environ.pop(_LOCKS_VARIABLE, None)
-        else:
-            os.environ[_LOCKS_VARIABLE] = inherited
         shutil.rmtree(made, ignore_errors=True)
 
 

@@ -5,7 +5,6 @@ and the log's intervals are checked."""
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import signal
@@ -54,20 +53,17 @@ def test_beside(number):
 """
 
 
-def run_two_workers(tmp_path: Path, **variables: str) -> list[tuple[str, float, float, str]]:
-    """Run TESTS in two workers, with ``variables`` added to the environment; each test's
-    (name, start, end, worker)."""
+def run_two_workers(tmp_path: Path) -> list[tuple[str, float, float, str]]:
+    """Run TESTS in two workers; each test's (name, start, end, worker)."""
     (tmp_path / "pytest.ini").write_text(SETTINGS)
     (tmp_path / "conftest.py").write_text('pytest_plugins = ["tests.run_alone"]\n')
     (tmp_path / "test_cases.py").write_text(TESTS)
     log = tmp_path / "log.jsonl"
-    # A pytest of its own: none of this run's xdist variables, so it is a controller.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
     process = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2",
          "--dist", "worksteal", "test_cases.py"],
         cwd=tmp_path,
-        env={**env, **variables, "PYTHONPATH": str(ROOT), "ROOM_LOG": str(log)},
+        env={**os.environ, "PYTHONPATH": str(ROOT), "ROOM_LOG": str(log)},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -116,18 +112,3 @@ def test_the_other_tests_still_run_side_by_side_in_both_workers(tmp_path: Path) 
         (a[0], b[0]) for a in beside for b in beside if a[3] < b[3] and a[1] < b[2] and b[1] < a[2]
     ]
     assert overlapping, "no two tests of the two workers ever ran at the same time"
-
-
-def test_a_pytest_a_test_starts_takes_no_lock_of_the_run_around_it(tmp_path: Path) -> None:
-    # What a pytest started by a test of a run in workers inherits: the variable naming
-    # that run's room, here held exclusively. The inner run makes a room of its own, so it
-    # ends; waiting on the outer room, it would hang until the subprocess's timeout.
-    outer = tmp_path / "outer-room"
-    outer.mkdir()
-    inner = tmp_path / "inner"
-    inner.mkdir()
-    with open(outer / "gate", "a+b") as gate, open(outer / "room", "a+b") as room:
-        fcntl.flock(gate, fcntl.LOCK_EX)
-        fcntl.flock(room, fcntl.LOCK_EX)
-        intervals = run_two_workers(inner, VELOMUX_TEST_ROOM=str(outer))
-    assert len(intervals) == 19
