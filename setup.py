@@ -39,6 +39,9 @@ EXTENSIONS = [
     Extension(
         "velomux_quic.streaming._reader_send", ["velomux_quic/streaming/_reader_send.pyx"]
     ),
+    Extension(
+        "velomux_quic.streaming._sender_send", ["velomux_quic/streaming/_sender_send.pyx"]
+    ),
     *(Extension(name, [name.replace(".", "/") + ".py"]) for name in COMPILED_MODULES),
 ]
 

@@ -19,6 +19,7 @@ import velomux_quic.node  # noqa: F401  (imports every compiled module)
 from velomux_quic import runtime_info
 from velomux_quic.programs.cli import version_text
 from velomux_quic.recordpath import (
+    COMPANION_MODULES,
     COMPILED_MODULES,
     IMPLEMENTATION,
     PURE_PYTHON_ENV,
@@ -140,27 +141,31 @@ def test_a_missing_extension_fails_the_import_loudly() -> None:
     assert f"{PURE_PYTHON_ENV}=1" in result.stderr
 
 
-NO_COMPANION = (
-    "import sys; sys.modules['velomux_quic.streaming._reader_send'] = None\n"
-    "import velomux_quic.node\n"
-    "from velomux_quic.recordpath import IMPLEMENTATION; print(IMPLEMENTATION)\n"
-)
-"""A process whose read's companion extension (its awaitable's ``am_send`` slot) cannot be
-imported: the read would still work, through ``__next__``, but slower, in silence."""
+def _without_companion(companion: str) -> str:
+    """A process whose ``companion`` (an awaitable's ``am_send`` slot) cannot be imported:
+    the read or the send would still work, through ``__next__``, but slower, in silence."""
+    return (
+        f"import sys; sys.modules[{companion!r}] = None\n"
+        "import velomux_quic.node\n"
+        "from velomux_quic.recordpath import IMPLEMENTATION; print(IMPLEMENTATION)\n"
+    )
 
 
-def test_a_missing_companion_fails_the_import_loudly() -> None:
-    result = _run_without_extension("0", NO_COMPANION)
+@pytest.mark.parametrize("companion", COMPANION_MODULES)
+def test_a_missing_companion_fails_the_import_loudly(companion: str) -> None:
+    result = _run_without_extension("0", _without_companion(companion))
     assert result.returncode != 0
     assert "CompiledRecordPathMissing" in result.stderr
-    assert "velomux_quic.streaming._reader_send" in result.stderr
-    assert _run_without_extension("1", NO_COMPANION).stdout.strip() == "pure-python"
+    assert companion in result.stderr
+    assert _run_without_extension("1", _without_companion(companion)).stdout.strip() == (
+        "pure-python"
+    )
 
 
-def test_the_companion_loads_with_the_compiled_read_only() -> None:
-    import velomux_quic.streaming.reader  # noqa: F401  (imports its companion, if any)
-
-    assert ("velomux_quic.streaming._reader_send" in sys.modules) is not PURE_ASKED
+def test_the_companions_load_with_the_compiled_path_only() -> None:
+    # The reader and the sender, imported with the node above, import their companions.
+    for companion in COMPANION_MODULES:
+        assert (companion in sys.modules) is not PURE_ASKED, companion
 
 
 def test_a_compiled_module_without_its_extension_fails_the_import_loudly() -> None:

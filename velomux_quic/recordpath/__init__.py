@@ -40,6 +40,7 @@ from types import ModuleType
 from typing import Final, Literal
 
 __all__ = [
+    "COMPANION_MODULES",
     "COMPILED_MODULES",
     "IMPLEMENTATION",
     "PURE_PYTHON_ENV",
@@ -87,6 +88,13 @@ COMPILED_MODULES: Final = (
 )
 """The modules written once and compiled as they are where built (each has a ``.pxd``
 beside it, and an extension of the same name in setup.py)."""
+
+COMPANION_MODULES: Final = (
+    "velomux_quic.streaming._reader_send",
+    "velomux_quic.streaming._sender_send",
+)
+"""The companions (see :func:`companion`): C-only extensions of a ``.pyx`` each, built
+only for the compiled path (setup.py's extensions too)."""
 
 
 def _missing(name: str, why: str) -> CompiledRecordPathMissing:

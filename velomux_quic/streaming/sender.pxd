@@ -41,3 +41,9 @@ cdef class StreamSender:
     packer_buffer=Py_ssize_t, blocked=set,
 )
 cpdef Py_ssize_t _stage_pass(object pairs, dict failed, list left) except -1
+
+
+# Final, so nothing can subclass the one object every send returns.
+@cython.final
+cdef class SendDone:
+    pass

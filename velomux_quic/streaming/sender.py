@@ -29,13 +29,14 @@ import contextlib
 import enum
 import logging
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Final, Literal, Protocol
+from typing import Any, Final, Literal, NoReturn, Protocol, cast
 
 from ..errors import ChannelClosed, SendTimeout, SerializationError, UsageError
 from ..ids import InstanceId, StreamAnchorHandle
+from ..recordpath import companion
 from .channels import ProducerChannel, StagingChannel
 from .frames import (
     DETACHED,
@@ -361,24 +362,31 @@ class StreamSender:
         slot, or written to the QUIC stream and not transmitted)."""
         return self._state.channel.queued_bytes
 
-    async def send(self, item: Any, *, timeout: float | None = None) -> None:
-        """Send one item, waiting while the stream has no room (the backpressure).
+    def send(self, item: Any, *, timeout: float | None = None) -> Coroutine[Any, Any, None]:
+        """Send one item, waiting while the stream has no room (the backpressure):
+        ``await sender.send(item)``.
 
         ``timeout`` bounds that wait: :class:`SendTimeout` when no room opened in time;
         the item was not taken and the stream goes on. Raises :class:`ChannelClosed` once
         the stream ended or the consumer cancelled it, and :class:`SerializationError`
         (nothing sent) for an item MessagePack cannot encode. A send that has to wait is
         counted in ``velo_streaming_producer_send_backpressure_total``.
+
+        The call itself takes the item when the stream has room and returns
+        :data:`SENT`, an awaitable already done; otherwise it returns the wait for room, a
+        coroutine that takes the item once room opens. Await what it returns either way
+        (``asyncio.create_task`` takes either). A producer that keeps up never waits, and
+        this way its send makes no coroutine per item; the errors above are raised by the
+        call, before anything is awaited.
         """
         state = self._state
         if state.terminal_sent:  # a cancel sets it too, so one flag guards the hot path
-            raise ChannelClosed(
-                "the stream was cancelled" if state.cancelled.is_set() else "the stream has ended"
-            )
+            raise _closed_error(state)
         body = encode_item(item)  # SerializationError for what MessagePack cannot hold
         staging = state.staging
-        if not (staging.try_send(body) if staging is not None else state.channel.try_send(body)):
-            await _send_when_room(state, body, timeout)
+        if staging.try_send(body) if staging is not None else state.channel.try_send(body):
+            return SENT
+        return _send_when_room(state, body, timeout)
 
     def try_send(self, item: Any) -> bool:
         """Send one item only if the stream has room now; never waits.
@@ -447,6 +455,47 @@ class StreamSender:
         (:attr:`Retired.SENT`), or once it is known that it never will (see
         :class:`Retired` for what each path promises)."""
         return await asyncio.shield(self._state.retired)
+
+
+class SendDone:
+    """What :meth:`StreamSender.send` returns when it took the item at once: an awaitable
+    already done, which a task also runs as a coroutine (``send``, ``throw``, ``close``),
+    so ``asyncio.create_task`` takes it. It holds nothing: one object, :data:`SENT`,
+    serves every send.
+
+    Compiled, ending an await through ``__next__`` costs a StopIteration for every item;
+    ``_sender_send.pyx`` gives the type an ``am_send`` slot that ends it with a value (see
+    :class:`~.reader.AnchorRead`).
+    """
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return self  # its own iterator, with send, throw and close
+
+    def __iter__(self) -> SendDone:
+        return self
+
+    def __next__(self) -> NoReturn:
+        raise StopIteration
+
+    def send(self, value: object) -> NoReturn:
+        raise StopIteration
+
+    def throw(self, typ: Any, value: Any = None, traceback: Any = None) -> NoReturn:
+        if value is None:
+            value = typ if isinstance(typ, BaseException) else typ()
+        if traceback is not None:
+            raise value.with_traceback(traceback)
+        raise value
+
+    def close(self) -> None:
+        pass
+
+
+SENT: Final = cast("Coroutine[Any, Any, None]", SendDone())
+"""The awaitable of every send that took its item at once (a coroutine to the type
+checker, as it is to ``asyncio.iscoroutine``, through the ``Coroutine`` ABC's methods)."""
 
 
 async def _send_when_room(state: SenderState, body: bytes, timeout: float | None) -> None:
@@ -656,3 +705,6 @@ async def send_pass(
         tuple(entry[0] for entry in left),
         MappingProxyType(dict(sorted(failed.items()))),
     )
+
+
+companion("velomux_quic.streaming._sender_send")
