@@ -44,3 +44,10 @@ cdef class BatchBuilder:
     cdef bytearray _buf
     cdef Py_ssize_t _cap
     cdef Py_ssize_t _count
+
+    # The calls the batcher makes for a record off its common path (a terminal, a full
+    # batch, a singleton), as C calls from the compiled batcher.
+    cpdef bint fits(self, Py_ssize_t body_len)
+    @cython.locals(length=Py_ssize_t, start=Py_ssize_t, buf=bytearray)
+    cpdef add(self, object record_type, object slot, object frame_seq, object body)
+    cpdef add_data(self, object slot, object frame_seq, object body)

@@ -79,6 +79,16 @@ cdef class EgressBatcher:
 
     cpdef on_credits(self, list grants, object now)
 
+    # A slot's record off the common path (a terminal, a full batch, a record no batch
+    # holds) and a slot's end: C calls from the packing loop, once per stream at least.
+    cdef _free_slot(self, CEgressSlot slot, object event)
+    @cython.locals(builder=CBatchBuilder, taken=Py_ssize_t, terminal=bint, needed=Py_ssize_t)
+    cdef tuple _pack_slot(
+        self, CEgressSlot slot, list out, list guards, bint carries_data, Py_ssize_t limit
+    )
+    @cython.locals(builder=CBatchBuilder, guards=list, staged=bint)
+    cdef object _singleton(self, CEgressSlot slot, object body, bint terminal)
+
     @cython.locals(
         builder=CBatchBuilder, ready=dict, slots=list, carried=list, quantum=Py_ssize_t,
         budget=Py_ssize_t, buf=bytearray, cap=Py_ssize_t, room=Py_ssize_t, pending=Py_ssize_t,
