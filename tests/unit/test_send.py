@@ -45,6 +45,7 @@ async def test_a_send_with_room_takes_the_item_in_the_call_and_returns_one_done(
     assert await pending is None
     assert await SENT is None  # it holds nothing: awaited again, it is still done
     task = asyncio.create_task(sender.send("b"))  # a task takes it like a coroutine
+    assert "coro=<StreamSender.send()>" in repr(task)  # named as the coroutine would be
     assert await task is None
     await rig.settle()
     assert rig.data() == rig.expect([["a", "b"]])

@@ -470,6 +470,9 @@ class SendDone:
 
     __slots__ = ()
 
+    __name__ = "StreamSender.send"
+    """What asyncio calls it, as it would name the coroutine (a task's repr)."""
+
     def __await__(self) -> Generator[Any, None, None]:
         return self  # its own iterator, with send, throw and close
 
