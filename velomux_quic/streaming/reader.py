@@ -32,7 +32,7 @@ from .frames import (
     shutdown_message,
 )
 
-__all__ = ["ONE_READER", "AnchorRead", "anchor_next", "take_items"]
+__all__ = ["ONE_READER", "AnchorRead", "anchor_next", "take_items", "thrown_exception"]
 
 ONE_READER: Final = (
     "another task is already reading this anchor; an anchor has one reader: read it from "
@@ -101,6 +101,18 @@ def take_items(anchor: Any, items: list[Any], limit: int) -> None:
             return
 
 
+def thrown_exception(typ: Any, value: Any = None, traceback: Any = None) -> BaseException:
+    """What an awaitable's ``throw(typ, value, traceback)`` raises, built as a coroutine's
+    ``throw`` builds it: from an exception, an exception type, or the old three
+    arguments."""
+    if value is None:
+        value = typ if isinstance(typ, BaseException) else typ()
+    if traceback is not None:
+        value = value.with_traceback(traceback)
+    exception: BaseException = value
+    return exception
+
+
 def anchor_next(anchor: Any) -> AnchorRead:
     """``anchor.__anext__()`` of a :class:`~.anchor.StreamAnchor`: the next item,
     StopAsyncIteration at the end, a StreamError if the stream broke (see
@@ -162,11 +174,7 @@ class AnchorRead:
 
     def throw(self, typ: Any, value: Any = None, traceback: Any = None) -> NoReturn:
         self._finish()
-        if value is None:
-            value = typ if isinstance(typ, BaseException) else typ()
-        if traceback is not None:
-            raise value.with_traceback(traceback)
-        raise value
+        raise thrown_exception(typ, value, traceback)
 
     def close(self) -> None:
         self._finish()

@@ -50,6 +50,7 @@ from .frames import (
     encode_sender_error,
 )
 from .metrics import StreamingMetrics
+from .reader import thrown_exception
 
 __all__ = [
     "PassOutcome",
@@ -486,11 +487,7 @@ class SendDone:
         raise StopIteration
 
     def throw(self, typ: Any, value: Any = None, traceback: Any = None) -> NoReturn:
-        if value is None:
-            value = typ if isinstance(typ, BaseException) else typ()
-        if traceback is not None:
-            raise value.with_traceback(traceback)
-        raise value
+        raise thrown_exception(typ, value, traceback)
 
     def close(self) -> None:
         pass
