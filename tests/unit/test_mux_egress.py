@@ -249,6 +249,54 @@ def test_at_bytes_ends_the_linger_early() -> None:
     assert len(b.poll(0.0)) == 1
 
 
+def test_a_stream_cancelled_while_ready_leaves_the_ready_list() -> None:
+    b = batcher(flush_policy=Manual())
+    a, c, d = opened(b, 3)
+    for slot in (a, c, d):
+        b.offer(slot, TOKEN, 0.0)
+    b.cancel_slot(c)
+    assert b.has_ready
+    b.kick()
+    (batch,) = b.poll(0.0)
+    assert [r[1] for r in records(batch)] == [a.slot_id, d.slot_id]
+    assert not b.has_ready
+    # Every ready stream gone: nothing is ready, and a new stream on a reused index is
+    # packed once.
+    b.offer(a, TOKEN, 0.0)
+    b.cancel_slot(a)
+    assert not b.has_ready
+    (e,) = opened(b)
+    assert slot_index(e.slot_id) in (slot_index(a.slot_id), slot_index(c.slot_id))
+    b.offer(e, TOKEN, 0.0)
+    b.offer(e, TOKEN, 0.0)
+    b.kick()
+    (batch,) = b.poll(0.0)
+    assert [r[1] for r in records(batch)] == [e.slot_id, e.slot_id]
+    assert b.poll(0.0) == []
+
+
+def test_on_complete_counts_only_the_ready_streams_still_open() -> None:
+    policy = AutoFlush(on_admission=False, max_linger=0.010, on_complete=True)
+    b = batcher(flush_policy=policy)
+    a, c, d = opened(b, 3)
+    b.offer(a, TOKEN, 0.0)
+    b.offer(c, TOKEN, 0.0)
+    b.cancel_slot(c)  # ready, then gone: two of the two open streams are not ready
+    assert b.poll(0.001) == []
+    b.offer(d, TOKEN, 0.001)
+    (batch,) = b.poll(0.001)
+    assert [r[1] for r in records(batch)] == [a.slot_id, d.slot_id]
+
+
+def test_at_bytes_counts_only_the_ready_streams_still_open() -> None:
+    b = batcher(flush_policy=AutoFlush(on_admission=False, max_linger=1.0, at_bytes=200))
+    slots = opened(b, 5)
+    for slot in slots:
+        b.offer(slot, TOKEN, 0.0)  # 5 x 48 = 240 >= 200, but one is cancelled
+    b.cancel_slot(slots[0])
+    assert b.poll(0.0) == []
+
+
 def test_a_batch_of_only_credit_replies_waits_out_reply_linger() -> None:
     b = batcher(reply_linger=0.001)
     b.reply_credit(slot_id(3, 1), 5, now=0.0)

@@ -115,3 +115,24 @@ def test_the_done_awaitable_runs_the_coroutine_protocol() -> None:
     with pytest.raises(KeyError):
         SENT.throw(KeyError)
     SENT.close()  # nothing to close
+
+
+async def test_a_turns_sends_schedule_one_wake_and_a_later_send_the_next() -> None:
+    rig = RecordingRig(MuxConfig())
+    senders = [rig.sender() for _ in range(3)]
+    await rig.settle()  # the OpenSlots
+    wakes = rig.driver.wakes[0]
+    written = len(rig.messenger.payloads)
+    for sender in senders:
+        assert sender.try_send("a")
+    assert rig.batcher.wake_pending
+    await rig.settle()
+    assert not rig.batcher.wake_pending
+    assert rig.driver.wakes[0] == wakes + 1  # one wake wrote the turn's three records
+    assert len(rig.messenger.payloads) == written + 1
+    assert senders[0].try_send("b")  # after the wake ran: the next one is scheduled
+    assert rig.batcher.wake_pending
+    await rig.settle()
+    assert rig.data() == rig.expect([["a", "b"], ["a"], ["a"]])
+    rig.driver.close()
+    assert not rig.batcher.wake_pending

@@ -34,7 +34,6 @@ class SlotDriver(Protocol):
 
     batcher: EgressBatcher
     _loop: asyncio.AbstractEventLoop
-    _wake: asyncio.Handle | None
 
     def now(self) -> float: ...
 
@@ -118,9 +117,8 @@ class MuxChannel(StagingChannel):
         # The clock, not the time: offer reads it only when the record opens a linger window.
         if not self._batcher.offer(slot, body, self._clock):
             return False
-        driver = self._driver
-        if driver._wake is None:  # most sends find the wake already scheduled
-            driver.wake()
+        if not self._batcher.wake_pending:  # most sends find the wake already scheduled
+            self._driver.wake()
         return True
 
     async def send(self, body: bytes) -> None:

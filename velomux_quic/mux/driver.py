@@ -58,7 +58,6 @@ so far on that lane, ``told(False)`` if it never will (``QuicEndpoint.on_deliver
 class BatcherDriver:
     """Drives one (peer, lane) batcher on the event loop."""
 
-    # Slots: a sender's ``try_send`` reads ``_wake`` once per record.
     __slots__ = (
         "_after",
         "_after_handle",
@@ -114,6 +113,7 @@ class BatcherDriver:
     def wake(self) -> None:
         if self._wake is None and not self.closed:
             self._wake = self._loop.call_soon(self._run)
+            self.batcher.wake_pending = True  # a channel's try_send reads it, not _wake
 
     def after_records(self, stage: Callable[[], None]) -> None:
         """Call ``stage`` once the records waiting for the pending wake's poll were handed
@@ -128,6 +128,7 @@ class BatcherDriver:
         self._wake = None
         self.wakes[source] += 1
         batcher = self.batcher
+        batcher.wake_pending = False
         wrote = False
         for batch in batcher.poll(self._loop.time() if now is None else now):
             self._write(batch)
@@ -301,6 +302,7 @@ class BatcherDriver:
         for handle in (self._wake, self._after_handle):
             if handle is not None:
                 handle.cancel()
+        self.batcher.wake_pending = False
         self._stage_after()  # each finds its slot closed and retires Discarded
         for _, future in self._space.values():
             if not future.done():

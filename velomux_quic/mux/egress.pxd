@@ -35,6 +35,7 @@ cdef class EgressBatcher:
     cdef public object batch_seq
     cdef public object stats
     cdef public bint parked
+    cdef public bint wake_pending
     cdef public Py_ssize_t queue_limit
     cdef object _epochs
     cdef Py_ssize_t _room
@@ -43,7 +44,8 @@ cdef class EgressBatcher:
     cdef list _free
     cdef dict _by_session
     cdef object _opens
-    cdef dict _ready
+    cdef list _ready
+    cdef Py_ssize_t _ready_count
     cdef Py_ssize_t _live
     cdef dict _reply_credit
     cdef dict _reply_close
@@ -79,6 +81,13 @@ cdef class EgressBatcher:
 
     cpdef on_credits(self, list grants, object now)
 
+    # The ready list: a slot joining it (from staging, credit, a lifted fence and the
+    # packing), and what its slots hold.
+    cdef bint _mark_ready(self, CEgressSlot slot) except -1
+
+    @cython.locals(slot=CEgressSlot, total=Py_ssize_t)
+    cdef Py_ssize_t _staged_bytes(self) except -1
+
     # A slot's record off the common path (a terminal, a full batch, a record no batch
     # holds) and a slot's end: C calls from the packing loop, once per stream at least.
     cdef _free_slot(self, CEgressSlot slot, object event)
@@ -90,10 +99,10 @@ cdef class EgressBatcher:
     cdef object _singleton(self, CEgressSlot slot, object body, bint terminal)
 
     @cython.locals(
-        builder=CBatchBuilder, ready=dict, slots=list, carried=list, quantum=Py_ssize_t,
+        builder=CBatchBuilder, slots=list, carried=list, quantum=Py_ssize_t,
         budget=Py_ssize_t, buf=bytearray, cap=Py_ssize_t, room=Py_ssize_t, pending=Py_ssize_t,
         packed=Py_ssize_t, position=Py_ssize_t, slot=CEgressSlot, credit=cython.longlong,
         first=cython.ulonglong, seq=cython.ulonglong, taken=Py_ssize_t, length=Py_ssize_t,
-        more=Py_ssize_t, sid=Py_ssize_t,
+        more=Py_ssize_t, sid=Py_ssize_t, queued=Py_ssize_t,
     )
     cpdef tuple _pack_ready(self, list out, list guards, bint carries_data)

@@ -212,6 +212,7 @@ class EgressBatcher:
         "_live",
         "_opens",
         "_ready",
+        "_ready_count",
         "_reply_close",
         "_reply_credit",
         "_reply_lifecycle",
@@ -234,6 +235,7 @@ class EgressBatcher:
         "quantum",
         "queue_limit",
         "stats",
+        "wake_pending",
     )
 
     def __init__(
@@ -269,6 +271,11 @@ class EgressBatcher:
         self.batch_seq = 0
         self.stats = EgressStats()
         self.parked = False
+        self.wake_pending = False
+        """The driver's wake is scheduled: set and cleared by the driver (``mux/driver.py``),
+        read by each channel's ``try_send``, which wakes the driver only when it is not.
+        Here rather than on the driver because the compiled channel reads a batcher field
+        in C, and the driver's own field by a lookup on a Python object, once per record."""
         self.queue_limit = config.peer_queue_bytes
         """Bytes all slots may hold together before ``offer`` refuses a non-empty slot."""
         self._room = self.queue_limit
@@ -280,8 +287,13 @@ class EgressBatcher:
         self._free: list[int] = []
         self._by_session: dict[int, EgressSlot] = {}
         self._opens: deque[EgressSlot] = deque()
-        self._ready: dict[int, EgressSlot] = {}
-        """The sendable slots by index: an insertion-ordered set."""
+        self._ready: list[EgressSlot] = []
+        """The sendable slots, in the order they became sendable: a list and a mark on each
+        slot (``_in_ready``) rather than a dict, which a poll emptied and the next pass's
+        offers grew again, table by table, once per record (see :meth:`_mark_ready`). A
+        freed slot's entry stays until the next poll, which skips it as closed."""
+        self._ready_count = 0
+        """The marked slots in :attr:`_ready` (its freed slots' entries not counted)."""
         self._live = 0
         self._reply_credit: dict[int, int] = {}
         self._reply_close: dict[int, int] = {}
@@ -356,7 +368,11 @@ class EgressBatcher:
             self._generations[slot.index] = (slot.generation + 1) & 0xFF
             self._free.append(slot.index)
         self._by_session.pop(slot.session_id, None)
-        self._ready.pop(slot.index, None)
+        if slot._in_ready:
+            slot._in_ready = False
+            self._ready_count -= 1
+            if not self._ready_count:
+                self._ready.clear()  # every entry left is a freed slot's
         self._live -= 1
 
     def _close_slot(
@@ -423,7 +439,10 @@ class EgressBatcher:
         if slot.credit > 0:
             if state is _OPEN:
                 if not slot.fenced:  # sendable: the common case, an open slot with credit
-                    self._ready.setdefault(slot._key, slot)
+                    if not slot._in_ready:  # _mark_ready, inlined
+                        slot._in_ready = True
+                        self._ready.append(slot)
+                        self._ready_count += 1
                     if self._staged_since is None:
                         self._staged_since = now() if callable(now) else now
             elif self._staged_since is None:
@@ -457,7 +476,7 @@ class EgressBatcher:
             # A slot whose OpenSlot is not written yet becomes ready when it is; its record
             # still starts the linger window now, or no deadline would ever cover it.
             if slot.sendable:
-                self._ready.setdefault(slot.index, slot)
+                self._mark_ready(slot)
             if self._staged_since is None:
                 self._staged_since = now
         elif (
@@ -465,6 +484,16 @@ class EgressBatcher:
         ):
             slot.exhausted_once = True
             self.stats.credit_exhausted += 1
+
+    def _mark_ready(self, slot: EgressSlot) -> bool:
+        """Put ``slot`` in the ready list unless it is there already (see ``_ready``);
+        whether it joined now."""
+        if slot._in_ready:
+            return False
+        slot._in_ready = True
+        self._ready.append(slot)
+        self._ready_count += 1
+        return True
 
     def end_now(self, slot: EgressSlot, body: bytes, now: float, guard: Any = None) -> None:
         """The producer's node is closing: drop the records not written yet and stage the
@@ -535,10 +564,8 @@ class EgressBatcher:
             # A terminal that waited behind credit-starved records moves on its own under
             # every policy (the end of a stream must not wait for the next flush_batch).
             self._urgent = True
-        if slot.sendable and slot.index not in self._ready:
-            self._ready[slot.index] = slot
-            if self._staged_since is None:
-                self._staged_since = now
+        if slot.sendable and self._mark_ready(slot) and self._staged_since is None:
+            self._staged_since = now
         return True
 
     def on_credits(self, grants: list[tuple[int, int]], now: float) -> None:
@@ -657,7 +684,7 @@ class EgressBatcher:
     @property
     def has_ready(self) -> bool:
         """Some slot has records it may send now (a poll that hit its budget left them)."""
-        return bool(self._ready)
+        return self._ready_count > 0
 
     def kick(self) -> None:
         """``flush_batch()``: write what is staged at the next poll (survives a clamp)."""
@@ -677,7 +704,7 @@ class EgressBatcher:
         if (
             isinstance(policy, AutoFlush)
             and policy.max_linger is not None
-            and self._ready
+            and self._ready_count
             and self._staged_since is not None
         ):
             deadlines.append(self._staged_since + policy.max_linger)
@@ -691,7 +718,7 @@ class EgressBatcher:
         )
         if replies_due:
             return True
-        if not self._ready:
+        if not self._ready_count:
             return False
         policy = self.policy
         if isinstance(policy, Manual):
@@ -703,12 +730,16 @@ class EgressBatcher:
             return True
         if policy.at_bytes is not None and self._staged_bytes() >= policy.at_bytes:
             return True
-        if policy.on_complete and len(self._ready) >= self._live:
+        if policy.on_complete and self._ready_count >= self._live:
             return now >= max(staged, self._last_data_write + policy.max_linger)
         return False
 
     def _staged_bytes(self) -> int:
-        return sum(slot.queued_bytes for slot in self._ready.values())
+        total = 0
+        for slot in self._ready:
+            if slot._in_ready:  # not a freed slot's entry
+                total += slot.queued_bytes
+        return total
 
     def poll(self, now: float) -> list[OutgoingBatch]:
         """The batches to write now, in order. Empty while parked."""
@@ -724,8 +755,7 @@ class EgressBatcher:
         builder = self._builder
         guards: list[Any] = []
         carries_data = False
-        ready = self._ready
-        if ready:
+        if self._ready_count:
             guards, carries_data = self._pack_ready(out, guards, carries_data)
         self._add_replies(out, guards, carries_data)
         self._staged_since = None
@@ -758,9 +788,11 @@ class EgressBatcher:
         sendable again (an offer, a grant, a lifted fence) puts it back.
         """
         builder = self._builder
-        ready = self._ready
-        slots = list(ready.values())
-        ready.clear()
+        slots = self._ready
+        self._ready = []
+        self._ready_count = 0
+        for slot in slots:
+            slot._in_ready = False
         stats = self.stats
         quantum = self.quantum
         budget = self.poll_budget
@@ -782,11 +814,14 @@ class EgressBatcher:
                 if slot.state is _CLOSED:
                     continue
                 queue = slot.queue
+                # Its length, kept as records are taken: compiled, a deque's truth is a
+                # call through its type, and the loop would ask it up to four times.
+                queued = len(queue)
                 # The common record, inlined: data with credit that fits the open batch.
                 credit = slot.credit
                 first = seq = slot.next_seq
                 taken = 0
-                if queue and credit > 0:
+                if queued and credit > 0:
                     sid = slot.slot_id
                     while True:
                         body = queue[0]
@@ -803,11 +838,12 @@ class EgressBatcher:
                             buf += pack_header(_DATA, sid, seq, length)
                             buf += body
                             queue.popleft()
+                        queued -= 1
                         pending += 1
                         taken += length
                         seq += 1
                         credit -= 1
-                        if not queue or credit <= 0 or taken >= quantum:
+                        if not queued or credit <= 0 or taken >= quantum:
                             break
                 if seq != first:
                     packed += seq - first
@@ -816,7 +852,9 @@ class EgressBatcher:
                     slot.queued_bytes -= taken
                     self._room += taken
                     carries_data = True
-                if queue and (type(queue[0]) is QueuedTerminal or (credit > 0 and taken < quantum)):
+                if queued and (
+                    type(queue[0]) is QueuedTerminal or (credit > 0 and taken < quantum)
+                ):
                     # A terminal, a full batch or a record no batch can hold.
                     builder.added(pending)
                     self._count_data += packed
@@ -827,8 +865,9 @@ class EgressBatcher:
                     buf = builder.buffer
                     room = MAX_RECORDS - builder.count
                     taken += more
+                    queued = len(queue)
                 budget -= taken
-                if not queue or slot.state is _CLOSED or slot.fenced:
+                if not queued or slot.state is _CLOSED or slot.fenced:
                     continue
                 if slot.credit <= 0 and type(queue[0]) is not QueuedTerminal:
                     if not slot.exhausted_once:
@@ -844,7 +883,7 @@ class EgressBatcher:
         if slots:
             for slot in slots:
                 if slot.state is not _CLOSED:
-                    ready[slot._key] = slot
+                    self._mark_ready(slot)
             self._kick = True  # the rest goes at the next poll, whatever the policy
         return guards, carries_data
 
@@ -973,10 +1012,8 @@ class EgressBatcher:
             return
         if slot.terminal_queued:
             self._urgent = True
-        if slot.sendable and slot.index not in self._ready:
-            self._ready[slot.index] = slot
-            if self._staged_since is None:
-                self._staged_since = now
+        if slot.sendable and self._mark_ready(slot) and self._staged_since is None:
+            self._staged_since = now
 
     def _write_opens(self, out: list[OutgoingBatch]) -> None:
         builder = self._builder
@@ -996,7 +1033,7 @@ class EgressBatcher:
                 guards.append(slot.guard)
                 slot.guard = None
             if slot.sendable:
-                self._ready.setdefault(slot.index, slot)
+                self._mark_ready(slot)
         if builder.count:
             out.append(self._finish(guards, False))
 
@@ -1081,7 +1118,10 @@ class EgressBatcher:
                 self._close_slot(slot, CloseReason.PEER_GONE)
                 closed += 1
         self._opens.clear()
+        for slot in self._ready:
+            slot._in_ready = False
         self._ready.clear()
+        self._ready_count = 0
         self._reply_credit.clear()
         self._reply_close.clear()
         # Pending LifecycleSlot replies stay: they name the peer's streams by session, which

@@ -21,6 +21,6 @@ cdef class EgressSlot:
     cdef public object session_id
     cdef public Py_ssize_t slot_id
     cdef public object state
-    cdef object _key
+    cdef bint _in_ready
     cdef object _append
     cdef object _popleft

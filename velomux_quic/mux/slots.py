@@ -215,7 +215,7 @@ class EgressSlot:
 
     __slots__ = (
         "_append",
-        "_key",
+        "_in_ready",
         "_popleft",
         "anchor_id",
         "budget",
@@ -250,11 +250,11 @@ class EgressSlot:
         self.queue: deque[QueuedRecord] = deque()
         self.queued_bytes = 0
         # Bound once for the compiled batcher, which stages and packs through them once per
-        # record: the index as an int object (a ready-set key that allocates nothing) and
-        # the queue's two methods. Neither the index nor the queue changes after this.
-        self._key = index
+        # record: the queue's two methods. The queue never changes after this.
         self._append = self.queue.append
         self._popleft = self.queue.popleft
+        self._in_ready = False
+        """In the batcher's ready list: kept by the batcher, which owns that list."""
         self.state = _OPENING
         """Where the slot is in its life; moved only by :meth:`advance`."""
         self.exhausted_once = False
