@@ -82,8 +82,10 @@ cdef class EgressBatcher:
     cpdef on_credits(self, list grants, object now)
 
     # The ready list: a slot joining it (from staging, credit, a lifted fence and the
-    # packing), and what its slots hold.
+    # packing), the list taken whole (a poll, epoch death), and what its slots hold.
     cdef bint _mark_ready(self, CEgressSlot slot) except -1
+    @cython.locals(slots=list, slot=CEgressSlot)
+    cdef list _take_ready(self)
 
     @cython.locals(slot=CEgressSlot, total=Py_ssize_t)
     cdef Py_ssize_t _staged_bytes(self) except -1

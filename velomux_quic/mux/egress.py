@@ -18,8 +18,9 @@ through the one transition table in :mod:`.slots`; the per-record paths read the
 and never move it.
 
 The hot paths, in their inline form on purpose: :meth:`EgressBatcher.offer` (once per
-record a producer sends) stages a data record and updates the ready set without a call
-(what :meth:`EgressBatcher._enqueued` does for a terminal), and
+record a producer sends) stages a data record and updates the ready set itself, with
+one C call to join the ready list (what :meth:`EgressBatcher._enqueued` does for a
+terminal), and
 :meth:`EgressBatcher._pack_ready` packs the common record (data with credit that fits the
 open batch) in its own loop, appending it to the builder's buffer itself, with locals bound
 once per poll, instead of going through :meth:`EgressBatcher._pack_slot` or a builder call
@@ -439,10 +440,7 @@ class EgressBatcher:
         if slot.credit > 0:
             if state is _OPEN:
                 if not slot.fenced:  # sendable: the common case, an open slot with credit
-                    if not slot._in_ready:  # _mark_ready, inlined
-                        slot._in_ready = True
-                        self._ready.append(slot)
-                        self._ready_count += 1
+                    self._mark_ready(slot)
                     if self._staged_since is None:
                         self._staged_since = now() if callable(now) else now
             elif self._staged_since is None:
@@ -494,6 +492,16 @@ class EgressBatcher:
         self._ready.append(slot)
         self._ready_count += 1
         return True
+
+    def _take_ready(self) -> list[EgressSlot]:
+        """Empty the ready list, every slot in it unmarked, and return what it held (freed
+        slots' entries too: they are closed)."""
+        slots = self._ready
+        self._ready = []
+        self._ready_count = 0
+        for slot in slots:
+            slot._in_ready = False
+        return slots
 
     def end_now(self, slot: EgressSlot, body: bytes, now: float, guard: Any = None) -> None:
         """The producer's node is closing: drop the records not written yet and stage the
@@ -788,11 +796,7 @@ class EgressBatcher:
         sendable again (an offer, a grant, a lifted fence) puts it back.
         """
         builder = self._builder
-        slots = self._ready
-        self._ready = []
-        self._ready_count = 0
-        for slot in slots:
-            slot._in_ready = False
+        slots = self._take_ready()
         stats = self.stats
         quantum = self.quantum
         budget = self.poll_budget
@@ -1118,10 +1122,7 @@ class EgressBatcher:
                 self._close_slot(slot, CloseReason.PEER_GONE)
                 closed += 1
         self._opens.clear()
-        for slot in self._ready:
-            slot._in_ready = False
-        self._ready.clear()
-        self._ready_count = 0
+        self._take_ready()
         self._reply_credit.clear()
         self._reply_close.clear()
         # Pending LifecycleSlot replies stay: they name the peer's streams by session, which
