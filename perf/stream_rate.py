@@ -50,8 +50,8 @@ within one invocation, and the rate each sustains, not absolute figures. ``--pro
 runs the engine's side (its node and the handler that answers each request, or the gRPC
 server) in a child process of its own, as deployed, with the same tracing mode and
 collector setting: the frontend and the request driver stay here, and the CPU per stream
-is reported per side (the child's read from Linux's /proc). ``--processes 1 2`` runs each
-path both ways in one invocation.
+is reported per side (the child's read from its process CPU clock). ``--processes 1 2``
+runs each path both ways in one invocation.
 
     python perf/stream_rate.py                                 # 250 .. 5,000 streams/s
     python perf/stream_rate.py --rates 500 2500 --paths mux-ticket per-stream
@@ -67,6 +67,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ctypes
 import gc
 import json
 import math
@@ -383,8 +384,7 @@ class _EngineProcess:
     def __init__(self, process: asyncio.subprocess.Process, hello: dict[str, Any]) -> None:
         self.process = process
         self.hello = hello
-        self._stat = Path(f"/proc/{process.pid}/stat")
-        self._tick = os.sysconf("SC_CLK_TCK")
+        self._clock = _process_cpu_clock(process.pid)
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -423,10 +423,22 @@ class _EngineProcess:
                 await process.wait()
 
     def cpu_s(self) -> float:
-        """The child's CPU seconds so far (user + system, every thread), from Linux's
-        /proc: its utime and stime, in clock ticks."""
-        fields = self._stat.read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / self._tick
+        """The child's CPU seconds so far (user + system, every thread, those ended too),
+        from its process CPU clock: to the nanosecond, where /proc's utime and stime count
+        whole clock ticks, so that a low rate's window (a few milliseconds of the child's
+        CPU) read as no CPU at all when it fell within one tick."""
+        return time.clock_gettime(self._clock)
+
+
+def _process_cpu_clock(pid: int) -> int:
+    """The CPU-time clock of process ``pid`` (POSIX ``clock_getcpuclockid``, which Python's
+    ``time`` does not wrap), for :func:`time.clock_gettime`."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    clock = ctypes.c_int()
+    failed = libc.clock_getcpuclockid(pid, ctypes.byref(clock))
+    if failed:
+        raise OSError(failed, f"clock_getcpuclockid({pid}): {os.strerror(failed)}")
+    return clock.value
 
 
 async def _serve(args: argparse.Namespace) -> int:
