@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from enum import IntEnum
-from typing import Any, Final
+from typing import Final
 
 import msgpack  # type: ignore[import-untyped]
 
@@ -140,14 +140,16 @@ _ITEM_PREFIX_OBJ: Final[object] = ITEM_PREFIX
 # items() sends) finds the pool empty and packs with a fresh one instead of
 # resetting the buffer under the outer call. A packer keeps its buffer at the
 # largest size it ever grew to, so one that packed more than its initial buffer
-# is dropped rather than pooled, and the pool holds at most a few.
+# is dropped rather than pooled, and the pool holds at most a few. The pool holds
+# each packer's bound ``pack``, the one method a token needs: calling ``packer.pack``
+# looked the method up by name on every token.
 PACKER_BUFFER: Final = 256 << 10
 POOL_MAX: Final = 16
 # The two again, as C integers where this module is compiled (frames.pxd): encode_item
 # compares a record's size with them once per record.
 _packer_buffer: Final = PACKER_BUFFER
 _pool_max: Final = POOL_MAX
-_packer_pool: Final[list[Any]] = [_Packer(buf_size=PACKER_BUFFER)]
+_packer_pool: Final[list[Callable[[object], bytes]]] = [_Packer(buf_size=PACKER_BUFFER).pack]
 
 
 def pooled_packers() -> int:
@@ -170,24 +172,23 @@ class ItemPacker:
     gives the packer back at the end of the run, unless it grew past :data:`PACKER_BUFFER`.
     """
 
-    __slots__ = ("_packer", "pack")
+    __slots__ = ("pack",)
 
     def __init__(self) -> None:
+        self.pack: Callable[[object], bytes]
         try:
-            self._packer = _packer_pool.pop()
+            self.pack = _packer_pool.pop()
         except IndexError:
-            self._packer = _Packer(buf_size=PACKER_BUFFER)
-        self.pack: Callable[[object], bytes] = self._packer.pack
+            self.pack = _Packer(buf_size=PACKER_BUFFER).pack
 
     def failed(self, item: object, exc: Exception) -> SerializationError:
-        self._packer = _Packer(buf_size=PACKER_BUFFER)
-        self.pack = self._packer.pack
+        self.pack = _Packer(buf_size=PACKER_BUFFER).pack
         return _serialization_error(item, exc)
 
     def release(self, grew: bool) -> None:
         """Back to the pool; ``grew``: some item packed to more than PACKER_BUFFER bytes."""
         if not grew and len(_packer_pool) < POOL_MAX:
-            _packer_pool.append(self._packer)
+            _packer_pool.append(self.pack)
 
 
 def encode_item(item: object) -> bytes:
@@ -200,16 +201,16 @@ def encode_item(item: object) -> bytes:
     """
     pool = _packer_pool
     try:
-        packer = pool.pop()
+        pack = pool.pop()
     except IndexError:
-        packer = _Packer(buf_size=PACKER_BUFFER)
+        pack = _Packer(buf_size=PACKER_BUFFER).pack
     try:
-        packed: bytes = packer.pack(item)
+        packed: bytes = pack(item)
     except (TypeError, ValueError, OverflowError) as exc:
         # The failed packer is not returned: a fresh one costs little on this rare path.
         raise _serialization_error(item, exc) from exc
     if len(packed) <= _packer_buffer and len(pool) < _pool_max:
-        pool.append(packer)
+        pool.append(pack)
     return ITEM_PREFIX + packed
 
 
@@ -222,10 +223,9 @@ def encode_items(items: Iterable[object]) -> list[bytes]:
     """
     pool = _packer_pool
     try:
-        packer = pool.pop()
+        pack = pool.pop()
     except IndexError:
-        packer = _Packer(buf_size=PACKER_BUFFER)
-    pack = packer.pack
+        pack = _Packer(buf_size=PACKER_BUFFER).pack
     prefix = ITEM_PREFIX
     out: list[bytes] = []
     append = out.append
@@ -239,7 +239,7 @@ def encode_items(items: Iterable[object]) -> list[bytes]:
             grew = True
         append(prefix + packed)
     if not grew and len(pool) < POOL_MAX:
-        pool.append(packer)
+        pool.append(pack)
     return out
 
 
