@@ -28,6 +28,7 @@ from velomux_quic.streaming.frames import (
     encode_transport_error,
     is_heartbeat,
     is_terminal_sentinel,
+    item_frame,
 )
 
 I64_MIN = -(1 << 63)
@@ -169,6 +170,24 @@ def test_encode_item_is_prefix_plus_packb_and_round_trips(item: object) -> None:
 def test_encode_items_matches_encode_item(batch: list[object]) -> None:
     assert encode_items(batch) == [encode_item(item) for item in batch]
     assert encode_items(iter(batch)) == encode_items(batch)
+
+
+def test_item_frame_is_the_prefix_and_the_payload_at_every_size() -> None:
+    """Sizes on both sides of the 4 KiB payload the compiled path joins in its scratch
+    buffer (past it, the plain concatenation), and a short frame after a long one: nothing
+    of an earlier frame is left in a later."""
+    sizes = [0, 1, 47, 4095, 4096, 4097, 12288, 2, 0]
+    for size in sizes:
+        payload = bytes((size + offset) % 251 for offset in range(size))
+        frame = item_frame(payload)
+        assert type(frame) is bytes
+        assert frame == ITEM_PREFIX + payload, size
+
+
+@given(st.lists(st.binary(max_size=80), min_size=2, max_size=6))
+def test_item_frames_made_in_turn_keep_their_own_bytes(payloads: list[bytes]) -> None:
+    frames = [item_frame(payload) for payload in payloads]
+    assert frames == [ITEM_PREFIX + payload for payload in payloads]
 
 
 def test_encode_items_empty() -> None:

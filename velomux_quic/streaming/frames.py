@@ -43,6 +43,11 @@ from typing import Final
 
 import msgpack  # type: ignore[import-untyped]
 
+try:
+    import cython  # type: ignore[import-not-found, unused-ignore]
+except ModuleNotFoundError:  # run as source, where Cython (needed only to build) is absent
+    from ..recordpath import shadow as cython  # type: ignore[no-redef, unused-ignore]
+
 from ..errors import FrameDecodeError, SerializationError
 
 __all__ = [
@@ -152,6 +157,36 @@ _pool_max: Final = POOL_MAX
 _packer_pool: Final[list[Callable[[object], bytes]]] = [_Packer(buf_size=PACKER_BUFFER).pack]
 
 
+# Where compiled, a frame of up to this many payload bytes is joined behind a copy of the
+# prefix in this buffer and made from it with one allocation and one copy (item_frame).
+_FRAME_SCRATCH_PAYLOAD: Final = 4096
+_frame_scratch: Final = bytearray(ITEM_PREFIX) + bytearray(_FRAME_SCRATCH_PAYLOAD)
+_frame_scratch_payload: Final = _FRAME_SCRATCH_PAYLOAD
+
+
+def item_frame(packed: bytes) -> bytes:
+    """The ``Item`` frame of a payload MessagePack packed: ``ITEM_PREFIX + packed``.
+
+    Compiled, a payload that fits the scratch buffer is copied behind the prefix already
+    there and the frame is made from the buffer: bytes' own concatenation asks each side
+    for its buffer and copies twice, which on a token's few bytes cost more than the copy.
+    No Python code runs between the copy and the frame's making, so no other call (another
+    thread's, a finalizer's) writes the buffer in between."""
+    if cython.compiled:
+        size = len(packed)
+        if size <= _frame_scratch_payload:
+            at = _frame_scratch  # compiled: a pointer to the buffer, which starts with the prefix
+            source = packed  # compiled: a pointer to the payload's bytes
+            # A local: a write through a byte pointer may alias a global, which the compiler
+            # would then read again on every byte instead of copying the bytes in blocks.
+            offset = _PREFIX_SIZE
+            for index in range(size):
+                at[offset + index] = source[index]
+            # compiled: a slice of a pointer, so bytes (the type checker sees the buffer's)
+            return at[: offset + size]  # type: ignore[return-value]
+    return ITEM_PREFIX + packed
+
+
 def pooled_packers() -> int:
     """How many idle packers the pool keeps now (at most :data:`POOL_MAX`): a packer that
     grew past :data:`PACKER_BUFFER` is dropped, not pooled, so the count shows it."""
@@ -164,7 +199,7 @@ def _serialization_error(item: object, exc: Exception) -> SerializationError:
 
 class ItemPacker:
     """One pooled packer held for a run of items (a forward pass), for a caller that
-    encodes inline: ``ITEM_PREFIX + packer.pack(item)`` is :func:`encode_item` without the
+    encodes inline: ``item_frame(packer.pack(item))`` is :func:`encode_item` without the
     pool round trip per item (a measurable share of a small token's encode).
 
     After a failed ``pack`` call :meth:`failed`: it returns the :class:`SerializationError`
@@ -211,7 +246,9 @@ def encode_item(item: object) -> bytes:
         raise _serialization_error(item, exc) from exc
     if len(packed) <= _packer_buffer and len(pool) < _pool_max:
         pool.append(pack)
-    return ITEM_PREFIX + packed
+    if cython.compiled:
+        return item_frame(packed)
+    return ITEM_PREFIX + packed  # interpreted, a call to item_frame would cost more
 
 
 def encode_items(items: Iterable[object]) -> list[bytes]:
@@ -226,7 +263,6 @@ def encode_items(items: Iterable[object]) -> list[bytes]:
         pack = pool.pop()
     except IndexError:
         pack = _Packer(buf_size=PACKER_BUFFER).pack
-    prefix = ITEM_PREFIX
     out: list[bytes] = []
     append = out.append
     grew = False
@@ -237,7 +273,7 @@ def encode_items(items: Iterable[object]) -> list[bytes]:
             raise _serialization_error(item, exc) from exc
         if len(packed) > PACKER_BUFFER:
             grew = True
-        append(prefix + packed)
+        append(item_frame(packed) if cython.compiled else ITEM_PREFIX + packed)
     if not grew and len(pool) < POOL_MAX:
         pool.append(pack)
     return out

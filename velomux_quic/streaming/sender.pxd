@@ -6,7 +6,7 @@ the pass loop read, and the pass loop's counters as C variables."""
 cimport cython
 
 from velomux_quic.streaming.channels cimport StagingChannel
-from velomux_quic.streaming.frames cimport encode_item
+from velomux_quic.streaming.frames cimport encode_item, item_frame
 
 
 cdef class SenderState:
@@ -37,7 +37,7 @@ cdef class StreamSender:
 
 
 @cython.locals(
-    state=SenderState, taken=Py_ssize_t, grew=bint, index=Py_ssize_t, packed=bytes, prefix=bytes,
+    state=SenderState, taken=Py_ssize_t, grew=bint, index=Py_ssize_t, packed=bytes,
     packer_buffer=Py_ssize_t, blocked=set,
 )
 cpdef Py_ssize_t _stage_pass(object pairs, dict failed, list left) except -1

@@ -34,6 +34,11 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final, Literal, NoReturn, Protocol, cast
 
+try:
+    import cython  # type: ignore[import-not-found, unused-ignore]
+except ModuleNotFoundError:  # run as source, where Cython (needed only to build) is absent
+    from ..recordpath import shadow as cython  # type: ignore[no-redef, unused-ignore]
+
 from ..errors import ChannelClosed, SendTimeout, SerializationError, UsageError
 from ..ids import InstanceId, StreamAnchorHandle
 from ..recordpath import companion
@@ -48,6 +53,7 @@ from .frames import (
     ItemPacker,
     encode_item,
     encode_sender_error,
+    item_frame,
 )
 from .metrics import StreamingMetrics
 from .reader import thrown_exception
@@ -602,7 +608,6 @@ def _stage_pass(
     taken = 0
     packer = ItemPacker()  # encode_item inline: one packer for the pass
     pack = packer.pack
-    prefix = ITEM_PREFIX
     packer_buffer = PACKER_BUFFER
     grew = False
     try:
@@ -619,7 +624,7 @@ def _stage_pass(
                 continue
             if len(packed) > packer_buffer:
                 grew = True
-            body = prefix + packed
+            body = item_frame(packed) if cython.compiled else ITEM_PREFIX + packed
             if blocked and id(state) in blocked:
                 left.append((index, state, body))  # behind its stream's refused record
                 state.metrics.producer_send_backpressure += 1
