@@ -72,6 +72,7 @@ __all__ = [
     "encode_transport_error",
     "is_heartbeat",
     "is_terminal_sentinel",
+    "item_frame",
     "pooled_packers",
     "shutdown_message",
 ]
