@@ -21,6 +21,7 @@ cdef class Inbox:
     cdef object _create_future
     cdef object _space
     cdef bint _closed
+    cdef public bint reading
 
     cdef void _find_head(self) except *
 

@@ -73,6 +73,7 @@ class Inbox:
         "_ordered",
         "_space",
         "_waiter",
+        "reading",
     )
 
     def __init__(self, capacity: int = 256, *, ordered: bool = False) -> None:
@@ -96,6 +97,10 @@ class Inbox:
         (see :meth:`wait`)."""
         self._space: deque[asyncio.Future[None]] = deque()
         self._closed = False
+        self.reading = False
+        """Its anchor's one reader is reading: a read holds it from the moment it does more
+        than take a ready item, across every wait, and a second reader is refused. Kept
+        here, a C field where compiled, because the read checks it once per item."""
 
     # -- writers -------------------------------------------------------------------------
 

@@ -34,6 +34,7 @@ cpdef AnchorRead anchor_next(object anchor)
 @cython.final
 cdef class AnchorRead:
     cdef object _anchor
+    cdef Inbox _inbox
     cdef bint _reading
     cdef bint _done
 

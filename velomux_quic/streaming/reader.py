@@ -12,7 +12,7 @@ runs as it is. The compiled :class:`AnchorRead` also gets an ``am_send`` type sl
 from __future__ import annotations
 
 from collections.abc import Generator
-from typing import Any, Final, NoReturn
+from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 from ..errors import (
     DeserializationError,
@@ -31,6 +31,9 @@ from .frames import (
     decode_frame,
     shutdown_message,
 )
+
+if TYPE_CHECKING:
+    from .inbox import Inbox
 
 __all__ = ["ONE_READER", "AnchorRead", "anchor_next", "take_items", "thrown_exception"]
 
@@ -60,7 +63,7 @@ def take_items(anchor: Any, items: list[Any], limit: int) -> None:
 
     The burst in the transport's buffer is read from the feed itself
     (:meth:`~.inbox.Inbox.first_feed`), then whatever the inbox has behind it."""
-    inbox = anchor._entry.inbox
+    inbox = anchor._inbox
     room = limit - len(items)
     first = inbox.first_feed()
     if first is not None:
@@ -119,6 +122,7 @@ def anchor_next(anchor: Any) -> AnchorRead:
     :class:`AnchorRead`)."""
     read = AnchorRead.__new__(AnchorRead)
     read._anchor = anchor
+    read._inbox = anchor._inbox
     read._reading = False
     read._done = False
     return read
@@ -145,10 +149,12 @@ class AnchorRead:
     or one tracing) steps ``__next__``, with the same results.
     """
 
-    __slots__ = ("_anchor", "_done", "_reading")
+    __slots__ = ("_anchor", "_done", "_inbox", "_reading")
 
     _anchor: Any
     """The :class:`~.anchor.StreamAnchor` read."""
+    _inbox: Inbox
+    """The anchor's inbox, which holds its reading flag (``Inbox.reading``)."""
     _reading: bool
     """This read holds the anchor's reading flag."""
     _done: bool
@@ -184,31 +190,31 @@ class AnchorRead:
 
         A read takes it only once it does more than return the first record as an item:
         such a read ends before any other code runs, so no second reader could see the
-        flag, and not taking it saves two attribute writes on the anchor per item. A read
-        holds it before it calls the owner, and across every wait."""
+        flag, and not taking it saves two writes of it per item. A read holds it before it
+        calls the owner, and across every wait. The flag is the inbox's (``Inbox.reading``),
+        so a read checks and sets it in C where compiled."""
         if not self._reading:
             self._reading = True
-            self._anchor._reading = True
+            self._inbox.reading = True
 
     def _finish(self) -> None:
         """The await is over: give the anchor's reading flag back if this read took it."""
         if self._reading:
             self._reading = False
-            self._anchor._reading = False
+            self._inbox.reading = False
         self._done = True
 
     def _step(self) -> Any:
         """One step of the read: the item (the await is over: ``_done`` is set) or the
         waiter future to yield (``_done`` is not); an error is raised as it is."""
         anchor = self._anchor
+        inbox = self._inbox
         if self._done:
             raise RuntimeError("cannot reuse an already awaited __anext__()")
-        if not self._reading and anchor._reading:
+        if not self._reading and inbox.reading:
             self._done = True
             raise UsageError(ONE_READER)
         try:
-            entry = anchor._entry
-            inbox = entry.inbox
             while True:
                 taken = inbox.take()
                 if taken is not None:
@@ -242,7 +248,7 @@ class AnchorRead:
                     if kind is _SENDER_ERROR:
                         raise SenderError(str(value))
                     if kind is _DETACHED:
-                        anchor._owner.sender_detached(entry.local_id, sender_id)
+                        anchor._owner.sender_detached(anchor._entry.local_id, sender_id)
                         continue
                     if kind is _FINALIZED:
                         anchor._end("finished")
@@ -259,9 +265,9 @@ class AnchorRead:
                 self._hold()
                 # The inbox answers "no feed ran dry" (the common case: the reader keeps
                 # up) without a call to the owner, which acts only on a dry feed.
-                if inbox.any_feed_exhausted() and anchor._owner.feed_exhausted(entry, 0):
+                if inbox.any_feed_exhausted() and anchor._owner.feed_exhausted(anchor._entry, 0):
                     continue  # it injected Dropped into the channel: read it next
-                if entry.finished:
+                if anchor._entry.finished:
                     anchor._ended_finished()
                 waiter = inbox.wait()
                 waiter._asyncio_future_blocking = True
