@@ -434,6 +434,25 @@ async def test_an_anchor_has_one_reader_and_is_read_once(start_node: StartNode) 
             pass
 
 
+async def test_an_mpsc_anchor_has_one_reader(start_node: StartNode) -> None:
+    """A second reader of an MPSC anchor is refused while the first waits, takes nothing,
+    and once the first read ended the anchor can be read again."""
+    a, b = await pair(start_node)
+    anchor = b.create_mpsc_anchor()
+    sender = await a.attach_mpsc_anchor(anchor.handle)
+    first = asyncio.ensure_future(anchor.next())
+    await asyncio.sleep(0)  # the first reader runs up to its wait for an item
+    with pytest.raises(UsageError, match="already reading this anchor"):
+        await anchor.next()
+    await sender.send("one")
+    got = await asyncio.wait_for(first, 10)
+    assert isinstance(got, MpscItem) and got.value == "one"  # the refused reader took nothing
+    await sender.send("two")
+    again = await anchor.next(timeout=10)  # the flag was given back
+    assert isinstance(again, MpscItem) and again.value == "two"
+    anchor.cancel()
+
+
 async def test_reads_time_out_and_the_stream_goes_on(start_node: StartNode) -> None:
     a, b = await pair(start_node)
     anchor = b.create_anchor()

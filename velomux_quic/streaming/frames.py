@@ -266,6 +266,8 @@ def encode_items(items: Iterable[object]) -> list[bytes]:
         pack = _Packer(buf_size=PACKER_BUFFER).pack
     out: list[bytes] = []
     append = out.append
+    compiled = cython.compiled  # read once: interpreted, it is a lookup on a module
+    prefix = ITEM_PREFIX
     grew = False
     for item in items:
         try:
@@ -274,7 +276,7 @@ def encode_items(items: Iterable[object]) -> list[bytes]:
             raise _serialization_error(item, exc) from exc
         if len(packed) > PACKER_BUFFER:
             grew = True
-        append(item_frame(packed) if cython.compiled else ITEM_PREFIX + packed)
+        append(item_frame(packed) if compiled else prefix + packed)
     if not grew and len(pool) < POOL_MAX:
         pool.append(pack)
     return out

@@ -38,7 +38,7 @@ cdef class StreamSender:
 
 @cython.locals(
     state=SenderState, taken=Py_ssize_t, grew=bint, index=Py_ssize_t, packed=bytes,
-    packer_buffer=Py_ssize_t, blocked=set,
+    compiled=bint, prefix=bytes, packer_buffer=Py_ssize_t, blocked=set,
 )
 cpdef Py_ssize_t _stage_pass(object pairs, dict failed, list left) except -1
 

@@ -608,6 +608,9 @@ def _stage_pass(
     taken = 0
     packer = ItemPacker()  # encode_item inline: one packer for the pass
     pack = packer.pack
+    # Read once a pass: interpreted, ``cython.compiled`` is a lookup on a module.
+    compiled = cython.compiled
+    prefix = ITEM_PREFIX
     packer_buffer = PACKER_BUFFER
     grew = False
     try:
@@ -624,7 +627,7 @@ def _stage_pass(
                 continue
             if len(packed) > packer_buffer:
                 grew = True
-            body = item_frame(packed) if cython.compiled else ITEM_PREFIX + packed
+            body = item_frame(packed) if compiled else prefix + packed
             if blocked and id(state) in blocked:
                 left.append((index, state, body))  # behind its stream's refused record
                 state.metrics.producer_send_backpressure += 1
